@@ -1,0 +1,681 @@
+// core.cc — the Multi-Paxos state machine of one replica (see core.h).
+// Long functions on purpose: each handler reads top to bottom.
+#include "consensus/core.h"
+
+#include <algorithm>
+
+#include "consensus/assert.h"
+
+namespace lockstep {
+
+const char* RoleName(Role r) {
+  switch (r) {
+    case Role::kBackup: return "backup";
+    case Role::kCandidate: return "candidate";
+    case Role::kLeader: return "leader";
+  }
+  return "?";
+}
+
+const char* MessageTypeName(Message::Type t) {
+  switch (t) {
+    case Message::Type::kPrepare: return "prepare";
+    case Message::Type::kPromise: return "promise";
+    case Message::Type::kNack: return "nack";
+    case Message::Type::kHeartbeat: return "heartbeat";
+    case Message::Type::kJoin: return "join";
+  }
+  return "?";
+}
+
+Replica::Replica(const CoreConfig& config, DurableState state, uint64_t now_us)
+    : config_(config), rng_(config.seed * 1000003 + config.id) {
+  LS_ASSERT(config.replicas >= 1 && config.replicas <= kMaxReplicas, "replicas=%d",
+            config.replicas);
+  LS_ASSERT(config.id >= 0 && config.id < config.replicas, "id=%d", config.id);
+  promised_ = durable_promised_ = state.promised;
+  max_round_seen_ = BallotRound(state.promised);
+  first_index_ = state.first_index;
+  for (auto& e : state.slots) slots_.push_back(std::move(e));
+  commit_index_ = std::min(state.commit_index, last_index());
+  if (commit_index_ + 1 < first_index_) commit_index_ = first_index_ - 1;
+  durable_index_ = last_index();
+  accepted_upto_ = commit_index_;
+  stream_id_ = config.incarnation << 32;  // stream ids grow across restarts
+  may_vote_ = !state.damaged;
+  peers_.resize(config.replicas);
+  ResetElectionTimer(now_us);
+  // A single replica is its own majority.
+  if (config.replicas == 1) election_deadline_us_ = now_us;
+}
+
+int Replica::leader() const {
+  if (role_ == Role::kLeader) return config_.id;
+  if (role_ == Role::kBackup && promised_ != 0 && BallotLeader(promised_) != config_.id)
+    return BallotLeader(promised_);
+  return -1;
+}
+
+const Entry* Replica::At(uint64_t index) const {
+  if (index < first_index_ || index > last_index()) return nullptr;
+  return &slots_[index - first_index_];
+}
+
+Entry* Replica::MutableAt(uint64_t index) {
+  if (index < first_index_ || index > last_index()) return nullptr;
+  return &slots_[index - first_index_];
+}
+
+void Replica::ResetElectionTimer(uint64_t now_us) {
+  std::uniform_int_distribution<uint64_t> d(config_.election_timeout_min_us,
+                                            config_.election_timeout_max_us);
+  election_deadline_us_ = now_us + d(rng_);
+}
+
+// ---------------------------------------------------------------- ticking
+
+void Replica::Tick(uint64_t now_us) {
+  if (role_ == Role::kLeader) {
+    if (now_us >= next_control_us_) {
+      heartbeat_counter_++;
+      for (int p = 0; p < config_.replicas; p++)
+        if (p != config_.id && peers_[p].ready) PutControl(p);
+      next_control_us_ = now_us + config_.heartbeat_us;
+    }
+    if (now_us >= next_message_heartbeat_us_) {
+      for (int p = 0; p < config_.replicas; p++) {
+        if (p == config_.id) continue;
+        Message m;
+        m.type = Message::Type::kHeartbeat;
+        m.from = config_.id;
+        m.to = p;
+        m.ballot = promised_;
+        m.commit_index = commit_index_;
+        m.stream_id = peers_[p].ready ? peers_[p].stream_id : 0;
+        m.sent_pos = peers_[p].sent_pos;
+        ready_.messages.push_back(std::move(m));
+      }
+      next_message_heartbeat_us_ = now_us + config_.message_heartbeat_us;
+    }
+    // A leader cut off from a majority steps down so clients look elsewhere.
+    int heard = 1;
+    for (int p = 0; p < config_.replicas; p++)
+      if (p != config_.id && peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
+        heard++;
+    if (heard >= Majority()) {
+      last_majority_contact_us_ = now_us;
+    } else if (now_us > last_majority_contact_us_ + 4 * config_.election_timeout_max_us) {
+      StepDown(now_us, promised_);
+    }
+    return;
+  }
+  if (now_us >= election_deadline_us_) {
+    if (may_vote_) {
+      StartElection(now_us);
+    } else {
+      ResetElectionTimer(now_us);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- proposals
+
+ProposeResult Replica::Propose(uint64_t now_us, EntryType type, std::string payload) {
+  (void)now_us;
+  ProposeResult r;
+  if (role_ != Role::kLeader) {
+    int l = leader();
+    r.error = l >= 0 ? "not the leader (replica " + std::to_string(l) + " is)"
+                     : "no leader at the moment (election in progress)";
+    return r;
+  }
+  if (payload.size() > max_payload()) {
+    r.error = "proposal of " + std::to_string(payload.size()) +
+              " bytes exceeds the log region's limit of " + std::to_string(max_payload()) +
+              " bytes";
+    return r;
+  }
+  LS_ASSERT(IsSlotType(type), "type %d", static_cast<int>(type));
+  Entry e;
+  e.index = last_index() + 1;
+  e.ballot = promised_;
+  e.type = type;
+  e.payload = std::move(payload);
+  slots_.push_back(e);
+  r.ok = true;
+  r.index = e.index;
+  std::vector<Entry> batch;
+  batch.push_back(std::move(e));
+  Persist(std::move(batch), 0, {});
+  for (int p = 0; p < config_.replicas; p++)
+    if (p != config_.id) Pump(p);
+  if (config_.replicas == 1) AdvanceCommit();
+  return r;
+}
+
+// ---------------------------------------------------------------- persistence
+
+void Replica::Persist(std::vector<Entry> entries, Ballot promise, std::vector<Message> then_send) {
+  uint64_t upto = 0;
+  for (const Entry& e : entries) upto = std::max(upto, e.index);
+  if (!ready_.persists.empty()) {  // group: one op per TakeReady
+    PersistOp& op = ready_.persists.back();
+    for (auto& e : entries) op.entries.push_back(std::move(e));
+    op.promise = std::max(op.promise, promise);
+    op.commit_index = commit_index_;
+    PendingPersist& pp = pending_persists_.back();
+    LS_ASSERT(pp.seq == op.seq, "persist queue out of step");
+    pp.upto = std::max(pp.upto, upto);
+    pp.promise = std::max(pp.promise, promise);
+    for (auto& m : then_send) pp.then_send.push_back(std::move(m));
+    return;
+  }
+  PersistOp op;
+  op.seq = next_persist_seq_++;
+  op.entries = std::move(entries);
+  op.promise = promise;
+  op.commit_index = commit_index_;
+  pending_persists_.push_back(PendingPersist{op.seq, upto, promise, std::move(then_send)});
+  ready_.persists.push_back(std::move(op));
+}
+
+void Replica::ClampPendingPersists(uint64_t index) {
+  // Slot `index` gets a new value: earlier writes no longer prove it durable.
+  if (index == 0) return;
+  durable_index_ = std::min(durable_index_, index - 1);
+  for (auto& pp : pending_persists_) pp.upto = std::min(pp.upto, index - 1);
+}
+
+void Replica::SetSlot(const Entry& e) {
+  LS_ASSERT(e.index >= first_index_ && e.index <= last_index() + 1,
+            "slot %lu outside [%lu, %lu]", (unsigned long)e.index, (unsigned long)first_index_,
+            (unsigned long)last_index() + 1);
+  LS_ASSERT(e.index > commit_index_, "overwriting committed slot %lu (commit %lu)",
+            (unsigned long)e.index, (unsigned long)commit_index_);
+  ClampPendingPersists(e.index);
+  if (e.index == last_index() + 1) {
+    slots_.push_back(e);
+  } else {
+    *MutableAt(e.index) = e;
+  }
+}
+
+void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
+  std::vector<Message> to_send;
+  while (!pending_persists_.empty() && pending_persists_.front().seq <= seq) {
+    PendingPersist& pp = pending_persists_.front();
+    durable_index_ = std::max(durable_index_, std::min(pp.upto, last_index()));
+    durable_promised_ = std::max(durable_promised_, pp.promise);
+    for (auto& m : pp.then_send) to_send.push_back(std::move(m));
+    pending_persists_.pop_front();
+  }
+  for (auto& m : to_send) {
+    // A deferred reply is stale if we promised something higher meanwhile.
+    if (m.ballot < promised_) continue;
+    ready_.messages.push_back(std::move(m));
+  }
+  if (role_ == Role::kLeader) {
+    AdvanceCommit();
+  } else if (role_ == Role::kCandidate) {
+    MaybeWin(now_us);
+  } else {
+    ack_dirty_ = true;
+  }
+}
+
+// ---------------------------------------------------------------- elections
+
+void Replica::StartElection(uint64_t now_us) {
+  uint64_t round = std::max(max_round_seen_, BallotRound(promised_)) + 1;
+  Ballot b = MakeBallot(round, config_.id);
+  if (role_ == Role::kLeader) ready_.lost_leadership = true;
+  role_ = Role::kCandidate;
+  promised_ = b;
+  max_round_seen_ = round;
+  promises_.clear();
+  Message self;
+  self.type = Message::Type::kPromise;
+  self.from = self.to = config_.id;
+  self.ballot = b;
+  self.commit_index = commit_index_;
+  promises_[config_.id] = std::move(self);  // our own log is read directly
+  Persist({}, b, {});
+  for (int p = 0; p < config_.replicas; p++) {
+    if (p == config_.id) continue;
+    Message m;
+    m.type = Message::Type::kPrepare;
+    m.from = config_.id;
+    m.to = p;
+    m.ballot = b;
+    m.commit_index = commit_index_;
+    ready_.messages.push_back(std::move(m));
+  }
+  ResetElectionTimer(now_us);
+}
+
+void Replica::MaybeWin(uint64_t now_us) {
+  if (role_ != Role::kCandidate) return;
+  int count = 0;
+  for (const auto& [from, m] : promises_) {
+    if (from == config_.id && durable_promised_ < promised_) continue;  // not durable yet
+    count++;
+  }
+  if (count >= Majority()) BecomeLeader(now_us);
+}
+
+void Replica::BecomeLeader(uint64_t now_us) {
+  // Phase 1 is complete: pick, for every slot past our commit index, the
+  // value accepted under the highest ballot among the promises.
+  uint64_t known_commit = commit_index_;
+  uint64_t end = last_index();
+  for (const auto& [from, m] : promises_) {
+    known_commit = std::max(known_commit, m.commit_index);
+    for (const Entry& e : m.entries) end = std::max(end, e.index);
+  }
+  std::vector<Entry> chosen;
+  for (uint64_t i = commit_index_ + 1; i <= end; i++) {
+    const Entry* best = At(i);
+    for (const auto& [from, m] : promises_) {
+      if (from == config_.id) continue;
+      for (const Entry& e : m.entries)
+        if (e.index == i && (!best || e.ballot > best->ballot)) best = &e;
+    }
+    if (!best) {
+      // Only possible when promisers truncated below what we lack: we would
+      // need a snapshot. Stay candidate; someone better placed will win.
+      ResetElectionTimer(now_us);
+      return;
+    }
+    Entry e = *best;
+    if (i > known_commit) e.ballot = promised_;  // re-propose under our ballot
+    chosen.push_back(std::move(e));
+  }
+  for (const Entry& e : chosen) SetSlot(e);
+  LS_ASSERT(last_index() == end, "log end %lu != %lu", (unsigned long)last_index(),
+            (unsigned long)end);
+  if (!chosen.empty()) Persist(std::move(chosen), 0, {});
+  commit_index_ = known_commit;
+  ballot_start_index_ = known_commit + 1;
+  role_ = Role::kLeader;
+  for (auto& p : peers_) p = PeerStream{};
+  std::map<int, Message> promises;
+  promises.swap(promises_);
+  for (const auto& [from, m] : promises)
+    if (from != config_.id) StartPeerStream(from, m.stream_id, m.commit_index, now_us);
+  next_control_us_ = now_us;
+  next_message_heartbeat_us_ = now_us;
+  last_majority_contact_us_ = now_us;
+  commit_changed_ = true;
+  if (config_.replicas == 1) AdvanceCommit();
+}
+
+void Replica::StepDown(uint64_t now_us, Ballot seen) {
+  if (role_ == Role::kLeader) ready_.lost_leadership = true;
+  if (role_ != Role::kBackup) {
+    role_ = Role::kBackup;
+    for (auto& p : peers_) p = PeerStream{};
+    promises_.clear();
+  }
+  max_round_seen_ = std::max(max_round_seen_, BallotRound(seen));
+  ResetElectionTimer(now_us);
+}
+
+void Replica::OpenStream() {
+  // A fresh region: whatever anyone writes into an older one is never read.
+  stream_id_++;
+  accepted_upto_ = commit_index_;
+  consumed_pos_ = 0;
+  last_heartbeat_seen_ = 0;
+  stall_armed_ = false;
+  ack_dirty_ = false;
+}
+
+void Replica::Promise(uint64_t now_us, Ballot b, const Message* prepare) {
+  LS_ASSERT(b > promised_, "promise %s not above %s", BallotString(b).c_str(),
+            BallotString(promised_).c_str());
+  StepDown(now_us, b);
+  promised_ = b;
+  OpenStream();
+  std::vector<Message> then_send;
+  Message reply;
+  reply.from = config_.id;
+  reply.to = BallotLeader(b);
+  reply.ballot = b;
+  reply.stream_id = stream_id_;
+  reply.commit_index = commit_index_;
+  if (prepare) {
+    reply.type = Message::Type::kPromise;
+    for (uint64_t i = std::max(prepare->commit_index + 1, first_index_); i <= last_index(); i++)
+      reply.entries.push_back(*At(i));
+  } else {
+    reply.type = Message::Type::kJoin;
+    last_join_us_ = now_us;
+  }
+  then_send.push_back(std::move(reply));
+  Persist({}, b, std::move(then_send));
+}
+
+void Replica::HandlePrepare(uint64_t now_us, const Message& m) {
+  if (m.ballot > promised_ && may_vote_) {
+    Promise(now_us, m.ballot, &m);
+    return;
+  }
+  max_round_seen_ = std::max(max_round_seen_, BallotRound(m.ballot));
+  if (m.ballot < promised_) {
+    Message nack;
+    nack.type = Message::Type::kNack;
+    nack.from = config_.id;
+    nack.to = m.from;
+    nack.ballot = m.ballot;
+    nack.promised = promised_;
+    ready_.messages.push_back(std::move(nack));
+  }
+}
+
+void Replica::HandlePromise(uint64_t now_us, const Message& m) {
+  if (m.ballot != promised_) return;
+  if (role_ == Role::kLeader) {  // a late promise doubles as a join
+    if (!peers_[m.from].ready || m.stream_id > peers_[m.from].stream_id)
+      StartPeerStream(m.from, m.stream_id, m.commit_index, now_us);
+    return;
+  }
+  if (role_ != Role::kCandidate) return;
+  promises_[m.from] = m;
+  MaybeWin(now_us);
+}
+
+void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
+  if (m.ballot < promised_) {
+    Message nack;
+    nack.type = Message::Type::kNack;
+    nack.from = config_.id;
+    nack.to = m.from;
+    nack.ballot = m.ballot;
+    nack.promised = promised_;
+    ready_.messages.push_back(std::move(nack));
+    return;
+  }
+  if (m.ballot > promised_) {
+    // A leader we never promised to: it finished phase 1 without us. Promise
+    // its ballot and ask for a stream.
+    Promise(now_us, m.ballot, nullptr);
+    return;
+  }
+  if (role_ != Role::kBackup) return;
+  ResetElectionTimer(now_us);
+  commit_index_ = std::max(commit_index_, std::min(m.commit_index, accepted_upto_));
+  bool stalled = stall_armed_ && m.stream_id == stream_id_ && consumed_pos_ < stall_check_pos_;
+  bool unknown_to_leader = m.stream_id != stream_id_;
+  stall_check_pos_ = m.sent_pos;
+  stall_armed_ = m.stream_id == stream_id_;
+  if ((stalled || unknown_to_leader) &&
+      now_us >= last_join_us_ + 2 * config_.message_heartbeat_us)
+    SendJoin(now_us);
+}
+
+void Replica::SendJoin(uint64_t now_us) {
+  OpenStream();
+  last_join_us_ = now_us;
+  Message j;
+  j.type = Message::Type::kJoin;
+  j.from = config_.id;
+  j.to = BallotLeader(promised_);
+  j.ballot = promised_;
+  j.stream_id = stream_id_;
+  j.commit_index = commit_index_;
+  if (durable_promised_ >= promised_) {
+    ready_.messages.push_back(std::move(j));
+  } else {
+    std::vector<Message> then;
+    then.push_back(std::move(j));
+    Persist({}, 0, std::move(then));
+  }
+}
+
+void Replica::HandleJoin(uint64_t now_us, const Message& m) {
+  if (m.ballot < promised_) {
+    Message nack;
+    nack.type = Message::Type::kNack;
+    nack.from = config_.id;
+    nack.to = m.from;
+    nack.ballot = m.ballot;
+    nack.promised = promised_;
+    ready_.messages.push_back(std::move(nack));
+    return;
+  }
+  if (role_ != Role::kLeader || m.ballot != promised_) return;
+  if (!peers_[m.from].ready || m.stream_id > peers_[m.from].stream_id)
+    StartPeerStream(m.from, m.stream_id, m.commit_index, now_us);
+}
+
+void Replica::OnMessage(uint64_t now_us, const Message& m) {
+  if (m.from < 0 || m.from >= config_.replicas || m.from == config_.id) return;
+  max_round_seen_ = std::max(max_round_seen_, BallotRound(m.ballot));
+  switch (m.type) {
+    case Message::Type::kPrepare: HandlePrepare(now_us, m); break;
+    case Message::Type::kPromise: HandlePromise(now_us, m); break;
+    case Message::Type::kHeartbeat: HandleHeartbeat(now_us, m); break;
+    case Message::Type::kJoin: HandleJoin(now_us, m); break;
+    case Message::Type::kNack:
+      max_round_seen_ = std::max(max_round_seen_, BallotRound(m.promised));
+      if (m.promised > promised_ && role_ != Role::kBackup) StepDown(now_us, m.promised);
+      break;
+  }
+}
+
+// ---------------------------------------------------------------- streams (leader)
+
+void Replica::StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit,
+                              uint64_t now_us) {
+  if (peer == config_.id) return;
+  PeerStream& p = peers_[peer];
+  p = PeerStream{};
+  p.stream_id = stream_id;
+  p.next_put = peer_commit + 1;
+  p.match = peer_commit;
+  p.last_heard_us = now_us;
+  if (p.next_put < first_index_) {
+    p.needs_snapshot = true;  // a later issue: ship a checkpoint instead
+    return;
+  }
+  p.ready = true;
+  PutControl(peer);
+  Pump(peer);
+  AdvanceCommit();
+}
+
+void Replica::Pump(int peer) {
+  PeerStream& p = peers_[peer];
+  if (!p.ready || role_ != Role::kLeader) return;
+  const uint64_t ring = config_.ring_bytes;
+  std::string run;
+  uint64_t run_pos = 0;
+  auto flush = [&] {
+    if (run.empty()) return;
+    ready_.puts.push_back(
+        PutOp{peer, promised_, p.stream_id, kControlBytes + run_pos % ring, std::move(run)});
+    run.clear();
+  };
+  while (p.next_put <= last_index() && run.size() < config_.max_put_bytes) {
+    const Entry* e = At(p.next_put);
+    LS_ASSERT(e != nullptr, "pump of missing slot %lu", (unsigned long)p.next_put);
+    size_t size = RecordSize(e->payload.size());
+    Placement pl = PlaceRecord(p.sent_pos, size, ring);
+    if (pl.next_pos - p.consumed_pos > ring) break;  // ring full: wait for the reader
+    if (pl.record_pos != p.sent_pos) {  // wrap to the next lap
+      flush();
+      if (pl.wrap_record) {
+        std::string wrap(RecordSize(0), '\0');
+        EncodeRecord(reinterpret_cast<uint8_t*>(wrap.data()), EntryType::kWrap, promised_, 0, 0,
+                     pl.wrap_pos, {});
+        ready_.puts.push_back(
+            PutOp{peer, promised_, p.stream_id, kControlBytes + pl.wrap_pos % ring, std::move(wrap)});
+      }
+    }
+    if (run.empty()) run_pos = pl.record_pos;
+    size_t at = run.size();
+    run.resize(at + size);
+    EncodeRecord(reinterpret_cast<uint8_t*>(run.data()) + at, e->type, e->ballot, e->index,
+                 commit_index_, pl.record_pos, e->payload);
+    p.sent_pos = pl.next_pos;
+    p.next_put++;
+  }
+  flush();
+}
+
+void Replica::PutControl(int peer) {
+  const PeerStream& p = peers_[peer];
+  ControlOp op;
+  op.to = peer;
+  op.word.ballot = promised_;
+  op.word.stream_id = p.stream_id;
+  op.word.commit_index = commit_index_;
+  op.word.heartbeat = heartbeat_counter_;
+  op.word.sent_pos = p.sent_pos;
+  SealControl(&op.word);
+  ready_.controls.push_back(op);
+}
+
+void Replica::OnAck(uint64_t now_us, int from, const AckWord& w) {
+  if (role_ != Role::kLeader || from < 0 || from >= config_.replicas || from == config_.id) return;
+  PeerStream& p = peers_[from];
+  if (!p.ready || w.ballot != promised_ || w.stream_id != p.stream_id) return;
+  p.last_heard_us = now_us;
+  LS_ASSERT(w.durable_index <= last_index(), "peer %d acks %lu past our log end %lu", from,
+            (unsigned long)w.durable_index, (unsigned long)last_index());
+  p.match = std::max(p.match, w.durable_index);
+  if (w.consumed_pos > p.consumed_pos && w.consumed_pos <= p.sent_pos) {
+    p.consumed_pos = w.consumed_pos;
+    Pump(from);
+  }
+  AdvanceCommit();
+}
+
+void Replica::OnPeerUnreachable(uint64_t now_us, int peer) {
+  (void)now_us;
+  if (peer < 0 || peer >= config_.replicas || peer == config_.id) return;
+  if (role_ == Role::kLeader) peers_[peer].ready = false;  // it rejoins with a fresh stream
+}
+
+void Replica::AdvanceCommit() {
+  if (role_ != Role::kLeader) return;
+  std::vector<uint64_t> durable;
+  durable.push_back(std::min(durable_index_, last_index()));
+  for (int p = 0; p < config_.replicas; p++)
+    if (p != config_.id) durable.push_back(peers_[p].match);
+  std::sort(durable.rbegin(), durable.rend());
+  uint64_t candidate = durable[Majority() - 1];
+  if (candidate > commit_index_) {
+    // Every slot past the commit index we recovered carries our ballot, so a
+    // majority holding it durably means it is chosen.
+    commit_index_ = candidate;
+    commit_changed_ = true;
+  }
+}
+
+// ---------------------------------------------------------------- backup side
+
+void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const Entry& e,
+                       uint64_t record_commit, uint64_t next_pos) {
+  if (role_ != Role::kBackup || ballot != promised_ || stream_id != stream_id_) return;
+  LS_ASSERT(e.ballot == ballot || e.index <= record_commit,
+            "record %lu of ballot %s in the stream of %s", (unsigned long)e.index,
+            BallotString(e.ballot).c_str(), BallotString(ballot).c_str());
+  ResetElectionTimer(now_us);
+  consumed_pos_ = next_pos;
+  ack_dirty_ = true;
+  if (e.index <= commit_index_ || e.index < first_index_) {
+    accepted_upto_ = std::max(accepted_upto_, e.index);
+  } else if (e.index != accepted_upto_ + 1) {
+    SendJoin(now_us);  // the stream skipped a slot: ask for a fresh one
+    return;
+  } else {
+    const Entry* have = At(e.index);
+    if (!(have && *have == e && durable_index_ >= e.index)) {
+      SetSlot(e);
+      Persist({e}, 0, {});
+    }
+    accepted_upto_ = e.index;
+  }
+  commit_index_ = std::max(commit_index_, std::min(record_commit, accepted_upto_));
+  if (!may_vote_ && catch_up_target_ && commit_index_ >= catch_up_target_) may_vote_ = true;
+}
+
+void Replica::OnControl(uint64_t now_us, const ControlWord& w) {
+  if (role_ != Role::kBackup || w.ballot != promised_ || w.stream_id != stream_id_) return;
+  if (w.heartbeat != last_heartbeat_seen_) {
+    last_heartbeat_seen_ = w.heartbeat;
+    ResetElectionTimer(now_us);
+    ack_dirty_ = true;  // echo it: the leader's proof that we are alive
+  }
+  uint64_t c = std::min(w.commit_index, accepted_upto_);
+  if (c > commit_index_) commit_index_ = c;
+  // A replica that lost its log (damaged) may have forgotten a promise: it
+  // neither acks nor votes until it has seen the leader commit without it.
+  if (!may_vote_ && catch_up_target_ == 0) catch_up_target_ = w.commit_index + 1;
+  if (!may_vote_ && catch_up_target_ && commit_index_ >= catch_up_target_) may_vote_ = true;
+}
+
+void Replica::SendAck() {
+  ack_dirty_ = false;
+  if (role_ != Role::kBackup || promised_ == 0 || BallotLeader(promised_) == config_.id) return;
+  if (!may_vote_) return;  // see OnControl: not yet trusted to ack
+  AckOp op;
+  op.to = BallotLeader(promised_);
+  op.word.ballot = promised_;
+  op.word.stream_id = stream_id_;
+  op.word.durable_index = std::min(durable_index_, accepted_upto_);
+  op.word.consumed_pos = consumed_pos_;
+  op.word.heartbeat_echo = last_heartbeat_seen_;
+  op.word.sleeping = sleeping_ ? 1 : 0;
+  SealAck(&op.word);
+  ready_.acks.push_back(op);
+}
+
+// ---------------------------------------------------------------- truncation
+
+bool Replica::TruncateBelow(uint64_t index) {
+  if (index > commit_index_ + 1 || index <= first_index_) return index <= first_index_;
+  while (first_index_ < index) {
+    slots_.pop_front();
+    first_index_++;
+  }
+  Persist({}, 0, {});
+  ready_.persists.back().truncate_below = index;
+  return true;
+}
+
+// ---------------------------------------------------------------- output
+
+void Replica::CheckInvariants() const {
+  LS_ASSERT(commit_index_ + 1 >= first_index_, "commit %lu below first %lu",
+            (unsigned long)commit_index_, (unsigned long)first_index_);
+  LS_ASSERT(commit_index_ <= last_index(), "commit %lu past log end %lu",
+            (unsigned long)commit_index_, (unsigned long)last_index());
+  LS_ASSERT(durable_index_ <= last_index(), "durable %lu past log end %lu",
+            (unsigned long)durable_index_, (unsigned long)last_index());
+  LS_ASSERT(durable_promised_ <= promised_, "durable promise above promise");
+  if (role_ == Role::kLeader) {
+    LS_ASSERT(BallotLeader(promised_) == config_.id, "leading a ballot of another replica");
+  }
+  if (role_ == Role::kBackup) {
+    LS_ASSERT(accepted_upto_ <= last_index(), "accepted %lu past log end %lu",
+              (unsigned long)accepted_upto_, (unsigned long)last_index());
+  }
+}
+
+Ready Replica::TakeReady() {
+  if (role_ == Role::kLeader && commit_changed_) {
+    for (int p = 0; p < config_.replicas; p++)
+      if (p != config_.id && peers_[p].ready) PutControl(p);
+    commit_changed_ = false;
+  }
+  if (ack_dirty_) SendAck();
+  CheckInvariants();
+  ready_.commit_index = commit_index_;
+  Ready out = std::move(ready_);
+  ready_ = Ready{};
+  return out;
+}
+
+}  // namespace lockstep

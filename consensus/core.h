@@ -1,0 +1,252 @@
+// core.h — the Multi-Paxos protocol core of one replica. It does no I/O.
+//
+// The caller (the daemon, or the simulator) feeds it events — a tick, a
+// proposal, a message from a peer, a record found in the log region, an ack
+// word or control word seen in memory, a durable write completed — and
+// drains the resulting work with TakeReady(): messages to send, bytes to put
+// into peers' regions, words to put, records to make durable, and the new
+// commit index. Everything the core knows about time comes from `now_us`
+// arguments; its only randomness comes from the seed in its config, so a run
+// under the simulator replays exactly.
+//
+// Protocol summary (DESIGN.md, "Protocol sketch"):
+//  - Ballot b = (round, leader). A replica durably promises the highest ballot
+//    it has seen in a PREPARE, and from then on reads only the log region it
+//    opened for that ballot (one stream per (ballot, stream id)).
+//  - The leader appends, persists locally and puts each record into every
+//    backup's ring; a backup persists and acks (ballot, stream, durable index)
+//    into the leader's ack slot; commit = majority-th highest durable index.
+//  - A new leader runs phase 1: each promise carries the promiser's slots
+//    past the candidate's commit index, the candidate takes the
+//    highest-ballot value per index and re-proposes it under its ballot.
+//  - A backup whose stream broke (restart, partition, lost puts) asks for a
+//    fresh one with JOIN; the leader restarts it at the backup's commit + 1.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "consensus/log_format.h"
+#include "consensus/region.h"
+
+namespace lockstep {
+
+enum class Role { kBackup, kCandidate, kLeader };
+const char* RoleName(Role r);
+
+struct CoreConfig {
+  int id = 0;        // 0 .. replicas-1
+  int replicas = 3;  // 3, 5 or 7
+  uint64_t ring_bytes = 16 << 20;
+  uint64_t heartbeat_us = 1000;             // control-word heartbeat period
+  uint64_t message_heartbeat_us = 10000;    // heartbeat message period (rejoin path)
+  uint64_t election_timeout_min_us = 10000;
+  uint64_t election_timeout_max_us = 20000;
+  uint64_t max_put_bytes = 1 << 20;  // bytes per put op (several records coalesce)
+  uint64_t seed = 1;
+  uint64_t incarnation = 0;  // differs on every restart (< 2^32): keeps stream ids increasing
+};
+
+struct Message {
+  enum class Type : uint8_t { kPrepare = 1, kPromise, kNack, kHeartbeat, kJoin };
+  Type type = Type::kHeartbeat;
+  int from = 0;
+  int to = 0;
+  Ballot ballot = 0;          // the ballot the message is about
+  uint64_t stream_id = 0;     // promise/join: the sender's fresh stream; heartbeat: leader's view
+  uint64_t commit_index = 0;  // sender's commit index
+  uint64_t sent_pos = 0;      // heartbeat: how far the leader has written the receiver's stream
+  Ballot promised = 0;        // nack: the ballot the sender promised
+  std::vector<Entry> entries; // promise: sender's slots past the candidate's commit
+  std::string transport;      // opaque, filled and read by the transport adapter
+};
+const char* MessageTypeName(Message::Type t);
+
+// Bytes to put into peer `to`'s region for (ballot, stream_id), at `offset`
+// from the region's start (control word included).
+struct PutOp {
+  int to;
+  Ballot ballot;
+  uint64_t stream_id;
+  uint64_t offset;
+  std::string bytes;
+};
+struct ControlOp {
+  int to;
+  ControlWord word;
+};
+struct AckOp {
+  int to;  // the leader
+  AckWord word;
+};
+struct PersistOp {
+  uint64_t seq;
+  std::vector<Entry> entries;  // slot records, in order
+  Ballot promise = 0;          // non-zero: record this promise first
+  uint64_t commit_index = 0;   // written into each record (recovers commit on restart)
+  uint64_t truncate_below = 0; // non-zero: slots below this may be dropped
+};
+
+struct Ready {
+  std::vector<Message> messages;
+  std::vector<PutOp> puts;
+  std::vector<ControlOp> controls;
+  std::vector<AckOp> acks;
+  std::vector<PersistOp> persists;
+  uint64_t commit_index = 0;
+  bool lost_leadership = false;  // proposals not yet committed have an unknown outcome
+  bool empty() const {
+    return messages.empty() && puts.empty() && controls.empty() && acks.empty() && persists.empty();
+  }
+};
+
+// What a replica recovered from its disk log.
+struct DurableState {
+  Ballot promised = 0;
+  uint64_t commit_index = 0;
+  uint64_t first_index = 1;  // slots below were truncated
+  std::vector<Entry> slots;  // contiguous from first_index
+  bool damaged = false;      // log was corrupt: do not vote until caught up
+};
+
+struct ProposeResult {
+  bool ok = false;
+  uint64_t index = 0;
+  std::string error;
+};
+
+class Replica {
+ public:
+  Replica(const CoreConfig& config, DurableState state, uint64_t now_us);
+
+  void Tick(uint64_t now_us);
+  ProposeResult Propose(uint64_t now_us, EntryType type, std::string payload);
+  void OnMessage(uint64_t now_us, const Message& m);
+  // A slot record the region reader found in the stream (ballot, stream_id);
+  // next_pos is the reader's position after it.
+  void OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const Entry& e,
+                uint64_t record_commit, uint64_t next_pos);
+  void OnControl(uint64_t now_us, const ControlWord& w);
+  void OnAck(uint64_t now_us, int from, const AckWord& w);
+  void OnPersisted(uint64_t now_us, uint64_t seq);
+  // The transport lost its connection to a peer: its stream is gone.
+  void OnPeerUnreachable(uint64_t now_us, int peer);
+  // Drops slots below index (must be <= commit_index).
+  bool TruncateBelow(uint64_t index);
+  // Whether the backup is sleeping between polls; echoed to the leader.
+  void SetSleeping(bool sleeping) { sleeping_ = sleeping; }
+
+  Ready TakeReady();
+
+  // Queries.
+  int id() const { return config_.id; }
+  Role role() const { return role_; }
+  Ballot promised() const { return promised_; }
+  int leader() const;  // -1 if unknown
+  uint64_t commit_index() const { return commit_index_; }
+  uint64_t durable_index() const { return durable_index_; }
+  uint64_t first_index() const { return first_index_; }
+  uint64_t last_index() const { return first_index_ + slots_.size() - 1; }
+  const Entry* At(uint64_t index) const;
+  uint64_t stream_id() const { return stream_id_; }
+  uint64_t max_payload() const { return MaxRegionPayload(config_.ring_bytes); }
+  // Leader only: how far each peer's durable index trails the commit index.
+  uint64_t PeerMatch(int peer) const { return peers_[peer].match; }
+  bool PeerReady(int peer) const { return peers_[peer].ready; }
+  bool may_vote() const { return may_vote_; }
+
+ private:
+  struct PeerStream {
+    bool ready = false;
+    uint64_t stream_id = 0;
+    uint64_t next_put = 1;
+    uint64_t sent_pos = 0;
+    uint64_t consumed_pos = 0;
+    uint64_t match = 0;
+    uint64_t last_heard_us = 0;
+    bool needs_snapshot = false;
+  };
+  struct PendingPersist {
+    uint64_t seq;
+    uint64_t upto;    // slots up to here are durable when this completes
+    Ballot promise;   // promise this op records (0: none)
+    std::vector<Message> then_send;
+  };
+
+  int Majority() const { return config_.replicas / 2 + 1; }
+  void ResetElectionTimer(uint64_t now_us);
+  void StartElection(uint64_t now_us);
+  void BecomeLeader(uint64_t now_us);
+  void MaybeWin(uint64_t now_us);
+  void StepDown(uint64_t now_us, Ballot seen);
+  void Promise(uint64_t now_us, Ballot b, const Message* prepare);
+  void HandlePrepare(uint64_t now_us, const Message& m);
+  void HandlePromise(uint64_t now_us, const Message& m);
+  void HandleHeartbeat(uint64_t now_us, const Message& m);
+  void HandleJoin(uint64_t now_us, const Message& m);
+  void SendJoin(uint64_t now_us);
+  void OpenStream();
+  void StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit, uint64_t now_us);
+  void Pump(int peer);
+  void PutControl(int peer);
+  void SendAck();
+  void AdvanceCommit();
+  void SetSlot(const Entry& e);  // overwrite or append
+  void Persist(std::vector<Entry> entries, Ballot promise, std::vector<Message> then_send);
+  void ClampPendingPersists(uint64_t index);
+  Entry* MutableAt(uint64_t index);
+  void CheckInvariants() const;
+
+  CoreConfig config_;
+  std::mt19937_64 rng_;
+  Role role_ = Role::kBackup;
+  Ballot promised_ = 0;         // in memory; durable once its persist completes
+  Ballot durable_promised_ = 0;
+  uint64_t max_round_seen_ = 0;
+  bool may_vote_ = true;
+  uint64_t catch_up_target_ = 0;  // damaged log: may vote again past this commit
+
+  uint64_t first_index_ = 1;
+  std::deque<Entry> slots_;
+  uint64_t commit_index_ = 0;
+  uint64_t durable_index_ = 0;
+
+  // Persistence pipeline.
+  uint64_t next_persist_seq_ = 1;
+  std::deque<PendingPersist> pending_persists_;
+
+  // Backup side: the stream we read.
+  uint64_t stream_id_ = 0;
+  uint64_t accepted_upto_ = 0;  // slots up to here are from the current stream (or committed)
+  uint64_t consumed_pos_ = 0;
+  uint64_t last_heartbeat_seen_ = 0;
+  uint64_t last_join_us_ = 0;
+  bool join_sent_ = false;
+  uint64_t stall_check_pos_ = 0;  // leader's sent_pos at the previous heartbeat message
+  bool stall_armed_ = false;
+  bool sleeping_ = false;
+  bool ack_dirty_ = false;
+  uint64_t election_deadline_us_ = 0;
+
+  // Candidate side.
+  std::map<int, Message> promises_;  // by sender, self included
+  bool self_promise_durable_ = false;
+
+  // Leader side.
+  std::vector<PeerStream> peers_;
+  uint64_t heartbeat_counter_ = 0;
+  uint64_t next_control_us_ = 0;
+  uint64_t next_message_heartbeat_us_ = 0;
+  uint64_t last_majority_contact_us_ = 0;
+  uint64_t ballot_start_index_ = 0;  // first slot stamped with our ballot
+  bool commit_changed_ = false;
+
+  Ready ready_;
+};
+
+}  // namespace lockstep
