@@ -156,3 +156,28 @@ DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position,
 }
 
 }  // namespace lockstep
+
+// ---------------------------------------------------------------- invariants
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+
+#include "consensus/assert.h"
+
+namespace lockstep {
+static AssertHandler g_assert_handler = nullptr;
+void SetAssertHandler(AssertHandler handler) { g_assert_handler = handler; }
+
+void AssertFailed(const char* file, int line, const char* cond, const char* fmt, ...) {
+  char detail[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  std::string message = std::string("invariant violated at ") + file + ":" +
+                        std::to_string(line) + ": " + cond + ": " + detail;
+  if (g_assert_handler) g_assert_handler(message);
+  fprintf(stderr, "lockstep: %s\n", message.c_str());
+  abort();
+}
+}  // namespace lockstep
