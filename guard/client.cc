@@ -1,0 +1,151 @@
+// client.cc — blocking client of the daemon's client port.
+#include "guard/client.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "guard/wire.h"
+
+namespace lockstep {
+
+std::unique_ptr<Client> Client::Connect(const ClusterConfig& config, int replica, int timeout_ms,
+                                        std::string* error) {
+  if (replica < 0 || replica >= static_cast<int>(config.replicas.size())) {
+    *error = "no replica " + std::to_string(replica);
+    return nullptr;
+  }
+  const auto& r = config.replicas[replica];
+  int fd = ConnectAuthenticated(r.host, r.client_port, config.secret, "client", 0, timeout_ms, error);
+  if (fd < 0) return nullptr;
+  auto c = std::unique_ptr<Client>(new Client);
+  c->fd_ = fd;
+  c->replica_ = replica;
+  return c;
+}
+
+Client::~Client() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool Client::SendPropose(EntryType type, std::string_view payload, std::string* error) {
+  ByteWriter w;
+  w.u8(static_cast<uint8_t>(type));
+  w.bytes(payload);
+  return WriteFrame(fd_, FrameKind::kPropose, w.str(), error);
+}
+
+bool Client::ReadProposeReply(ProposeReply* reply, std::string* error, int timeout_ms) {
+  FrameKind kind;
+  std::string body;
+  if (!ReadFrame(fd_, &kind, &body, timeout_ms, error)) return false;
+  if (kind != FrameKind::kProposeResult) {
+    *error = "unexpected reply";
+    return false;
+  }
+  ByteReader r(body);
+  uint8_t ok = 0;
+  *reply = ProposeReply{};
+  if (!r.u8(&ok) || !r.u64(&reply->index) || !r.bytes(&reply->error)) {
+    *error = "malformed reply";
+    return false;
+  }
+  reply->ok = ok != 0;
+  if (reply->ok) {
+    r.f64(&reply->commit_us);
+    r.f64(&reply->durable_us);
+    r.f64(&reply->quorum_us);
+  }
+  return true;
+}
+
+bool Client::Propose(EntryType type, std::string_view payload, ProposeReply* reply,
+                     std::string* error, int timeout_ms) {
+  return SendPropose(type, payload, error) && ReadProposeReply(reply, error, timeout_ms);
+}
+
+bool Client::Status(std::string* json, std::string* error, int timeout_ms) {
+  FrameKind kind;
+  if (!WriteFrame(fd_, FrameKind::kStatus, "", error) ||
+      !ReadFrame(fd_, &kind, json, timeout_ms, error))
+    return false;
+  return kind == FrameKind::kStatusResult;
+}
+
+bool Client::Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
+                  std::string* error, int timeout_ms) {
+  ByteWriter w;
+  w.u64(from);
+  w.u32(max);
+  FrameKind kind;
+  std::string body;
+  if (!WriteFrame(fd_, FrameKind::kRead, w.str(), error) ||
+      !ReadFrame(fd_, &kind, &body, timeout_ms, error))
+    return false;
+  ByteReader r(body);
+  uint32_t n = 0;
+  if (kind != FrameKind::kReadResult || !r.u64(commit_index) || !r.u32(&n)) {
+    *error = "malformed read reply";
+    return false;
+  }
+  entries->clear();
+  for (uint32_t i = 0; i < n; i++) {
+    Entry e;
+    uint8_t t;
+    if (!r.u64(&e.index) || !r.u64(&e.ballot) || !r.u8(&t) || !r.bytes(&e.payload)) {
+      *error = "malformed read reply";
+      return false;
+    }
+    e.type = static_cast<EntryType>(t);
+    entries->push_back(std::move(e));
+  }
+  return true;
+}
+
+bool Client::Truncate(uint64_t below, uint64_t* first_index, std::string* error) {
+  ByteWriter w;
+  w.u64(below);
+  FrameKind kind;
+  std::string body;
+  if (!WriteFrame(fd_, FrameKind::kTruncate, w.str(), error) ||
+      !ReadFrame(fd_, &kind, &body, 5000, error))
+    return false;
+  ByteReader r(body);
+  uint8_t ok = 0;
+  if (!r.u8(&ok) || !r.u64(first_index)) {
+    *error = "malformed reply";
+    return false;
+  }
+  if (!ok) *error = "cannot truncate at " + std::to_string(below) + " (beyond the commit index?)";
+  return ok;
+}
+
+std::string JsonField(const std::string& json, const std::string& key) {
+  std::string pat = "\"" + key + "\":";
+  size_t p = json.find(pat);
+  if (p == std::string::npos) return "";
+  p += pat.size();
+  if (p < json.size() && json[p] == '"') {
+    size_t e = json.find('"', p + 1);
+    return json.substr(p + 1, e - p - 1);
+  }
+  size_t e = json.find_first_of(",}]", p);
+  return json.substr(p, e - p);
+}
+
+int FindLeader(const ClusterConfig& config, int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  do {
+    for (size_t r = 0; r < config.replicas.size(); r++) {
+      std::string err, json;
+      auto c = Client::Connect(config, static_cast<int>(r), 200, &err);
+      if (c && c->Status(&json, &err, 500) && JsonField(json, "role") == "leader")
+        return static_cast<int>(r);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return -1;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,51 @@
+// client.h — the C++ client of a replica's client port: propose, read the
+// committed log, status, truncate. The command-line tools and the benchmarks
+// use it; every call is blocking with a timeout.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "consensus/log_format.h"
+#include "guard/config.h"
+
+namespace lockstep {
+
+struct ProposeReply {
+  bool ok = false;
+  uint64_t index = 0;
+  std::string error;
+  double commit_us = 0;   // daemon: proposal to commit
+  double durable_us = 0;  // daemon: proposal to its own durable write
+  double quorum_us = 0;   // daemon: durable write to commit (waiting for the majority)
+};
+
+class Client {
+ public:
+  static std::unique_ptr<Client> Connect(const ClusterConfig& config, int replica, int timeout_ms,
+                                         std::string* error);
+  ~Client();
+  int replica() const { return replica_; }
+  bool Propose(EntryType type, std::string_view payload, ProposeReply* reply, std::string* error,
+               int timeout_ms = 10000);
+  // Pipelining: send now, collect replies in order later.
+  bool SendPropose(EntryType type, std::string_view payload, std::string* error);
+  bool ReadProposeReply(ProposeReply* reply, std::string* error, int timeout_ms = 10000);
+  bool Status(std::string* json, std::string* error, int timeout_ms = 2000);
+  bool Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
+            std::string* error, int timeout_ms = 10000);
+  bool Truncate(uint64_t below, uint64_t* first_index, std::string* error);
+
+ private:
+  int fd_ = -1;
+  int replica_ = -1;
+};
+
+// Asks every replica; returns the id of the one that says it leads, or -1.
+int FindLeader(const ClusterConfig& config, int timeout_ms);
+// A field of the flat status JSON a daemon returns ("role", "commit_index"...).
+std::string JsonField(const std::string& json, const std::string& key);
+
+}  // namespace lockstep

@@ -1,0 +1,1016 @@
+// daemon.cc — the replica daemon's event loop.
+//
+// One thread runs the loop: it polls memory (ack slots as leader; the control
+// word and ring of the current region as backup), the UCX worker, the disk
+// writer's completions and the sockets, feeds what it finds to the core, and
+// carries out what the core asks (TakeReady). A second thread (DiskWriter)
+// does the durable writes, a third opens outbound connections to peers.
+//
+// Polling is adaptive: the loop spins (yielding the CPU between passes) for
+// spin_us after the last activity, then arms the UCX worker and sleeps in
+// epoll until a doorbell, a socket, the disk or the next heartbeat wakes it.
+// Every put is followed by a doorbell to its target; UCX delivers it cheaply
+// when the target is awake and signals its event fd only when it sleeps.
+#include "guard/daemon.h"
+
+#include <arpa/inet.h>
+#include <openssl/crypto.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "consensus/core.h"
+#include "consensus/disk_log.h"
+#include "consensus/transport_ucx.h"
+#include "guard/wire.h"
+
+namespace lockstep {
+
+namespace {
+
+uint64_t NowUs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+int Listen(const std::string& host, int port, std::string* error) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    *error = "host '" + host + "' is not an IPv4 address";
+    return -1;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    *error = "cannot listen on " + host + ":" + std::to_string(port) + ": " + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  listen(fd, 128);
+  return fd;
+}
+
+// What a message carries for the transport: the sender's UCX worker address
+// and, from a backup, the region it opened for (ballot, stream); from a
+// leader, its ack array.
+struct TransportBlob {
+  std::string worker_address;
+  uint64_t region_addr = 0;
+  std::string region_rkey;
+  uint64_t region_size = 0;
+};
+
+std::string EncodeBlob(const TransportBlob& b) {
+  ByteWriter w;
+  w.bytes(b.worker_address);
+  w.u64(b.region_addr);
+  w.bytes(b.region_rkey);
+  w.u64(b.region_size);
+  return std::move(w.str());
+}
+
+bool DecodeBlob(std::string_view in, TransportBlob* b) {
+  ByteReader r(in);
+  return r.bytes(&b->worker_address) && r.u64(&b->region_addr) && r.bytes(&b->region_rkey) &&
+         r.u64(&b->region_size) && r.done();
+}
+
+constexpr size_t kSpareRegions = 2;
+
+struct Waiter {
+  uint64_t index;
+  Ballot ballot;
+  uint64_t proposed_us;
+  uint64_t durable_us = 0;
+  FrameConn* conn;
+};
+
+class Daemon {
+ public:
+  explicit Daemon(const DaemonOptions& o) : opt_(o), cfg_(o.config), me_(cfg_.replicas[o.id]) {}
+  int Run();
+
+ private:
+  void Log(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+  bool Init();
+  bool RecoverLog(DurableState* state);
+  void ConnectorThread();
+  void AcceptOn(int listen_fd, const char* role);
+  void OnConnReadable(FrameConn* c);
+  void OnFrame(FrameConn* c, FrameKind kind, std::string_view body);
+  void OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body);
+  void OnPeerMessage(Message m);
+  void CloseConn(FrameConn* c, const std::string& why);
+  bool PollMemory(uint64_t now);
+  bool PollDisk(uint64_t now);
+  bool Drain(uint64_t now);
+  void SendToPeer(Message& m);
+  void EnsureRegion();
+  UcxTransport::LocalRegion* TakeSpareRegion();
+  bool MapSpareRegion();
+  int UcxPeer(int replica, const std::string& worker_address);
+  void ReplyWaiters(uint64_t now);
+  std::string StatusJson();
+  void Watch(int fd, bool writable);
+  void HandleEvents(epoll_event* evs, int n, uint64_t* last_busy);
+
+  DaemonOptions opt_;
+  ClusterConfig cfg_;
+  ReplicaConfig me_;
+  int n_ = 0;
+  bool memory_mode_ = false;
+  std::unique_ptr<Replica> core_;
+  std::unique_ptr<UcxTransport> ucx_;
+  std::unique_ptr<DiskLog> disk_;
+  std::unique_ptr<DiskWriter> writer_;
+  std::string disk_error_;
+  std::vector<uint64_t> memory_completions_;
+
+  int epfd_ = -1, sigfd_ = -1, peer_listen_ = -1, client_listen_ = -1;
+  std::map<int, std::unique_ptr<FrameConn>> conns_;  // by fd
+  std::vector<FrameConn*> outbound_;                 // by replica id
+  std::mutex connected_mu_;
+  std::vector<std::pair<int, int>> connected_;  // (replica, fd) from the connector thread
+  int connected_efd_ = -1;
+  std::unique_ptr<std::atomic<bool>[]> outbound_connected_;
+  std::atomic<bool> stopping_{false};
+  std::thread connector_;
+
+  // UCX state.
+  UcxTransport::LocalRegion* ack_region_ = nullptr;
+  std::vector<AckWord> last_ack_;
+  std::vector<int> ucx_peer_;              // by replica: PeerId or -1
+  std::vector<std::string> ucx_peer_addr_; // worker address it was made for
+  struct RemoteRegion {
+    Ballot ballot = 0;
+    uint64_t stream_id = 0;
+    int remote = -1;
+  };
+  std::vector<RemoteRegion> remote_region_;  // leader: each backup's region for our stream
+  std::vector<int> remote_ack_;              // backup: each leader's ack array
+  struct OwnRegion {
+    Ballot ballot;
+    uint64_t stream_id;
+    UcxTransport::LocalRegion* region;
+  };
+  std::deque<OwnRegion> own_regions_;  // newest last; a couple kept for deferred messages
+  std::deque<UcxTransport::LocalRegion*> spare_regions_;
+  uint64_t next_spare_try_us_ = 0;
+  uint64_t stats_[6] = {};
+  uint64_t next_stats_us_ = 0;
+  std::unique_ptr<RingReader> reader_;
+  ControlWord last_control_{};
+
+  std::deque<Waiter> waiters_;
+  Role last_role_ = Role::kBackup;
+  Ballot last_ballot_ = 0;
+  uint64_t applied_ = 0;
+  std::vector<bool> ring_peer_;
+};
+
+void Daemon::Log(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  localtime_r(&ts.tv_sec, &tm);
+  fprintf(stderr, "%02d:%02d:%02d.%06ld replica %d: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+          ts.tv_nsec / 1000, me_.id, buf);
+}
+
+bool Daemon::RecoverLog(DurableState* state) {
+  if (memory_mode_) return true;
+  DiskLogOptions dopt;
+  dopt.dir = me_.dir + "/log";
+  RecoveredLog rec;
+  std::string err;
+  disk_ = DiskLog::Open(dopt, &rec, &err);
+  if (!disk_) {
+    Log("cannot open the log in %s: %s", dopt.dir.c_str(), err.c_str());
+    return false;
+  }
+  if (rec.torn_tail)
+    Log("log tail was torn by an interrupted write (%s): dropped, never served; the rest comes "
+        "from peers",
+        rec.problem.c_str());
+  if (rec.damaged)
+    Log("LOG DAMAGED: %s. The damaged part is refused; this replica recovers it from its peers "
+        "and does not vote until it has caught up",
+        rec.problem.c_str());
+  state->promised = rec.promised;
+  state->commit_index = rec.commit_index;
+  state->first_index = rec.truncated_below ? rec.truncated_below : 1;
+  state->slots = std::move(rec.slots);
+  state->damaged = rec.damaged;
+  if (!state->slots.empty()) state->first_index = state->slots.front().index;
+  Log("recovered log: %zu slots from %lu, promised ballot %s, commit index %lu",
+      state->slots.size(), (unsigned long)state->first_index, BallotString(rec.promised).c_str(),
+      (unsigned long)rec.commit_index);
+  writer_ = std::make_unique<DiskWriter>(disk_.get());
+  return true;
+}
+
+bool Daemon::Init() {
+  n_ = static_cast<int>(cfg_.replicas.size());
+  memory_mode_ = cfg_.durability == "memory";
+  if (mkdir(me_.dir.c_str(), 0755) < 0 && errno != EEXIST) {
+    Log("cannot create %s: %s", me_.dir.c_str(), strerror(errno));
+    return false;
+  }
+  DurableState state;
+  if (!RecoverLog(&state)) return false;
+
+  std::string err;
+  UcxTransport::Options uopt;
+  uopt.kind = cfg_.transport == "shm"   ? UcxTransport::Kind::kShm
+              : cfg_.transport == "tcp" ? UcxTransport::Kind::kTcp
+                                        : UcxTransport::Kind::kAuto;
+  uopt.name = "lockstep-" + std::to_string(me_.id);
+  ucx_ = UcxTransport::Create(uopt, &err);
+  if (!ucx_) {
+    Log("UCX transport (%s) failed: %s", cfg_.transport.c_str(), err.c_str());
+    return false;
+  }
+  ack_region_ = ucx_->MapRegion(kAckSlotBytes * kMaxReplicas, &err);
+  if (!ack_region_) {
+    Log("cannot map the ack array: %s", err.c_str());
+    return false;
+  }
+  last_ack_.assign(n_, AckWord{});
+  ucx_peer_.assign(n_, -1);
+  ucx_peer_addr_.assign(n_, "");
+  remote_region_.assign(n_, RemoteRegion{});
+  remote_ack_.assign(n_, -1);
+  ring_peer_.assign(n_, false);
+  ucx_->SetPeerErrorHandler([this](UcxTransport::PeerId pid, std::string why) {
+    for (int r = 0; r < n_; r++) {
+      if (ucx_peer_[r] != pid) continue;
+      Log("transport to replica %d failed: %s", r, why.c_str());
+      ucx_peer_[r] = -1;
+      ucx_peer_addr_[r].clear();
+      remote_region_[r] = RemoteRegion{};
+      remote_ack_[r] = -1;
+      core_->OnPeerUnreachable(NowUs(), r);
+    }
+  });
+  ucx_->SetDoorbellHandler([](uint64_t) {});
+
+  CoreConfig cc;
+  cc.id = me_.id;
+  cc.replicas = n_;
+  cc.ring_bytes = cfg_.ring_bytes;
+  cc.heartbeat_us = cfg_.heartbeat_us;
+  cc.election_timeout_min_us = cfg_.election_timeout_min_us;
+  cc.election_timeout_max_us = cfg_.election_timeout_max_us;
+  cc.seed = static_cast<uint64_t>(getpid()) ^ NowUs();
+  cc.incarnation = (static_cast<uint64_t>(time(nullptr)) << 8 | (NowUs() & 0xff)) & 0xffffffffull;
+  core_ = std::make_unique<Replica>(cc, std::move(state), NowUs());
+
+  peer_listen_ = Listen(me_.host, me_.peer_port, &err);
+  if (peer_listen_ < 0) {
+    Log("%s (peer_port of replica %d)", err.c_str(), me_.id);
+    return false;
+  }
+  client_listen_ = Listen(me_.host, me_.client_port, &err);
+  if (client_listen_ < 0) {
+    Log("%s (client_port of replica %d)", err.c_str(), me_.id);
+    return false;
+  }
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  sigfd_ = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  signal(SIGPIPE, SIG_IGN);
+  connected_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  for (int fd : {peer_listen_, client_listen_, sigfd_, ucx_->EventFd(), connected_efd_}) Watch(fd, false);
+  if (writer_) Watch(writer_->EventFd(), false);
+  outbound_.assign(n_, nullptr);
+  outbound_connected_.reset(new std::atomic<bool>[n_]);
+  for (int r = 0; r < n_; r++) outbound_connected_[r] = false;
+  connector_ = std::thread([this] { ConnectorThread(); });
+  Log("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
+      cfg_.transport.c_str(), cfg_.durability.c_str(),
+      memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "",
+      me_.host.c_str(), me_.peer_port, me_.host.c_str(), me_.client_port);
+  return true;
+}
+
+void Daemon::Watch(int fd, bool writable) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | (writable ? EPOLLOUT : 0);
+  ev.data.fd = fd;
+  if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) < 0) epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+// Opens (and re-opens) the outbound, send-only connection to every peer.
+void Daemon::ConnectorThread() {
+  std::vector<uint64_t> next_try(n_, 0);
+  while (!stopping_) {
+    for (int r = 0; r < n_ && !stopping_; r++) {
+      if (r == me_.id) continue;
+      if (outbound_connected_[r].load() || NowUs() < next_try[r]) continue;
+      std::string err;
+      const auto& p = cfg_.replicas[r];
+      int fd = ConnectAuthenticated(p.host, p.peer_port, cfg_.secret, "peer", me_.id, 300, &err);
+      if (fd < 0) {
+        next_try[r] = NowUs() + 50000;
+        if (err.find("refused by") != std::string::npos) Log("peer %d: %s", r, err.c_str());
+        continue;
+      }
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      outbound_connected_[r] = true;
+      std::lock_guard<std::mutex> g(connected_mu_);
+      connected_.push_back({r, fd});
+      uint64_t one = 1;
+      (void)!write(connected_efd_, &one, 8);
+    }
+    usleep(10000);
+  }
+}
+
+// ---------------------------------------------------------------- sockets
+
+void Daemon::AcceptOn(int listen_fd, const char* role) {
+  for (;;) {
+    sockaddr_storage a;
+    socklen_t len = sizeof a;
+    int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto c = std::make_unique<FrameConn>(fd);
+    c->role = role;
+    Watch(fd, false);
+    conns_[fd] = std::move(c);
+  }
+}
+
+void Daemon::CloseConn(FrameConn* c, const std::string& why) {
+  int fd = c->fd();
+  if (opt_.verbose) Log("closing %s connection (fd %d): %s", c->role.c_str(), fd, why.c_str());
+  for (int r = 0; r < n_; r++)
+    if (outbound_[r] == c) {
+      outbound_[r] = nullptr;
+      outbound_connected_[r] = false;
+    }
+  for (auto& w : waiters_)
+    if (w.conn == c) w.conn = nullptr;
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  conns_.erase(fd);
+}
+
+void Daemon::OnConnReadable(FrameConn* c) {
+  std::string err;
+  bool ok = c->ReadFrames([&](FrameKind k, std::string_view body) { OnFrame(c, k, body); }, &err);
+  if (!ok) {
+    CloseConn(c, err);
+    return;
+  }
+  if (!c->Flush(&err)) CloseConn(c, err);
+}
+
+void Daemon::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
+  if (!c->authenticated) {
+    // Handshake: HELLO -> CHALLENGE, AUTH -> WELCOME or REFUSED.
+    if (kind == FrameKind::kHello && c->nonce.empty()) {
+      ByteReader r(body);
+      uint32_t magic = 0, version = 0, from = 0;
+      std::string role;
+      if (!r.u32(&magic) || magic != kWireMagic || !r.u32(&version) || !r.bytes(&role) ||
+          !r.u32(&from)) {
+        c->Queue(FrameKind::kRefused, "not a lockstep handshake");
+        return;
+      }
+      if (version != kWireVersion) {
+        c->Queue(FrameKind::kRefused, "wire version " + std::to_string(version) + " not supported");
+        return;
+      }
+      if (role != c->role || (role == "peer" && (from >= static_cast<uint32_t>(n_) ||
+                                                 static_cast<int>(from) == me_.id))) {
+        c->Queue(FrameKind::kRefused, "wrong port for role '" + role + "' or bad replica id");
+        return;
+      }
+      c->peer_id = static_cast<int>(from);
+      c->nonce = RandomBytes(32);
+      c->Queue(FrameKind::kChallenge, c->nonce);
+      return;
+    }
+    if (kind == FrameKind::kAuth && !c->nonce.empty()) {
+      std::string expect = AuthProof(cfg_.secret, c->nonce, c->role, c->peer_id);
+      if (body.size() == expect.size() && CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
+        c->authenticated = true;
+        c->Queue(FrameKind::kWelcome, "");
+        return;
+      }
+      sockaddr_storage a;
+      socklen_t len = sizeof a;
+      char host[64] = "?";
+      if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
+      Log("refused an unauthenticated %s connection from %s: it does not know the cluster secret",
+          c->role.c_str(), host);
+      c->Queue(FrameKind::kRefused, "authentication failed: wrong cluster secret");
+      return;
+    }
+    c->Queue(FrameKind::kRefused, "handshake out of order");
+    return;
+  }
+  if (c->role == "peer") {
+    if (kind != FrameKind::kPeerMessage) return;
+    Message m;
+    if (!DecodeMessage(body, &m) || m.from != c->peer_id || m.to != me_.id) {
+      Log("malformed message from replica %d ignored", c->peer_id);
+      return;
+    }
+    OnPeerMessage(std::move(m));
+    return;
+  }
+  OnClientFrame(c, kind, body);
+}
+
+int Daemon::UcxPeer(int replica, const std::string& worker_address) {
+  if (ucx_peer_[replica] >= 0 && ucx_peer_addr_[replica] == worker_address) return ucx_peer_[replica];
+  if (ucx_peer_[replica] >= 0) {  // the peer restarted: a new worker
+    ucx_->Disconnect(ucx_peer_[replica], 0);
+    remote_region_[replica] = RemoteRegion{};
+    remote_ack_[replica] = -1;
+  }
+  std::string err;
+  uint64_t t0 = NowUs();
+  int pid = ucx_->Connect(worker_address, &err);
+  if (opt_.verbose) Log("connected UCX to %d in %lu us", replica, (unsigned long)(NowUs() - t0));
+  if (pid < 0) {
+    Log("cannot reach replica %d through UCX: %s", replica, err.c_str());
+    ucx_peer_[replica] = -1;
+    return -1;
+  }
+  ucx_peer_[replica] = pid;
+  ucx_peer_addr_[replica] = worker_address;
+  if (opt_.verbose) Log("UCX endpoint to replica %d: %s", replica, ucx_->DescribePeer(pid).c_str());
+  return pid;
+}
+
+void Daemon::OnPeerMessage(Message m) {
+  if (opt_.verbose)
+    Log("<- %s from %d ballot %s stream %lu commit %lu entries %zu", MessageTypeName(m.type), m.from,
+        BallotString(m.ballot).c_str(), (unsigned long)m.stream_id, (unsigned long)m.commit_index,
+        m.entries.size());
+  TransportBlob blob;
+  if (!m.transport.empty() && DecodeBlob(m.transport, &blob) && !blob.worker_address.empty()) {
+    int pid = UcxPeer(m.from, blob.worker_address);
+    std::string err;
+    if (pid >= 0 && (m.type == Message::Type::kPrepare || m.type == Message::Type::kHeartbeat)) {
+      // From a leader (or candidate): its ack array.
+      if (remote_ack_[m.from] < 0) {
+        remote_ack_[m.from] = ucx_->AttachRemote(pid, blob.region_addr, blob.region_rkey,
+                                                 blob.region_size, &err);
+        if (remote_ack_[m.from] < 0) Log("attach ack array of %d: %s", m.from, err.c_str());
+      }
+    } else if (pid >= 0 && (m.type == Message::Type::kPromise || m.type == Message::Type::kJoin)) {
+      // From a backup: the region it opened for (ballot, stream).
+      RemoteRegion& rr = remote_region_[m.from];
+      if (rr.ballot != m.ballot || rr.stream_id != m.stream_id) {
+        if (rr.remote >= 0) ucx_->DetachRemote(rr.remote);
+        rr = RemoteRegion{m.ballot, m.stream_id,
+                          ucx_->AttachRemote(pid, blob.region_addr, blob.region_rkey,
+                                             blob.region_size, &err)};
+        if (rr.remote < 0) Log("attach region of %d: %s", m.from, err.c_str());
+      }
+    }
+  }
+  core_->OnMessage(NowUs(), m);
+}
+
+// ---------------------------------------------------------------- clients
+
+void Daemon::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body) {
+  uint64_t now = NowUs();
+  switch (kind) {
+    case FrameKind::kPropose: {
+      ByteReader r(body);
+      uint8_t type = 0;
+      std::string payload;
+      ByteWriter w;
+      if (!r.u8(&type) || !r.bytes(&payload) || !IsSlotType(static_cast<EntryType>(type))) {
+        w.u8(0);
+        w.u64(0);
+        w.bytes("malformed proposal");
+        c->Queue(FrameKind::kProposeResult, w.str());
+        return;
+      }
+      std::string error;
+      ProposeResult pr;
+      if (!disk_error_.empty()) {
+        error = "this replica cannot write its log: " + disk_error_ + "; proposals are refused";
+      } else {
+        pr = core_->Propose(now, static_cast<EntryType>(type), std::move(payload));
+        if (!pr.ok) error = pr.error;
+      }
+      if (!error.empty()) {
+        w.u8(0);
+        w.u64(0);
+        w.bytes(error);
+        c->Queue(FrameKind::kProposeResult, w.str());
+        return;
+      }
+      waiters_.push_back(Waiter{pr.index, core_->promised(), now, 0, c});
+      return;
+    }
+    case FrameKind::kStatus:
+      c->Queue(FrameKind::kStatusResult, StatusJson());
+      return;
+    case FrameKind::kRead: {
+      ByteReader r(body);
+      uint64_t from = 0;
+      uint32_t max = 0;
+      ByteWriter w;
+      if (!r.u64(&from) || !r.u32(&max)) return;
+      uint64_t first = std::max(from, core_->first_index());
+      uint64_t last = std::min(core_->commit_index(), first + max - 1);
+      uint32_t count = last >= first ? static_cast<uint32_t>(last - first + 1) : 0;
+      w.u64(core_->commit_index());
+      w.u32(count);
+      for (uint64_t i = first; count && i <= last; i++) {
+        const Entry* e = core_->At(i);
+        w.u64(e->index);
+        w.u64(e->ballot);
+        w.u8(static_cast<uint8_t>(e->type));
+        w.bytes(e->payload);
+      }
+      c->Queue(FrameKind::kReadResult, w.str());
+      return;
+    }
+    case FrameKind::kTruncate: {
+      ByteReader r(body);
+      uint64_t below = 0;
+      ByteWriter w;
+      bool ok = r.u64(&below) && core_->TruncateBelow(below);
+      w.u8(ok ? 1 : 0);
+      w.u64(core_->first_index());
+      c->Queue(FrameKind::kTruncateResult, w.str());
+      return;
+    }
+    default:
+      CloseConn(c, "unknown request");
+  }
+}
+
+std::string Daemon::StatusJson() {
+  std::ostringstream o;
+  o << "{\"id\":" << me_.id << ",\"pid\":" << getpid() << ",\"role\":\"" << RoleName(core_->role())
+    << "\",\"ballot\":\"" << BallotString(core_->promised()) << "\",\"leader\":" << core_->leader()
+    << ",\"commit_index\":" << core_->commit_index() << ",\"durable_index\":" << core_->durable_index()
+    << ",\"last_index\":" << core_->last_index() << ",\"first_index\":" << core_->first_index()
+    << ",\"transport\":\"" << cfg_.transport << "\",\"durability\":\"" << cfg_.durability
+    << "\",\"may_vote\":" << (core_->may_vote() ? "true" : "false") << ",\"disk_error\":\""
+    << JsonEscape(disk_error_) << "\",\"peers\":[";
+  for (int r = 0; r < n_; r++) {
+    if (r) o << ",";
+    o << "{\"id\":" << r << ",\"match\":" << core_->PeerMatch(r)
+      << ",\"stream\":" << (core_->PeerReady(r) ? "true" : "false") << "}";
+  }
+  o << "]}";
+  return o.str();
+}
+
+void Daemon::ReplyWaiters(uint64_t now) {
+  uint64_t durable = core_->durable_index();
+  for (auto& w : waiters_)
+    if (!w.durable_us && w.index <= durable) w.durable_us = now;
+  uint64_t commit = core_->commit_index();
+  while (!waiters_.empty() && waiters_.front().index <= commit) {
+    Waiter w = waiters_.front();
+    waiters_.pop_front();
+    if (!w.conn) continue;
+    const Entry* e = core_->At(w.index);
+    ByteWriter out;
+    if (!e || e->ballot != w.ballot) {  // the slot was decided under another ballot
+      out.u8(0);
+      out.u64(w.index);
+      out.bytes("leadership changed before commit; outcome unknown");
+      w.conn->Queue(FrameKind::kProposeResult, out.str());
+      continue;
+    }
+    uint64_t durable_at = w.durable_us ? w.durable_us : now;
+    out.u8(1);
+    out.u64(w.index);
+    out.bytes("");
+    out.f64(static_cast<double>(now - w.proposed_us));          // commit latency
+    out.f64(static_cast<double>(durable_at - w.proposed_us));   // own durable write
+    out.f64(static_cast<double>(now - durable_at));             // waiting for the quorum
+    w.conn->Queue(FrameKind::kProposeResult, out.str());
+  }
+}
+
+// ---------------------------------------------------------------- memory, disk
+
+void Daemon::EnsureRegion() {
+  // The backup reads only the region of the (ballot, stream) it promised.
+  Ballot b = core_->promised();
+  uint64_t s = core_->stream_id();
+  if (!own_regions_.empty() && own_regions_.back().ballot == b && own_regions_.back().stream_id == s)
+    return;
+  if (core_->role() != Role::kBackup || BallotLeader(b) == me_.id || b == 0) {
+    reader_.reset();
+    return;
+  }
+  UcxTransport::LocalRegion* region = TakeSpareRegion();
+  if (!region) return;
+  own_regions_.push_back(OwnRegion{b, s, region});
+  while (own_regions_.size() > 3) {  // older streams are never read again
+    ucx_->UnmapRegion(own_regions_.front().region);
+    own_regions_.pop_front();
+  }
+  reader_ = std::make_unique<RingReader>(region->base + kControlBytes, cfg_.ring_bytes);
+  last_control_ = ControlWord{};
+}
+
+// Mapping a region costs milliseconds (allocation, zeroing, registration):
+// too slow for the path of an election. Fresh, never-shared regions are
+// prepared while the loop is idle and taken from here.
+UcxTransport::LocalRegion* Daemon::TakeSpareRegion() {
+  if (spare_regions_.empty()) MapSpareRegion();
+  if (spare_regions_.empty()) return nullptr;
+  auto* r = spare_regions_.front();
+  spare_regions_.pop_front();
+  return r;
+}
+
+bool Daemon::MapSpareRegion() {
+  std::string err;
+  uint64_t t0 = NowUs();
+  auto* region = ucx_->MapRegion(kControlBytes + cfg_.ring_bytes, &err);
+  if (!region) {
+    Log("cannot map a log region of %lu bytes: %s", (unsigned long)(kControlBytes + cfg_.ring_bytes),
+        err.c_str());
+    return false;
+  }
+  if (opt_.verbose) Log("mapped a spare log region in %lu us", (unsigned long)(NowUs() - t0));
+  spare_regions_.push_back(region);
+  return true;
+}
+
+bool Daemon::PollMemory(uint64_t now) {
+  bool busy = false;
+  if (core_->role() == Role::kLeader) {
+    for (int r = 0; r < n_; r++) {
+      if (r == me_.id) continue;
+      AckWord w;
+      if (!ReadAck(ack_region_->base + r * kAckSlotBytes, &w)) continue;
+      if (memcmp(&w, &last_ack_[r], sizeof w) == 0) continue;
+      last_ack_[r] = w;
+      core_->OnAck(now, r, w);
+      busy = true;
+    }
+    return busy;
+  }
+  if (!reader_ || own_regions_.empty()) return false;
+  const OwnRegion& cur = own_regions_.back();
+  if (cur.ballot != core_->promised() || cur.stream_id != core_->stream_id()) return false;
+  ControlWord cw;
+  if (ReadControl(cur.region->base, &cw) && memcmp(&cw, &last_control_, sizeof cw) != 0) {
+    last_control_ = cw;
+    core_->OnControl(now, cw);
+    busy = true;
+  }
+  DecodedRecord rec;
+  for (int i = 0; i < 1024 && reader_ && reader_->Peek(&rec); i++) {
+    Entry e;
+    e.index = rec.header.index;
+    e.ballot = rec.header.ballot;
+    e.type = static_cast<EntryType>(rec.header.type);
+    e.payload.assign(rec.payload.data(), rec.payload.size());
+    reader_->Consume(rec);
+    core_->OnRecord(now, cur.ballot, cur.stream_id, e, rec.header.commit_index, reader_->pos());
+    busy = true;
+    if (core_->stream_id() != cur.stream_id) break;  // the core asked for a fresh stream
+  }
+  return busy;
+}
+
+bool Daemon::PollDisk(uint64_t now) {
+  bool busy = false;
+  if (!memory_completions_.empty()) {
+    for (uint64_t seq : memory_completions_) core_->OnPersisted(now, seq);
+    memory_completions_.clear();
+    busy = true;
+  }
+  if (!writer_) return busy;
+  static uint64_t last_seq = 0;
+  DiskWriter::Completion c = writer_->Poll();
+  if (!c.error.empty() && c.error != disk_error_) {
+    disk_error_ = c.error;
+    Log("DURABLE WRITE FAILED: %s. New proposals are refused; nothing acknowledged is lost.",
+        c.error.c_str());
+  }
+  if (c.error.empty() && !disk_error_.empty()) {
+    Log("durable writes work again");
+    disk_error_.clear();
+  }
+  if (c.durable_seq > last_seq) {
+    last_seq = c.durable_seq;
+    core_->OnPersisted(now, c.durable_seq);
+    busy = true;
+  }
+  return busy;
+}
+
+// ---------------------------------------------------------------- carrying out
+
+void Daemon::SendToPeer(Message& m) {
+  if (m.to < 0 || m.to >= n_ || m.to == me_.id) return;
+  FrameConn* c = outbound_[m.to];
+  if (opt_.verbose)
+    Log("-> %s to %d ballot %s stream %lu%s", MessageTypeName(m.type), m.to,
+        BallotString(m.ballot).c_str(), (unsigned long)m.stream_id, c ? "" : " (not connected: dropped)");
+  if (!c) return;  // not connected: the protocol tolerates a lost message
+  TransportBlob blob;
+  blob.worker_address = ucx_->WorkerAddress();
+  if (m.type == Message::Type::kPrepare || m.type == Message::Type::kHeartbeat) {
+    blob.region_addr = ack_region_->remote_addr;
+    blob.region_rkey = ack_region_->packed_rkey;
+    blob.region_size = ack_region_->size;
+  } else if (m.type == Message::Type::kPromise || m.type == Message::Type::kJoin) {
+    const OwnRegion* found = nullptr;
+    for (const auto& r : own_regions_)
+      if (r.ballot == m.ballot && r.stream_id == m.stream_id) found = &r;
+    if (!found) return;  // superseded by a newer stream
+    blob.region_addr = found->region->remote_addr;
+    blob.region_rkey = found->region->packed_rkey;
+    blob.region_size = found->region->size;
+  }
+  m.transport = EncodeBlob(blob);
+  c->Queue(FrameKind::kPeerMessage, EncodeMessage(m));
+  std::string err;
+  if (!c->Flush(&err)) {
+    CloseConn(c, err);
+  } else if (c->WantsWrite()) {
+    Watch(c->fd(), true);
+  }
+}
+
+bool Daemon::Drain(uint64_t now) {
+  Ready rd = core_->TakeReady();
+  EnsureRegion();
+  bool busy = !rd.empty();
+  std::string err;
+  for (auto& p : rd.persists) {
+    if (memory_mode_) {
+      memory_completions_.push_back(p.seq);
+      continue;
+    }
+    std::vector<OwnedRecord> batch;
+    if (p.promise) batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
+    for (auto& e : p.entries)
+      batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
+    writer_->Submit(p.seq, std::move(batch), p.truncate_below);
+  }
+  for (auto& put : rd.puts) {
+    RemoteRegion& rr = remote_region_[put.to];
+    if (rr.remote < 0 || rr.ballot != put.ballot || rr.stream_id != put.stream_id) continue;
+    if (!ucx_->Put(rr.remote, put.offset, put.bytes.data(), put.bytes.size(), &err)) {
+      Log("put to replica %d failed: %s", put.to, err.c_str());
+      continue;
+    }
+    ring_peer_[put.to] = true;
+  }
+  for (auto& cop : rd.controls) {
+    RemoteRegion& rr = remote_region_[cop.to];
+    if (rr.remote < 0 || rr.ballot != cop.word.ballot || rr.stream_id != cop.word.stream_id) continue;
+    if (ucx_->Put(rr.remote, 0, &cop.word, sizeof cop.word, &err)) ring_peer_[cop.to] = true;
+  }
+  for (auto& a : rd.acks) {
+    int remote = remote_ack_[a.to];
+    if (remote < 0) continue;
+    if (ucx_->Put(remote, static_cast<size_t>(me_.id) * kAckSlotBytes, &a.word, sizeof a.word, &err))
+      ring_peer_[a.to] = true;
+  }
+  for (int r = 0; r < n_; r++) {
+    if (!ring_peer_[r]) continue;
+    ring_peer_[r] = false;
+    if (ucx_peer_[r] >= 0) ucx_->Ring(ucx_peer_[r], 0, &err);
+  }
+  for (auto& m : rd.messages) SendToPeer(m);
+  if (rd.lost_leadership) {
+    for (auto& w : waiters_) {
+      if (!w.conn) continue;
+      ByteWriter out;
+      out.u8(0);
+      out.u64(w.index);
+      out.bytes("leadership lost before commit; outcome unknown (retry at the new leader)");
+      w.conn->Queue(FrameKind::kProposeResult, out.str());
+    }
+    waiters_.clear();
+  }
+  if (core_->role() != last_role_ || core_->promised() != last_ballot_) {
+    if (core_->role() == Role::kLeader)
+      Log("leader of ballot %s (commit index %lu, log end %lu)", BallotString(core_->promised()).c_str(),
+          (unsigned long)core_->commit_index(), (unsigned long)core_->last_index());
+    else if (core_->role() == Role::kCandidate)
+      Log("candidate for ballot %s", BallotString(core_->promised()).c_str());
+    else
+      Log("backup, promised ballot %s", BallotString(core_->promised()).c_str());
+    last_role_ = core_->role();
+    last_ballot_ = core_->promised();
+  }
+  ReplyWaiters(now);
+  applied_ = core_->commit_index();
+  // Flush client replies.
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    FrameConn* c = it->second.get();
+    ++it;
+    if (c->role == "client" && c->WantsWrite()) {
+      if (!c->Flush(&err)) {
+        CloseConn(c, err);
+      } else if (c->WantsWrite()) {
+        Watch(c->fd(), true);
+      }
+    }
+  }
+  return busy;
+}
+
+// ---------------------------------------------------------------- the loop
+
+int Daemon::Run() {
+  if (!Init()) {
+    stopping_ = true;
+    if (connector_.joinable()) connector_.join();
+    return 1;
+  }
+  uint64_t last_busy = NowUs();
+  bool may_sleep = false;
+  epoll_event evs[64];
+  while (!stopping_) {
+    // Sockets first, so that after any stall the messages that arrived
+    // (heartbeats among them) are seen before the election timer is checked.
+    int n;
+    if (may_sleep) {
+      timespec ts{0, static_cast<long>(cfg_.heartbeat_us * 1000)};
+      n = epoll_pwait2(epfd_, evs, 64, &ts, nullptr);
+    } else {
+      n = epoll_wait(epfd_, evs, 64, 0);
+    }
+    HandleEvents(evs, n, &last_busy);
+    uint64_t now = NowUs();
+    bool progressed = ucx_->Progress();
+    bool polled = PollMemory(now);
+    bool disk = PollDisk(now);
+    core_->Tick(now);
+    bool drained = Drain(now);
+    bool busy = progressed || polled || disk || drained;
+    if (opt_.verbose) {
+      stats_[0]++;
+      stats_[1] += progressed;
+      stats_[2] += polled;
+      stats_[3] += disk;
+      stats_[4] += drained;
+      stats_[5] += may_sleep;
+      if (now >= next_stats_us_) {
+        Log("loop: %lu passes, progress %lu, memory %lu, disk %lu, drain %lu, sleeps %lu",
+            (unsigned long)stats_[0], (unsigned long)stats_[1], (unsigned long)stats_[2],
+            (unsigned long)stats_[3], (unsigned long)stats_[4], (unsigned long)stats_[5]);
+        for (auto& v : stats_) v = 0;
+        next_stats_us_ = now + 1000000;
+      }
+    }
+    if (busy) last_busy = now;
+    may_sleep = false;
+    if (busy || now - last_busy <= opt_.spin_us) {
+      if (!busy) sched_yield();  // spinning: let the other replicas run
+      continue;
+    }
+    if (spare_regions_.size() < kSpareRegions && now >= next_spare_try_us_) {
+      // Idle: prepare for the next promise (after a failure, retry later).
+      if (!MapSpareRegion()) next_spare_try_us_ = now + 1000000;
+      continue;
+    }
+    may_sleep = ucx_->Arm();  // false: UCX has events pending, go round again
+  }
+  connector_.join();
+  writer_.reset();  // drains pending durable writes
+  Log("stopped (commit index %lu)", (unsigned long)core_->commit_index());
+  return 0;
+}
+
+void Daemon::HandleEvents(epoll_event* evs, int n, uint64_t* last_busy) {
+    for (int i = 0; i < n; i++) {
+      int fd = evs[i].data.fd;
+      if (fd == sigfd_) {
+        signalfd_siginfo si;
+        while (read(sigfd_, &si, sizeof si) == sizeof si) {
+          Log("signal %u: shutting down", si.ssi_signo);
+          stopping_ = true;
+        }
+      } else if (fd == peer_listen_) {
+        AcceptOn(fd, "peer");
+      } else if (fd == client_listen_) {
+        AcceptOn(fd, "client");
+      } else if (fd == connected_efd_) {
+        uint64_t v;
+        (void)!read(connected_efd_, &v, 8);
+        std::vector<std::pair<int, int>> got;
+        {
+          std::lock_guard<std::mutex> g(connected_mu_);
+          got.swap(connected_);
+        }
+        for (auto [r, cfd] : got) {
+          auto c = std::make_unique<FrameConn>(cfd);
+          c->role = "outbound";
+          c->authenticated = true;
+          c->peer_id = r;
+          outbound_[r] = c.get();
+          Watch(cfd, false);
+          conns_[cfd] = std::move(c);
+        }
+      } else if (fd == ucx_->EventFd() || (writer_ && fd == writer_->EventFd())) {
+        // Handled by the polls at the top of the loop.
+      } else {
+        auto it = conns_.find(fd);
+        if (it == conns_.end()) continue;
+        FrameConn* c = it->second.get();
+        if (evs[i].events & EPOLLOUT) {
+          std::string err;
+          if (!c->Flush(&err)) {
+            CloseConn(c, err);
+            continue;
+          }
+          if (!c->WantsWrite()) Watch(fd, false);
+        }
+        if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+          if (c->role == "outbound") {
+            char buf[256];
+            ssize_t r = read(fd, buf, sizeof buf);
+            if (r == 0 || (r < 0 && errno != EAGAIN)) CloseConn(c, "peer closed");
+          } else {
+            OnConnReadable(c);
+          }
+        }
+        *last_busy = NowUs();
+      }
+    }
+}
+
+}  // namespace
+
+int RunReplica(const DaemonOptions& options) {
+  if (options.id < 0 || options.id >= static_cast<int>(options.config.replicas.size())) {
+    fprintf(stderr, "lockstep replica: --id %d is not in %s (replicas 0..%zu)\n", options.id,
+            options.config.path.c_str(), options.config.replicas.size() - 1);
+    return 2;
+  }
+  Daemon d(options);
+  return d.Run();
+}
+
+}  // namespace lockstep

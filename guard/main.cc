@@ -1,0 +1,333 @@
+// main.cc — the `lockstep` command: one binary, one subcommand per job.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "consensus/sim.h"
+#include "guard/bench.h"
+#include "guard/client.h"
+#include "guard/cluster.h"
+#include "guard/config.h"
+#include "guard/daemon.h"
+
+using namespace lockstep;
+
+namespace {
+
+// A small flag parser: --name value, --name=value, --flag; the rest are positional.
+struct Args {
+  std::map<std::string, std::string> flags;
+  std::vector<std::string> positional;
+  std::string error;
+  bool Has(const std::string& k) const { return flags.count(k) > 0; }
+  std::string Get(const std::string& k, const std::string& def = "") const {
+    auto it = flags.find(k);
+    return it == flags.end() ? def : it->second;
+  }
+  bool GetInt(const std::string& k, long long def, long long* out) {
+    std::string v = Get(k);
+    if (v.empty()) {
+      *out = def;
+      return true;
+    }
+    char* end;
+    *out = strtoll(v.c_str(), &end, 10);
+    if (*end) {
+      error = "--" + k + " expects a number, got '" + v + "'";
+      return false;
+    }
+    return true;
+  }
+};
+
+Args Parse(int argc, char** argv, int start, const std::vector<std::string>& boolean_flags) {
+  Args a;
+  for (int i = start; i < argc; i++) {
+    std::string s = argv[i];
+    if (s == "--") {
+      for (i++; i < argc; i++) a.positional.push_back(argv[i]);
+      break;
+    }
+    if (s.rfind("--", 0) == 0) {
+      std::string k = s.substr(2);
+      size_t eq = k.find('=');
+      if (eq != std::string::npos) {
+        a.flags[k.substr(0, eq)] = k.substr(eq + 1);
+      } else if (std::find(boolean_flags.begin(), boolean_flags.end(), k) != boolean_flags.end()) {
+        a.flags[k] = "1";
+      } else if (i + 1 < argc) {
+        a.flags[k] = argv[++i];
+      } else {
+        a.error = "--" + k + " needs a value";
+      }
+    } else {
+      a.positional.push_back(s);
+    }
+  }
+  return a;
+}
+
+int Fail(const std::string& msg) {
+  fprintf(stderr, "lockstep: %s\n", msg.c_str());
+  return 1;
+}
+
+const char* kUsage =
+    "lockstep — replicate an unmodified server through Paxos\n"
+    "\n"
+    "usage: lockstep <command> [options]   (lockstep <command> --help for details)\n"
+    "\n"
+    "commands:\n"
+    "  replica     run one replica daemon (one per host in a real cluster)\n"
+    "  cluster     start, inspect and stop a cluster on this machine (up|status|down|restart)\n"
+    "  propose     agree values through the replicated log\n"
+    "  log         print a replica's committed log\n"
+    "  sim         run the protocol core under the deterministic simulator\n"
+    "  bench       measure: bench consensus | bench failover\n"
+    "  demo        start a 3-replica cluster, commit, kill the leader, show nothing is lost\n";
+
+bool WantsHelp(const Args& a) { return a.Has("help") || a.Has("h"); }
+
+// ------------------------------------------------------------------ replica
+
+int CmdReplica(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help", "verbose"});
+  if (WantsHelp(a)) {
+    printf(
+        "usage: lockstep replica --config cluster.toml --id N [--verbose]\n\n"
+        "Runs replica N of the cluster described in cluster.toml (the same file on every host)\n"
+        "in the foreground until SIGTERM. Its log lives in the replica's `dir`.\n");
+    return 0;
+  }
+  if (!a.error.empty()) return Fail(a.error);
+  if (!a.Has("config") || !a.Has("id")) return Fail("replica needs --config FILE and --id N");
+  DaemonOptions o;
+  std::string err;
+  if (!LoadClusterConfig(a.Get("config"), &o.config, &err)) return Fail(err);
+  long long id;
+  if (!a.GetInt("id", 0, &id)) return Fail(a.error);
+  o.id = static_cast<int>(id);
+  o.verbose = a.Has("verbose");
+  return RunReplica(o);
+}
+
+// ------------------------------------------------------------------ cluster
+
+void PrintStatus(const ClusterStatus& s) {
+  printf("%-4s %-10s %-8s %-8s %-12s %-10s %s\n", "id", "role", "pid", "ballot", "commit_index",
+         "last_index", "lag");
+  for (const auto& r : s.replicas)
+    printf("%-4d %-10s %-8s %-8s %-12lu %-10lu %lu%s%s\n", r.id, r.role.c_str(),
+           r.pid ? std::to_string(r.pid).c_str() : "-", r.ballot.empty() ? "-" : r.ballot.c_str(),
+           (unsigned long)r.commit_index, (unsigned long)r.last_index, (unsigned long)r.lag,
+           r.disk_error.empty() ? "" : "  DISK ERROR: ", r.disk_error.c_str());
+  if (s.leader < 0) printf("no leader at the moment\n");
+}
+
+int CmdCluster(int argc, char** argv) {
+  std::string sub = argc > 2 ? argv[2] : "";
+  Args a = Parse(argc, argv, 3, {"help", "json", "quiet"});
+  if (sub.empty() || sub == "--help" || WantsHelp(a)) {
+    printf(
+        "usage:\n"
+        "  lockstep cluster up [--replicas 3|5|7] [--transport shm|tcp|auto] [--durability disk|memory]\n"
+        "                      [--dir DIR] [--base-port P] [--ring-bytes B]\n"
+        "  lockstep cluster status [--dir DIR] [--json]\n"
+        "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
+        "  lockstep cluster down [--dir DIR]\n\n"
+        "DIR defaults to $LOCKSTEP_DIR or /tmp/lockstep-cluster. `up` writes DIR/cluster.toml\n"
+        "(with a fresh secret), starts one daemon per replica and waits for a leader.\n"
+        "durability memory keeps entries in RAM on a majority only: NOT durable, for comparison.\n");
+    return sub.empty() ? 2 : 0;
+  }
+  if (!a.error.empty()) return Fail(a.error);
+  std::string dir = a.Get("dir", DefaultClusterDir());
+  std::string err;
+  if (sub == "up") {
+    ClusterUpOptions o;
+    long long n, port, ring;
+    if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||
+        !a.GetInt("ring-bytes", 1 << 20, &ring))
+      return Fail(a.error);
+    o.dir = dir;
+    o.replicas = static_cast<int>(n);
+    o.base_port = static_cast<int>(port);
+    o.ring_bytes = static_cast<uint64_t>(ring);
+    o.transport = a.Get("transport", "shm");
+    o.durability = a.Get("durability", "disk");
+    ClusterConfig c;
+    if (!ClusterUp(o, &c, &err)) return Fail(err);
+    ClusterStatus s = GetClusterStatus(dir, c);
+    printf("cluster of %d replicas up in %s (transport %s, durability %s%s)\n", o.replicas,
+           dir.c_str(), o.transport.c_str(), o.durability.c_str(),
+           o.durability == "memory" ? ": NOT durable, RAM of a majority only" : "");
+    PrintStatus(s);
+    return 0;
+  }
+  ClusterConfig c;
+  if (!LoadClusterDir(dir, &c, &err)) return Fail(err);
+  if (sub == "status") {
+    ClusterStatus s = GetClusterStatus(dir, c);
+    if (a.Has("json")) {
+      printf("%s\n", ClusterStatusJson(s).c_str());
+    } else {
+      PrintStatus(s);
+    }
+    return 0;
+  }
+  if (sub == "down") return ClusterDown(dir, a.Has("quiet"), &err) ? 0 : Fail(err);
+  if (sub == "restart") {
+    long long id;
+    if (!a.GetInt("id", -1, &id)) return Fail(a.error);
+    if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
+      return Fail("restart needs --id N with N in 0.." + std::to_string(c.replicas.size() - 1));
+    if (!StartReplica(dir, c, static_cast<int>(id), &err)) return Fail(err);
+    printf("replica %lld running (pid %d)\n", id, ReplicaPid(dir, static_cast<int>(id)));
+    return 0;
+  }
+  return Fail("unknown cluster command '" + sub + "' (up, status, restart, down)");
+}
+
+// ------------------------------------------------------------------ propose / log
+
+bool LoadConfigFromArgs(const Args& a, ClusterConfig* c, std::string* err) {
+  if (a.Has("config")) return LoadClusterConfig(a.Get("config"), c, err);
+  return LoadClusterDir(a.Get("dir", DefaultClusterDir()), c, err);
+}
+
+int CmdPropose(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help"});
+  if (WantsHelp(a) || a.positional.empty()) {
+    printf(
+        "usage: lockstep propose [--dir DIR | --config FILE] [--replica N] VALUE...\n\n"
+        "Agrees each VALUE through the replicated log (at the leader unless --replica is given)\n"
+        "and prints its index once a majority holds it durably.\n");
+    return a.positional.empty() && !WantsHelp(a) ? 2 : 0;
+  }
+  ClusterConfig c;
+  std::string err;
+  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
+  long long target;
+  if (!a.GetInt("replica", -1, &target)) return Fail(a.error);
+  int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
+  if (r < 0) return Fail("no leader found (is the cluster up? `lockstep cluster status`)");
+  auto client = Client::Connect(c, r, 1000, &err);
+  if (!client) return Fail(err);
+  int failures = 0;
+  for (const auto& v : a.positional) {
+    ProposeReply rep;
+    if (!client->Propose(EntryType::kInput, v, &rep, &err)) return Fail(err);
+    if (!rep.ok) {
+      fprintf(stderr, "lockstep: '%s' not committed: %s\n", v.c_str(), rep.error.c_str());
+      failures++;
+      continue;
+    }
+    printf("committed index %lu in %.1f us (durable write %.1f us, quorum wait %.1f us)\n",
+           (unsigned long)rep.index, rep.commit_us, rep.durable_us, rep.quorum_us);
+  }
+  return failures ? 1 : 0;
+}
+
+int CmdLog(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help"});
+  if (WantsHelp(a)) {
+    printf("usage: lockstep log [--dir DIR | --config FILE] [--replica N] [--from I] [--max K]\n\n"
+           "Prints the committed entries of replica N (the leader by default): index, ballot,\n"
+           "type and payload, one a line.\n");
+    return 0;
+  }
+  ClusterConfig c;
+  std::string err;
+  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
+  long long target, from, max;
+  if (!a.GetInt("replica", -1, &target) || !a.GetInt("from", 1, &from) || !a.GetInt("max", 1000000, &max))
+    return Fail(a.error);
+  int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
+  if (r < 0) return Fail("no leader found");
+  auto client = Client::Connect(c, r, 1000, &err);
+  if (!client) return Fail(err);
+  uint64_t next = static_cast<uint64_t>(from), commit = 0;
+  long long printed = 0;
+  for (;;) {
+    std::vector<Entry> es;
+    if (!client->Read(next, 4096, &commit, &es, &err)) return Fail(err);
+    for (const auto& e : es) {
+      printf("%lu\t%s\t%s\t%s\n", (unsigned long)e.index, BallotString(e.ballot).c_str(),
+             EntryTypeName(e.type), e.payload.c_str());
+      next = e.index + 1;
+      if (++printed >= max) return 0;
+    }
+    if (es.empty() || next > commit) return 0;
+  }
+}
+
+// ------------------------------------------------------------------ sim
+
+int CmdSim(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help", "verbose"});
+  if (WantsHelp(a)) {
+    printf(
+        "usage: lockstep sim [--seeds N] [--first-seed S] [--replicas 3|5|7] [--seed S --verbose]\n\n"
+        "Runs the protocol core under deterministic random schedules (message loss, delay and\n"
+        "reordering, crashes that lose what was not durable, partitions, a deposed leader paused\n"
+        "and resumed) and checks agreement, durability, one leader per ballot and progress after\n"
+        "every step. --seed S replays one seed (with --verbose: its full trace).\n");
+    return 0;
+  }
+  long long seeds, first, replicas, one, duration;
+  if (!a.GetInt("seeds", 100, &seeds) || !a.GetInt("first-seed", 1, &first) ||
+      !a.GetInt("replicas", 3, &replicas) || !a.GetInt("seed", -1, &one) ||
+      !a.GetInt("duration-ms", 0, &duration))
+    return Fail(a.error);
+  if (replicas != 3 && replicas != 5 && replicas != 7) return Fail("--replicas must be 3, 5 or 7");
+  if (one >= 0) {
+    first = one;
+    seeds = 1;
+  }
+  long long violations = 0;
+  for (long long s = first; s < first + seeds; s++) {
+    SimOptions o;
+    o.replicas = static_cast<int>(replicas);
+    o.seed = static_cast<uint64_t>(s);
+    o.verbose = a.Has("verbose");
+    if (duration > 0) o.duration_us = static_cast<uint64_t>(duration) * 1000;
+    SimResult r = RunSimulation(o);
+    if (!r.ok) {
+      violations++;
+      printf("seed %lld: VIOLATION: %s\n  replay: lockstep sim --replicas %lld --seed %lld --verbose\n",
+             s, r.violation.c_str(), replicas, s);
+    } else if (seeds <= 10 || a.Has("verbose")) {
+      printf("seed %lld: ok (%s)\n", s, r.summary.c_str());
+    }
+    if (seeds > 10 && (s - first + 1) % 100 == 0)
+      fprintf(stderr, "  %lld/%lld seeds, %lld violations\n", s - first + 1, seeds, violations);
+  }
+  printf("%lld seeds, %lld violations\n", seeds, violations);
+  return violations ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cmd = argc > 1 ? argv[1] : "";
+  if (cmd == "replica") return CmdReplica(argc, argv);
+  if (cmd == "cluster") return CmdCluster(argc, argv);
+  if (cmd == "propose") return CmdPropose(argc, argv);
+  if (cmd == "log") return CmdLog(argc, argv);
+  if (cmd == "sim") return CmdSim(argc, argv);
+  if (cmd == "bench") return CmdBench(argc, argv);
+  if (cmd == "demo") return CmdDemo(argc, argv);
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    printf("%s", kUsage);
+    return 0;
+  }
+  fprintf(stderr, "%s", kUsage);
+  if (!cmd.empty()) fprintf(stderr, "\nlockstep: unknown command '%s'\n", cmd.c_str());
+  return 2;
+}

@@ -1,0 +1,309 @@
+// wire.cc — framing, message encoding and the authentication handshake.
+#include "guard/wire.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+
+namespace lockstep {
+
+std::string EncodeMessage(const Message& m) {
+  ByteWriter w;
+  w.u8(static_cast<uint8_t>(m.type));
+  w.u32(static_cast<uint32_t>(m.from));
+  w.u32(static_cast<uint32_t>(m.to));
+  w.u64(m.ballot);
+  w.u64(m.stream_id);
+  w.u64(m.commit_index);
+  w.u64(m.sent_pos);
+  w.u64(m.promised);
+  w.u32(static_cast<uint32_t>(m.entries.size()));
+  for (const Entry& e : m.entries) {
+    w.u64(e.index);
+    w.u64(e.ballot);
+    w.u8(static_cast<uint8_t>(e.type));
+    w.bytes(e.payload);
+  }
+  w.bytes(m.transport);
+  return std::move(w.str());
+}
+
+bool DecodeMessage(std::string_view in, Message* m) {
+  ByteReader r(in);
+  uint8_t type;
+  uint32_t from, to, n;
+  if (!r.u8(&type) || !r.u32(&from) || !r.u32(&to) || !r.u64(&m->ballot) || !r.u64(&m->stream_id) ||
+      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u32(&n))
+    return false;
+  if (type < 1 || type > 5 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
+  m->type = static_cast<Message::Type>(type);
+  m->from = static_cast<int>(from);
+  m->to = static_cast<int>(to);
+  m->entries.clear();
+  for (uint32_t i = 0; i < n; i++) {
+    Entry e;
+    uint8_t t;
+    if (!r.u64(&e.index) || !r.u64(&e.ballot) || !r.u8(&t) || !r.bytes(&e.payload)) return false;
+    e.type = static_cast<EntryType>(t);
+    if (!IsSlotType(e.type)) return false;
+    m->entries.push_back(std::move(e));
+  }
+  return r.bytes(&m->transport) && r.done();
+}
+
+std::string HmacSha256(const std::string& key, const std::string& data) {
+  unsigned char out[32];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string RandomBytes(size_t n) {
+  std::string s(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(n)) != 1) {
+    // Never fall back to a predictable nonce.
+    fprintf(stderr, "lockstep: RAND_bytes failed\n");
+    abort();
+  }
+  return s;
+}
+
+std::string AuthProof(const std::string& secret, const std::string& nonce, const std::string& role,
+                      int from_id) {
+  return HmacSha256(secret, "lockstep-auth-v1|" + role + "|" + std::to_string(from_id) + "|" + nonce);
+}
+
+FrameConn::~FrameConn() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)>& on_frame,
+                           std::string* error) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(fd_, buf, sizeof buf);
+    if (n > 0) {
+      in_.append(buf, n);
+      if (static_cast<size_t>(n) < sizeof buf) break;
+      continue;
+    }
+    if (n == 0) {
+      *error = "connection closed by peer";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    *error = std::string("read: ") + strerror(errno);
+    return false;
+  }
+  size_t off = 0;
+  while (in_.size() - off >= 5) {
+    uint32_t len;
+    memcpy(&len, in_.data() + off, 4);
+    if (len > kMaxFrame) {
+      *error = "frame of " + std::to_string(len) + " bytes exceeds the limit";
+      return false;
+    }
+    if (in_.size() - off - 5 < len) break;
+    auto kind = static_cast<FrameKind>(static_cast<uint8_t>(in_[off + 4]));
+    on_frame(kind, std::string_view(in_.data() + off + 5, len));
+    off += 5 + len;
+    if (fd_ < 0) return false;
+  }
+  in_.erase(0, off);
+  return true;
+}
+
+void FrameConn::Queue(FrameKind kind, std::string_view body) {
+  uint32_t len = static_cast<uint32_t>(body.size());
+  if (out_off_ > 0 && out_off_ == out_.size()) {
+    out_.clear();
+    out_off_ = 0;
+  }
+  out_.append(reinterpret_cast<const char*>(&len), 4);
+  out_.push_back(static_cast<char>(kind));
+  out_.append(body);
+}
+
+bool FrameConn::Flush(std::string* error) {
+  while (out_off_ < out_.size()) {
+    ssize_t n = send(fd_, out_.data() + out_off_, out_.size() - out_off_, MSG_NOSIGNAL);
+    if (n > 0) {
+      out_off_ += n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    *error = std::string("send: ") + strerror(errno);
+    return false;
+  }
+  out_.clear();
+  out_off_ = 0;
+  return true;
+}
+
+int ConnectTcp(const std::string& host, int port, int timeout_ms, std::string* error) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) {
+    *error = "cannot resolve " + host + ": " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *error = std::string("socket: ") + strerror(errno);
+    freeaddrinfo(res);
+    return -1;
+  }
+  rc = connect(fd, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  if (rc < 0 && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    rc = poll(&p, 1, timeout_ms);
+    if (rc == 1) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err) {
+        errno = err;
+        rc = -1;
+      } else {
+        rc = 0;
+      }
+    } else {
+      if (rc == 0) errno = ETIMEDOUT;
+      rc = -1;
+    }
+  }
+  if (rc < 0) {
+    *error = "cannot connect to " + host + ":" + std::to_string(port) + ": " + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* error) {
+  std::string out;
+  uint32_t len = static_cast<uint32_t>(body.size());
+  out.append(reinterpret_cast<const char*>(&len), 4);
+  out.push_back(static_cast<char>(kind));
+  out.append(body);
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t n = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += n;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 1000);
+    } else if (!(n < 0 && errno == EINTR)) {
+      *error = std::string("send: ") + strerror(errno);
+      return false;
+    }
+  }
+  return true;
+}
+
+static bool ReadExact(int fd, char* buf, size_t n, int64_t deadline_ms, std::string* error) {
+  size_t off = 0;
+  while (off < n) {
+    ssize_t r = read(fd, buf + off, n - off);
+    if (r > 0) {
+      off += r;
+      continue;
+    }
+    if (r == 0) {
+      *error = "connection closed by the daemon";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *error = std::string("read: ") + strerror(errno);
+      return false;
+    }
+    int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
+    if (deadline_ms >= 0 && now >= deadline_ms) {
+      *error = "timed out waiting for the daemon";
+      return false;
+    }
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, deadline_ms < 0 ? 1000 : static_cast<int>(deadline_ms - now));
+  }
+  return true;
+}
+
+bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::string* error) {
+  int64_t deadline = -1;
+  if (timeout_ms >= 0)
+    deadline = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+                   .count() +
+               timeout_ms;
+  char head[5];
+  if (!ReadExact(fd, head, 5, deadline, error)) return false;
+  uint32_t len;
+  memcpy(&len, head, 4);
+  if (len > kMaxFrame) {
+    *error = "oversized frame";
+    return false;
+  }
+  *kind = static_cast<FrameKind>(static_cast<uint8_t>(head[4]));
+  body->resize(len);
+  return ReadExact(fd, body->data(), len, deadline, error);
+}
+
+int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
+                         const std::string& role, int from_id, int timeout_ms, std::string* error) {
+  int fd = ConnectTcp(host, port, timeout_ms, error);
+  if (fd < 0) return -1;
+  ByteWriter hello;
+  hello.u32(kWireMagic);
+  hello.u32(kWireVersion);
+  hello.bytes(role);
+  hello.u32(static_cast<uint32_t>(from_id));
+  FrameKind kind;
+  std::string body;
+  if (!WriteFrame(fd, FrameKind::kHello, hello.str(), error) ||
+      !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
+    close(fd);
+    return -1;
+  }
+  if (kind == FrameKind::kRefused || kind != FrameKind::kChallenge) {
+    *error = kind == FrameKind::kRefused ? "refused: " + body : "unexpected handshake reply";
+    close(fd);
+    return -1;
+  }
+  if (!WriteFrame(fd, FrameKind::kAuth, AuthProof(secret, body, role, from_id), error) ||
+      !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
+    close(fd);
+    return -1;
+  }
+  if (kind != FrameKind::kWelcome) {
+    *error = kind == FrameKind::kRefused ? "refused by " + host + ":" + std::to_string(port) + ": " + body
+                                         : "unexpected handshake reply";
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace lockstep

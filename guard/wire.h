@@ -1,0 +1,128 @@
+// wire.h — bytes on the daemons' TCP channels: framing, the protocol
+// messages of consensus/core.h, the client requests, and the handshake that
+// authenticates every connection with the cluster secret (HMAC-SHA256 over a
+// fresh challenge), so a process that does not know the secret can neither
+// speak for a replica nor propose.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <cstring>
+
+#include "consensus/core.h"
+
+namespace lockstep {
+
+// Frame kinds.
+enum class FrameKind : uint8_t {
+  kHello = 1,      // connector -> acceptor: role, from id
+  kChallenge = 2,  // acceptor -> connector: 32-byte nonce
+  kAuth = 3,       // connector -> acceptor: HMAC over the nonce
+  kWelcome = 4,    // acceptor -> connector: authenticated
+  kRefused = 5,    // acceptor -> connector: why (then close)
+  kPeerMessage = 10,
+  kPropose = 20,   // client -> daemon: type u8, payload
+  kProposeResult = 21,
+  kStatus = 22,    // client -> daemon: (empty) ; reply: JSON
+  kStatusResult = 23,
+  kRead = 24,      // client -> daemon: from u64, max u32 ; reply: entries
+  kReadResult = 25,
+  kTruncate = 26,  // client -> daemon: below u64
+  kTruncateResult = 27,
+};
+inline constexpr uint32_t kMaxFrame = 1u << 30;
+inline constexpr uint32_t kWireMagic = 0x4c4b5354;  // "LKST"
+inline constexpr uint32_t kWireVersion = 1;
+
+class ByteWriter {
+ public:
+  void u8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void u32(uint32_t v) { out_.append(reinterpret_cast<const char*>(&v), 4); }
+  void u64(uint64_t v) { out_.append(reinterpret_cast<const char*>(&v), 8); }
+  void f64(double v) { out_.append(reinterpret_cast<const char*>(&v), 8); }
+  void bytes(std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  std::string& str() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class ByteReader {
+ public:
+  explicit ByteReader(std::string_view in) : in_(in) {}
+  bool u8(uint8_t* v) { return raw(v, 1); }
+  bool u32(uint32_t* v) { return raw(v, 4); }
+  bool u64(uint64_t* v) { return raw(v, 8); }
+  bool f64(double* v) { return raw(v, 8); }
+  bool bytes(std::string* s) {
+    uint32_t n;
+    if (!u32(&n) || n > in_.size() - pos_) return false;
+    s->assign(in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  bool raw(void* v, size_t n) {
+    if (in_.size() - pos_ < n) return false;
+    memcpy(v, in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+std::string EncodeMessage(const Message& m);
+bool DecodeMessage(std::string_view in, Message* m);
+
+std::string HmacSha256(const std::string& key, const std::string& data);
+std::string RandomBytes(size_t n);
+// What a connector proves: it knows the secret, and who it is.
+std::string AuthProof(const std::string& secret, const std::string& nonce, const std::string& role,
+                      int from_id);
+
+// A non-blocking TCP connection carrying frames. Owned by an event loop.
+class FrameConn {
+ public:
+  explicit FrameConn(int fd) : fd_(fd) {}
+  ~FrameConn();
+  int fd() const { return fd_; }
+  // Reads what the socket has; calls on_frame per complete frame. False when
+  // the peer closed or the stream is malformed (error says why).
+  bool ReadFrames(const std::function<void(FrameKind, std::string_view)>& on_frame,
+                  std::string* error);
+  void Queue(FrameKind kind, std::string_view body);
+  // Writes what it can; false on a broken connection.
+  bool Flush(std::string* error);
+  bool WantsWrite() const { return out_off_ < out_.size(); }
+  size_t queued_bytes() const { return out_.size() - out_off_; }
+
+  // Connection state used by the daemon.
+  bool authenticated = false;
+  std::string nonce;
+  std::string role;  // "peer" or "client"
+  int peer_id = -1;
+
+ private:
+  int fd_;
+  std::string in_;
+  std::string out_;
+  size_t out_off_ = 0;
+};
+
+// Blocking helpers for command-line clients.
+int ConnectTcp(const std::string& host, int port, int timeout_ms, std::string* error);
+bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* error);
+bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::string* error);
+// Connects and authenticates as `role` ("client") with the cluster secret.
+int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
+                         const std::string& role, int from_id, int timeout_ms, std::string* error);
+
+}  // namespace lockstep

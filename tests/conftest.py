@@ -1,0 +1,111 @@
+"""Fixtures for the integration tests: the lockstep binary and local clusters.
+
+Every cluster gets its own directory and port range, and is torn down (each
+replica stopped by its pid) even when the test fails.
+"""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
+_ports = itertools.count(0)
+
+
+def run(*args, check=True, timeout=120, **kw):
+    """Runs `lockstep ARGS`, returning the CompletedProcess (text mode)."""
+    p = subprocess.run(
+        [str(LOCKSTEP), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
+    if check and p.returncode != 0:
+        raise AssertionError(
+            f"lockstep {' '.join(map(str, args))} exited {p.returncode}\n"
+            f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        )
+    return p
+
+
+class Cluster:
+    def __init__(self, directory: Path, base_port: int):
+        self.dir = directory
+        self.base_port = base_port
+
+    def up(self, replicas=3, transport="shm", durability="disk", extra=()):
+        return run(
+            "cluster", "up", "--dir", self.dir, "--replicas", replicas,
+            "--transport", transport, "--durability", durability,
+            "--base-port", self.base_port, *extra,
+        )
+
+    def status(self):
+        return json.loads(run("cluster", "status", "--json", "--dir", self.dir).stdout)
+
+    def leader(self, timeout=10.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            s = self.status()
+            if s["leader"] is not None:
+                return s["leader"]
+            time.sleep(0.02)
+        raise AssertionError(f"no leader within {timeout}s: {self.status()}")
+
+    def pid(self, replica):
+        return self.status()["replicas"][replica]["pid"]
+
+    def propose(self, *values, replica=None, check=True):
+        args = ["propose", "--dir", self.dir]
+        if replica is not None:
+            args += ["--replica", replica]
+        return run(*args, *values, check=check)
+
+    def log(self, replica):
+        out = run("log", "--dir", self.dir, "--replica", replica).stdout
+        rows = [line.split("\t") for line in out.splitlines() if line]
+        return [(int(r[0]), r[2], r[3] if len(r) > 3 else "") for r in rows]
+
+    def wait(self, predicate, timeout=10.0, what="condition"):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            s = self.status()
+            if predicate(s):
+                return s
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}: {self.status()}")
+
+    def down(self):
+        if (self.dir / "cluster.toml").exists():
+            run("cluster", "down", "--dir", self.dir, check=False)
+        # Belt and braces: anything still running from this directory, by pid.
+        for pidfile in self.dir.glob("replica-*.pid"):
+            try:
+                pid = int(pidfile.read_text().strip())
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if str(self.dir).encode() in cmdline:
+                    os.kill(pid, signal.SIGKILL)
+            except (ValueError, OSError):
+                pass
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    base = 21000 + (os.getpid() % 200) * 40 + next(_ports) * 20 % 4000
+    c = Cluster(tmp_path / "cluster", base)
+    c.dir.mkdir()
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built():
+    assert LOCKSTEP.exists(), f"{LOCKSTEP} missing: run scripts/setup"

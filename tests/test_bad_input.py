@@ -1,0 +1,136 @@
+"""Bad input gets a clear error and loses nothing."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCKSTEP, run
+
+GOOD = """\
+[cluster]
+secret = "0123456789abcdef0123"
+transport = "shm"
+
+[[replica]]
+id = 0
+host = "127.0.0.1"
+peer_port = 7401
+client_port = 7501
+dir = "/tmp/x0"
+"""
+
+
+@pytest.mark.parametrize(
+    "text, field, line",
+    [
+        (GOOD.replace('transport = "shm"', 'transport = "carrier-pigeon"'), "transport", 3),
+        (GOOD.replace("peer_port = 7401", 'peer_port = "7401"'), "peer_port", 8),
+        (GOOD.replace("peer_port = 7401", "peer_port = 99999"), "peer_port", 8),
+        (GOOD.replace("client_port = 7501\n", ""), "client_port", 5),
+        (GOOD.replace('dir = "/tmp/x0"', 'dir = "/tmp/x0"\nflavour = "mint"'), "flavour", 11),
+        (GOOD.replace('secret = "0123456789abcdef0123"', 'secret = "short"'), "secret", 1),
+        (GOOD.replace("id = 0", "id = 3"), "id", 5),
+        (GOOD.replace("[cluster]", "[clustre]"), "clustre", 1),
+        (GOOD.replace('host = "127.0.0.1"', "host = 127.0.0.1"), "host", 7),
+    ],
+)
+def test_malformed_config_names_the_field_and_line(tmp_path, text, field, line):
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(text)
+    p = run("replica", "--config", cfg, "--id", 0, check=False)
+    assert p.returncode != 0
+    assert field in p.stderr, p.stderr
+    m = re.search(r"cluster\.toml:(\d+):", p.stderr)
+    assert m, p.stderr
+    assert int(m.group(1)) == line, p.stderr
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    p = run("replica", "--config", tmp_path / "nope.toml", "--id", 0, check=False)
+    assert p.returncode != 0 and "cannot open" in p.stderr
+
+
+def test_bad_cluster_options_are_refused(cluster):
+    for args, msg in [
+        (["--replicas", 4], "3, 5 or 7"),
+        (["--transport", "smoke"], "shm, tcp or auto"),
+        (["--durability", "paper"], "disk or memory"),
+    ]:
+        p = run("cluster", "up", "--dir", cluster.dir, *args, check=False)
+        assert p.returncode != 0 and msg in p.stderr
+
+
+def test_port_already_taken(cluster):
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", cluster.base_port + 1))
+    s.listen()
+    try:
+        p = run("cluster", "up", "--dir", cluster.dir, "--base-port", cluster.base_port, check=False)
+        assert p.returncode != 0
+        assert f"port {cluster.base_port + 1}" in p.stderr and "taken" in p.stderr
+    finally:
+        s.close()
+
+
+def test_proposal_larger_than_the_log_region_is_rejected(cluster):
+    cluster.up(extra=["--ring-bytes", 65536])
+    cluster.propose("small")
+    p = cluster.propose("y" * 40000, check=False)
+    assert p.returncode != 0
+    assert "exceeds the log region's limit" in p.stderr
+    cluster.propose("still-works")
+    assert [v for _, _, v in cluster.log(cluster.leader())] == ["small", "still-works"]
+
+
+def test_unauthenticated_client_is_refused(cluster, tmp_path):
+    cluster.up()
+    cluster.propose("genuine")
+    forged = tmp_path / "forged.toml"
+    text = (cluster.dir / "cluster.toml").read_text()
+    forged.write_text(re.sub(r'secret = "[^"]*"', 'secret = "not-the-real-secret-at-all"', text))
+    p = run("propose", "--config", forged, "--replica", cluster.leader(), "forged", check=False)
+    assert p.returncode != 0
+    assert "wrong cluster secret" in p.stderr
+    logs = "".join(Path(cluster.dir, f"replica-{i}.log").read_text() for i in range(3))
+    assert "refused an unauthenticated client connection" in logs
+    assert [v for _, _, v in cluster.log(cluster.leader())] == ["genuine"]
+
+
+def _segments(replica_dir: Path):
+    return sorted((replica_dir / "log").glob("*"))
+
+
+def test_corrupted_log_is_refused_and_recovered_from_peers(cluster):
+    cluster.up()
+    values = [f"v{i}-" + "z" * 200 for i in range(40)]
+    cluster.propose(*values)
+    cluster.wait(lambda s: all(r["commit_index"] >= 40 for r in s["replicas"]), what="commit")
+    leader = cluster.leader()
+    victim = (leader + 1) % 3
+    run("cluster", "down", "--dir", cluster.dir)  # stop everyone cleanly
+    seg = [p for p in _segments(cluster.dir / f"replica-{victim}") if p.stat().st_size > 0][0]
+    data = bytearray(seg.read_bytes())
+    pos = data.find(b"v5-")
+    assert pos > 0
+    data[pos:pos + 3] = b"XXX"  # flip bytes inside an early record's payload
+    seg.write_bytes(bytes(data))
+    for i in range(3):
+        run("cluster", "restart", "--dir", cluster.dir, "--id", i)
+    cluster.wait(lambda s: s["leader"] is not None and
+                 all(r["commit_index"] >= 40 for r in s["replicas"]),
+                 timeout=20, what="recovery of the damaged replica")
+    log = (cluster.dir / f"replica-{victim}.log").read_text()
+    assert "LOG DAMAGED" in log
+    cluster.propose("after-repair")
+    cluster.wait(lambda s: all(r["commit_index"] >= 41 for r in s["replicas"]), what="commit")
+    logs = [cluster.log(i) for i in range(3)]
+    assert logs[0] == logs[1] == logs[2]
+    assert [v for _, t, v in logs[victim] if t == "input"] == values + ["after-repair"]
+    assert not any("XXX" in v for _, _, v in logs[victim])

@@ -1,0 +1,110 @@
+"""A local cluster: status, proposals, identical logs, restart and catch-up."""
+
+import os
+import signal
+import time
+
+from conftest import run
+
+
+def test_cli_help_lists_every_command():
+    out = run("--help").stdout
+    for cmd in ("replica", "cluster", "propose", "log", "sim", "bench", "demo"):
+        assert cmd in out
+    for sub in (["cluster", "--help"], ["bench", "--help"], ["sim", "--help"], ["replica", "--help"]):
+        assert "usage" in run(*sub).stdout
+
+
+def test_status_json_has_one_leader_and_the_documented_fields(cluster):
+    cluster.up()
+    s = cluster.status()
+    assert s["leader"] in (0, 1, 2)
+    assert len(s["replicas"]) == 3
+    roles = sorted(r["role"] for r in s["replicas"])
+    assert roles == ["backup", "backup", "leader"]
+    for r in s["replicas"]:
+        for field in ("id", "role", "ballot", "commit_index", "pid", "lag"):
+            assert field in r
+        assert isinstance(r["pid"], int) and r["pid"] > 0
+
+
+def test_committed_entries_are_identical_on_every_replica(cluster):
+    cluster.up()
+    values = [f"value-{i}" for i in range(50)]
+    out = cluster.propose(*values).stdout
+    assert out.count("committed index") == 50
+    s = cluster.wait(lambda s: all(r["commit_index"] >= 50 for r in s["replicas"]),
+                     what="all replicas to commit 50 entries")
+    assert all(r["lag"] == 0 for r in s["replicas"])
+    logs = [cluster.log(i) for i in range(3)]
+    assert [p for _, _, p in logs[0]] == values
+    assert logs[0] == logs[1] == logs[2]
+
+
+def test_proposal_to_a_backup_is_refused_with_the_leaders_name(cluster):
+    cluster.up()
+    leader = cluster.leader()
+    backup = (leader + 1) % 3
+    p = cluster.propose("x", replica=backup, check=False)
+    assert p.returncode != 0
+    assert f"not the leader (replica {leader} is)" in p.stderr
+
+
+def test_killed_leader_is_replaced_and_catches_up_after_restart(cluster):
+    cluster.up()
+    cluster.propose(*[f"before-{i}" for i in range(20)])
+    old = cluster.leader()
+    os.kill(cluster.pid(old), signal.SIGKILL)
+    t0 = time.monotonic()
+    s = cluster.wait(lambda s: s["leader"] not in (None, old), what="a new leader")
+    new = s["leader"]
+    assert time.monotonic() - t0 < 5
+    assert s["replicas"][old]["role"] == "down"
+    cluster.propose(*[f"after-{i}" for i in range(20)])
+    run("cluster", "restart", "--dir", cluster.dir, "--id", old)
+    s = cluster.wait(lambda s: s["replicas"][old]["role"] == "backup" and
+                     s["replicas"][old]["commit_index"] >= 40,
+                     what="the restarted replica to catch up")
+    logs = [cluster.log(i) for i in range(3)]
+    payloads = [p for _, t, p in logs[new] if t == "input"]
+    assert payloads == [f"before-{i}" for i in range(20)] + [f"after-{i}" for i in range(20)]
+    assert logs[0] == logs[1] == logs[2]
+
+
+def test_sigkill_leader_under_16_clients_loses_nothing_acknowledged(cluster, tmp_path):
+    out = tmp_path / "failover.json"
+    run("bench", "failover", "--kills", 3, "--clients", 16, "--dir", cluster.dir,
+        "--base-port", cluster.base_port, "--json", out, timeout=300)
+    import json
+    r = json.loads(out.read_text())
+    assert r["kills"] == 3
+    assert r["failed_kills"] == 0
+    assert r["acknowledged"] > 100
+    assert r["lost_acknowledged"] == 0
+
+
+def test_cluster_down_leaves_nothing_running(cluster):
+    cluster.up()
+    pids = [r["pid"] for r in cluster.status()["replicas"]]
+    run("cluster", "down", "--dir", cluster.dir)
+    time.sleep(0.1)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert all(r["role"] == "down" for r in cluster.status()["replicas"])
+
+
+def test_five_replicas_and_memory_durability(cluster):
+    cluster.up(replicas=5, durability="memory")
+    cluster.propose("a", "b", "c")
+    s = cluster.wait(lambda s: all(r["commit_index"] >= 3 for r in s["replicas"]),
+                     what="5 replicas to commit")
+    assert len(s["replicas"]) == 5
+
+
+def test_tcp_transport(cluster):
+    cluster.up(transport="tcp")
+    cluster.propose(*[f"t{i}" for i in range(10)])
+    cluster.wait(lambda s: all(r["commit_index"] >= 10 for r in s["replicas"]),
+                 what="commit over tcp")
+    logs = [cluster.log(i) for i in range(3)]
+    assert logs[0] == logs[1] == logs[2]
