@@ -160,6 +160,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.transport = o.transport;
   c.durability = o.durability;
   c.ring_bytes = o.ring_bytes;
+  c.segment_bytes = o.segment_bytes;
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
     r.id = i;

@@ -18,6 +18,7 @@ struct ClusterUpOptions {
   std::string durability = "disk";
   int base_port = 7400;  // peer ports base.., client ports base+100..
   uint64_t ring_bytes = 1 << 20;
+  uint64_t segment_bytes = 64 << 20;
   bool quiet = false;
 };
 

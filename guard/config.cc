@@ -167,18 +167,23 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   };
 
   if (!cluster_line) return fail(1, "missing [cluster] section");
+  std::map<std::string, int> cluster_lines;  // field -> line, for checks after extraction
+  for (const auto& [k, v] : cluster) cluster_lines[k] = v.line;
   if (!get_string(cluster, "secret", &c.secret, true, cluster_line, "[cluster]")) return false;
   if (c.secret.size() < 16)
-    return fail(cluster_line, "field 'secret': must be at least 16 characters");
+    return fail(cluster_lines["secret"], "field 'secret': must be at least 16 characters");
   if (!get_string(cluster, "transport", &c.transport, false, cluster_line, "[cluster]")) return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
-    return fail(lineno, "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
+    return fail(cluster_lines["transport"], "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
   if (!get_string(cluster, "durability", &c.durability, false, cluster_line, "[cluster]")) return false;
   if (c.durability != "disk" && c.durability != "memory")
-    return fail(lineno, "field 'durability': '" + c.durability + "' is not disk or memory");
+    return fail(cluster_lines["durability"], "field 'durability': '" + c.durability + "' is not disk or memory");
   int64_t n = 0;
   if (!get_int(cluster, "ring_bytes", &n, false, cluster_line, "[cluster]", 1 << 16, int64_t{1} << 34)) return false;
   if (n) c.ring_bytes = n;
+  n = 0;
+  if (!get_int(cluster, "segment_bytes", &n, false, cluster_line, "[cluster]", 1 << 16, int64_t{1} << 34)) return false;
+  if (n) c.segment_bytes = n;
   n = 0;
   if (!get_int(cluster, "heartbeat_us", &n, false, cluster_line, "[cluster]", 100, 1000000)) return false;
   if (n) c.heartbeat_us = n;
@@ -189,7 +194,9 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   if (!get_int(cluster, "election_timeout_max_us", &n, false, cluster_line, "[cluster]", 1000, 60000000)) return false;
   if (n) c.election_timeout_max_us = n;
   if (c.election_timeout_max_us < c.election_timeout_min_us)
-    return fail(cluster_line, "field 'election_timeout_max_us' is below election_timeout_min_us");
+    return fail(cluster_lines.count("election_timeout_max_us") ? cluster_lines["election_timeout_max_us"]
+                                                              : cluster_line,
+                "field 'election_timeout_max_us' is below election_timeout_min_us");
   if (!no_leftovers(cluster, "[cluster]")) return false;
 
   if (replicas.empty()) return fail(lineno, "no [[replica]] sections");
@@ -197,9 +204,10 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   for (auto& [at, t] : replicas) {
     ReplicaConfig r;
     int64_t id = -1, peer_port = 0, client_port = 0;
+    int id_line = t.count("id") ? t["id"].line : at;
     if (!get_int(t, "id", &id, true, at, "[[replica]]", 0, 6)) return false;
     if (id != static_cast<int64_t>(c.replicas.size()))
-      return fail(at, "field 'id': replicas must be numbered 0.." +
+      return fail(id_line, "field 'id': replicas must be numbered 0.." +
                           std::to_string(replicas.size() - 1) + " in order; expected " +
                           std::to_string(c.replicas.size()) + ", got " + std::to_string(id));
     r.id = static_cast<int>(id);
@@ -236,6 +244,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "transport = \"" << c.transport << "\"\n"
     << "durability = \"" << c.durability << "\"\n"
     << "ring_bytes = " << c.ring_bytes << "\n"
+    << "segment_bytes = " << c.segment_bytes << "\n"
     << "heartbeat_us = " << c.heartbeat_us << "\n"
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";

@@ -5,6 +5,7 @@
 //   transport = "shm"       # shm | tcp | auto (auto: UCX picks, RDMA where present)
 //   durability = "disk"     # disk | memory (memory: a majority holds entries in RAM only)
 //   ring_bytes = 1048576    # log region ring per backup and ballot (max proposal: about half)
+//   segment_bytes = 67108864  # durable log: preallocated segment file size
 //   heartbeat_us = 1000
 //   election_timeout_min_us = 10000
 //   election_timeout_max_us = 20000
@@ -41,6 +42,7 @@ struct ClusterConfig {
   std::string transport = "shm";
   std::string durability = "disk";
   uint64_t ring_bytes = 1 << 20;
+  uint64_t segment_bytes = 64 << 20;  // durable log segment file size
   uint64_t heartbeat_us = 1000;
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;

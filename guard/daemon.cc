@@ -153,6 +153,7 @@ class Daemon {
   bool MapSpareRegion();
   int UcxPeer(int replica, const std::string& worker_address);
   void ReplyWaiters(uint64_t now);
+  void FailWaiters(const std::string& why);
   std::string StatusJson();
   void Watch(int fd, bool writable);
   void HandleEvents(epoll_event* evs, int n, uint64_t* last_busy);
@@ -229,6 +230,7 @@ bool Daemon::RecoverLog(DurableState* state) {
   if (memory_mode_) return true;
   DiskLogOptions dopt;
   dopt.dir = me_.dir + "/log";
+  dopt.segment_bytes = cfg_.segment_bytes;
   RecoveredLog rec;
   std::string err;
   disk_ = DiskLog::Open(dopt, &rec, &err);
@@ -623,6 +625,20 @@ std::string Daemon::StatusJson() {
   return o.str();
 }
 
+// Proposals in flight get an answer now: their outcome is unknown (they may
+// still commit later), which is what the client is told.
+void Daemon::FailWaiters(const std::string& why) {
+  for (auto& w : waiters_) {
+    if (!w.conn) continue;
+    ByteWriter out;
+    out.u8(0);
+    out.u64(w.index);
+    out.bytes(why);
+    w.conn->Queue(FrameKind::kProposeResult, out.str());
+  }
+  waiters_.clear();
+}
+
 void Daemon::ReplyWaiters(uint64_t now) {
   uint64_t durable = core_->durable_index();
   for (auto& w : waiters_)
@@ -752,6 +768,8 @@ bool Daemon::PollDisk(uint64_t now) {
     disk_error_ = c.error;
     Log("DURABLE WRITE FAILED: %s. New proposals are refused; nothing acknowledged is lost.",
         c.error.c_str());
+    FailWaiters("not committed: this replica cannot write its log (" + c.error +
+                "); outcome unknown");
   }
   if (c.error.empty() && !disk_error_.empty()) {
     Log("durable writes work again");
@@ -841,17 +859,8 @@ bool Daemon::Drain(uint64_t now) {
     if (ucx_peer_[r] >= 0) ucx_->Ring(ucx_peer_[r], 0, &err);
   }
   for (auto& m : rd.messages) SendToPeer(m);
-  if (rd.lost_leadership) {
-    for (auto& w : waiters_) {
-      if (!w.conn) continue;
-      ByteWriter out;
-      out.u8(0);
-      out.u64(w.index);
-      out.bytes("leadership lost before commit; outcome unknown (retry at the new leader)");
-      w.conn->Queue(FrameKind::kProposeResult, out.str());
-    }
-    waiters_.clear();
-  }
+  if (rd.lost_leadership)
+    FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
   if (core_->role() != last_role_ || core_->promised() != last_ballot_) {
     if (core_->role() == Role::kLeader)
       Log("leader of ballot %s (commit index %lu, log end %lu)", BallotString(core_->promised()).c_str(),

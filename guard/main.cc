@@ -137,7 +137,7 @@ int CmdCluster(int argc, char** argv) {
     printf(
         "usage:\n"
         "  lockstep cluster up [--replicas 3|5|7] [--transport shm|tcp|auto] [--durability disk|memory]\n"
-        "                      [--dir DIR] [--base-port P] [--ring-bytes B]\n"
+        "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
@@ -151,10 +151,13 @@ int CmdCluster(int argc, char** argv) {
   std::string err;
   if (sub == "up") {
     ClusterUpOptions o;
-    long long n, port, ring;
+    long long n, port, ring, segment;
     if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||
-        !a.GetInt("ring-bytes", 1 << 20, &ring))
+        !a.GetInt("ring-bytes", 1 << 20, &ring) || !a.GetInt("segment-bytes", 64 << 20, &segment))
       return Fail(a.error);
+    if (ring < (1 << 16) || segment < (1 << 16))
+      return Fail("--ring-bytes and --segment-bytes must be at least 65536");
+    o.segment_bytes = static_cast<uint64_t>(segment);
     o.dir = dir;
     o.replicas = static_cast<int>(n);
     o.base_port = static_cast<int>(port);

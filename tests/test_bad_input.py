@@ -33,8 +33,8 @@ dir = "/tmp/x0"
         (GOOD.replace("peer_port = 7401", "peer_port = 99999"), "peer_port", 8),
         (GOOD.replace("client_port = 7501\n", ""), "client_port", 5),
         (GOOD.replace('dir = "/tmp/x0"', 'dir = "/tmp/x0"\nflavour = "mint"'), "flavour", 11),
-        (GOOD.replace('secret = "0123456789abcdef0123"', 'secret = "short"'), "secret", 1),
-        (GOOD.replace("id = 0", "id = 3"), "id", 5),
+        (GOOD.replace('secret = "0123456789abcdef0123"', 'secret = "short"'), "secret", 2),
+        (GOOD.replace("id = 0", "id = 3"), "id", 6),
         (GOOD.replace("[cluster]", "[clustre]"), "clustre", 1),
         (GOOD.replace('host = "127.0.0.1"', "host = 127.0.0.1"), "host", 7),
     ],
@@ -115,10 +115,11 @@ def test_corrupted_log_is_refused_and_recovered_from_peers(cluster):
     leader = cluster.leader()
     victim = (leader + 1) % 3
     run("cluster", "down", "--dir", cluster.dir)  # stop everyone cleanly
-    seg = [p for p in _segments(cluster.dir / f"replica-{victim}") if p.stat().st_size > 0][0]
+    segs = [p for p in _segments(cluster.dir / f"replica-{victim}") if b"v5-" in p.read_bytes()]
+    assert segs, "the record of v5 is in no segment file"
+    seg = segs[0]
     data = bytearray(seg.read_bytes())
     pos = data.find(b"v5-")
-    assert pos > 0
     data[pos:pos + 3] = b"XXX"  # flip bytes inside an early record's payload
     seg.write_bytes(bytes(data))
     for i in range(3):
@@ -134,3 +135,47 @@ def test_corrupted_log_is_refused_and_recovered_from_peers(cluster):
     assert logs[0] == logs[1] == logs[2]
     assert [v for _, t, v in logs[victim] if t == "input"] == values + ["after-repair"]
     assert not any("XXX" in v for _, _, v in logs[victim])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MiB tmpfs: three replicas' logs fill it quickly."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_refuses_proposals_and_loses_nothing_acknowledged(small_disk):
+    from conftest import Cluster
+    c = Cluster(small_disk / "cluster", 23900)
+    c.dir.mkdir()
+    try:
+        c.up(extra=["--segment-bytes", 1 << 20])
+        acked, refused = [], None
+        value = "w" * 30000
+        for i in range(2000):
+            p = c.propose(f"{i}:{value}", check=False)
+            if p.returncode == 0:
+                acked.append(f"{i}:{value}")
+                continue
+            refused = p.stderr
+            break
+        assert refused is not None, "the disk never filled up"
+        assert "disk full" in refused or "No space left" in refused, refused
+        assert len(acked) > 10
+        # Nothing acknowledged is lost: every replica that answers holds all of it.
+        leader = c.leader()
+        log = [v for _, t, v in c.log(leader) if t == "input"]
+        assert log[: len(acked)] == acked
+        # Proposals keep being refused with the same clear error, and nothing crashes.
+        p = c.propose("one-more", check=False)
+        assert p.returncode != 0
+        s = c.status()
+        assert all(r["pid"] for r in s["replicas"]), s
+    finally:
+        c.down()

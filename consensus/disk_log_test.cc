@@ -1,0 +1,788 @@
+// disk_log_test.cc — the durable log on real files in a temp dir under /tmp,
+// with real syncs: round trips, torn tails, damage, a full disk (a 1 MiB
+// tmpfs), group commit, and the durable-write floor of this machine.
+#include "consensus/disk_log.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/disk_log_test-XXXXXX";
+    char* p = mkdtemp(tmpl);
+    if (p) path_ = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+std::string Payload(uint64_t index, size_t len) {
+  std::string s = "slot-" + std::to_string(index) + ":";
+  while (s.size() < len) s += static_cast<char>('a' + (s.size() * 7 + index) % 26);
+  s.resize(len);
+  return s;
+}
+
+LogRecord Slot(uint64_t index, Ballot ballot, const std::string& payload, uint64_t commit = 0) {
+  return LogRecord{EntryType::kInput, ballot, index, commit, payload};
+}
+
+LogRecord Promise(Ballot b) { return LogRecord{EntryType::kPromise, b, 0, 0, {}}; }
+
+std::unique_ptr<DiskLog> MustOpen(const DiskLogOptions& o, RecoveredLog* r) {
+  std::string err;
+  auto log = DiskLog::Open(o, r, &err);
+  EXPECT_TRUE(log) << err;
+  return log;
+}
+
+// Appends one record per batch for slots [from, to] with payloads of `len`.
+void AppendSlots(DiskLog* log, uint64_t from, uint64_t to, size_t len, Ballot b = MakeBallot(1, 0),
+                 size_t per_batch = 1) {
+  std::vector<std::string> payloads;
+  std::vector<LogRecord> batch;
+  for (uint64_t i = from; i <= to;) {
+    payloads.clear();
+    batch.clear();
+    for (size_t k = 0; k < per_batch && i <= to; k++, i++) payloads.push_back(Payload(i, len));
+    uint64_t first = i - payloads.size();
+    for (size_t k = 0; k < payloads.size(); k++)
+      batch.push_back(Slot(first + k, b, payloads[k], first + k - 1));
+    std::string err;
+    ASSERT_TRUE(log->Append(batch, &err)) << err;
+  }
+}
+
+void ExpectSlots(const RecoveredLog& r, uint64_t from, uint64_t to, size_t len) {
+  ASSERT_EQ(r.slots.size(), to >= from ? to - from + 1 : 0);
+  for (uint64_t i = from; i <= to; i++) {
+    const Entry& e = r.slots[i - from];
+    ASSERT_EQ(e.index, i);
+    ASSERT_EQ(e.payload, Payload(i, len)) << "slot " << i;
+  }
+}
+
+std::vector<uint8_t> ReadFile(const std::string& path) {
+  std::vector<uint8_t> out;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return out;
+  uint8_t b[65536];
+  size_t n;
+  while ((n = std::fread(b, 1, sizeof b, f)) > 0) out.insert(out.end(), b, b + n);
+  std::fclose(f);
+  return out;
+}
+
+void WriteAt(const std::string& path, uint64_t off, const void* data, size_t len) {
+  int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(pwrite(fd, data, len, static_cast<off_t>(off)), static_cast<ssize_t>(len));
+  fsync(fd);
+  close(fd);
+}
+
+std::vector<std::string> SegmentFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("seg-", 0) == 0) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+
+class DiskLogModes : public ::testing::TestWithParam<SyncMode> {};
+
+TEST_P(DiskLogModes, RoundTripWithPromisesOverwritesAndTruncation) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.sub("log");
+  o.segment_bytes = 64 << 10;
+  o.mode = GetParam();
+  const Ballot b1 = MakeBallot(1, 0), b2 = MakeBallot(2, 1);
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_EQ(r.slots.size(), 0u);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    std::string err;
+    std::string p1 = Payload(1, 100), p2 = Payload(2, 100), p3 = Payload(3, 100);
+    ASSERT_TRUE(log->Append({Promise(b1), Slot(1, b1, p1, 0), Slot(2, b1, p2, 0), Slot(3, b1, p3, 1)},
+                            &err))
+        << err;
+    // Index 2 again under a higher ballot: the later record wins.
+    std::string p2b = "two, accepted again under ballot 2.1";
+    ASSERT_TRUE(log->Append({Promise(b2), Slot(2, b2, p2b, 1)}, &err)) << err;
+    // Enough 1 KiB slots for several 64 KiB segments.
+    AppendSlots(log.get(), 4, 200, 1000, b2, 10);
+    EXPECT_GE(log->SegmentPaths().size(), 3u);
+    // The log stays contiguous: no gap, nothing below the first index.
+    std::string p = "x";
+    EXPECT_FALSE(log->Append({Slot(202, b2, p)}, &err));
+    EXPECT_NE(err.find("out of range"), std::string::npos) << err;
+    EXPECT_FALSE(log->Append({Slot(0, b2, p)}, &err));
+    EXPECT_FALSE(log->Append({LogRecord{EntryType::kPad, 0, 0, 0, p}}, &err));
+  }
+  size_t segments_before;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    EXPECT_EQ(r.promised, b2);
+    EXPECT_EQ(r.commit_index, 199u);
+    EXPECT_EQ(r.truncated_below, 0u);
+    ASSERT_EQ(r.slots.size(), 200u);
+    EXPECT_EQ(r.slots[0].payload, Payload(1, 100));
+    EXPECT_EQ(r.slots[0].ballot, b1);
+    EXPECT_EQ(r.slots[1].payload, "two, accepted again under ballot 2.1");
+    EXPECT_EQ(r.slots[1].ballot, b2);
+    EXPECT_EQ(r.slots[2].payload, Payload(3, 100));
+    for (uint64_t i = 4; i <= 200; i++) ASSERT_EQ(r.slots[i - 1].payload, Payload(i, 1000));
+    EXPECT_GT(r.records, 200u);
+    EXPECT_EQ(r.bytes % 8, 0u);
+
+    segments_before = SegmentFiles(o.dir).size();
+    std::string err;
+    ASSERT_TRUE(log->TruncateBelow(150, &err)) << err;
+    // Whole segments holding only slots below 150 are gone, including the
+    // one with the promise records: the truncate restated the promise.
+    EXPECT_LT(SegmentFiles(o.dir).size(), segments_before);
+    EXPECT_EQ(SegmentFiles(o.dir).size(), log->SegmentPaths().size());
+    std::string p = "y";
+    EXPECT_FALSE(log->Append({Slot(149, b2, p)}, &err));
+    AppendSlots(log.get(), 201, 201, 1000, b2);
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    EXPECT_EQ(r.promised, b2);
+    EXPECT_EQ(r.truncated_below, 150u);
+    EXPECT_EQ(r.commit_index, 200u);
+    ExpectSlots(r, 150, 201, 1000);
+    // Truncating past the end: the next slot is the truncation point.
+    std::string err;
+    ASSERT_TRUE(log->TruncateBelow(300, &err)) << err;
+    std::string p = "z";
+    EXPECT_FALSE(log->Append({Slot(202, b2, p)}, &err));
+    AppendSlots(log.get(), 300, 302, 1000, b2);
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    EXPECT_EQ(r.truncated_below, 300u);
+    EXPECT_EQ(r.promised, b2);
+    ExpectSlots(r, 300, 302, 1000);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothModes, DiskLogModes,
+                         ::testing::Values(SyncMode::kDirectDsync, SyncMode::kWriteFdatasync),
+                         [](const ::testing::TestParamInfo<SyncMode>& i) {
+                           return i.param == SyncMode::kDirectDsync ? "DirectDsync"
+                                                                     : "WriteFdatasync";
+                         });
+
+TEST(DiskLog, BatchesEndOnSectorBoundariesAndNeverRewriteDurableBytes) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 1 << 20;
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_GE(log->sector_bytes(), 512u);
+  std::vector<uint8_t> before;
+  for (uint64_t i = 1; i <= 20; i++) {
+    AppendSlots(log.get(), i, i, 10 + 300 * (i % 7));
+    EXPECT_EQ(log->end_position() % log->sector_bytes(), 0u) << "after slot " << i;
+    std::vector<uint8_t> now = ReadFile(log->SegmentPaths().back());
+    ASSERT_GE(now.size(), before.size());
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), now.begin()))
+        << "bytes of an earlier batch changed after appending slot " << i;
+    now.resize(log->end_position());
+    before = now;
+  }
+}
+
+TEST(DiskLog, SecondOpenOfTheSameDirectoryIsRefused) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  std::string err;
+  EXPECT_FALSE(DiskLog::Open(o, &r, &err));
+  EXPECT_NE(err.find("in use"), std::string::npos) << err;
+}
+
+// Slots from..to must be present with the payload Payload(i, len_of(i)).
+template <typename F>
+void ExpectSlotsBy(const RecoveredLog& r, uint64_t from, uint64_t to, F len_of) {
+  ASSERT_EQ(r.slots.size(), to - from + 1);
+  for (uint64_t i = from; i <= to; i++) {
+    ASSERT_EQ(r.slots[i - from].index, i);
+    ASSERT_EQ(r.slots[i - from].payload, Payload(i, len_of(i))) << "slot " << i;
+  }
+}
+
+// The last write was cut short: the file ends in the middle of a record.
+TEST(DiskLog, TornTailFromTruncatedFileIsDroppedAndReported) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 1 << 20;
+  std::string seg;
+  uint64_t batch_start;
+  auto len = [](uint64_t i) -> size_t { return i <= 3 ? 100 : 2000; };
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    AppendSlots(log.get(), 1, 3, 100);
+    batch_start = log->end_position();
+    AppendSlots(log.get(), 4, 6, 2000, MakeBallot(1, 0), 3);  // one write of ~6 KiB
+    seg = log->SegmentPaths().back();
+  }
+  // Keep slot 4 whole and cut slot 5 in half.
+  const uint64_t bad = batch_start + RecordSize(2000);
+  ASSERT_EQ(truncate(seg.c_str(), static_cast<off_t>(bad + 1000)), 0);
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_TRUE(r.torn_tail);
+    EXPECT_FALSE(r.damaged);
+    EXPECT_NE(r.problem.find(seg), std::string::npos) << r.problem;
+    EXPECT_NE(r.problem.find("offset " + std::to_string(bad)), std::string::npos) << r.problem;
+    ExpectSlotsBy(r, 1, 4, len);
+    // Appending goes on from slot 5.
+    AppendSlots(log.get(), 5, 7, 2000);
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ExpectSlotsBy(r, 1, 7, len);
+  }
+}
+
+// The last record and the rest of its write hold garbage (the write never
+// completed); the next batch is shorter than the torn one.
+TEST(DiskLog, TornTailFromScribbledLastRecordIsDroppedAndNeverServed) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 1 << 20;
+  std::string seg;
+  uint64_t last_start, write_end;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    AppendSlots(log.get(), 1, 3, 100);
+    last_start = log->end_position();
+    AppendSlots(log.get(), 4, 4, 5000);
+    write_end = log->end_position();
+    seg = log->SegmentPaths().back();
+  }
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> junk(write_end - last_start - 200);
+  for (auto& b : junk) b = static_cast<uint8_t>(rng());
+  WriteAt(seg, last_start + 100, junk.data(), junk.size());
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_TRUE(r.torn_tail) << r.problem;
+    EXPECT_FALSE(r.damaged) << r.problem;
+    EXPECT_NE(r.problem.find(seg + " at offset " + std::to_string(last_start)), std::string::npos)
+        << r.problem;
+    ExpectSlots(r, 1, 3, 100);
+    std::string err, p = "four, written again";
+    ASSERT_TRUE(log->Append({Slot(4, MakeBallot(1, 0), p)}, &err)) << err;
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ASSERT_EQ(r.slots.size(), 4u);
+    EXPECT_EQ(r.slots[3].payload, "four, written again");
+  }
+}
+
+// A flipped byte in an early record, valid records after it: damage. Once
+// dropped, those later records must never come back, even when the next
+// append is shorter than what was dropped.
+TEST(DiskLog, CorruptionInTheMiddleIsReportedAsDamageWithFileAndOffset) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 1 << 20;
+  std::string seg;
+  uint64_t slot2_at;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    std::string err;
+    ASSERT_TRUE(log->Append({Promise(MakeBallot(1, 0))}, &err)) << err;
+    AppendSlots(log.get(), 1, 1, 300);
+    slot2_at = log->end_position();
+    AppendSlots(log.get(), 2, 40, 300, MakeBallot(1, 0), 3);
+    seg = log->SegmentPaths().back();
+  }
+  uint8_t b = 0;
+  {
+    std::vector<uint8_t> all = ReadFile(seg);
+    b = all[slot2_at + kHeaderSize + 17] ^ 0x20;
+  }
+  WriteAt(seg, slot2_at + kHeaderSize + 17, &b, 1);
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_TRUE(r.damaged);
+    EXPECT_FALSE(r.torn_tail);
+    EXPECT_NE(r.problem.find(seg + " at offset " + std::to_string(slot2_at)), std::string::npos)
+        << r.problem;
+    EXPECT_NE(r.problem.find("checksum"), std::string::npos) << r.problem;
+    EXPECT_EQ(r.promised, MakeBallot(1, 0));
+    ExpectSlots(r, 1, 1, 300);
+    AppendSlots(log.get(), 2, 2, 300);
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ExpectSlots(r, 1, 2, 300);
+  }
+}
+
+TEST(DiskLog, DamageInAnEarlySegmentSetsLaterSegmentsAside) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 32 << 10;
+  std::vector<std::string> segs;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    AppendSlots(log.get(), 1, 60, 1500, MakeBallot(1, 0), 2);
+    segs = log->SegmentPaths();
+  }
+  ASSERT_GE(segs.size(), 3u);
+  // Flip a byte in the canary of the last record of the first batch of the
+  // first segment.
+  std::vector<uint8_t> first = ReadFile(segs[0]);
+  uint64_t off = 72 + 2 * RecordSize(1500) - 3;  // header, slots 1 and 2
+  uint8_t b = first[off] ^ 1;
+  WriteAt(segs[0], off, &b, 1);
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_TRUE(r.damaged);
+    EXPECT_NE(r.problem.find(segs[0] + " at offset " + std::to_string(72 + RecordSize(1500))),
+              std::string::npos)
+        << r.problem;
+    ExpectSlots(r, 1, 1, 1500);
+    for (size_t i = 1; i < segs.size(); i++) {
+      EXPECT_FALSE(fs::exists(segs[i])) << segs[i];
+      EXPECT_TRUE(fs::exists(segs[i] + ".damaged")) << segs[i];
+    }
+    AppendSlots(log.get(), 2, 30, 1500);
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ExpectSlots(r, 1, 30, 1500);
+  }
+}
+
+TEST(DiskLog, DamagedSegmentHeaderIsReportedAtThatSegment) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 32 << 10;
+  std::vector<std::string> segs;
+  uint64_t in_first = 0;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    for (uint64_t i = 1; i <= 40; i++) {
+      AppendSlots(log.get(), i, i, 1500);
+      if (log->SegmentPaths().size() == 1) in_first = i;
+    }
+    segs = log->SegmentPaths();
+  }
+  ASSERT_GE(segs.size(), 3u);
+  uint8_t b = 0xee;
+  WriteAt(segs[1], 5, &b, 1);  // inside the magic of the second segment's header
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_TRUE(r.damaged);
+  EXPECT_NE(r.problem.find(segs[1] + " at offset 0"), std::string::npos) << r.problem;
+  ExpectSlots(r, 1, in_first, 1500);
+  AppendSlots(log.get(), in_first + 1, in_first + 1, 1500);
+}
+
+// A segment's records past the point the next segment's header names are
+// not part of the log (they come from a write that failed before a roll).
+TEST(DiskLog, RecordsPastTheRollPointAreIgnored) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 20 << 10;
+  o.sector_bytes = 4096;
+  std::vector<std::string> segs;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    AppendSlots(log.get(), 1, 3, 5000);  // 8 KiB per batch: the third rolls
+    segs = log->SegmentPaths();
+  }
+  ASSERT_EQ(segs.size(), 2u);
+  std::vector<uint8_t> second = ReadFile(segs[1]);
+  RecordHeader h;
+  std::memcpy(&h, second.data(), sizeof h);
+  uint64_t x = h.index;  // where the first segment ended
+  ASSERT_EQ(x, 16384u);
+  std::string ghost = "ghost";
+  std::vector<uint8_t> rec(RecordSize(ghost.size()));
+  EncodeRecord(rec.data(), EntryType::kInput, MakeBallot(9, 9), 1, 0, x, ghost);
+  WriteAt(segs[0], x, rec.data(), rec.size());
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+  ExpectSlots(r, 1, 3, 5000);
+}
+
+// A crash right after a new segment was named, before its first write: the
+// empty segment is removed, a stale prepared file too, and the log goes on.
+TEST(DiskLog, EmptyTrailingSegmentAndLeftoverPreparedFileAreCleanedUp) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 64 << 10;
+  uint64_t next_base;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    AppendSlots(log.get(), 1, 5, 1000);
+    next_base = 64 << 10;
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "/seg-%016" PRIx64, next_base);
+  std::string empty = dir.path() + name;
+  std::string prep = dir.path() + "/prep-00000000000f0000";
+  for (const std::string& p : {empty, prep}) {
+    int fd = open(p.c_str(), O_CREAT | O_WRONLY, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 64 << 10), 0);
+    close(fd);
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ExpectSlots(r, 1, 5, 1000);
+    EXPECT_FALSE(fs::exists(empty));
+    EXPECT_FALSE(fs::exists(prep));
+    AppendSlots(log.get(), 6, 200, 1000, MakeBallot(1, 0), 5);  // rolls over several segments
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+  ExpectSlots(r, 1, 200, 1000);
+}
+
+// A first segment that never got its first write (all zeros): an empty log.
+TEST(DiskLog, AllZeroFirstSegmentIsAnEmptyLog) {
+  TempDir dir;
+  std::string seg = dir.path() + "/seg-0000000000000000";
+  int fd = open(seg.c_str(), O_CREAT | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64 << 10), 0);
+  close(fd);
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 64 << 10;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    EXPECT_TRUE(r.slots.empty());
+    AppendSlots(log.get(), 1, 3, 10);
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+  ExpectSlots(r, 1, 3, 10);
+}
+
+// ---------------------------------------------------------------------------
+// A full disk: a 1 MiB tmpfs.
+
+class TmpfsMount {
+ public:
+  explicit TmpfsMount(const std::string& options) {
+    char tmpl[] = "/tmp/disk_log_full-XXXXXX";
+    char* p = mkdtemp(tmpl);
+    if (!p) return;
+    path_ = p;
+    if (mount("tmpfs", path_.c_str(), "tmpfs", 0, options.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~TmpfsMount() {
+    if (mounted_) umount2(path_.c_str(), MNT_DETACH);
+    if (!path_.empty()) rmdir(path_.c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& path() const { return path_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string path_, error_;
+  bool mounted_ = false;
+};
+
+TEST(DiskLog, FullDiskFailsClearlyKeepsTheLogAndRetriesFromTheSamePoint) {
+  TmpfsMount mnt("size=1m");
+  if (!mnt.mounted()) GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << mnt.error();
+  // Space held by something else, released later.
+  const std::string filler = mnt.path() + "/filler";
+  {
+    std::vector<char> junk(192 << 10, 'f');
+    FILE* f = std::fopen(filler.c_str(), "wb");
+    ASSERT_TRUE(f);
+    ASSERT_EQ(std::fwrite(junk.data(), 1, junk.size(), f), junk.size());
+    std::fclose(f);
+  }
+  DiskLogOptions o;
+  o.dir = mnt.path() + "/log";
+  o.segment_bytes = 128 << 10;
+  uint64_t appended = 0;
+  std::string err;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    std::printf("tmpfs: mode %s, sector %zu\n", SyncModeName(log->mode()), log->sector_bytes());
+    for (uint64_t i = 1; i <= 1000; i++) {
+      std::string p = Payload(i, 4000);
+      if (!log->Append({Slot(i, MakeBallot(1, 0), p)}, &err)) break;
+      appended = i;
+    }
+    ASSERT_GT(appended, 10u);
+    ASSERT_LT(appended, 1000u);
+    std::printf("disk full after %" PRIu64 " appends: %s\n", appended, err.c_str());
+    EXPECT_EQ(err.rfind("disk full: cannot append ", 0), 0u) << err;
+    EXPECT_NE(err.find(o.dir + "/seg-"), std::string::npos) << err;
+    EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+    // Still full: the same answer, nothing written.
+    std::string again, p = Payload(appended + 1, 4000);
+    EXPECT_FALSE(log->Append({Slot(appended + 1, MakeBallot(1, 0), p)}, &again));
+    EXPECT_EQ(again.rfind("disk full", 0), 0u) << again;
+  }
+  {
+    // Everything appended before the disk filled is there, nothing else.
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ExpectSlots(r, 1, appended, 4000);
+    std::string p = Payload(appended + 1, 4000);
+    EXPECT_FALSE(log->Append({Slot(appended + 1, MakeBallot(1, 0), p)}, &err));
+    // Space comes back: the same append now succeeds, right after the rest.
+    ASSERT_EQ(unlink(filler.c_str()), 0);
+    ASSERT_TRUE(log->Append({Slot(appended + 1, MakeBallot(1, 0), p)}, &err)) << err;
+  }
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+    ExpectSlots(r, 1, appended + 1, 4000);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// DiskWriter
+
+DiskWriter::Completion WaitFor(DiskWriter* w, uint64_t seq, std::vector<uint64_t>* seen,
+                               bool until_error = false) {
+  DiskWriter::Completion c;
+  for (int spins = 0; spins < 2000; spins++) {
+    pollfd p{w->EventFd(), POLLIN, 0};
+    poll(&p, 1, 10);
+    c = w->Poll();
+    if (seen) seen->push_back(c.durable_seq);
+    if (c.durable_seq >= seq && !until_error) break;
+    if (until_error && !c.error.empty()) break;
+  }
+  return c;
+}
+
+TEST(DiskWriter, MergesQueuedBatchesIntoFewWrites) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    DiskWriter w(log.get());
+    // Warm up: the first write waits for the first segment to be prepared.
+    {
+      std::vector<OwnedRecord> batch;
+      batch.push_back(OwnedRecord{EntryType::kPromise, MakeBallot(1, 0), 0, 0, {}});
+      w.Submit(1, std::move(batch));
+    }
+    DiskWriter::Completion warm = WaitFor(&w, 1, nullptr);
+    ASSERT_EQ(warm.durable_seq, 1u);
+    for (uint64_t seq = 2; seq <= 101; seq++) {
+      std::vector<OwnedRecord> batch;
+      batch.push_back(
+          OwnedRecord{EntryType::kInput, MakeBallot(1, 0), seq - 1, 0, Payload(seq - 1, 64)});
+      w.Submit(seq, std::move(batch));
+    }
+    std::vector<uint64_t> seen;
+    DiskWriter::Completion c = WaitFor(&w, 101, &seen);
+    EXPECT_EQ(c.durable_seq, 101u);
+    EXPECT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(c.records - warm.records, 100u);
+    const uint64_t writes = c.writes - warm.writes;
+    std::printf("100 submitted batches took %" PRIu64 " writes (last: %zu records, %.0f us)\n",
+                writes, c.last_batch_records, c.last_write_us);
+    EXPECT_GE(writes, 1u);
+    EXPECT_LE(writes, 25u);
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_EQ(r.promised, MakeBallot(1, 0));
+  ExpectSlots(r, 1, 100, 64);
+}
+
+TEST(DiskWriter, PublishesErrorsAndNeverCompletesAFailedBatch) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  DiskWriter w(log.get());
+  std::vector<OwnedRecord> ok, bad;
+  ok.push_back(OwnedRecord{EntryType::kInput, 1, 1, 0, "one"});
+  w.Submit(1, std::move(ok));
+  WaitFor(&w, 1, nullptr);
+  bad.push_back(OwnedRecord{EntryType::kInput, 1, 5, 0, "a gap"});
+  w.Submit(2, std::move(bad));
+  DiskWriter::Completion c = WaitFor(&w, 2, nullptr, true);
+  EXPECT_EQ(c.durable_seq, 1u);
+  EXPECT_NE(c.error.find("out of range"), std::string::npos) << c.error;
+}
+
+TEST(DiskWriter, TruncatesAfterTheRecordsOfItsBatch) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    DiskWriter w(log.get());
+    for (uint64_t seq = 1; seq <= 10; seq++) {
+      std::vector<OwnedRecord> batch;
+      batch.push_back(OwnedRecord{EntryType::kInput, 1, seq, 0, Payload(seq, 10)});
+      w.Submit(seq, std::move(batch), seq == 6 ? 4 : 0);
+    }
+    DiskWriter::Completion c = WaitFor(&w, 10, nullptr);
+    EXPECT_EQ(c.durable_seq, 10u);
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_EQ(r.truncated_below, 4u);
+  ExpectSlots(r, 4, 10, 10);
+}
+
+// ---------------------------------------------------------------------------
+// The durable-write floor here, both modes, as the log writes (each write
+// rounded up to the sector size, into a zero-filled preallocated file).
+
+TEST(DiskLog, MeasureDurableWriteFloor) {
+  TempDir dir;
+  int n = 300;
+  if (const char* e = std::getenv("LOCKSTEP_DISK_MEASURE_N")) n = std::atoi(e);
+  for (size_t bytes : {size_t{4096}, size_t{64}}) {
+    for (SyncMode m : {SyncMode::kDirectDsync, SyncMode::kWriteFdatasync}) {
+      std::string err;
+      std::vector<double> v = MeasureDurableWrites(dir.path(), m, bytes, n, &err);
+      ASSERT_EQ(v.size(), static_cast<size_t>(n)) << err;
+      std::sort(v.begin(), v.end());
+      std::printf("durable %5zu B writes, %-16s p50 %6.0f us  p90 %6.0f us  p99 %6.0f us\n", bytes,
+                  SyncModeName(m), v[v.size() / 2], v[v.size() * 9 / 10], v[v.size() * 99 / 100]);
+      EXPECT_GT(v.front(), 0.0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
