@@ -460,8 +460,10 @@ std::unique_ptr<DiskLog> DiskLog::Open(const DiskLogOptions& options, RecoveredL
 
   if (!log->Recover(recovered, error)) return nullptr;
   if (options.prepare_ahead) {
+    // The next segment is prepared once the active one is half full (see
+    // Append), not now: zero-filling 64 MiB at start competes with the first
+    // durable writes of every replica on this host.
     log->preparer_ = std::make_unique<Preparer>(log->dir_, log->segment_bytes_, options.zero_fill);
-    log->preparer_->Request(log->next_base_);
   }
   return log;
 }
@@ -839,6 +841,7 @@ bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
 
     // Durable: now update what we know.
     write_off_ = end;
+    if (preparer_ && write_off_ >= segment_bytes_ / 2) preparer_->Request(next_base_);
     newest_empty_ = false;
     chain_end_ = seg.base + end;
     Segment& s = segments_.back();
@@ -924,7 +927,6 @@ bool DiskLog::Roll(size_t write_bytes, std::string* error) {
   newest_empty_ = true;
   segments_.push_back(Segment{base, segment_bytes_, path, 0});
   next_base_ = base + segment_bytes_;
-  if (preparer_) preparer_->Request(next_base_);
   return true;
 }
 
@@ -1035,6 +1037,44 @@ void DiskWriter::Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t t
   cv_.notify_one();
 }
 
+bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (thread_busy_ || inline_writing_ || !queue_.empty() || stop_) {
+    queue_.push_back(Item{seq, std::move(batch), 0});
+    l.unlock();
+    cv_.notify_one();
+    return false;
+  }
+  inline_writing_ = true;  // the thread leaves the queue alone meanwhile
+  l.unlock();
+  std::vector<LogRecord> recs;
+  recs.reserve(batch.size());
+  for (const OwnedRecord& r : batch) recs.push_back(r.view());
+  std::string err;
+  auto t0 = std::chrono::steady_clock::now();
+  bool ok = log_->Append(recs, &err);
+  auto t1 = std::chrono::steady_clock::now();
+  l.lock();
+  inline_writing_ = false;
+  if (ok) {
+    state_.durable_seq = seq;
+    state_.writes++;
+    state_.records += recs.size();
+    state_.last_write_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    state_.last_batch_records = recs.size();
+    state_.error.clear();
+  } else {
+    state_.error = err;  // the thread retries it with back-off, ahead of anything later
+    queue_.insert(queue_.begin(), Item{seq, std::move(batch), 0});
+  }
+  l.unlock();
+  cv_.notify_one();
+  uint64_t one = 1;
+  ssize_t n = write(event_fd_, &one, sizeof one);
+  (void)n;
+  return ok;
+}
+
 DiskWriter::Completion DiskWriter::Poll() {
   uint64_t v;
   while (read(event_fd_, &v, sizeof v) < 0 && errno == EINTR) {
@@ -1053,7 +1093,7 @@ void DiskWriter::Run() {
       if (backoff.count() > 0) {
         cv_.wait_for(l, backoff, [&] { return stop_; });
       } else {
-        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+        cv_.wait(l, [&] { return stop_ || (!queue_.empty() && !inline_writing_); });
       }
       if (stop_) {
         if (queue_.empty() && work.empty()) return;
@@ -1064,6 +1104,7 @@ void DiskWriter::Run() {
       }
       for (Item& it : queue_) work.push_back(std::move(it));
       queue_.clear();
+      thread_busy_ = true;
     }
 
     // Everything taken goes out as one Append, split only where a truncate
@@ -1102,6 +1143,7 @@ void DiskWriter::Run() {
 
     {
       std::lock_guard<std::mutex> l(mu_);
+      thread_busy_ = completed < work.size();  // failed work stays ours to retry
       if (completed > 0) state_.durable_seq = work[completed - 1].seq;
       state_.writes += appends;
       state_.records += nrecords;

@@ -161,6 +161,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.durability = o.durability;
   c.ring_bytes = o.ring_bytes;
   c.segment_bytes = o.segment_bytes;
+  if (o.spin_us >= 0) c.spin_us = static_cast<uint64_t>(o.spin_us);
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
     r.id = i;
@@ -168,11 +169,15 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     r.peer_port = o.base_port + i;
     r.client_port = o.base_port + 100 + i;
     r.dir = o.dir + "/replica-" + std::to_string(i);
-    for (int port : {r.peer_port, r.client_port})
+    for (int port : {r.peer_port, r.client_port}) {
+      // A cluster stopped a moment ago may still be closing its sockets.
+      for (int wait = 0; wait < 40 && !PortFree(port); wait++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (!PortFree(port)) {
         *error = "port " + std::to_string(port) + " on 127.0.0.1 is taken; choose another --base-port";
         return false;
       }
+    }
     c.replicas.push_back(r);
   }
   // Fresh data: a new cluster starts with empty logs.

@@ -19,6 +19,7 @@ struct ClusterUpOptions {
   int base_port = 7400;  // peer ports base.., client ports base+100..
   uint64_t ring_bytes = 1 << 20;
   uint64_t segment_bytes = 64 << 20;
+  int64_t spin_us = -1;  // -1: the default of cluster.toml
   bool quiet = false;
 };
 

@@ -187,6 +187,9 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   n = 0;
   if (!get_int(cluster, "heartbeat_us", &n, false, cluster_line, "[cluster]", 100, 1000000)) return false;
   if (n) c.heartbeat_us = n;
+  n = -1;
+  if (!get_int(cluster, "spin_us", &n, false, cluster_line, "[cluster]", 0, 1000000)) return false;
+  if (n >= 0) c.spin_us = n;
   n = 0;
   if (!get_int(cluster, "election_timeout_min_us", &n, false, cluster_line, "[cluster]", 1000, 60000000)) return false;
   if (n) c.election_timeout_min_us = n;
@@ -246,6 +249,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "ring_bytes = " << c.ring_bytes << "\n"
     << "segment_bytes = " << c.segment_bytes << "\n"
     << "heartbeat_us = " << c.heartbeat_us << "\n"
+    << "spin_us = " << c.spin_us << "\n"
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
   for (const auto& r : c.replicas) {

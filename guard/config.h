@@ -7,6 +7,7 @@
 //   ring_bytes = 1048576    # log region ring per backup and ballot (max proposal: about half)
 //   segment_bytes = 67108864  # durable log: preallocated segment file size
 //   heartbeat_us = 1000
+//   spin_us = 50            # busy-poll this long after activity, then sleep
 //   election_timeout_min_us = 10000
 //   election_timeout_max_us = 20000
 //
@@ -44,6 +45,7 @@ struct ClusterConfig {
   uint64_t ring_bytes = 1 << 20;
   uint64_t segment_bytes = 64 << 20;  // durable log segment file size
   uint64_t heartbeat_us = 1000;
+  uint64_t spin_us = 50;  // a daemon busy-polls this long after its last activity, then sleeps
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;
   std::vector<ReplicaConfig> replicas;

@@ -201,6 +201,8 @@ class Daemon {
   std::deque<UcxTransport::LocalRegion*> spare_regions_;
   uint64_t next_spare_try_us_ = 0;
   uint64_t stats_[6] = {};
+  double write_us_sum_ = 0;
+  uint64_t write_count_ = 0;
   uint64_t next_stats_us_ = 0;
   std::unique_ptr<RingReader> reader_;
   ControlWord last_control_{};
@@ -822,17 +824,6 @@ bool Daemon::Drain(uint64_t now) {
   EnsureRegion();
   bool busy = !rd.empty();
   std::string err;
-  for (auto& p : rd.persists) {
-    if (memory_mode_) {
-      memory_completions_.push_back(p.seq);
-      continue;
-    }
-    std::vector<OwnedRecord> batch;
-    if (p.promise) batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
-    for (auto& e : p.entries)
-      batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
-    writer_->Submit(p.seq, std::move(batch), p.truncate_below);
-  }
   for (auto& put : rd.puts) {
     RemoteRegion& rr = remote_region_[put.to];
     if (rr.remote < 0 || rr.ballot != put.ballot || rr.stream_id != put.stream_id) continue;
@@ -857,6 +848,31 @@ bool Daemon::Drain(uint64_t now) {
     if (!ring_peer_[r]) continue;
     ring_peer_[r] = false;
     if (ucx_peer_[r] >= 0) ucx_->Ring(ucx_peer_[r], 0, &err);
+  }
+  // Durable writes last: the puts above are already on their way to the
+  // backups, whose writes overlap ours. The write happens in this thread
+  // when the disk thread is idle; everything the core produced since the
+  // last write forms one batch (group commit without a timer).
+  for (auto& p : rd.persists) {
+    if (memory_mode_) {
+      memory_completions_.push_back(p.seq);
+      continue;
+    }
+    std::vector<OwnedRecord> batch;
+    if (p.promise) batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
+    for (auto& e : p.entries)
+      batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
+    // A leader with earlier entries still waiting for their quorum hands
+    // the write to the disk thread: blocking here would hold back the acks
+    // that commit them (and the replies that bring the next proposals).
+    bool leader_busy = core_->role() == Role::kLeader && !p.entries.empty() &&
+                       core_->commit_index() + 1 < p.entries.front().index;
+    if (p.truncate_below || !disk_error_.empty() || leader_busy)
+      writer_->Submit(p.seq, std::move(batch), p.truncate_below);
+    else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose) {
+      write_us_sum_ += writer_->Poll().last_write_us;
+      write_count_++;
+    }
   }
   for (auto& m : rd.messages) SendToPeer(m);
   if (rd.lost_leadership)
@@ -926,16 +942,20 @@ int Daemon::Run() {
       stats_[4] += drained;
       stats_[5] += may_sleep;
       if (now >= next_stats_us_) {
-        Log("loop: %lu passes, progress %lu, memory %lu, disk %lu, drain %lu, sleeps %lu",
+        Log("loop: %lu passes, progress %lu, memory %lu, disk %lu, drain %lu, sleeps %lu; "
+            "%lu inline writes, mean %.1f us",
             (unsigned long)stats_[0], (unsigned long)stats_[1], (unsigned long)stats_[2],
-            (unsigned long)stats_[3], (unsigned long)stats_[4], (unsigned long)stats_[5]);
+            (unsigned long)stats_[3], (unsigned long)stats_[4], (unsigned long)stats_[5],
+            (unsigned long)write_count_, write_count_ ? write_us_sum_ / write_count_ : 0.0);
+        write_us_sum_ = 0;
+        write_count_ = 0;
         for (auto& v : stats_) v = 0;
         next_stats_us_ = now + 1000000;
       }
     }
     if (busy) last_busy = now;
     may_sleep = false;
-    if (busy || now - last_busy <= opt_.spin_us) {
+    if (busy || now - last_busy <= cfg_.spin_us) {
       if (!busy) sched_yield();  // spinning: let the other replicas run
       continue;
     }

@@ -14,7 +14,6 @@ struct DaemonOptions {
   ClusterConfig config;
   int id = 0;
   bool verbose = false;
-  uint64_t spin_us = 50;  // busy-poll this long after the last activity, then sleep
 };
 
 // Runs until SIGTERM/SIGINT; returns the process exit code.

@@ -1,0 +1,1114 @@
+// sim.cc — the deterministic simulator (see sim.h).
+#include "consensus/sim.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "consensus/assert.h"
+
+namespace lockstep {
+
+namespace {
+
+// LS_ASSERT inside the core throws this while a simulator is alive, so a
+// broken invariant becomes a reported violation with its seed.
+struct CoreAssertion : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void ThrowingAssertHandler(const std::string& message) {
+  throw CoreAssertion(message);
+}
+
+std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string Format(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+using U = unsigned long long;
+
+std::string Short(const std::string& s) {
+  if (s.size() <= 24) return s;
+  return s.substr(0, 20) + Format("..(%zu)", s.size());
+}
+
+bool SameValue(const Entry& a, const Entry& b) {
+  return a.type == b.type && a.payload == b.payload;
+}
+
+}  // namespace
+
+#define SIM_TRACE(...)                          \
+  do {                                          \
+    if (tracing()) Trace(Format(__VA_ARGS__));  \
+  } while (0)
+
+// ---------------------------------------------------------------- setup
+
+SimCluster::SimCluster(const SimOptions& options)
+    : opt_(options), n_(options.replicas), rng_(options.seed) {
+  LS_ASSERT(n_ >= 1 && n_ <= kMaxReplicas, "replicas=%d", n_);
+  SetAssertHandler(&ThrowingAssertHandler);
+  nodes_.resize(n_);
+  pending_.resize(n_);
+  links_.assign(n_, std::vector<bool>(n_, true));
+  for (int r = 0; r < n_; r++) {
+    try {
+      StartReplica(r);
+    } catch (const CoreAssertion& e) {
+      Fail(std::string("core: ") + e.what());
+    }
+  }
+}
+
+SimCluster::~SimCluster() { SetAssertHandler(nullptr); }
+
+void SimCluster::StartReplica(int r) {
+  Node& nd = nodes_[r];
+  nd.incarnation = next_incarnation_++;
+  CoreConfig cfg;
+  cfg.id = r;
+  cfg.replicas = n_;
+  cfg.ring_bytes = opt_.ring_bytes;
+  cfg.heartbeat_us = opt_.heartbeat_us;
+  cfg.message_heartbeat_us = opt_.message_heartbeat_us;
+  cfg.election_timeout_min_us = opt_.election_timeout_min_us;
+  cfg.election_timeout_max_us = opt_.election_timeout_max_us;
+  cfg.max_put_bytes = opt_.max_put_bytes;
+  cfg.seed = opt_.seed * 0x9e3779b97f4a7c15ull + nd.incarnation * 7919;
+  cfg.incarnation = nd.incarnation;
+  nd.paused = false;
+  nd.disk.clear();
+  nd.disk_scheduled = 0;
+  nd.disk_free_at = 0;
+  nd.persisted_while_paused.clear();
+  nd.regions.clear();
+  nd.region_order.clear();
+  nd.has_reader = false;
+  nd.reader.reset();
+  nd.acks.assign(static_cast<size_t>(n_) * kAckSlotBytes, 0);
+  nd.last_acks.assign(n_, AckWord{});
+  nd.deferred.clear();
+  nd.checked_upto = 0;
+  SIM_TRACE("r%d: start incarnation %llu from durable promise %s commit %llu slots [%llu, %llu]", r,
+            (U)nd.incarnation, BallotString(nd.durable.promised).c_str(),
+            (U)nd.durable.commit_index, (U)nd.durable.first_index,
+            (U)(nd.durable.first_index + nd.durable.slots.size() - 1));
+  nd.rep = std::make_unique<Replica>(cfg, nd.durable, now_);
+  Event tick;
+  tick.kind = Ev::kTick;
+  tick.to = r;
+  tick.incarnation = nd.incarnation;
+  Schedule(now_ + 1 + rng_() % opt_.tick_us, std::move(tick));
+  SyncRegion(r);
+  Drain(r);
+  CheckInvariants();
+}
+
+// ---------------------------------------------------------------- randomness, events
+
+bool SimCluster::Chance(double p) {
+  if (p <= 0) return false;
+  return std::uniform_real_distribution<double>(0, 1)(rng_) < p;
+}
+
+uint64_t SimCluster::Delay() {
+  if (lossy_ && Chance(opt_.slow_rate))
+    return std::uniform_int_distribution<uint64_t>(opt_.delay_min_us, opt_.slow_max_us)(rng_);
+  return std::uniform_int_distribution<uint64_t>(opt_.delay_min_us, opt_.delay_max_us)(rng_);
+}
+
+void SimCluster::Schedule(uint64_t at, Event ev) {
+  events_.emplace(std::make_pair(std::max(at, now_), next_event_seq_++), std::move(ev));
+}
+
+void SimCluster::RunUntilTime(uint64_t t) {
+  while (!failed() && !events_.empty() && events_.begin()->first.first <= t) {
+    auto it = events_.begin();
+    now_ = std::max(now_, it->first.first);
+    Event ev = std::move(it->second);
+    events_.erase(it);
+    steps_++;
+    try {
+      Process(ev);
+      CheckInvariants();
+    } catch (const CoreAssertion& e) {
+      Fail(std::string("core: ") + e.what());
+    }
+  }
+  if (!failed()) now_ = std::max(now_, t);
+}
+
+bool SimCluster::RunUntil(const std::function<bool()>& pred, uint64_t max_us) {
+  uint64_t end = now_ + max_us;
+  if (pred()) return true;
+  while (!failed() && !events_.empty() && events_.begin()->first.first <= end) {
+    RunUntilTime(events_.begin()->first.first);
+    if (pred()) return true;
+  }
+  if (!failed()) now_ = std::max(now_, end);
+  return !failed() && pred();
+}
+
+void SimCluster::Fail(const std::string& what) {
+  if (!violation_.empty()) return;
+  violation_ = Format("%s (at t=%lluus, seed %llu, %d replicas)", what.c_str(), (U)now_,
+                      (U)opt_.seed, n_);
+  SIM_TRACE("VIOLATION: %s", violation_.c_str());
+  for (int r = 0; r < n_; r++) SIM_TRACE("  %s", Describe(r).c_str());
+}
+
+void SimCluster::Trace(const std::string& line) {
+  std::string l = Format("[%9lluus] ", (U)now_) + line;
+  if (opt_.verbose) fprintf(stderr, "%s\n", l.c_str());
+  if (trace_keep_) {
+    trace_.push_back(std::move(l));
+    while (trace_.size() > opt_.trace_lines + 2 * kMaxReplicas + 2) trace_.pop_front();
+  }
+}
+
+std::string SimCluster::TraceTail() const {
+  std::string out;
+  for (const auto& l : trace_) out += l + "\n";
+  return out;
+}
+
+std::string SimCluster::Describe(int r) const {
+  const Node& nd = nodes_[r];
+  if (!nd.rep) {
+    return Format("r%d: down (durable promise %s commit %llu slots [%llu, %llu])", r,
+                  BallotString(nd.durable.promised).c_str(), (U)nd.durable.commit_index,
+                  (U)nd.durable.first_index,
+                  (U)(nd.durable.first_index + nd.durable.slots.size() - 1));
+  }
+  const Replica& x = *nd.rep;
+  return Format("r%d: inc %llu %s%s promised %s stream %llx commit %llu durable %llu log [%llu, %llu]",
+                r, (U)nd.incarnation, RoleName(x.role()), nd.paused ? " (paused)" : "",
+                BallotString(x.promised()).c_str(), (U)x.stream_id(), (U)x.commit_index(),
+                (U)x.durable_index(), (U)x.first_index(), (U)x.last_index());
+}
+
+// ---------------------------------------------------------------- events
+
+void SimCluster::Process(Event& ev) {
+  Node& nd = nodes_[ev.to];
+  switch (ev.kind) {
+    case Ev::kTick: {
+      if (!nd.rep || nd.incarnation != ev.incarnation) return;  // the chain of a dead incarnation
+      uint64_t jitter = opt_.tick_us / 2 + rng_() % (opt_.tick_us + 1);
+      Schedule(now_ + std::max<uint64_t>(1, jitter), ev);
+      if (nd.paused) return;
+      nd.rep->Tick(now_);
+      Poll(ev.to);
+      Drain(ev.to);
+      return;
+    }
+    case Ev::kMessage: {
+      const Message& m = ev.msg;
+      if (!nd.rep || !links_[m.from][m.to]) {
+        SIM_TRACE("r%d -> r%d: %s %s lost", m.from, m.to, MessageTypeName(m.type),
+                  BallotString(m.ballot).c_str());
+        return;
+      }
+      if (nd.paused) {
+        nd.deferred.push_back(m);
+        return;
+      }
+      SIM_TRACE("r%d -> r%d: %s ballot %s stream %llx commit %llu entries %zu", m.from, m.to,
+                MessageTypeName(m.type), BallotString(m.ballot).c_str(), (U)m.stream_id,
+                (U)m.commit_index, m.entries.size());
+      nd.rep->OnMessage(now_, m);
+      SyncRegion(ev.to);
+      Drain(ev.to);
+      return;
+    }
+    case Ev::kPut:
+    case Ev::kControl: {
+      Ballot b = ev.kind == Ev::kPut ? ev.ballot : ev.control.ballot;
+      uint64_t s = ev.kind == Ev::kPut ? ev.stream : ev.control.stream_id;
+      auto it = nd.rep ? nd.regions.find({b, s}) : nd.regions.end();
+      if (!nd.rep || !links_[ev.from][ev.to] || it == nd.regions.end()) {
+        SIM_TRACE("r%d -> r%d: %s into region %s/%llx lost", ev.from, ev.to,
+                  ev.kind == Ev::kPut ? "put" : "control", BallotString(b).c_str(), (U)s);
+        return;
+      }
+      std::vector<uint8_t>& mem = it->second;
+      if (ev.kind == Ev::kPut) {
+        if (ev.offset < kControlBytes || ev.offset + ev.bytes.size() > mem.size()) {
+          Fail(Format("put from r%d of %zu bytes at offset %llu outside the region of %zu bytes",
+                      ev.from, ev.bytes.size(), (U)ev.offset, mem.size()));
+          return;
+        }
+        memcpy(mem.data() + ev.offset, ev.bytes.data(), ev.bytes.size());
+        SIM_TRACE("r%d -> r%d: put %zu bytes at ring offset %llu of %s/%llx", ev.from, ev.to,
+                  ev.bytes.size(), (U)(ev.offset - kControlBytes), BallotString(b).c_str(), (U)s);
+      } else {
+        memcpy(mem.data(), &ev.control, sizeof ev.control);
+        SIM_TRACE("r%d -> r%d: control %s/%llx commit %llu heartbeat %llu sent %llu", ev.from,
+                  ev.to, BallotString(b).c_str(), (U)s, (U)ev.control.commit_index,
+                  (U)ev.control.heartbeat, (U)ev.control.sent_pos);
+      }
+      if (nd.paused) return;
+      Poll(ev.to);
+      Drain(ev.to);
+      return;
+    }
+    case Ev::kAck: {
+      if (!nd.rep || !links_[ev.from][ev.to]) {
+        SIM_TRACE("r%d -> r%d: ack lost", ev.from, ev.to);
+        return;
+      }
+      memcpy(nd.acks.data() + static_cast<size_t>(ev.from) * kAckSlotBytes, &ev.ack, sizeof ev.ack);
+      SIM_TRACE("r%d -> r%d: ack %s/%llx durable %llu consumed %llu echo %llu", ev.from, ev.to,
+                BallotString(ev.ack.ballot).c_str(), (U)ev.ack.stream_id,
+                (U)ev.ack.durable_index, (U)ev.ack.consumed_pos, (U)ev.ack.heartbeat_echo);
+      if (nd.paused) return;
+      Poll(ev.to);
+      Drain(ev.to);
+      return;
+    }
+    case Ev::kDisk: {
+      if (!nd.rep || nd.incarnation != ev.incarnation) return;  // lost with its process
+      if (nd.disk.empty() || nd.disk.front().seq != ev.seq) {
+        Fail(Format("r%d: disk completion %llu out of order", ev.to, (U)ev.seq));
+        return;
+      }
+      PersistOp op = std::move(nd.disk.front());
+      nd.disk.pop_front();
+      nd.disk_scheduled--;
+      ApplyDurable(ev.to, op);
+      if (nd.paused) {
+        nd.persisted_while_paused.push_back(op.seq);
+        return;
+      }
+      nd.rep->OnPersisted(now_, op.seq);
+      SyncRegion(ev.to);
+      Drain(ev.to);
+      return;
+    }
+    case Ev::kCrash: {
+      // Aimed crashes respect the fault budget: at most a minority down.
+      if (!nd.rep || nd.incarnation != ev.incarnation || !opt_.faults || !lossy_) return;
+      if (Down() >= (n_ - 1) / 2) return;
+      SIM_TRACE("fault: aimed crash of r%d", ev.to);
+      Crash(ev.to);
+      Event restart;
+      restart.kind = Ev::kRestart;
+      restart.to = ev.to;
+      Schedule(now_ + std::uniform_int_distribution<uint64_t>(opt_.restart_min_us,
+                                                              opt_.restart_max_us)(rng_),
+               std::move(restart));
+      return;
+    }
+    case Ev::kRestart: {
+      if (nd.rep) return;
+      SIM_TRACE("fault: restart r%d", ev.to);
+      StartReplica(ev.to);
+      return;
+    }
+    case Ev::kUnreachable: {
+      if (!nd.rep || nd.paused) return;
+      SIM_TRACE("r%d: peer r%d unreachable", ev.to, ev.from);
+      nd.rep->OnPeerUnreachable(now_, ev.from);
+      Drain(ev.to);
+      return;
+    }
+  }
+}
+
+// The replica reads the region of (promised, stream) when it is a backup,
+// as the daemon does (guard/daemon.cc, EnsureRegion); a change of either
+// gives it a fresh zeroed region, and writes into older ones are never read.
+void SimCluster::SyncRegion(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.rep) return;
+  const Replica& x = *nd.rep;
+  Ballot b = x.promised();
+  if (x.role() != Role::kBackup || b == 0 || BallotLeader(b) == r) {
+    nd.has_reader = false;
+    nd.reader.reset();
+    return;
+  }
+  RegionKey key{b, x.stream_id()};
+  if (nd.has_reader && nd.reading == key) return;
+  auto it = nd.regions.find(key);
+  if (it == nd.regions.end()) {
+    it = nd.regions.emplace(key, std::vector<uint8_t>(kControlBytes + opt_.ring_bytes, 0)).first;
+    nd.region_order.push_back(key);
+    while (nd.region_order.size() > 3) {  // older streams are never read again
+      nd.regions.erase(nd.region_order.front());
+      nd.region_order.pop_front();
+    }
+    SIM_TRACE("r%d: reads fresh region %s/%llx", r, BallotString(b).c_str(), (U)key.second);
+  }
+  nd.reading = key;
+  nd.has_reader = true;
+  nd.reader = std::make_unique<RingReader>(it->second.data() + kControlBytes, opt_.ring_bytes);
+  nd.last_control = ControlWord{};
+}
+
+void SimCluster::Poll(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.rep) return;
+  Replica& x = *nd.rep;
+  SyncRegion(r);
+  if (x.role() == Role::kLeader) {
+    for (int p = 0; p < n_; p++) {
+      if (p == r) continue;
+      AckWord w;
+      if (!ReadAck(nd.acks.data() + static_cast<size_t>(p) * kAckSlotBytes, &w)) continue;
+      if (memcmp(&w, &nd.last_acks[p], sizeof w) == 0) continue;
+      nd.last_acks[p] = w;
+      x.OnAck(now_, p, w);
+    }
+    return;
+  }
+  if (!nd.has_reader) return;
+  const RegionKey key = nd.reading;
+  const uint8_t* mem = nd.regions[key].data();
+  ControlWord cw;
+  if (ReadControl(mem, &cw) && memcmp(&cw, &nd.last_control, sizeof cw) != 0) {
+    nd.last_control = cw;
+    x.OnControl(now_, cw);
+  }
+  DecodedRecord rec;
+  for (int i = 0; i < 4096 && nd.has_reader && nd.reader->Peek(&rec); i++) {
+    Entry e;
+    e.index = rec.header.index;
+    e.ballot = rec.header.ballot;
+    e.type = static_cast<EntryType>(rec.header.type);
+    e.payload.assign(rec.payload.data(), rec.payload.size());  // copied out of the ring first
+    nd.reader->Consume(rec);
+    SIM_TRACE("r%d: record %llu (%s, ballot %s, %s) commit %llu in %s/%llx, next pos %llu", r,
+              (U)e.index, EntryTypeName(e.type), BallotString(e.ballot).c_str(),
+              Short(e.payload).c_str(), (U)rec.header.commit_index,
+              BallotString(key.first).c_str(), (U)key.second, (U)nd.reader->pos());
+    x.OnRecord(now_, key.first, key.second, e, rec.header.commit_index, nd.reader->pos());
+    if (x.promised() != key.first || x.stream_id() != key.second) {
+      SyncRegion(r);
+      break;
+    }
+  }
+}
+
+void SimCluster::ApplyDurable(int r, const PersistOp& op) {
+  DurableState& d = nodes_[r].durable;
+  if (op.promise != 0) {
+    if (op.promise < d.promised)
+      Fail(Format("r%d: durable promise goes back from %s to %s", r,
+                  BallotString(d.promised).c_str(), BallotString(op.promise).c_str()));
+    d.promised = std::max(d.promised, op.promise);
+  }
+  for (const Entry& e : op.entries) {
+    if (e.index < d.first_index) continue;  // below a truncation: committed long ago
+    uint64_t last = d.first_index + d.slots.size() - 1;
+    if (e.index == last + 1) {
+      d.slots.push_back(e);
+    } else if (e.index <= last) {
+      d.slots[e.index - d.first_index] = e;
+    } else {
+      Fail(Format("r%d: durable write of slot %llu leaves a gap after %llu", r, (U)e.index,
+                  (U)last));
+      return;
+    }
+  }
+  d.commit_index = std::max(d.commit_index, op.commit_index);
+  if (op.truncate_below > d.first_index) {
+    uint64_t drop = std::min<uint64_t>(op.truncate_below - d.first_index, d.slots.size());
+    d.slots.erase(d.slots.begin(), d.slots.begin() + static_cast<long>(drop));
+    d.first_index = op.truncate_below;
+  }
+  SIM_TRACE("r%d: durable seq %llu: promise %s, %zu entries, commit %llu, truncate %llu", r,
+            (U)op.seq, BallotString(op.promise).c_str(), op.entries.size(), (U)op.commit_index,
+            (U)op.truncate_below);
+}
+
+void SimCluster::ScheduleDisk(int r) {
+  Node& nd = nodes_[r];
+  if (nd.disk_held) return;
+  while (nd.disk_scheduled < nd.disk.size()) {
+    const PersistOp& op = nd.disk[nd.disk_scheduled++];
+    uint64_t hi = lossy_ && Chance(opt_.slow_disk_rate) ? opt_.slow_disk_max_us : opt_.disk_max_us;
+    uint64_t t = std::max(now_, nd.disk_free_at) +
+                 std::uniform_int_distribution<uint64_t>(opt_.disk_min_us, hi)(rng_);
+    nd.disk_free_at = t;
+    Event ev;
+    ev.kind = Ev::kDisk;
+    ev.to = r;
+    ev.incarnation = nd.incarnation;
+    ev.seq = op.seq;
+    Schedule(t, std::move(ev));
+  }
+}
+
+void SimCluster::Drain(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.rep) return;
+  Ready rd = nd.rep->TakeReady();
+  if (rd.lost_leadership) SIM_TRACE("r%d: lost leadership", r);
+  for (Message& m : rd.messages) {
+    if (m.to < 0 || m.to >= n_ || m.to == r || m.from != r) {
+      Fail(Format("r%d: message %s addressed from r%d to r%d", r, MessageTypeName(m.type), m.from,
+                  m.to));
+      return;
+    }
+    SIM_TRACE("r%d sends r%d: %s ballot %s stream %llx commit %llu promised %s entries %zu", r,
+              m.to, MessageTypeName(m.type), BallotString(m.ballot).c_str(), (U)m.stream_id,
+              (U)m.commit_index, BallotString(m.promised).c_str(), m.entries.size());
+    if (lossy_ && Chance(opt_.drop_rate)) {
+      SIM_TRACE("  (dropped)");
+      continue;
+    }
+    int copies = lossy_ && Chance(opt_.dup_rate) ? 2 : 1;
+    for (int c = 0; c < copies; c++) {
+      Event ev;
+      ev.kind = Ev::kMessage;
+      ev.to = m.to;
+      ev.from = r;
+      ev.msg = m;
+      Schedule(now_ + Delay(), std::move(ev));
+    }
+  }
+  for (PutOp& p : rd.puts) {
+    if (p.to < 0 || p.to >= n_ || p.to == r) {
+      Fail(Format("r%d: put addressed to r%d", r, p.to));
+      return;
+    }
+    SIM_TRACE("r%d puts r%d: %zu bytes at offset %llu of %s/%llx", r, p.to, p.bytes.size(),
+              (U)p.offset, BallotString(p.ballot).c_str(), (U)p.stream_id);
+    if (lossy_ && Chance(opt_.put_drop_rate)) {
+      SIM_TRACE("  (dropped)");
+      continue;
+    }
+    Event ev;
+    ev.kind = Ev::kPut;
+    ev.to = p.to;
+    ev.from = r;
+    ev.ballot = p.ballot;
+    ev.stream = p.stream_id;
+    if (lossy_ && p.bytes.size() > 1 && Chance(opt_.torn_put_rate)) {
+      // Torn: two parts land at independent times, so either may be seen alone.
+      size_t cut = 1 + rng_() % (p.bytes.size() - 1);
+      Event second = ev;
+      ev.offset = p.offset;
+      ev.bytes = p.bytes.substr(0, cut);
+      second.offset = p.offset + cut;
+      second.bytes = p.bytes.substr(cut);
+      SIM_TRACE("  (torn at %zu)", cut);
+      Schedule(now_ + Delay(), std::move(ev));
+      Schedule(now_ + Delay(), std::move(second));
+      continue;
+    }
+    ev.offset = p.offset;
+    ev.bytes = std::move(p.bytes);
+    Schedule(now_ + Delay(), std::move(ev));
+  }
+  for (ControlOp& c : rd.controls) {
+    if (lossy_ && Chance(opt_.drop_rate)) continue;
+    Event ev;
+    ev.kind = Ev::kControl;
+    ev.to = c.to;
+    ev.from = r;
+    ev.control = c.word;
+    Schedule(now_ + Delay(), std::move(ev));
+  }
+  for (AckOp& a : rd.acks) {
+    if (a.to < 0 || a.to >= n_ || a.to == r) {
+      Fail(Format("r%d: ack addressed to r%d", r, a.to));
+      return;
+    }
+    if (lossy_ && Chance(opt_.drop_rate)) continue;
+    Event ev;
+    ev.kind = Ev::kAck;
+    ev.to = a.to;
+    ev.from = r;
+    ev.ack = a.word;
+    Schedule(now_ + Delay(), std::move(ev));
+  }
+  for (PersistOp& op : rd.persists) {
+    SIM_TRACE("r%d: persist seq %llu: promise %s, %zu entries from %llu, commit %llu, truncate %llu",
+              r, (U)op.seq, BallotString(op.promise).c_str(), op.entries.size(),
+              (U)(op.entries.empty() ? 0 : op.entries.front().index), (U)op.commit_index,
+              (U)op.truncate_below);
+    // A crash aimed at the window before this write completes.
+    double aim = op.promise != 0 ? opt_.crash_on_promise_rate
+                 : nd.rep->role() == Role::kLeader && !op.entries.empty() ? opt_.crash_on_append_rate
+                                                                            : 0;
+    if (opt_.faults && lossy_ && Chance(aim)) {
+      Event ev;
+      ev.kind = Ev::kCrash;
+      ev.to = r;
+      ev.incarnation = nd.incarnation;
+      Schedule(now_ + rng_() % (2 * opt_.disk_max_us + 1), std::move(ev));
+    }
+    nd.disk.push_back(std::move(op));
+  }
+  ScheduleDisk(r);
+}
+
+int SimCluster::Down() const {
+  int d = 0;
+  for (const Node& nd : nodes_) d += !nd.rep || nd.paused;
+  return d;
+}
+
+// ---------------------------------------------------------------- invariants
+
+void SimCluster::CheckInvariants() {
+  if (failed()) return;
+  for (int r = 0; r < n_; r++) {
+    Node& nd = nodes_[r];
+    if (!nd.rep) continue;
+    const Replica& x = *nd.rep;
+    // One leader per ballot, and a ballot's leader is the replica it names.
+    if (x.role() == Role::kLeader) {
+      if (BallotLeader(x.promised()) != r) {
+        Fail(Format("r%d leads ballot %s of another replica", r, BallotString(x.promised()).c_str()));
+        return;
+      }
+      auto [it, fresh] = leaders_.emplace(x.promised(), std::make_pair(r, nd.incarnation));
+      if (!fresh && it->second != std::make_pair(r, nd.incarnation)) {
+        Fail(Format("two leaders for ballot %s: r%d incarnation %llu and r%d incarnation %llu",
+                    BallotString(x.promised()).c_str(), it->second.first, (U)it->second.second, r,
+                    (U)nd.incarnation));
+        return;
+      }
+      if (fresh) SIM_TRACE("r%d: leads ballot %s", r, BallotString(x.promised()).c_str());
+    }
+    // Agreement: every committed slot equals the first value ever committed there.
+    uint64_t c = x.commit_index();
+    if (c < nd.checked_upto) {
+      Fail(Format("r%d: commit index went back from %llu to %llu", r, (U)nd.checked_upto, (U)c));
+      return;
+    }
+    for (uint64_t i = std::max(nd.checked_upto, x.first_index() - 1) + 1; i <= c; i++) {
+      const Entry* e = x.At(i);
+      if (!e) {
+        Fail(Format("r%d: committed slot %llu missing (log [%llu, %llu])", r, (U)i,
+                    (U)x.first_index(), (U)x.last_index()));
+        return;
+      }
+      auto [it, fresh] = committed_.emplace(i, *e);
+      if (fresh) {
+        SIM_TRACE("committed %llu: %s %s (first seen on r%d)", (U)i, EntryTypeName(e->type),
+                  Short(e->payload).c_str(), r);
+      } else if (!SameValue(it->second, *e)) {
+        Fail(Format("agreement: r%d committed slot %llu = %s '%s' but it was committed as %s '%s'",
+                    r, (U)i, EntryTypeName(e->type), Short(e->payload).c_str(),
+                    EntryTypeName(it->second.type), Short(it->second.payload).c_str()));
+        return;
+      }
+    }
+    nd.checked_upto = c;
+    // Client proposals at r that r now reports committed are acknowledged.
+    auto& pend = pending_[r];
+    while (!pend.empty() && pend.begin()->first <= c) {
+      Tracked t = std::move(pend.begin()->second);
+      pend.erase(pend.begin());
+      if (t.incarnation != nd.incarnation) continue;
+      const Entry* e = x.At(t.index);
+      if (!e || !SameValue(*e, t.entry)) continue;  // lost before commit: never acknowledged
+      auto it = committed_.find(t.index);
+      if (it == committed_.end() || !SameValue(it->second, t.entry)) {
+        Fail(Format("acknowledged slot %llu not in the committed record", (U)t.index));
+        return;
+      }
+      t.acked = true;
+      SIM_TRACE("acknowledged %llu at r%d: %s", (U)t.index, r, Short(t.entry.payload).c_str());
+      acked_.push_back(std::move(t));
+    }
+  }
+}
+
+void SimCluster::CheckAcknowledged() {
+  for (const Tracked& t : acked_) {
+    auto it = committed_.find(t.index);
+    if (it == committed_.end() || !SameValue(it->second, t.entry)) {
+      Fail(Format("durability: acknowledged slot %llu lost", (U)t.index));
+      return;
+    }
+    for (int r = 0; r < n_; r++) {
+      const Replica* x = replica(r);
+      if (!x || x->commit_index() < t.index) continue;
+      const Entry* e = x->At(t.index);
+      if (e && !SameValue(*e, t.entry)) {
+        Fail(Format("durability: r%d holds %s at acknowledged slot %llu, not %s", r,
+                    Short(e->payload).c_str(), (U)t.index, Short(t.entry.payload).c_str()));
+        return;
+      }
+    }
+  }
+  // Whole committed prefixes, not only what was checked incrementally.
+  for (int r = 0; r < n_; r++) {
+    const Replica* x = replica(r);
+    if (!x) continue;
+    for (uint64_t i = x->first_index(); i <= x->commit_index(); i++) {
+      auto it = committed_.find(i);
+      if (it == committed_.end() || !SameValue(it->second, *x->At(i))) {
+        Fail(Format("agreement: r%d slot %llu differs from the committed record", r, (U)i));
+        return;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- controls
+
+void SimCluster::Crash(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.rep) return;
+  SIM_TRACE("r%d: CRASH (%zu durable writes pending are lost)", r, nd.disk.size());
+  crashes_++;
+  nd.rep.reset();
+  nd.paused = false;
+  nd.disk.clear();
+  nd.disk_scheduled = 0;
+  nd.regions.clear();
+  nd.region_order.clear();
+  nd.has_reader = false;
+  nd.reader.reset();
+  nd.deferred.clear();
+  nd.persisted_while_paused.clear();
+  pending_[r].clear();  // their outcome is unknown to the client
+  // The transport of some peers notices the lost connection.
+  for (int p = 0; p < n_; p++) {
+    if (p == r || !nodes_[p].rep || !Chance(opt_.unreachable_notice_rate)) continue;
+    Event ev;
+    ev.kind = Ev::kUnreachable;
+    ev.to = p;
+    ev.from = r;
+    Schedule(now_ + Delay() + 1000, std::move(ev));
+  }
+}
+
+void SimCluster::Restart(int r) {
+  if (nodes_[r].rep) return;
+  try {
+    StartReplica(r);
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+}
+
+void SimCluster::Pause(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.rep || nd.paused) return;
+  SIM_TRACE("r%d: PAUSE (%s %s)", r, RoleName(nd.rep->role()),
+            BallotString(nd.rep->promised()).c_str());
+  nd.paused = true;
+}
+
+void SimCluster::Resume(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.rep || !nd.paused) return;
+  SIM_TRACE("r%d: RESUME (%zu messages, %zu durable writes waiting)", r, nd.deferred.size(),
+            nd.persisted_while_paused.size());
+  nd.paused = false;
+  try {
+    std::vector<Message> msgs;
+    msgs.swap(nd.deferred);
+    std::vector<uint64_t> done;
+    done.swap(nd.persisted_while_paused);
+    // What happened during the pause is seen in one go: the clock jumped.
+    nd.rep->Tick(now_);
+    Drain(r);
+    for (uint64_t seq : done) {
+      nd.rep->OnPersisted(now_, seq);
+      Drain(r);
+    }
+    for (const Message& m : msgs) {
+      if (!links_[m.from][r]) continue;
+      nd.rep->OnMessage(now_, m);
+      SyncRegion(r);
+      Drain(r);
+    }
+    Poll(r);
+    Drain(r);
+    CheckInvariants();
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+}
+
+void SimCluster::SetLink(int from, int to, bool connected) {
+  if (links_[from][to] != connected)
+    SIM_TRACE("link r%d -> r%d %s", from, to, connected ? "restored" : "CUT");
+  links_[from][to] = connected;
+}
+
+void SimCluster::Partition(const std::set<int>& side) {
+  for (int a = 0; a < n_; a++)
+    for (int b = 0; b < n_; b++)
+      if (a != b && side.count(a) != side.count(b)) SetLink(a, b, false);
+}
+
+void SimCluster::Heal() {
+  for (int a = 0; a < n_; a++)
+    for (int b = 0; b < n_; b++)
+      if (a != b) SetLink(a, b, true);
+}
+
+void SimCluster::HoldDisk(int r, bool hold) {
+  nodes_[r].disk_held = hold;
+  if (!hold && nodes_[r].rep) ScheduleDisk(r);
+}
+
+ProposeResult SimCluster::Propose(int r, EntryType type, std::string payload) {
+  ProposeResult res;
+  Node& nd = nodes_[r];
+  if (!nd.rep || nd.paused) {
+    res.error = "replica down";
+    return res;
+  }
+  try {
+    std::string shown = Short(payload);
+    res = nd.rep->Propose(now_, type, std::move(payload));
+    SIM_TRACE("r%d: propose %s -> %s %llu %s", r, shown.c_str(), res.ok ? "index" : "refused",
+              (U)res.index, res.error.c_str());
+    Drain(r);
+    CheckInvariants();
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+  return res;
+}
+
+void SimCluster::Track(int r, uint64_t index, EntryType type, const std::string& payload) {
+  Tracked t;
+  t.replica = r;
+  t.incarnation = nodes_[r].incarnation;
+  t.index = index;
+  t.entry.index = index;
+  t.entry.type = type;
+  t.entry.payload = payload;
+  pending_[r][index] = std::move(t);
+  CheckInvariants();
+}
+
+bool SimCluster::TruncateBelow(int r, uint64_t index) {
+  Node& nd = nodes_[r];
+  if (!nd.rep || nd.paused) return false;
+  bool ok = false;
+  try {
+    ok = nd.rep->TruncateBelow(index);
+    SIM_TRACE("r%d: truncate below %llu -> %s (log [%llu, %llu])", r, (U)index,
+              ok ? "ok" : "refused", (U)nd.rep->first_index(), (U)nd.rep->last_index());
+    Drain(r);
+    CheckInvariants();
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+  return ok;
+}
+
+int SimCluster::Leader() const {
+  int best = -1;
+  for (int r = 0; r < n_; r++) {
+    const Replica* x = replica(r);
+    if (!x || nodes_[r].paused || x->role() != Role::kLeader) continue;
+    if (best < 0 || x->promised() > replica(best)->promised()) best = r;
+  }
+  return best;
+}
+
+bool SimCluster::AllCommitted(uint64_t index) const {
+  for (int r = 0; r < n_; r++) {
+    const Replica* x = replica(r);
+    if (!x || x->commit_index() < index) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- the randomized run
+
+namespace {
+
+uint64_t Uniform(std::mt19937_64& rng, uint64_t lo, uint64_t hi) {
+  return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+}
+
+// Next time of a Poisson-ish process with the given mean (0: never).
+uint64_t NextAt(std::mt19937_64& rng, uint64_t now, uint64_t mean) {
+  if (mean == 0) return UINT64_MAX;
+  return now + 1 + Uniform(rng, 0, 2 * mean);
+}
+
+std::string MakePayload(std::mt19937_64& rng, const SimOptions& opt, uint64_t n, uint64_t limit) {
+  std::string p = "s" + std::to_string(opt.seed) + "-" + std::to_string(n);
+  double x = std::uniform_real_distribution<double>(0, 1)(rng);
+  size_t pad;
+  if (x < opt.huge_payload_rate) {
+    pad = limit > p.size() + 64 ? limit - p.size() - Uniform(rng, 0, 64) : 0;
+  } else if (x < opt.huge_payload_rate + opt.large_payload_rate) {
+    pad = Uniform(rng, 1000, 8000);
+  } else {
+    pad = Uniform(rng, 0, 40);
+  }
+  p.push_back(':');
+  for (size_t i = 0; i < pad; i++) p.push_back(static_cast<char>('a' + (n + i) % 26));
+  return p;
+}
+
+SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
+  SimResult res;
+  SimCluster c(opt);
+  c.KeepTrace(keep_trace);
+  std::mt19937_64& rng = c.rng();
+  const int n = opt.replicas;
+  const int tolerate = (n - 1) / 2;  // replicas that may be down at once
+  const uint64_t end = opt.duration_us;
+  const uint64_t kNever = UINT64_MAX;
+
+  uint64_t next_propose = NextAt(rng, 0, opt.propose_every_us);
+  uint64_t next_crash = opt.faults ? NextAt(rng, 0, opt.crash_every_us) : kNever;
+  uint64_t next_partition = opt.faults ? NextAt(rng, 0, opt.partition_every_us) : kNever;
+  uint64_t next_pause = opt.faults ? NextAt(rng, 0, opt.pause_every_us) : kNever;
+  uint64_t next_truncate = NextAt(rng, 0, opt.truncate_every_us);
+  uint64_t next_check = 1000;
+  std::vector<uint64_t> restart_at(n, kNever);
+  uint64_t heal_at = kNever;
+  int paused = -1;
+  Ballot paused_ballot = 0;
+  uint64_t resume_at = kNever;
+  bool resume_soon = false;
+  uint64_t proposals = 0;
+
+  auto down = [&] {
+    int d = 0;
+    for (int r = 0; r < n; r++) d += !c.up(r) || c.paused(r);
+    return d;
+  };
+
+  while (!c.failed()) {
+    uint64_t t = std::min({end, next_propose, next_crash, next_partition, next_pause,
+                           next_truncate, next_check, heal_at, resume_at});
+    for (uint64_t x : restart_at) t = std::min(t, x);
+    c.RunUntilTime(t);
+    if (c.failed() || t >= end) break;
+    for (int r = 0; r < n; r++) {
+      if (restart_at[r] == t) {
+        restart_at[r] = kNever;
+        if (c.tracing()) c.Trace("fault: restart r" + std::to_string(r));
+        c.Restart(r);
+      }
+    }
+    if (t == heal_at) {
+      heal_at = kNever;
+      if (c.tracing()) c.Trace("fault: heal");
+      c.Heal();
+    }
+    if (paused >= 0 && t == next_check && !resume_soon) {
+      // Resume the paused leader a little after another leader took over.
+      for (int r = 0; r < n; r++) {
+        const Replica* x = c.replica(r);
+        if (r != paused && x && x->role() == Role::kLeader && x->promised() > paused_ballot &&
+            !resume_soon) {
+          resume_at = std::min(resume_at, t + Uniform(rng, 1, 5000));
+          resume_soon = true;
+        }
+      }
+    }
+    if (paused >= 0 && t == resume_at) {
+      if (c.tracing()) c.Trace("fault: resume r" + std::to_string(paused));
+      c.Resume(paused);
+      paused = -1;
+      resume_at = kNever;
+    }
+    if (t == next_check) next_check = t + 1000;
+    if (t == next_crash) {
+      next_crash = NextAt(rng, t, opt.crash_every_us);
+      if (down() < tolerate) {
+        int victim = c.Leader();
+        if (victim < 0 || !std::bernoulli_distribution(opt.crash_leader_bias)(rng)) {
+          victim = static_cast<int>(Uniform(rng, 0, n - 1));
+        }
+        if (c.up(victim)) {
+          if (c.tracing()) c.Trace("fault: crash r" + std::to_string(victim));
+          if (victim == paused) {
+            paused = -1;
+            resume_at = kNever;
+          }
+          c.Crash(victim);
+          restart_at[victim] = t + Uniform(rng, opt.restart_min_us, opt.restart_max_us);
+        }
+      }
+    }
+    if (t == next_partition) {
+      next_partition = NextAt(rng, t, opt.partition_every_us);
+      if (heal_at == kNever) {
+        if (std::bernoulli_distribution(0.3)(rng)) {  // one direction of one link
+          int a = static_cast<int>(Uniform(rng, 0, n - 1));
+          int b = static_cast<int>(Uniform(rng, 0, n - 1));
+          if (a != b) {
+            if (c.tracing()) c.Trace(Format("fault: cut r%d -> r%d", a, b));
+            c.SetLink(a, b, false);
+          }
+        } else {
+          std::set<int> side;
+          for (int r = 0; r < n; r++)
+            if (rng() & 1) side.insert(r);
+          if (!side.empty() && static_cast<int>(side.size()) < n) {
+            std::string s;
+            for (int r : side) s += " r" + std::to_string(r);
+            if (c.tracing()) c.Trace("fault: partition {" + s + " } from the rest");
+            c.Partition(side);
+          }
+        }
+        heal_at = t + Uniform(rng, opt.partition_min_us, opt.partition_max_us);
+      }
+    }
+    if (t == next_pause) {
+      next_pause = NextAt(rng, t, opt.pause_every_us);
+      int l = c.Leader();
+      if (paused < 0 && l >= 0 && down() < tolerate) {
+        paused = l;
+        paused_ballot = c.replica(l)->promised();
+        if (c.tracing()) c.Trace("fault: pause leader r" + std::to_string(l));
+        c.Pause(l);
+        // Usually resumed after a takeover (checked every ms), sometimes
+        // before anyone noticed; at the latest after pause_max_us.
+        resume_soon = std::bernoulli_distribution(0.2)(rng);
+        resume_at = t + (resume_soon ? Uniform(rng, 100, 15000) : opt.pause_max_us);
+      }
+    }
+    if (t == next_truncate) {
+      next_truncate = NextAt(rng, t, opt.truncate_every_us);
+      // Below what every replica holds durably as committed, so no replica
+      // ever needs a snapshot (checkpoints are the guard's business).
+      uint64_t limit = UINT64_MAX;
+      for (int r = 0; r < n; r++) {
+        const DurableState& d = c.durable(r);
+        uint64_t last = d.first_index + d.slots.size() - 1;
+        limit = std::min(limit, std::min(d.commit_index, last) + 1);
+      }
+      int r = static_cast<int>(Uniform(rng, 0, n - 1));
+      const Replica* x = c.replica(r);
+      if (x && limit > x->first_index()) {
+        uint64_t below = Uniform(rng, x->first_index() + 1, limit);
+        c.TruncateBelow(r, below);
+      }
+    }
+    if (t == next_propose) {
+      next_propose = NextAt(rng, t, opt.propose_every_us);
+      int l = c.Leader();
+      if (l >= 0) {
+        const Replica* x = c.replica(l);
+        std::string p = MakePayload(rng, opt, proposals++, x->max_payload());
+        EntryType type = (rng() % 16 == 0) ? EntryType::kOutputCheck : EntryType::kInput;
+        ProposeResult pr = c.Propose(l, type, p);
+        if (pr.ok) c.Track(l, pr.index, type, p);
+      }
+    }
+  }
+
+  // The end: heal everything and require progress.
+  if (!c.failed()) {
+    if (c.tracing()) c.Trace("end of faults: heal, resume, restart");
+    c.SetLossy(false);
+    c.Heal();
+    for (int r = 0; r < n; r++) {
+      if (c.paused(r)) c.Resume(r);
+      if (!c.up(r)) c.Restart(r);
+    }
+    c.RunFor(opt.quiet_us);
+  }
+  if (!c.failed()) {
+    uint64_t deadline = c.now() + opt.progress_timeout_us;
+    int probe_at = -1;
+    uint64_t probe_inc = 0, probe_index = 0;
+    std::string probe;
+    int probes = 0;
+    bool done = false;
+    while (!c.failed() && c.now() < deadline) {
+      c.RunFor(1000);
+      if (probe_at >= 0) {
+        const Replica* x = c.replica(probe_at);
+        const Entry* e = x ? x->At(probe_index) : nullptr;
+        if (c.incarnation(probe_at) != probe_inc || !e || e->payload != probe) {
+          probe_at = -1;  // lost with its leader; propose again
+        } else if (c.AllCommitted(probe_index)) {
+          bool all = true;
+          for (int r = 0; r < n; r++) {
+            const Entry* f = c.replica(r)->At(probe_index);
+            if (f && f->payload != probe) all = false;
+          }
+          if (!all) {
+            c.Fail("probe committed with different values");
+            break;
+          }
+          done = true;
+          break;
+        }
+      }
+      if (probe_at < 0) {
+        int l = c.Leader();
+        if (l < 0) continue;
+        probe = "probe-" + std::to_string(opt.seed) + "-" + std::to_string(probes++);
+        ProposeResult pr = c.Propose(l, EntryType::kInput, probe);
+        if (pr.ok) {
+          probe_at = l;
+          probe_inc = c.incarnation(l);
+          probe_index = pr.index;
+          c.Track(l, pr.index, EntryType::kInput, probe);
+        }
+      }
+    }
+    if (!c.failed() && !done) {
+      std::string state;
+      for (int r = 0; r < n; r++) {
+        const Replica* x = c.replica(r);
+        state += Format(" r%d:%s/%s/c%llu/l%llu", r, x ? RoleName(x->role()) : "down",
+                        x ? BallotString(x->promised()).c_str() : "-",
+                        (U)(x ? x->commit_index() : 0), (U)(x ? x->last_index() : 0));
+      }
+      c.Fail(Format("progress: no proposal committed on all replicas within %llums after the "
+                    "faults healed (probe %s at index %llu;%s)",
+                    (U)(opt.progress_timeout_us / 1000), probe.c_str(), (U)probe_index,
+                    state.c_str()));
+    }
+  }
+  if (!c.failed()) c.CheckAcknowledged();
+
+  res.ok = !c.failed();
+  res.committed = c.MaxCommitted();
+  res.acknowledged = c.acknowledged();
+  res.elections = c.elections();
+  res.crashes = c.crashes();
+  res.steps = c.steps();
+  res.summary = Format(
+      "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
+      "elections %llu, crashes %llu, steps %llu",
+      (U)opt.seed, n, (U)(c.now() / 1000), res.ok ? "ok" : "VIOLATION", (U)res.committed,
+      (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps);
+  if (!res.ok) {
+    res.violation = c.violation();
+    if (keep_trace) res.violation += "\nlast events:\n" + c.TraceTail();
+  }
+  return res;
+}
+
+}  // namespace
+
+SimResult RunSimulation(const SimOptions& options) {
+  // Tracing costs; a failing run is replayed with the trace on (deterministic).
+  bool trace = options.verbose;
+  SimResult r = RunOnce(options, trace);
+  if (!r.ok && !trace) {
+    SimResult again = RunOnce(options, true);
+    if (again.violation.compare(0, r.violation.size(), r.violation) != 0) {
+      r.violation += "\n(NONDETERMINISM: the replay found: " + again.violation + ")";
+    } else {
+      r.violation = again.violation;
+    }
+  }
+  return r;
+}
+
+}  // namespace lockstep
