@@ -63,7 +63,17 @@ bool RingReader::Peek(DecodedRecord* rec) {
       pos_ += left;
       continue;
     }
-    if (DecodeRecord(ring_ + off, left, pos_, rec) != DecodeStatus::kOk) return false;
+    // Copy header, then the whole record, then check the copy.
+    RecordHeader h;
+    memcpy(&h, ring_ + off, sizeof h);
+    if (h.magic != kRecordMagic || h.position != pos_ || h.payload_len > kMaxPayload) return false;
+    size_t size = RecordSize(h.payload_len);
+    if (size > left) return false;
+    copy_.resize(size);
+    memcpy(copy_.data(), ring_ + off, size);
+    if (DecodeRecord(reinterpret_cast<const uint8_t*>(copy_.data()), size, pos_, rec) !=
+        DecodeStatus::kOk)
+      return false;
     if (static_cast<EntryType>(rec->header.type) == EntryType::kWrap) {
       pos_ += left;
       continue;

@@ -73,11 +73,15 @@ inline uint64_t MaxRegionPayload(uint64_t ring_bytes) {
 }
 
 // Backup side: walks the ring, returning each complete record in order.
+// Records are copied out of the ring before they are checked: a writer we no
+// longer listen to (a deposed leader; over UCX's tcp transport puts are not
+// checked against any key at the target) may scribble on the ring at any
+// time, and what was checked must be what is used.
 class RingReader {
  public:
   RingReader(const uint8_t* ring, uint64_t ring_bytes) : ring_(ring), ring_bytes_(ring_bytes) {}
   // True if a valid slot record is at the current position; fills rec (its
-  // payload points into the ring: copy it before ConsumeCurrent()).
+  // payload points into the reader's private copy, valid until the next Peek).
   bool Peek(DecodedRecord* rec);
   void Consume(const DecodedRecord& rec) { pos_ += rec.size; }
   uint64_t pos() const { return pos_; }
@@ -86,6 +90,7 @@ class RingReader {
   const uint8_t* ring_;
   uint64_t ring_bytes_;
   uint64_t pos_ = 0;
+  std::string copy_;
 };
 
 }  // namespace lockstep

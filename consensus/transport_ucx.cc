@@ -58,6 +58,7 @@ struct UcxTransport::Peer {
   std::string dead_reason;
   size_t pending_bytes = 0;     // copied puts not yet completed locally
   std::vector<RemoteId> remotes;
+  std::vector<ucp_rkey_h> retired_rkeys;  // detached while puts were in flight
 };
 
 struct UcxTransport::Remote {
@@ -67,13 +68,14 @@ struct UcxTransport::Remote {
   size_t size = 0;
 };
 
-struct UcxTransport::Block {
+// Header of a malloc'd copy buffer; the bytes follow it (data()).
+struct alignas(64) UcxTransport::Block {
   UcxTransport* owner;
   Peer* peer;       // for pending-byte accounting (null for doorbells)
   size_t len;       // bytes in use
   size_t capacity;
   int cls;          // size class, or -1 if not pooled
-  alignas(64) uint8_t data[];
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(this + 1); }
 };
 
 // UCX callbacks. Each one runs inside ucp_worker_progress (or an ep close);
@@ -93,10 +95,12 @@ struct UcxTransportCallbacks {
 
   static void AmSendDone(void* request, ucs_status_t status, void* user_data) {
     auto* block = static_cast<UcxTransport::Block*>(user_data);
+    UcxTransport* t = block->owner;
     if (status != UCS_OK && status != UCS_ERR_CANCELED && block->peer != nullptr &&
         !block->peer->dead) {
       MarkDead(block->peer, StatusString("doorbell failed", status));
     }
+    if (t->stats_.doorbells_pending > 0) --t->stats_.doorbells_pending;
     block->owner->ReleaseBlock(block);
     ucp_request_free(request);
   }
@@ -106,7 +110,7 @@ struct UcxTransportCallbacks {
                                const ucp_am_recv_param_t* /*param*/) {
     auto* t = static_cast<UcxTransport*>(arg);
     uint64_t tag = 0;
-    std::memcpy(&tag, header, std::min(header_length, sizeof(tag)));
+    if (header != nullptr) std::memcpy(&tag, header, std::min(header_length, sizeof(tag)));
     t->queued_doorbells_.push_back(tag);
     ++t->stats_.doorbells_received;
     return UCS_OK;  // we keep no reference to the data
@@ -146,6 +150,7 @@ bool UcxTransport::Init(const Options& options, std::string* error) {
   if (page > 0) page_size_ = static_cast<size_t>(page);
   free_blocks_.resize(kMaxPooledClass + 1);
   max_pending_bytes_ = options.max_pending_bytes_per_peer;
+  flush_spin_us_ = std::max(options.flush_spin_us, 0);
 
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
@@ -239,12 +244,19 @@ bool UcxTransport::Init(const Options& options, std::string* error) {
 
 UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) {
+    // Close endpoints first (force: completes or cancels their requests), then
+    // release rkeys that pending puts might still have referenced.
+    for (auto& peer : peers_) {
+      if (peer && !peer->closed && peer->ep != nullptr) CloseEp(peer.get(), true, 1000);
+    }
     for (auto& remote : remotes_) {
       if (remote && remote->rkey != nullptr) ucp_rkey_destroy(remote->rkey);
     }
     remotes_.clear();
     for (auto& peer : peers_) {
-      if (peer && !peer->closed && peer->ep != nullptr) CloseEp(peer.get(), true, 1000);
+      if (!peer) continue;
+      for (ucp_rkey_h rkey : peer->retired_rkeys) ucp_rkey_destroy(rkey);
+      peer->retired_rkeys.clear();
     }
   }
   if (context_ != nullptr) {
@@ -398,13 +410,17 @@ void UcxTransport::CloseEp(Peer* peer, bool force, int timeout_ms) {
 void UcxTransport::Disconnect(PeerId id, int flush_timeout_ms) {
   Peer* peer = GetPeer(id);
   if (peer == nullptr) return;
-  for (RemoteId r : std::vector<RemoteId>(peer->remotes)) DetachRemote(r);
   if (!peer->dead && flush_timeout_ms > 0) {
     std::string ignored;
     Flush(id, flush_timeout_ms, &ignored);
   }
-  // Force: never waits for a handshake with a peer that may be gone.
+  // Force: never waits for a handshake with a peer that may be gone. It also
+  // completes (with an error) every request still queued on the endpoint.
+  std::vector<RemoteId> remotes = peer->remotes;
   CloseEp(peer, /*force=*/true, 1000);
+  for (RemoteId r : remotes) DetachRemote(r);
+  for (ucp_rkey_h rkey : peer->retired_rkeys) ucp_rkey_destroy(rkey);
+  peer->retired_rkeys.clear();
   // Drop a not-yet-delivered error report for this peer.
   queued_errors_.erase(std::remove_if(queued_errors_.begin(), queued_errors_.end(),
                                       [id](const auto& e) { return e.first == id; }),
@@ -462,9 +478,17 @@ void UcxTransport::DetachRemote(RemoteId rid) {
   if (rid < 0 || static_cast<size_t>(rid) >= remotes_.size()) return;
   auto& remote = remotes_[static_cast<size_t>(rid)];
   if (!remote) return;
-  auto& list = remote->peer->remotes;
+  Peer* peer = remote->peer;
+  auto& list = peer->remotes;
   list.erase(std::remove(list.begin(), list.end(), rid), list.end());
-  if (remote->rkey != nullptr) ucp_rkey_destroy(remote->rkey);
+  if (remote->rkey != nullptr) {
+    if (peer->pending_bytes > 0 && !peer->closed) {
+      // A queued put may still use this rkey: keep it until the endpoint is closed.
+      peer->retired_rkeys.push_back(remote->rkey);
+    } else {
+      ucp_rkey_destroy(remote->rkey);
+    }
+  }
   remote.reset();
 }
 
@@ -479,7 +503,8 @@ UcxTransport::Block* UcxTransport::GetBlock(size_t len) {
     return b;
   }
   size_t capacity = cls <= kMaxPooledClass ? (size_t{1} << cls) : len;
-  void* mem = std::malloc(sizeof(Block) + capacity);
+  void* mem = std::aligned_alloc(alignof(Block), (sizeof(Block) + capacity + alignof(Block) - 1) /
+                                                     alignof(Block) * alignof(Block));
   if (mem == nullptr) return nullptr;
   Block* b = static_cast<Block*>(mem);
   b->owner = this;
@@ -565,11 +590,11 @@ bool UcxTransport::Put(RemoteId rid, size_t offset, const void* data, size_t len
     SetError(error, "Put: out of memory");
     return false;
   }
-  std::memcpy(block->data, data, len);
+  std::memcpy(block->data(), data, len);
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &UcxTransportCallbacks::PutDone;
   param.user_data = block;
-  sp = ucp_put_nbx(peer->ep, block->data, len, r.addr + offset, r.rkey, &param);
+  sp = ucp_put_nbx(peer->ep, block->data(), len, r.addr + offset, r.rkey, &param);
   ++stats_.puts_copied;
   if (sp == nullptr) {
     ReleaseBlock(block);
@@ -603,7 +628,7 @@ bool UcxTransport::Ring(PeerId id, uint64_t tag, std::string* error) {
     SetError(error, "Ring: out of memory");
     return false;
   }
-  std::memcpy(block->data, &tag, sizeof(tag));
+  std::memcpy(block->data(), &tag, sizeof(tag));
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -611,34 +636,43 @@ bool UcxTransport::Ring(PeerId id, uint64_t tag, std::string* error) {
   param.cb.send = &UcxTransportCallbacks::AmSendDone;
   param.user_data = block;
   ucs_status_ptr_t sp =
-      ucp_am_send_nbx(peer->ep, kDoorbellAmId, block->data, sizeof(tag), nullptr, 0, &param);
+      ucp_am_send_nbx(peer->ep, kDoorbellAmId, block->data(), sizeof(tag), nullptr, 0, &param);
   if (sp == nullptr) {
     ReleaseBlock(block);
   } else if (UCS_PTR_IS_ERR(sp)) {
     ReleaseBlock(block);
     SetError(error, StatusString("ucp_am_send_nbx", UCS_PTR_STATUS(sp)));
     return false;
+  } else {
+    ++stats_.doorbells_pending;  // AmSendDone releases the block and the request
   }
   ++stats_.doorbells_sent;
   return true;
 }
 
 void UcxTransport::DeliverQueued() {
-  // Swap out first: handlers may call back into the transport, which may queue more.
-  if (!queued_doorbells_.empty()) {
-    delivering_doorbells_.swap(queued_doorbells_);
-    for (uint64_t tag : delivering_doorbells_) {
-      if (doorbell_handler_) doorbell_handler_(tag);
+  // Handlers may call back into the transport (Put, Ring, even Progress);
+  // a nested call leaves delivery to the outermost one.
+  if (in_delivery_) return;
+  in_delivery_ = true;
+  for (int round = 0; round < 4 && (!queued_doorbells_.empty() || !queued_errors_.empty());
+       ++round) {
+    if (!queued_doorbells_.empty()) {
+      delivering_doorbells_.swap(queued_doorbells_);
+      for (uint64_t tag : delivering_doorbells_) {
+        if (doorbell_handler_) doorbell_handler_(tag);
+      }
+      delivering_doorbells_.clear();
     }
-    delivering_doorbells_.clear();
-  }
-  if (!queued_errors_.empty()) {
-    auto errors = std::move(queued_errors_);
-    queued_errors_.clear();
-    for (auto& [id, message] : errors) {
-      if (error_handler_ && GetPeer(id) != nullptr) error_handler_(id, message);
+    if (!queued_errors_.empty()) {
+      auto errors = std::move(queued_errors_);
+      queued_errors_.clear();
+      for (auto& [id, message] : errors) {
+        if (error_handler_ && GetPeer(id) != nullptr) error_handler_(id, message);
+      }
     }
   }
+  in_delivery_ = false;
 }
 
 bool UcxTransport::Progress() {
@@ -680,7 +714,7 @@ bool UcxTransport::Flush(PeerId id, int timeout_ms, std::string* error) {
     return false;
   }
   const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(200);
+  const auto spin_until = start + std::chrono::microseconds(flush_spin_us_);
   const auto deadline = start + std::chrono::milliseconds(std::max(timeout_ms, 0));
   ucs_status_t status = UCS_INPROGRESS;
   while (true) {

@@ -5,24 +5,49 @@
 // UCS_THREAD_MODE_SINGLE). No exceptions cross this API; failures come back as
 // false / -1 / nullptr plus a message in *error.
 //
-// What the transport guarantees, per kind (UCX 1.13.1, measured in
-// tools/ucx_probe.cc):
+// What the transport does, per kind (UCX 1.13.1; numbers from tools/ucx_probe.cc
+// on the 2-core dev VM, two processes):
 //  - kShm  (UCX_TLS=posix,sysv,cma,self): regions are allocated by UCX's sysv
 //          memory domain (ucp_mem_map with UCP_MEM_MAP_ALLOCATE), so a Put is
-//          a memcpy into the peer's segment. It lands with no action by the
-//          target and raises no event there. Peer death is found by UCX's
-//          keepalive (a pid check), which runs only inside Progress()/Flush():
-//          call Progress() at least every few milliseconds.
-//  - kTcp  (UCX_TLS=tcp,self): a Put lands only when the target calls
-//          Progress(); the target's EventFd() becomes readable when data
-//          arrives (after Arm()). Peer death shows up as a socket error.
+//          a memcpy into the peer's segment (64 B put+flush ~0.07 us). It lands
+//          with no action by the target and raises no event there. Doorbells
+//          are active messages; the sender also signals the target's abstract
+//          unix socket, which wakes its EventFd (~45 us).
+//  - kTcp  (UCX_TLS=tcp,self): puts are UCX "sw RMA" (active messages): a Put
+//          lands only when the target calls Progress(); the target's EventFd()
+//          becomes readable when data arrives (after Arm()). 64 B put+flush
+//          ~17 us with the target polling, ~35 us with it asleep in epoll.
 //  - kAuto: UCX's own choice (rc/dc on an RDMA NIC, shm on one host, tcp).
 //
-// A Put completes locally before it returns (the caller may reuse its
-// buffer). It is complete at the target only after Flush() returned true.
-// Doorbells and peer errors are queued inside UCX callbacks and delivered to
-// the handlers from Progress(), never from inside UCX, so handlers may call
-// back into the transport (Put, Ring, Disconnect...).
+// Peer death (UCP_ERR_HANDLING_MODE_PEER) is reported through the error
+// handler. Over shm it is found by UCX keepalive, a check of the peer's pid
+// that runs only inside Progress()/Flush() (every keepalive_ms); over tcp by
+// the socket error. Call Progress() regularly.
+//
+// Gotchas (all measured or read in UCX 1.13.1 sources):
+//  - Shared-memory transports need UCX_MM_ERROR_HANDLING=y to be usable with
+//    UCP_ERR_HANDLING_MODE_PEER (set here); otherwise ucp_ep_create fails with
+//    "Destination is unreachable".
+//  - kShm peers must share the IPC namespace (else unreachable) and the PID
+//    namespace (keepalive checks the peer's own getpid(): across PID
+//    namespaces a killed peer is never detected). Across network namespaces
+//    puts work but active messages do not (the wake-up signal is an abstract
+//    unix socket, which is per network namespace): Ring() is silently never
+//    delivered, and stats().doorbells_pending grows. Use kTcp across netns.
+//  - Over tcp the target writes a put to the raw address in the message
+//    without checking any key (ucp_put_handler memcpy's to puth->address).
+//    Unmapping a region does not revoke a peer's access: a stale peer's put
+//    then corrupts whatever memory is at that address. Only RDMA revokes.
+//  - Over shm a put to an address outside the rkey's segment crashes the
+//    *sender*; Put() checks the range given to AttachRemote, so that size must
+//    be right.
+//  - ucp_put_nbx can complete a put immediately only up to 127 bytes (UCX
+//    caches max_put_short in an int8_t); larger puts are copied into a pooled
+//    buffer first (over shm they then complete at once; ~0.14 us for 4 KiB).
+//  - UCX is not fork-safe: create transports after fork(), in the child.
+//  - UCX installs SIGSEGV/SIGBUS/... handlers that print a backtrace
+//    (UCX_HANDLE_ERRORS, an environment-only setting) and hooks malloc/mmap
+//    (UCX_MEM_MALLOC_HOOKS) process-wide.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +79,10 @@ class UcxTransport {
     std::string net_devices;
     // Name shown in UCX's logs.
     std::string name = "lockstep";
+    // Flush() polls the worker this long before it sleeps on the event fd
+    // (1 ms slices). Spinning holds a CPU the target may need: on a 2-core
+    // host a long spin delays a target that must run to complete the flush.
+    int flush_spin_us = 50;
     // Bytes of copied puts allowed in flight per peer before Put() refuses
     // (a peer that stopped draining, e.g. behind a partition over tcp).
     size_t max_pending_bytes_per_peer = size_t{64} << 20;
@@ -73,6 +102,8 @@ class UcxTransport {
 
   // Local memory peers may put into. Zero-filled; page-aligned; size rounded
   // up to whole pages. Owned by the transport until UnmapRegion (or destruction).
+  // Over tcp, do not unmap a region while a peer that holds its rkey may still
+  // write (see the gotchas above): retire it and reuse it later instead.
   struct LocalRegion {
     uint8_t* base = nullptr;
     size_t size = 0;
@@ -99,9 +130,11 @@ class UcxTransport {
   // Non-blocking one-sided write of len bytes at offset into the remote region.
   // The caller may reuse its buffer on return (the transport copies the data
   // into a pooled buffer when UCX cannot complete the put immediately).
-  // Returns false (with error) on a dead peer, an unknown id or an
-  // out-of-range offset. On the fast path (the put completes immediately, as
-  // over shared memory) no allocation and no copy happen.
+  // Returns false (with error) on a dead peer, an unknown id, an out-of-range
+  // offset, or more than max_pending_bytes_per_peer queued. On the fast path
+  // (<= 127 bytes over shm or RDMA: UCX completes the put inside the call)
+  // nothing is copied or allocated; other puts are copied into pooled buffers
+  // (no malloc once the pool is warm).
   bool Put(RemoteId, size_t offset, const void* data, size_t len, std::string* error);
 
   // Doorbell: a small active message that wakes a peer sleeping in epoll on
@@ -112,6 +145,7 @@ class UcxTransport {
   // Delivers queued doorbells and peer errors to the handlers.
   bool Progress();
   void SetDoorbellHandler(std::function<void(uint64_t tag)>);
+  // An epoll fd owned by UCX (do not close it); add it to your epoll set.
   int EventFd() const { return event_fd_; }
   // ucp_worker_arm. false = events are pending: call Progress() again, do not sleep.
   bool Arm();
@@ -130,6 +164,9 @@ class UcxTransport {
     uint64_t puts_copied = 0;     // needed a pooled copy of the data
     uint64_t puts_pending = 0;    // copied puts still in flight now
     uint64_t doorbells_sent = 0;
+    uint64_t doorbells_pending = 0;  // sent but not yet completed locally; a number
+                                     // that keeps growing means the peer is unreachable
+                                     // for active messages (e.g. shm across netns)
     uint64_t doorbells_received = 0;
   };
   Stats stats() const { return stats_; }
@@ -159,10 +196,11 @@ class UcxTransport {
   std::string worker_address_;
   size_t page_size_ = 4096;
   size_t max_pending_bytes_ = size_t{64} << 20;
+  int flush_spin_us_ = 50;
 
   std::vector<std::unique_ptr<LocalRegion>> regions_;
   std::vector<ucp_mem_h> region_memh_;  // parallel to regions_
-  std::vector<std::unique_ptr<Peer>> peers_;     // index = PeerId, null once disconnected
+  std::vector<std::unique_ptr<Peer>> peers_;     // index = PeerId; kept (closed) after Disconnect
   std::vector<std::unique_ptr<Remote>> remotes_; // index = RemoteId
 
   // Pool of copy buffers, one free list per power-of-two size class.
@@ -174,6 +212,7 @@ class UcxTransport {
   std::vector<uint64_t> queued_doorbells_;
   std::vector<uint64_t> delivering_doorbells_;
   std::vector<std::pair<PeerId, std::string>> queued_errors_;
+  bool in_delivery_ = false;
   Stats stats_;
 };
 

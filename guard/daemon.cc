@@ -199,6 +199,7 @@ class Daemon {
   };
   std::deque<OwnRegion> own_regions_;  // newest last; a couple kept for deferred messages
   std::deque<UcxTransport::LocalRegion*> spare_regions_;
+  std::deque<UcxTransport::LocalRegion*> recycled_regions_;
   uint64_t next_spare_try_us_ = 0;
   uint64_t stats_[6] = {};
   double write_us_sum_ = 0;
@@ -686,7 +687,11 @@ void Daemon::EnsureRegion() {
   if (!region) return;
   own_regions_.push_back(OwnRegion{b, s, region});
   while (own_regions_.size() > 3) {  // older streams are never read again
-    ucx_->UnmapRegion(own_regions_.front().region);
+    // Never unmapped: over UCX's tcp transport puts are not checked against
+    // any key at the target, so a deposed leader could still write to these
+    // addresses. They are zeroed and reused; the reader's ballot, position
+    // and checksum checks keep any late write out of the log.
+    recycled_regions_.push_back(own_regions_.front().region);
     own_regions_.pop_front();
   }
   reader_ = std::make_unique<RingReader>(region->base + kControlBytes, cfg_.ring_bytes);
@@ -705,6 +710,13 @@ UcxTransport::LocalRegion* Daemon::TakeSpareRegion() {
 }
 
 bool Daemon::MapSpareRegion() {
+  if (!recycled_regions_.empty()) {
+    auto* r = recycled_regions_.front();
+    recycled_regions_.pop_front();
+    memset(r->base, 0, r->size);
+    spare_regions_.push_back(r);
+    return true;
+  }
   std::string err;
   uint64_t t0 = NowUs();
   auto* region = ucx_->MapRegion(kControlBytes + cfg_.ring_bytes, &err);

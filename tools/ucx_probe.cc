@@ -1,6 +1,9 @@
 // ucx_probe — measures lockstep::UcxTransport between two processes (fork).
 //
-//   ucx_probe [shm|tcp|auto] [--iters N] [--target spin|sleep] [--child-ns net|ipc|none]
+//   ucx_probe [shm|tcp|auto] [--iters N] [--target spin|sleep] [--child-ns net|ipc|pid|none]
+//             [--sizes 64,4096] [--demo-unchecked-address] [--kill-after]
+//   env: PROBE_FLUSH_SPIN_US, PROBE_DOORBELL_SPIN=1 (target polls during the doorbell
+//        phase), PROBE_RING_LOOP=1, PROBE_COLD=1 (extra micro-measurements)
 //
 // Reports Put+Flush round latency (64 B and 4 KiB), Put alone, and the
 // doorbell wake-up latency (target asleep in epoll on EventFd, source Rings,
@@ -76,15 +79,36 @@ struct Shared {
   std::atomic<int> sleeping;     // target is (about to be) in epoll_wait
   std::atomic<uint64_t> handled; // doorbells handled
   std::atomic<uint64_t> handler_ns;
+  std::atomic<int> inner_pid;    // --child-ns pid: the target's pid as seen from here
 };
 
 constexpr size_t kRegion = 1 << 20;
 
+// Memory of the target that was never given to UCX (for --demo-unchecked-address).
+char g_unregistered[4096];
+
 int Child(UcxTransport::Kind kind, int sock, Shared* sh, bool target_sleeps, const char* ns,
           int pipe_rd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // PROBE_DOORBELL_SPIN=1: the target polls (Progress in a loop) during the
+  // doorbell phase instead of sleeping, to tell delivery from wake-up problems.
+  const bool doorbell_spin = getenv("PROBE_DOORBELL_SPIN") != nullptr;
   if (std::strcmp(ns, "net") == 0 && unshare(CLONE_NEWNET) != 0) perror("unshare net");
   if (std::strcmp(ns, "ipc") == 0 && unshare(CLONE_NEWIPC) != 0) perror("unshare ipc");
+  if (std::strcmp(ns, "pid") == 0) {
+    if (unshare(CLONE_NEWPID) != 0) {
+      perror("unshare pid");
+    } else {
+      pid_t inner = fork();  // becomes pid 1 of the new namespace
+      if (inner > 0) {
+        sh->inner_pid.store(inner);
+        int st = 0;
+        waitpid(inner, &st, 0);
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+      }
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+    }
+  }
   std::string err;
   auto t = UcxTransport::Create(kind, &err);
   if (!t) {
@@ -99,6 +123,8 @@ int Child(UcxTransport::Kind kind, int sock, Shared* sh, bool target_sleeps, con
   SendStr(sock, t->WorkerAddress());
   SendStr(sock, std::string(reinterpret_cast<char*>(&region->remote_addr), 8));
   SendStr(sock, region->packed_rkey);
+  uint64_t unreg = reinterpret_cast<uint64_t>(g_unregistered);
+  SendStr(sock, std::string(reinterpret_cast<char*>(&unreg), 8));
   t->SetDoorbellHandler([&](uint64_t) {
     sh->handler_ns.store(NowNs());
     sh->handled.fetch_add(1);
@@ -112,6 +138,11 @@ int Child(UcxTransport::Kind kind, int sock, Shared* sh, bool target_sleeps, con
   pev.data.u64 = 1;
   epoll_ctl(ep, EPOLL_CTL_ADD, pipe_rd, &pev);
   while (sh->phase.load() != 3) {
+    if (sh->phase.load() == 5) {  // report whether the unregistered buffer was written
+      t->Progress();
+      if (std::memcmp(g_unregistered, "written-without-key", 19) == 0) sh->handled.store(1);
+      continue;
+    }
     if (sh->phase.load() == 4) {  // baseline: plain pipe wake-up, no UCX involved
       sh->sleeping.store(1);
       epoll_event out;
@@ -124,7 +155,8 @@ int Child(UcxTransport::Kind kind, int sock, Shared* sh, bool target_sleeps, con
       }
       continue;
     }
-    bool sleep_now = sh->phase.load() == 2 || (target_sleeps && sh->phase.load() == 1);
+    bool sleep_now = (sh->phase.load() == 2 && !doorbell_spin) ||
+                     (target_sleeps && sh->phase.load() == 1);
     if (t->Progress()) continue;
     if (sleep_now && t->Arm()) {
       sh->sleeping.store(1);
@@ -154,6 +186,8 @@ int main(int argc, char** argv) {
   int iters = 20000;
   bool target_sleeps = false;
   const char* ns = "none";
+  bool demo_unchecked = false;
+  bool kill_after = false;
   std::vector<size_t> sizes = {64, 4096};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -163,12 +197,14 @@ int main(int argc, char** argv) {
     else if (a == "--iters" && i + 1 < argc) iters = atoi(argv[++i]);
     else if (a == "--target" && i + 1 < argc) target_sleeps = std::string(argv[++i]) == "sleep";
     else if (a == "--child-ns" && i + 1 < argc) ns = argv[++i];
+    else if (a == "--demo-unchecked-address") demo_unchecked = true;
+    else if (a == "--kill-after") kill_after = true;
     else if (a == "--sizes" && i + 1 < argc) {
       sizes.clear();
       for (char* tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) sizes.push_back(strtoul(tok, nullptr, 0));
     }
     else {
-      fprintf(stderr, "usage: %s [shm|tcp|auto] [--iters N] [--target spin|sleep] [--child-ns net|ipc|none] [--sizes 64,4096]\n", argv[0]);
+      fprintf(stderr, "usage: %s [shm|tcp|auto] [--iters N] [--target spin|sleep] [--child-ns net|ipc|pid|none] [--sizes 64,4096] [--demo-unchecked-address] [--kill-after]\n", argv[0]);
       return 2;
     }
   }
@@ -188,28 +224,56 @@ int main(int argc, char** argv) {
   int rc = 1;
   {
     std::string err, addr, raddr, rkey;
-    auto t = UcxTransport::Create(kind, &err);
+    UcxTransport::Options options;
+    options.kind = kind;
+    if (const char* spin = getenv("PROBE_FLUSH_SPIN_US")) options.flush_spin_us = atoi(spin);
+    auto t = UcxTransport::Create(options, &err);
     if (!t) {
       fprintf(stderr, "parent: %s\n", err.c_str());
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
       return 1;
     }
-    if (!RecvStr(sv[0], &addr) || !RecvStr(sv[0], &raddr) || !RecvStr(sv[0], &rkey)) {
+    std::string unreg;
+    if (!RecvStr(sv[0], &addr) || !RecvStr(sv[0], &raddr) || !RecvStr(sv[0], &rkey) ||
+        !RecvStr(sv[0], &unreg)) {
       fprintf(stderr, "parent: child setup failed\n");
       waitpid(pid, nullptr, 0);
       return 1;
     }
     uint64_t remote_addr;
     std::memcpy(&remote_addr, raddr.data(), 8);
+    t->SetPeerErrorHandler([](int id, std::string m) {
+      fprintf(stderr, "peer %d error: %s\n", id, m.c_str());
+    });
     int peer = t->Connect(addr, &err);
     int rid = peer < 0 ? -1 : t->AttachRemote(peer, remote_addr, rkey, kRegion, &err);
-    if (rid < 0) {
+    if (rid >= 0 && demo_unchecked) {
+      // Use region's rkey with an address outside the region (a buffer the
+      // target never registered): does the target's UCX check it?
+      uint64_t unreg_addr;
+      std::memcpy(&unreg_addr, unreg.data(), 8);
+      int bad = t->AttachRemote(peer, unreg_addr, rkey, 4096, &err);
+      const char msg[] = "written-without-key";
+      bool put_ok = bad >= 0 && t->Put(bad, 0, msg, sizeof msg, &err);
+      bool flush_ok = put_ok && t->Flush(peer, 2000, &err);
+      sh->phase.store(5);
+      uint64_t start = NowNs();
+      while (sh->handled.load() == 0 && NowNs() - start < 1000000000ull) t->Progress();
+      printf("demo-unchecked-address kind=%s: put %s, flush %s, target buffer %s%s%s\n", kind_name,
+             put_ok ? "ok" : "failed", flush_ok ? "ok" : "failed",
+             sh->handled.load() == 1 ? "WRITTEN (no key check at the target)" : "untouched",
+             err.empty() ? "" : "; error: ", err.c_str());
+      sh->phase.store(3);
+      t->Disconnect(peer);
+      rc = 0;
+    } else if (rid < 0) {
       fprintf(stderr, "parent: %s\n", err.c_str());
     } else {
       sh->phase.store(1);
-      printf("ucx_probe kind=%s target=%s child-ns=%s iters=%d\n", kind_name,
-             target_sleeps ? "sleeps-in-epoll" : "spins-in-Progress", ns, iters);
+      printf("ucx_probe kind=%s target=%s child-ns=%s iters=%d flush_spin_us=%d\n", kind_name,
+             target_sleeps ? "sleeps-in-epoll" : "spins-in-Progress", ns, iters,
+             options.flush_spin_us);
       std::vector<uint8_t> buf(*std::max_element(sizes.begin(), sizes.end()), 0xab);
       bool ok = true;
       for (size_t len : sizes) {
@@ -247,12 +311,12 @@ int main(int argc, char** argv) {
 
       // Doorbell wake-up latency.
       sh->phase.store(2);
-      std::vector<double> wake;
+      std::vector<double> wake, ring_call;
       int n = std::min(iters / 10, 2000);
       for (int i = 0; i < n + 50 && ok; ++i) {
         // Wait until the target sleeps, then give it time to be really inside epoll_wait.
         uint64_t wait_start = NowNs();
-        while (sh->sleeping.load() == 0) {
+        while (getenv("PROBE_DOORBELL_SPIN") == nullptr && sh->sleeping.load() == 0) {
           t->Progress();
           if (NowNs() - wait_start > 2000000000ull) {
             fprintf(stderr, "target never slept\n");
@@ -265,6 +329,7 @@ int main(int argc, char** argv) {
         uint64_t before = sh->handled.load();
         uint64_t t0 = NowNs();
         ok = t->Ring(peer, uint64_t(i), &err);
+        uint64_t t_ring = NowNs();
         while (ok && sh->handled.load() == before) {
           t->Progress();
           if (NowNs() - t0 > 2000000000ull) {
@@ -276,9 +341,39 @@ int main(int argc, char** argv) {
           fprintf(stderr, "doorbell: %s\n", err.c_str());
           break;
         }
-        if (i >= 50) wake.push_back((sh->handler_ns.load() - t0) / 1000.0);
+        if (i >= 50) {
+          wake.push_back((sh->handler_ns.load() - t0) / 1000.0);
+          ring_call.push_back((t_ring - t0) / 1000.0);
+        }
       }
       if (ok) Report("doorbell wake-up (target in epoll)", wake);
+      if (ok) Report("  of which Ring() call", ring_call);
+      if (ok && getenv("PROBE_COLD")) {
+        std::vector<double> cold_put, cold_now;
+        uint8_t b[64] = {1};
+        for (int i = 0; i < 500 && ok; ++i) {
+          usleep(300);
+          uint64_t a = NowNs();
+          uint64_t a2 = NowNs();
+          ok = t->Put(rid, 0, b, 64, &err);
+          uint64_t c = NowNs();
+          cold_put.push_back((c - a2) / 1000.0);
+          cold_now.push_back((a2 - a) / 1000.0);
+        }
+        Report("Put 64 B after 300 us idle", cold_put);
+        Report("clock_gettime after 300 us idle", cold_now);
+      }
+      if (ok && getenv("PROBE_RING_LOOP")) {
+        std::vector<double> loop;
+        for (int i = 0; i < 2000 && ok; ++i) {
+          uint64_t a = NowNs();
+          ok = t->Ring(peer, 1, &err);
+          uint64_t b = NowNs();
+          t->Progress();
+          loop.push_back((b - a) / 1000.0);
+        }
+        Report("Ring() back-to-back", loop);
+      }
       // Baseline: the same wake-up through a pipe, without UCX.
       if (ok) {
         sh->phase.store(4);
@@ -298,11 +393,36 @@ int main(int argc, char** argv) {
       }
       if (ok) printf("  endpoint:\n%s", t->DescribePeer(peer).c_str());
       rc = ok ? 0 : 1;
+      if (ok && kill_after) {
+        // SIGKILL the target, reap it, and time how long until the transport
+        // reports the peer dead while we keep putting and progressing.
+        pid_t victim = sh->inner_pid.load() > 0 ? sh->inner_pid.load() : pid;
+        kill(victim, SIGKILL);
+        if (victim == pid) waitpid(pid, nullptr, 0);
+        uint64_t t0 = NowNs();
+        uint8_t b[64] = {0};
+        std::string perr;
+        while (t->PeerAlive(peer) && NowNs() - t0 < 5000000000ull) {
+          t->Put(rid, 0, b, sizeof b, &perr);
+          t->Progress();
+          usleep(100);
+        }
+        if (t->PeerAlive(peer)) {
+          printf("  peer death NOT detected within 5 s\n");
+        } else {
+          printf("  peer death detected after %.1f ms: %s\n", (NowNs() - t0) / 1e6, perr.c_str());
+        }
+      }
       t->Disconnect(peer);
     }
     sh->phase.store(3);
   }
   int status = 0;
+  if (kill_after) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return rc;
+  }
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     fprintf(stderr, "child exit status %d\n", status);
