@@ -603,7 +603,7 @@ int CmdDemo(int argc, char** argv) {
     return 1;
   }
   ClusterStatus s = GetClusterStatus(dir, c);
-  printf("%s\n", ClusterStatusJson(s).c_str());
+  printf("%s", FormatStatusTable(s).c_str());
 
   printf("\n== durable-write floor of this disk, then 1 and 8 clients committing for 2 s each\n");
   RunResult one, eight;
@@ -651,7 +651,7 @@ int CmdDemo(int argc, char** argv) {
     if (lost) rc = 1;
   }
   s = GetClusterStatus(dir, c);
-  printf("\n%s\n", ClusterStatusJson(s).c_str());
+  printf("\n%s", FormatStatusTable(s).c_str());
   printf("\n== stopping the cluster\n");
   ClusterDown(dir, false, &err);
   printf(rc == 0 ? "demo: OK\n" : "demo: FAILED\n");

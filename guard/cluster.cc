@@ -256,6 +256,23 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
   return o.str();
 }
 
+std::string FormatStatusTable(const ClusterStatus& s) {
+  std::string out;
+  char line[512];
+  snprintf(line, sizeof line, "%-4s %-10s %-8s %-8s %-12s %-10s %s\n", "id", "role", "pid", "ballot",
+           "commit_index", "last_index", "lag");
+  out += line;
+  for (const auto& r : s.replicas) {
+    snprintf(line, sizeof line, "%-4d %-10s %-8s %-8s %-12lu %-10lu %lu%s%s\n", r.id, r.role.c_str(),
+             r.pid ? std::to_string(r.pid).c_str() : "-", r.ballot.empty() ? "-" : r.ballot.c_str(),
+             (unsigned long)r.commit_index, (unsigned long)r.last_index, (unsigned long)r.lag,
+             r.disk_error.empty() ? "" : "  DISK ERROR: ", r.disk_error.c_str());
+    out += line;
+  }
+  if (s.leader < 0) out += "no leader at the moment\n";
+  return out;
+}
+
 bool ClusterDown(const std::string& dir, bool quiet, std::string* error) {
   ClusterConfig c;
   if (!LoadClusterDir(dir, &c, error)) return false;

@@ -45,6 +45,7 @@ bool ClusterDown(const std::string& dir, bool quiet, std::string* error);
 bool LoadClusterDir(const std::string& dir, ClusterConfig* config, std::string* error);
 ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& config);
 std::string ClusterStatusJson(const ClusterStatus& s);
+std::string FormatStatusTable(const ClusterStatus& s);  // for people
 // Starts replica `id` of the cluster in dir if it is not running.
 bool StartReplica(const std::string& dir, const ClusterConfig& config, int id, std::string* error);
 int ReplicaPid(const std::string& dir, int id);  // 0 if not running

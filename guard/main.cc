@@ -119,17 +119,6 @@ int CmdReplica(int argc, char** argv) {
 
 // ------------------------------------------------------------------ cluster
 
-void PrintStatus(const ClusterStatus& s) {
-  printf("%-4s %-10s %-8s %-8s %-12s %-10s %s\n", "id", "role", "pid", "ballot", "commit_index",
-         "last_index", "lag");
-  for (const auto& r : s.replicas)
-    printf("%-4d %-10s %-8s %-8s %-12lu %-10lu %lu%s%s\n", r.id, r.role.c_str(),
-           r.pid ? std::to_string(r.pid).c_str() : "-", r.ballot.empty() ? "-" : r.ballot.c_str(),
-           (unsigned long)r.commit_index, (unsigned long)r.last_index, (unsigned long)r.lag,
-           r.disk_error.empty() ? "" : "  DISK ERROR: ", r.disk_error.c_str());
-  if (s.leader < 0) printf("no leader at the moment\n");
-}
-
 int CmdCluster(int argc, char** argv) {
   std::string sub = argc > 2 ? argv[2] : "";
   Args a = Parse(argc, argv, 3, {"help", "json", "quiet"});
@@ -170,7 +159,7 @@ int CmdCluster(int argc, char** argv) {
     printf("cluster of %d replicas up in %s (transport %s, durability %s%s)\n", o.replicas,
            dir.c_str(), o.transport.c_str(), o.durability.c_str(),
            o.durability == "memory" ? ": NOT durable, RAM of a majority only" : "");
-    PrintStatus(s);
+    printf("%s", FormatStatusTable(s).c_str());
     return 0;
   }
   ClusterConfig c;
@@ -180,7 +169,7 @@ int CmdCluster(int argc, char** argv) {
     if (a.Has("json")) {
       printf("%s\n", ClusterStatusJson(s).c_str());
     } else {
-      PrintStatus(s);
+      printf("%s", FormatStatusTable(s).c_str());
     }
     return 0;
   }
