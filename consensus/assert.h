@@ -14,7 +14,7 @@ void SetAssertHandler(AssertHandler handler);
     __attribute__((format(printf, 4, 5)));
 }  // namespace lockstep
 
-#define LS_ASSERT(cond, ...)                                                    \
-  do {                                                                          \
+#define LS_ASSERT(cond, ...)                                                       \
+  do {                                                                             \
     if (!(cond)) ::lockstep::AssertFailed(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)

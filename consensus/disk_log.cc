@@ -30,7 +30,9 @@ constexpr size_t kSegmentHeaderSize = RecordSize(kSegmentMagic.size());
 constexpr size_t kPadMinSize = RecordSize(0);
 constexpr size_t kZeroChunk = 1 << 20;
 
-std::string ErrnoText(int e) { return std::strerror(e); }
+std::string ErrnoText(int e) {
+  return std::strerror(e);
+}
 
 std::string Hex16(uint64_t v) {
   char b[32];
@@ -38,8 +40,12 @@ std::string Hex16(uint64_t v) {
   return b;
 }
 
-std::string SegmentName(uint64_t base) { return "seg-" + Hex16(base); }
-std::string PrepName(uint64_t base) { return "prep-" + Hex16(base); }
+std::string SegmentName(uint64_t base) {
+  return "seg-" + Hex16(base);
+}
+std::string PrepName(uint64_t base) {
+  return "prep-" + Hex16(base);
+}
 
 // "seg-" + exactly 16 hex digits.
 bool ParseName(const char* name, std::string_view prefix, uint64_t* base) {
@@ -48,16 +54,21 @@ bool ParseName(const char* name, std::string_view prefix, uint64_t* base) {
   uint64_t v = 0;
   for (char c : n.substr(prefix.size())) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     v = (v << 4) | static_cast<uint64_t>(d);
   }
   *base = v;
   return true;
 }
 
-uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t AlignUp(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // Where a batch of `bytes` starting at `start` ends once padded: the next
 // multiple of align, leaving room for a pad record when one is needed.
@@ -155,8 +166,8 @@ long ReadSysfsLong(const std::string& path) {
 size_t DetectSectorBytes(const std::string& dir) {
   size_t align = 512;
   struct statx sx;
-  if (statx(AT_FDCWD, dir.c_str(), 0, STATX_DIOALIGN, &sx) == 0 &&
-      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > align) {
+  if (statx(AT_FDCWD, dir.c_str(), 0, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+      sx.stx_dio_offset_align > align) {
     align = sx.stx_dio_offset_align;
   }
   long physical = 0, logical = 0;
@@ -228,14 +239,16 @@ int PrepareSegmentFile(const std::string& path, uint64_t size, bool zero_fill, s
   return err;
 }
 
-bool IsDiskFull(int e) { return e == ENOSPC || e == EDQUOT; }
+bool IsDiskFull(int e) {
+  return e == ENOSPC || e == EDQUOT;
+}
 
 // Why the bytes at buf are not a valid record claimed to sit at `position`.
 std::string WhyBad(const uint8_t* buf, size_t avail, uint64_t position) {
   char b[256];
   if (avail < kHeaderSize + kCanarySize) {
-    std::snprintf(b, sizeof b, "only %zu bytes left in the file, a record needs at least %zu", avail,
-                  kHeaderSize + kCanarySize);
+    std::snprintf(b, sizeof b, "only %zu bytes left in the file, a record needs at least %zu",
+                  avail, kHeaderSize + kCanarySize);
     return b;
   }
   RecordHeader h;
@@ -266,8 +279,8 @@ std::string WhyBad(const uint8_t* buf, size_t avail, uint64_t position) {
   std::memcpy(&canary, buf + size - kCanarySize, sizeof canary);
   if (canary != CanaryFor(h.ballot, h.index, h.position))
     return "canary mismatch (record not completely written)";
-  return std::string("checksum mismatch in a ") +
-         EntryTypeName(static_cast<EntryType>(h.type)) + " record (bytes changed)";
+  return std::string("checksum mismatch in a ") + EntryTypeName(static_cast<EntryType>(h.type)) +
+         " record (bytes changed)";
 }
 
 // First offset >= from (8-byte steps) where a valid record decodes at its own
@@ -576,9 +589,8 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
     std::vector<uint64_t> ends;
     uint64_t off = 0;
     DecodedRecord r;
-    while (off < buf.size() &&
-           DecodeRecord(buf.data() + off, buf.size() - off, seg.base + off, &r) ==
-               DecodeStatus::kOk) {
+    while (off < buf.size() && DecodeRecord(buf.data() + off, buf.size() - off, seg.base + off,
+                                            &r) == DecodeStatus::kOk) {
       if (off == 0 && !IsSegmentHeader(r)) break;
       off += r.size;
       ends.push_back(off);
@@ -600,7 +612,8 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
       if (DecodeRecord(hb, got, files[i + 1].base, &h) == DecodeStatus::kOk && IsSegmentHeader(h)) {
         uint64_t x = h.header.index;
         if (x >= seg.base && std::binary_search(ends.begin(), ends.end(), x - seg.base)) {
-          seg_end = x - seg.base;  // records past x come from a write that failed: not part of the log
+          seg_end =
+              x - seg.base;  // records past x come from a write that failed: not part of the log
           rolled = true;
         } else {
           mismatch = true;
@@ -628,8 +641,8 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
                              buf.size() - std::min<size_t>(end_off, buf.size()), end_pos);
     char where_buf[512];
     std::snprintf(where_buf, sizeof where_buf,
-                  "%s at offset %" PRIu64 " (log position %" PRIu64 ")", seg.path.c_str(),
-                  end_off, end_pos);
+                  "%s at offset %" PRIu64 " (log position %" PRIu64 ")", seg.path.c_str(), end_off,
+                  end_pos);
     std::string where = where_buf;
     // A clean end: a batch boundary (on the smallest sector any run uses)
     // followed by nothing but zeros.
@@ -662,7 +675,8 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
     if (mismatch) {
       out->damaged = true;
       char b[256];
-      std::snprintf(b, sizeof b, "; the next segment %s says the log continued to position %" PRIu64,
+      std::snprintf(b, sizeof b,
+                    "; the next segment %s says the log continued to position %" PRIu64,
                     files[last + 1].path.c_str(), mismatch_pos);
       out->problem = "damaged log: bad record in " + where + ": " + why + b +
                      "; everything from there on is dropped";
@@ -721,9 +735,9 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
     if (index != expect) {
       out->damaged = true;
       if (!out->problem.empty()) out->problem += "; ";
-      out->problem += "slot " + std::to_string(expect) + " is missing (next slot found: " +
-                      std::to_string(index) + "): slots from " + std::to_string(expect) +
-                      " on are dropped";
+      out->problem += "slot " + std::to_string(expect) +
+                      " is missing (next slot found: " + std::to_string(index) + "): slots from " +
+                      std::to_string(expect) + " on are dropped";
       break;
     }
     out->slots.push_back(std::move(e));
@@ -758,8 +772,8 @@ bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
       if (r.index == next) next++;
     } else if (r.type == EntryType::kPromise || (internal && r.type == EntryType::kTruncate)) {
     } else {
-      *error = std::string("disk log: cannot append a ") + EntryTypeName(r.type) +
-               " record" + (r.type == EntryType::kTruncate ? " (use TruncateBelow)" : "");
+      *error = std::string("disk log: cannot append a ") + EntryTypeName(r.type) + " record" +
+               (r.type == EntryType::kTruncate ? " (use TruncateBelow)" : "");
       return false;
     }
     if (r.payload.size() > kMaxPayload) {
@@ -832,8 +846,9 @@ bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
         std::snprintf(b, sizeof b, "disk full: cannot append %zu bytes to %s: %s", len,
                       seg.path.c_str(), ErrnoText(err).c_str());
       } else {
-        std::snprintf(b, sizeof b, "I/O error: cannot append %zu bytes to %s at offset %" PRIu64
-                      " (%s): %s", len, seg.path.c_str(), start, step, ErrnoText(err).c_str());
+        std::snprintf(b, sizeof b,
+                      "I/O error: cannot append %zu bytes to %s at offset %" PRIu64 " (%s): %s",
+                      len, seg.path.c_str(), start, step, ErrnoText(err).c_str());
       }
       *error = b;
       return false;
@@ -897,9 +912,8 @@ bool DiskLog::Roll(size_t write_bytes, std::string* error) {
     std::string what;
     int err = PrepareSegmentFile(prep, segment_bytes_, options_.zero_fill, &what);
     if (err) {
-      return fail("cannot " + what + " a new segment of " + std::to_string(segment_bytes_) +
-                      " bytes",
-                  err);
+      return fail(
+          "cannot " + what + " a new segment of " + std::to_string(segment_bytes_) + " bytes", err);
     }
   }
   if (rename(prep.c_str(), path.c_str()) != 0) {
@@ -957,8 +971,8 @@ bool DiskLog::TruncateBelow(uint64_t index, std::string* error) {
 
 // ---------------------------------------------------------------------------
 
-std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, size_t bytes,
-                                         int n, std::string* error) {
+std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, size_t bytes, int n,
+                                         std::string* error) {
   std::string scratch;
   if (!error) error = &scratch;
   std::vector<double> out;
@@ -967,11 +981,11 @@ std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, 
   const size_t align = DetectSectorBytes(dir);
   const size_t len = static_cast<size_t>(AlignUp(std::max<size_t>(bytes, 1), align));
   static std::atomic<int> counter{0};
-  const std::string path = dir + "/measure-" + std::to_string(getpid()) + "-" +
-                           std::to_string(counter++) + ".tmp";
+  const std::string path =
+      dir + "/measure-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".tmp";
   std::string what;
-  int err = PrepareSegmentFile(path, static_cast<uint64_t>(len) * static_cast<uint64_t>(n), true,
-                               &what);
+  int err =
+      PrepareSegmentFile(path, static_cast<uint64_t>(len) * static_cast<uint64_t>(n), true, &what);
   if (err) {
     *error = "cannot " + what + " " + path + ": " + ErrnoText(err);
     return out;

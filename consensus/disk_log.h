@@ -37,9 +37,9 @@
 // runs, only through it).
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -103,9 +103,9 @@ struct RecoveredLog {
   // max(truncated_below, 1).
   std::vector<Entry> slots;
   uint64_t records = 0, bytes = 0;  // valid records (all types) and their bytes
-  bool torn_tail = false;  // the last write was incomplete: dropped, never served
-  bool damaged = false;    // a bad record followed by valid ones: dropped from the bad one on
-  std::string problem;     // file, offset and what was wrong, when torn_tail or damaged
+  bool torn_tail = false;           // the last write was incomplete: dropped, never served
+  bool damaged = false;  // a bad record followed by valid ones: dropped from the bad one on
+  std::string problem;   // file, offset and what was wrong, when torn_tail or damaged
 };
 
 class DiskLog {
@@ -187,8 +187,8 @@ class DiskLog {
 // (rounded up to the sector size the log would use) at consecutive offsets
 // of a file prepared like a segment, with the given mode. Returns per-write
 // latencies in microseconds (empty with *error set on failure).
-std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, size_t bytes,
-                                         int n, std::string* error);
+std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, size_t bytes, int n,
+                                         std::string* error);
 
 // The disk thread: group commit. Submit() queues a batch and returns at
 // once; the thread takes everything queued since its last write as one
@@ -200,7 +200,7 @@ std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, 
 class DiskWriter {
  public:
   explicit DiskWriter(DiskLog* log);  // starts the thread
-  ~DiskWriter();                       // drains (one last try on error) and joins
+  ~DiskWriter();                      // drains (one last try on error) and joins
   DiskWriter(const DiskWriter&) = delete;
   DiskWriter& operator=(const DiskWriter&) = delete;
 

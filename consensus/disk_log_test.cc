@@ -4,6 +4,7 @@
 #include "consensus/disk_log.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -18,8 +19,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace lockstep {
 namespace {
@@ -55,7 +54,9 @@ LogRecord Slot(uint64_t index, Ballot ballot, const std::string& payload, uint64
   return LogRecord{EntryType::kInput, ballot, index, commit, payload};
 }
 
-LogRecord Promise(Ballot b) { return LogRecord{EntryType::kPromise, b, 0, 0, {}}; }
+LogRecord Promise(Ballot b) {
+  return LogRecord{EntryType::kPromise, b, 0, 0, {}};
+}
 
 std::unique_ptr<DiskLog> MustOpen(const DiskLogOptions& o, RecoveredLog* r) {
   std::string err;
@@ -138,8 +139,8 @@ TEST_P(DiskLogModes, RoundTripWithPromisesOverwritesAndTruncation) {
     EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
     std::string err;
     std::string p1 = Payload(1, 100), p2 = Payload(2, 100), p3 = Payload(3, 100);
-    ASSERT_TRUE(log->Append({Promise(b1), Slot(1, b1, p1, 0), Slot(2, b1, p2, 0), Slot(3, b1, p3, 1)},
-                            &err))
+    ASSERT_TRUE(log->Append(
+        {Promise(b1), Slot(1, b1, p1, 0), Slot(2, b1, p2, 0), Slot(3, b1, p3, 1)}, &err))
         << err;
     // Index 2 again under a higher ballot: the later record wins.
     std::string p2b = "two, accepted again under ballot 2.1";
@@ -215,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(BothModes, DiskLogModes,
                          ::testing::Values(SyncMode::kDirectDsync, SyncMode::kWriteFdatasync),
                          [](const ::testing::TestParamInfo<SyncMode>& i) {
                            return i.param == SyncMode::kDirectDsync ? "DirectDsync"
-                                                                     : "WriteFdatasync";
+                                                                    : "WriteFdatasync";
                          });
 
 TEST(DiskLog, BatchesEndOnSectorBoundariesAndNeverRewriteDurableBytes) {

@@ -131,13 +131,13 @@ void EncodeRecord(uint8_t* out, EntryType type, Ballot ballot, uint64_t index,
   memcpy(out, &h, sizeof h);
   if (!payload.empty()) memcpy(out + kHeaderSize, payload.data(), payload.size());
   size_t padded = Align8(payload.size());
-  if (padded > payload.size()) memset(out + kHeaderSize + payload.size(), 0, padded - payload.size());
+  if (padded > payload.size())
+    memset(out + kHeaderSize + payload.size(), 0, padded - payload.size());
   uint64_t canary = CanaryFor(ballot, index, position);
   memcpy(out + kHeaderSize + padded, &canary, sizeof canary);
 }
 
-DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position,
-                          DecodedRecord* out) {
+DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, DecodedRecord* out) {
   if (avail < kHeaderSize + kCanarySize) return DecodeStatus::kIncomplete;
   RecordHeader h;
   memcpy(&h, buf, sizeof h);
@@ -166,7 +166,9 @@ DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position,
 
 namespace lockstep {
 static AssertHandler g_assert_handler = nullptr;
-void SetAssertHandler(AssertHandler handler) { g_assert_handler = handler; }
+void SetAssertHandler(AssertHandler handler) {
+  g_assert_handler = handler;
+}
 
 void AssertFailed(const char* file, int line, const char* cond, const char* fmt, ...) {
   char detail[512];
@@ -174,8 +176,8 @@ void AssertFailed(const char* file, int line, const char* cond, const char* fmt,
   va_start(ap, fmt);
   vsnprintf(detail, sizeof detail, fmt, ap);
   va_end(ap);
-  std::string message = std::string("invariant violated at ") + file + ":" +
-                        std::to_string(line) + ": " + cond + ": " + detail;
+  std::string message = std::string("invariant violated at ") + file + ":" + std::to_string(line) +
+                        ": " + cond + ": " + detail;
   if (g_assert_handler) g_assert_handler(message);
   fprintf(stderr, "lockstep: %s\n", message.c_str());
   abort();

@@ -26,8 +26,12 @@ inline constexpr int kMaxReplicas = 7;
 inline constexpr Ballot MakeBallot(uint64_t round, int leader_id) {
   return (round << 8) | static_cast<uint64_t>(leader_id & 0xff);
 }
-inline constexpr uint64_t BallotRound(Ballot b) { return b >> 8; }
-inline constexpr int BallotLeader(Ballot b) { return static_cast<int>(b & 0xff); }
+inline constexpr uint64_t BallotRound(Ballot b) {
+  return b >> 8;
+}
+inline constexpr int BallotLeader(Ballot b) {
+  return static_cast<int>(b & 0xff);
+}
 std::string BallotString(Ballot b);  // "round.leader"
 
 enum class EntryType : uint8_t {
@@ -75,7 +79,9 @@ struct RecordHeader {
 #pragma pack(pop)
 static_assert(sizeof(RecordHeader) == kHeaderSize);
 
-inline constexpr size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
+inline constexpr size_t Align8(size_t n) {
+  return (n + 7) & ~size_t{7};
+}
 inline constexpr size_t RecordSize(size_t payload_len) {
   return kHeaderSize + Align8(payload_len) + kCanarySize;
 }
@@ -100,7 +106,6 @@ struct DecodedRecord {
 };
 // Checks the record at buf (avail bytes readable) claimed to sit at
 // `position`. Never reads past avail.
-DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position,
-                          DecodedRecord* out);
+DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, DecodedRecord* out);
 
 }  // namespace lockstep

@@ -21,14 +21,18 @@ uint64_t ControlCheck(const ControlWord& w) {
 
 uint64_t AckCheck(const AckWord& w) {
   uint64_t h = 0xac;
-  for (uint64_t v : {w.ballot, w.stream_id, w.durable_index, w.consumed_pos, w.heartbeat_echo,
-                     w.sleeping})
+  for (uint64_t v :
+       {w.ballot, w.stream_id, w.durable_index, w.consumed_pos, w.heartbeat_echo, w.sleeping})
     h = Mix(h, v);
   return h | 1;
 }
 
-void SealControl(ControlWord* w) { w->check = ControlCheck(*w); }
-void SealAck(AckWord* w) { w->check = AckCheck(*w); }
+void SealControl(ControlWord* w) {
+  w->check = ControlCheck(*w);
+}
+void SealAck(AckWord* w) {
+  w->check = AckCheck(*w);
+}
 
 bool ReadControl(const volatile uint8_t* at, ControlWord* out) {
   std::atomic_thread_fence(std::memory_order_acquire);

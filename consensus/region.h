@@ -29,8 +29,8 @@ struct ControlWord {
   Ballot ballot = 0;
   uint64_t stream_id = 0;
   uint64_t commit_index = 0;
-  uint64_t heartbeat = 0;   // bumped by the leader every heartbeat period
-  uint64_t sent_pos = 0;    // stream position the leader has written up to
+  uint64_t heartbeat = 0;  // bumped by the leader every heartbeat period
+  uint64_t sent_pos = 0;   // stream position the leader has written up to
   uint64_t check = 0;
 };
 static_assert(sizeof(ControlWord) <= kControlBytes);
@@ -38,10 +38,10 @@ static_assert(sizeof(ControlWord) <= kControlBytes);
 struct AckWord {
   Ballot ballot = 0;
   uint64_t stream_id = 0;
-  uint64_t durable_index = 0;  // all slots up to here are durable and from this stream
-  uint64_t consumed_pos = 0;   // reader position in the stream: ring space below is free
-  uint64_t heartbeat_echo = 0; // last control heartbeat seen: the leader's liveness check
-  uint64_t sleeping = 0;       // 1: the backup sleeps; ring its doorbell after a put
+  uint64_t durable_index = 0;   // all slots up to here are durable and from this stream
+  uint64_t consumed_pos = 0;    // reader position in the stream: ring space below is free
+  uint64_t heartbeat_echo = 0;  // last control heartbeat seen: the leader's liveness check
+  uint64_t sleeping = 0;        // 1: the backup sleeps; ring its doorbell after a put
   uint64_t check = 0;
 };
 static_assert(sizeof(AckWord) <= kAckSlotBytes);

@@ -2,6 +2,7 @@
 #include "consensus/transport_ucx.h"
 
 #include <poll.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-
-#include <ucp/api/ucp.h>
 
 namespace lockstep {
 
@@ -52,11 +51,11 @@ struct UcxTransport::Peer {
   UcxTransport* owner = nullptr;
   PeerId id = -1;
   ucp_ep_h ep = nullptr;
-  bool closed = false;          // Disconnect() ran; ep is gone
-  bool dead = false;            // UCX reported an endpoint error
+  bool closed = false;  // Disconnect() ran; ep is gone
+  bool dead = false;    // UCX reported an endpoint error
   bool error_queued = false;
   std::string dead_reason;
-  size_t pending_bytes = 0;     // copied puts not yet completed locally
+  size_t pending_bytes = 0;  // copied puts not yet completed locally
   std::vector<RemoteId> remotes;
   std::vector<ucp_rkey_h> retired_rkeys;  // detached while puts were in flight
 };
@@ -71,10 +70,10 @@ struct UcxTransport::Remote {
 // Header of a malloc'd copy buffer; the bytes follow it (data()).
 struct alignas(64) UcxTransport::Block {
   UcxTransport* owner;
-  Peer* peer;       // for pending-byte accounting (null for doorbells)
-  size_t len;       // bytes in use
+  Peer* peer;  // for pending-byte accounting (null for doorbells)
+  size_t len;  // bytes in use
   size_t capacity;
-  int cls;          // size class, or -1 if not pooled
+  int cls;  // size class, or -1 if not pooled
   uint8_t* data() { return reinterpret_cast<uint8_t*>(this + 1); }
 };
 
@@ -105,9 +104,8 @@ struct UcxTransportCallbacks {
     ucp_request_free(request);
   }
 
-  static ucs_status_t Doorbell(void* arg, const void* header, size_t header_length,
-                               void* /*data*/, size_t /*length*/,
-                               const ucp_am_recv_param_t* /*param*/) {
+  static ucs_status_t Doorbell(void* arg, const void* header, size_t header_length, void* /*data*/,
+                               size_t /*length*/, const ucp_am_recv_param_t* /*param*/) {
     auto* t = static_cast<UcxTransport*>(arg);
     uint64_t tag = 0;
     if (header != nullptr) std::memcpy(&tag, header, std::min(header_length, sizeof(tag)));
@@ -161,7 +159,8 @@ bool UcxTransport::Init(const Options& options, std::string* error) {
   auto modify = [&](const char* name, const std::string& value) {
     ucs_status_t s = ucp_config_modify(config, name, value.c_str());
     if (s != UCS_OK) {
-      SetError(error, StatusString(("ucp_config_modify " + std::string(name) + "=" + value).c_str(), s));
+      SetError(error,
+               StatusString(("ucp_config_modify " + std::string(name) + "=" + value).c_str(), s));
       return false;
     }
     return true;

@@ -107,8 +107,8 @@ class UcxTransport {
   struct LocalRegion {
     uint8_t* base = nullptr;
     size_t size = 0;
-    std::string packed_rkey;  // hand to peers together with remote_addr
-    uint64_t remote_addr = 0; // address peers use (== base)
+    std::string packed_rkey;   // hand to peers together with remote_addr
+    uint64_t remote_addr = 0;  // address peers use (== base)
   };
   LocalRegion* MapRegion(size_t size, std::string* error);
   void UnmapRegion(LocalRegion*);
@@ -123,8 +123,8 @@ class UcxTransport {
   bool PeerAlive(PeerId) const;
 
   using RemoteId = int;
-  RemoteId AttachRemote(PeerId, uint64_t remote_addr, const std::string& packed_rkey,
-                        size_t size, std::string* error);
+  RemoteId AttachRemote(PeerId, uint64_t remote_addr, const std::string& packed_rkey, size_t size,
+                        std::string* error);
   void DetachRemote(RemoteId);
 
   // Non-blocking one-sided write of len bytes at offset into the remote region.
@@ -199,9 +199,9 @@ class UcxTransport {
   int flush_spin_us_ = 50;
 
   std::vector<std::unique_ptr<LocalRegion>> regions_;
-  std::vector<ucp_mem_h> region_memh_;  // parallel to regions_
-  std::vector<std::unique_ptr<Peer>> peers_;     // index = PeerId; kept (closed) after Disconnect
-  std::vector<std::unique_ptr<Remote>> remotes_; // index = RemoteId
+  std::vector<ucp_mem_h> region_memh_;            // parallel to regions_
+  std::vector<std::unique_ptr<Peer>> peers_;      // index = PeerId; kept (closed) after Disconnect
+  std::vector<std::unique_ptr<Remote>> remotes_;  // index = RemoteId
 
   // Pool of copy buffers, one free list per power-of-two size class.
   std::vector<std::vector<Block*>> free_blocks_;

@@ -3,6 +3,7 @@
 // creates its own transport only after fork (UCX state is not fork-safe).
 #include "consensus/transport_ucx.h"
 
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -16,8 +17,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace lockstep {
 namespace {
@@ -71,7 +70,9 @@ bool Recv(int fd, std::string* s, int timeout_ms = 10000) {
   return ReadAll(fd, s->data(), n, timeout_ms);
 }
 
-std::string U64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+std::string U64(uint64_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 8);
+}
 uint64_t FromU64(const std::string& s) {
   uint64_t v = 0;
   std::memcpy(&v, s.data(), std::min<size_t>(8, s.size()));
@@ -253,7 +254,10 @@ TEST_P(UcxTransportTest, PutVisibleInTargetMemory) {
     while (true) {
       pollfd pfd{fd, POLLIN, 0};
       if (poll(&pfd, 1, 0) > 0) break;
-      if (kind == Kind::kShm) usleep(1000); else target.Step(10);
+      if (kind == Kind::kShm)
+        usleep(1000);
+      else
+        target.Step(10);
     }
     return 0;
   });
@@ -496,7 +500,8 @@ TEST_P(UcxTransportTest, StoppedPeerIsNotDeclaredDead) {
   ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
   auto stopped = Clock::now();
   for (int i = 0; i < kPuts; ++i) {
-    ASSERT_TRUE(src.t->Put(src.remote, size_t(i) * kLen, data.data() + size_t(i) * kLen, kLen, &err))
+    ASSERT_TRUE(
+        src.t->Put(src.remote, size_t(i) * kLen, data.data() + size_t(i) * kLen, kLen, &err))
         << err;
   }
   bool flushed_while_stopped = src.t->Flush(src.peer, 300, &err);
@@ -656,7 +661,8 @@ TEST(UcxTransportTcpTest, BackpressureWhenPeerStalls) {
   EXPECT_TRUE(refused) << "accepted " << accepted << " bytes into a stopped peer";
   EXPECT_NE(err.find("in flight"), std::string::npos) << err;
   EXPECT_TRUE(src.t->PeerAlive(src.peer));
-  std::printf("[          ] stopped tcp peer: %zu KiB accepted before backpressure\n", accepted >> 10);
+  std::printf("[          ] stopped tcp peer: %zu KiB accepted before backpressure\n",
+              accepted >> 10);
   kill(child.pid(), SIGCONT);
   EXPECT_TRUE(src.t->Flush(src.peer, 10000, &err)) << err;
   EXPECT_EQ(src.t->stats().puts_pending, 0u);

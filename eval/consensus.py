@@ -20,8 +20,10 @@ LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 
 
 def table(runs):
-    head = ("| transport | durability | replicas | clients | floor p50 µs | commit p50 µs "
-            "| commit p99 µs | durable µs | quorum µs | ops/s |")
+    head = (
+        "| transport | durability | replicas | clients | floor p50 µs | commit p50 µs "
+        "| commit p99 µs | durable µs | quorum µs | ops/s |"
+    )
     rows = [head, "|" + "---|" * 10]
     for r in runs:
         dur = r["durability"] + (" (RAM only)" if r["durability"] == "memory" else "")
@@ -40,10 +42,17 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels = [f"{r['transport']}/{r['durability'][:3]}/{r['replicas']}r/{r['clients']}c" for r in runs]
+    labels = [
+        f"{r['transport']}/{r['durability'][:3]}/{r['replicas']}r/{r['clients']}c" for r in runs
+    ]
     x = range(len(runs))
     ax1.bar([i - 0.2 for i in x], [r["commit_p50_us"] for r in runs], 0.4, label="commit p50")
-    ax1.bar([i + 0.2 for i in x], [r["floor_p50_us"] for r in runs], 0.4, label="disk floor p50 (same run)")
+    ax1.bar(
+        [i + 0.2 for i in x],
+        [r["floor_p50_us"] for r in runs],
+        0.4,
+        label="disk floor p50 (same run)",
+    )
     ax1.set_ylabel("µs")
     ax1.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=8)
     ax1.legend()
@@ -57,7 +66,9 @@ def plot(runs, path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default=str(ROOT / "eval" / "out"))
     ap.add_argument("--seconds", default="3")
     ap.add_argument("--from-json", help="only draw an existing bench JSON")
@@ -66,9 +77,24 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     js = Path(args.from_json) if args.from_json else out / "consensus.json"
     if not args.from_json:
-        cmd = [str(LOCKSTEP), "bench", "consensus", "--transport", "shm,tcp", "--durability",
-               "disk,memory", "--replicas", "3,5,7", "--clients", "1,16", "--seconds", args.seconds,
-               "--json", str(js), *extra]
+        cmd = [
+            str(LOCKSTEP),
+            "bench",
+            "consensus",
+            "--transport",
+            "shm,tcp",
+            "--durability",
+            "disk,memory",
+            "--replicas",
+            "3,5,7",
+            "--clients",
+            "1,16",
+            "--seconds",
+            args.seconds,
+            "--json",
+            str(js),
+            *extra,
+        ]
         print("running:", " ".join(cmd), file=sys.stderr)
         subprocess.run(cmd, check=True)
     runs = json.loads(js.read_text())["runs"]

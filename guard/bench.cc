@@ -186,8 +186,9 @@ std::string RunJson(const RunResult& r) {
            "\"client_rtt_p99_us\": %.2f, \"durable_write_us\": %.2f, \"quorum_wait_us\": %.2f, "
            "\"throughput_ops\": %.1f, \"ops\": %lu, \"errors\": %lu}",
            r.transport.c_str(), r.durability.c_str(), r.replicas, r.clients, r.payload, r.floor_p50,
-           r.floor_p99, r.shared_floor_p50, r.shared_floor_p99, r.commit_p50, r.commit_p99, r.rtt_p50, r.rtt_p99, r.durable_p50,
-           r.quorum_p50, r.throughput, (unsigned long)r.ops, (unsigned long)r.errors);
+           r.floor_p99, r.shared_floor_p50, r.shared_floor_p99, r.commit_p50, r.commit_p99,
+           r.rtt_p50, r.rtt_p99, r.durable_p50, r.quorum_p50, r.throughput, (unsigned long)r.ops,
+           (unsigned long)r.errors);
   return b;
 }
 
@@ -287,8 +288,7 @@ int BenchConsensus(const Opts& o) {
                   "%.1f) | client rtt p50 %.1f us | %.0f ops/s | %lu refused\n",
                   r.floor_p50, r.commit_p50, r.commit_p99, r.durable_p50, r.quorum_p50, r.rtt_p50,
                   r.throughput, (unsigned long)r.errors);
-          if (r.errors)
-            fprintf(stderr, "  first refusal: %s\n", r.first_refusal.c_str());
+          if (r.errors) fprintf(stderr, "  first refusal: %s\n", r.first_refusal.c_str());
           results.push_back(r);
         }
 
@@ -303,42 +303,46 @@ int BenchConsensus(const Opts& o) {
            r.transport.c_str(), (r.durability == "memory" ? "memory*" : r.durability.c_str()),
            r.replicas, r.clients, r.floor_p50, r.shared_floor_p50, r.commit_p50, r.commit_p99,
            r.durable_p50, r.quorum_p50, r.rtt_p50, r.throughput);
-  printf("floor: one durable write of a one-entry batch, alone; floor(N): the same with one writer\n"
-         "per replica at once (on one host all replicas' logs share this disk); durable: the\n"
-         "leader's own write; quorum: waiting for the majority after it; rtt: client round trip.\n");
+  printf(
+      "floor: one durable write of a one-entry batch, alone; floor(N): the same with one writer\n"
+      "per replica at once (on one host all replicas' logs share this disk); durable: the\n"
+      "leader's own write; quorum: waiting for the majority after it; rtt: client round trip.\n");
   bool any_memory = false;
   for (const auto& r : results) any_memory |= r.durability == "memory";
   if (any_memory) printf("* memory: a majority holds each entry in RAM only (not durable)\n");
   printf("\ntargets (measured in this run):\n");
-  auto find = [&](const std::string& t, const std::string& d, int reps, int cl) -> const RunResult* {
+  auto find = [&](const std::string& t, const std::string& d, int reps,
+                  int cl) -> const RunResult* {
     for (const auto& r : results)
       if (r.transport == t && r.durability == d && r.replicas == reps && r.clients == cl) return &r;
     return nullptr;
   };
   for (const auto& r : results) {
     if (r.clients == 1 && r.durability == "disk" && r.replicas == 3)
-      printf("  %s disk 1 client: commit p50 / floor p50 = %.2f (target <= 1.2) %s; "
-             "/ floor(N) p50 = %.2f\n",
-             r.transport.c_str(), r.commit_p50 / r.floor_p50,
-             r.commit_p50 <= 1.2 * r.floor_p50 ? "MET" : "not met",
-             r.commit_p50 / r.shared_floor_p50);
+      printf(
+          "  %s disk 1 client: commit p50 / floor p50 = %.2f (target <= 1.2) %s; "
+          "/ floor(N) p50 = %.2f\n",
+          r.transport.c_str(), r.commit_p50 / r.floor_p50,
+          r.commit_p50 <= 1.2 * r.floor_p50 ? "MET" : "not met", r.commit_p50 / r.shared_floor_p50);
     if (r.clients == 1 && r.durability == "memory" && r.replicas == 3)
-      printf("  %s memory 1 client: commit p50 = %.1f us (target <= 5 us) %s\n", r.transport.c_str(),
-             r.commit_p50, r.commit_p50 <= 5 ? "MET" : "not met");
+      printf("  %s memory 1 client: commit p50 = %.1f us (target <= 5 us) %s\n",
+             r.transport.c_str(), r.commit_p50, r.commit_p50 <= 5 ? "MET" : "not met");
     if (r.clients > 1) {
       const RunResult* one = find(r.transport, r.durability, r.replicas, 1);
       if (one)
         printf("  %s %s %d replicas: %d clients / 1 client throughput = %.1fx (target >= 10x) %s\n",
                r.transport.c_str(), r.durability.c_str(), r.replicas, r.clients,
-               r.throughput / one->throughput, r.throughput >= 10 * one->throughput ? "MET" : "not met");
+               r.throughput / one->throughput,
+               r.throughput >= 10 * one->throughput ? "MET" : "not met");
     }
     if (r.replicas > 3) {
       const RunResult* three = find(r.transport, r.durability, 3, r.clients);
       if (three)
-        printf("  %s %s %d clients: %d replicas / 3 replicas commit p50 = %.2f (target <= 1.1) %s\n",
-               r.transport.c_str(), r.durability.c_str(), r.clients, r.replicas,
-               r.commit_p50 / three->commit_p50,
-               r.commit_p50 <= 1.1 * three->commit_p50 ? "MET" : "not met");
+        printf(
+            "  %s %s %d clients: %d replicas / 3 replicas commit p50 = %.2f (target <= 1.1) %s\n",
+            r.transport.c_str(), r.durability.c_str(), r.clients, r.replicas,
+            r.commit_p50 / three->commit_p50,
+            r.commit_p50 <= 1.1 * three->commit_p50 ? "MET" : "not met");
     }
   }
   if (!json_path.empty()) {
@@ -459,7 +463,8 @@ uint64_t CountLost(const ClusterConfig& c, const std::string& dir, const std::ve
 }
 
 // Kills the leader with SIGKILL; returns ms until a new leader commits.
-double KillLeaderAndTime(const ClusterConfig& c, const std::string& dir, int* killed, std::string* error) {
+double KillLeaderAndTime(const ClusterConfig& c, const std::string& dir, int* killed,
+                         std::string* error) {
   int leader = FindLeader(c, 5000);
   if (leader < 0) {
     *error = "no leader before the kill";
@@ -535,7 +540,9 @@ int BenchFailover(const Opts& o) {
         failed++;
       } else {
         times.push_back(ms);
-        fprintf(stderr, "  kill %d/%d: leader %d killed, new leader committed after %.1f ms (%lu acked so far)\n",
+        fprintf(stderr,
+                "  kill %d/%d: leader %d killed, new leader committed after %.1f ms (%lu acked so "
+                "far)\n",
                 k + 1, kills, killed, ms, (unsigned long)load.count());
       }
       if (killed >= 0) {
@@ -549,15 +556,18 @@ int BenchFailover(const Opts& o) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     uint64_t lost = CountLost(c, dir, load.acked(), &report);
     double p50 = Pct(times, 50), p99 = Pct(times, 99);
-    printf("failover over %d kills: p50 %.1f ms, p99 %.1f ms (target p50 <= 50 ms: %s); %d kills "
-           "without a new leader; lost acknowledged entries: %lu (%s)\n",
-           kills, p50, p99, p50 <= 50 ? "MET" : "not met", failed, (unsigned long)lost, report.c_str());
+    printf(
+        "failover over %d kills: p50 %.1f ms, p99 %.1f ms (target p50 <= 50 ms: %s); %d kills "
+        "without a new leader; lost acknowledged entries: %lu (%s)\n",
+        kills, p50, p99, p50 <= 50 ? "MET" : "not met", failed, (unsigned long)lost,
+        report.c_str());
     if (!json_path.empty()) {
       std::ofstream f(json_path);
-      f << "{\"kills\": " << kills << ", \"failover_p50_ms\": " << p50 << ", \"failover_p99_ms\": " << p99
-        << ", \"lost_acknowledged\": " << lost << ", \"failed_kills\": " << failed
-        << ", \"acknowledged\": " << load.acked().size() << ", \"transport\": \"" << up.transport
-        << "\", \"durability\": \"" << up.durability << "\", \"failover_ms\": [";
+      f << "{\"kills\": " << kills << ", \"failover_p50_ms\": " << p50
+        << ", \"failover_p99_ms\": " << p99 << ", \"lost_acknowledged\": " << lost
+        << ", \"failed_kills\": " << failed << ", \"acknowledged\": " << load.acked().size()
+        << ", \"transport\": \"" << up.transport << "\", \"durability\": \"" << up.durability
+        << "\", \"failover_ms\": [";
       for (size_t i = 0; i < times.size(); i++) f << (i ? ", " : "") << times[i];
       f << "]}\n";
     }
@@ -574,9 +584,12 @@ int CmdBench(int argc, char** argv) {
   if (which.empty() || which == "--help" || o.kv.count("help")) {
     printf(
         "usage:\n"
-        "  lockstep bench consensus [--transport shm,tcp] [--durability disk,memory] [--replicas 3,5,7]\n"
-        "                           [--clients 1,16] [--seconds S] [--payload BYTES] [--json FILE]\n"
-        "  lockstep bench failover [--kills N] [--clients C] [--transport shm|tcp] [--durability disk|memory]\n"
+        "  lockstep bench consensus [--transport shm,tcp] [--durability disk,memory] [--replicas "
+        "3,5,7]\n"
+        "                           [--clients 1,16] [--seconds S] [--payload BYTES] [--json "
+        "FILE]\n"
+        "  lockstep bench failover [--kills N] [--clients C] [--transport shm|tcp] [--durability "
+        "disk|memory]\n"
         "                          [--json FILE]\n\n"
         "consensus: for every combination, starts a fresh local cluster, measures the disk's own\n"
         "durable-write latency (the floor) in the same directory, then runs closed-loop clients\n"
@@ -595,9 +608,10 @@ int CmdBench(int argc, char** argv) {
 int CmdDemo(int argc, char** argv) {
   Opts o = ParseOpts(argc, argv, 2);
   if (o.kv.count("help")) {
-    printf("usage: lockstep demo [--dir DIR]\n\n"
-           "Starts 3 replicas here, commits entries, SIGKILLs the leader, shows the new leader and\n"
-           "that nothing committed was lost, prints latency figures, and stops the cluster.\n");
+    printf(
+        "usage: lockstep demo [--dir DIR]\n\n"
+        "Starts 3 replicas here, commits entries, SIGKILLs the leader, shows the new leader and\n"
+        "that nothing committed was lost, prints latency figures, and stops the cluster.\n");
     return 0;
   }
   std::string dir = o.Get("dir", "/tmp/lockstep-demo");
@@ -625,14 +639,19 @@ int CmdDemo(int argc, char** argv) {
     ClusterDown(dir, true, &err);
     return 1;
   }
-  printf("floor (one 4 KiB-class durable write): p50 %.1f us, p99 %.1f us\n", one.floor_p50, one.floor_p99);
-  printf("1 client : commit p50 %.1f us, p99 %.1f us (leader's durable write %.1f us + quorum wait "
-         "%.1f us), client round trip p50 %.1f us, %.0f commits/s\n",
-         one.commit_p50, one.commit_p99, one.durable_p50, one.quorum_p50, one.rtt_p50, one.throughput);
-  printf("8 clients: commit p50 %.1f us, p99 %.1f us, %.0f commits/s (%.1fx one client: group commit)\n",
-         eight.commit_p50, eight.commit_p99, eight.throughput, eight.throughput / one.throughput);
+  printf("floor (one 4 KiB-class durable write): p50 %.1f us, p99 %.1f us\n", one.floor_p50,
+         one.floor_p99);
+  printf(
+      "1 client : commit p50 %.1f us, p99 %.1f us (leader's durable write %.1f us + quorum wait "
+      "%.1f us), client round trip p50 %.1f us, %.0f commits/s\n",
+      one.commit_p50, one.commit_p99, one.durable_p50, one.quorum_p50, one.rtt_p50, one.throughput);
+  printf(
+      "8 clients: commit p50 %.1f us, p99 %.1f us, %.0f commits/s (%.1fx one client: group "
+      "commit)\n",
+      eight.commit_p50, eight.commit_p99, eight.throughput, eight.throughput / one.throughput);
 
-  printf("\n== SIGKILL the leader under load, 3 times; the killed replica restarts and catches up\n");
+  printf(
+      "\n== SIGKILL the leader under load, 3 times; the killed replica restarts and catches up\n");
   int rc = 0;
   {
     FollowingLoad load(c, 4);
@@ -656,9 +675,10 @@ int CmdDemo(int argc, char** argv) {
     std::string report;
     auto acked = load.acked();
     uint64_t lost = CountLost(c, dir, acked, &report);
-    printf("\n== %lu entries were acknowledged to clients during the kills; lost or different on some "
-           "replica: %lu (%s)\n",
-           (unsigned long)acked.size(), (unsigned long)lost, report.c_str());
+    printf(
+        "\n== %lu entries were acknowledged to clients during the kills; lost or different on some "
+        "replica: %lu (%s)\n",
+        (unsigned long)acked.size(), (unsigned long)lost, report.c_str());
     if (lost) rc = 1;
   }
   s = GetClusterStatus(dir, c);

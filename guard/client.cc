@@ -17,7 +17,8 @@ std::unique_ptr<Client> Client::Connect(const ClusterConfig& config, int replica
     return nullptr;
   }
   const auto& r = config.replicas[replica];
-  int fd = ConnectAuthenticated(r.host, r.client_port, config.secret, "client", 0, timeout_ms, error);
+  int fd =
+      ConnectAuthenticated(r.host, r.client_port, config.secret, "client", 0, timeout_ms, error);
   if (fd < 0) return nullptr;
   auto c = std::unique_ptr<Client>(new Client);
   c->fd_ = fd;

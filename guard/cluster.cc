@@ -150,8 +150,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   if (LoadClusterDir(o.dir, &existing, &ignored)) {
     for (size_t i = 0; i < existing.replicas.size(); i++)
       if (ReplicaPid(o.dir, static_cast<int>(i))) {
-        *error = "a cluster is already running in " + o.dir + " (run `lockstep cluster down --dir " +
-                 o.dir + "` first)";
+        *error = "a cluster is already running in " + o.dir +
+                 " (run `lockstep cluster down --dir " + o.dir + "` first)";
         return false;
       }
   }
@@ -174,7 +174,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
       for (int wait = 0; wait < 40 && !PortFree(port); wait++)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (!PortFree(port)) {
-        *error = "port " + std::to_string(port) + " on 127.0.0.1 is taken; choose another --base-port";
+        *error =
+            "port " + std::to_string(port) + " on 127.0.0.1 is taken; choose another --base-port";
         return false;
       }
     }
@@ -182,8 +183,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   // Fresh data: a new cluster starts with empty logs.
   for (int i = 0; i < o.replicas; i++) {
-    std::string cmd = "rm -rf '" + c.replicas[i].dir + "' '" + o.dir + "/replica-" +
-                      std::to_string(i) + ".log'";
+    std::string cmd =
+        "rm -rf '" + c.replicas[i].dir + "' '" + o.dir + "/replica-" + std::to_string(i) + ".log'";
     if (system(cmd.c_str()) != 0) {
       *error = "cannot clear " + c.replicas[i].dir;
       return false;
@@ -238,17 +239,20 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
     s.replicas.push_back(r);
   }
   for (auto& r : s.replicas)
-    if (r.role != "down") r.lag = leader_commit > r.commit_index ? leader_commit - r.commit_index : 0;
+    if (r.role != "down")
+      r.lag = leader_commit > r.commit_index ? leader_commit - r.commit_index : 0;
   return s;
 }
 
 std::string ClusterStatusJson(const ClusterStatus& s) {
   std::ostringstream o;
-  o << "{\"leader\": " << (s.leader >= 0 ? std::to_string(s.leader) : "null") << ", \"replicas\": [";
+  o << "{\"leader\": " << (s.leader >= 0 ? std::to_string(s.leader) : "null")
+    << ", \"replicas\": [";
   for (size_t i = 0; i < s.replicas.size(); i++) {
     const auto& r = s.replicas[i];
-    o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role << "\", \"ballot\": \""
-      << r.ballot << "\", \"commit_index\": " << r.commit_index << ", \"last_index\": " << r.last_index
+    o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
+      << "\", \"ballot\": \"" << r.ballot << "\", \"commit_index\": " << r.commit_index
+      << ", \"last_index\": " << r.last_index
       << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
       << ", \"disk_error\": \"" << r.disk_error << "\"}";
   }
@@ -259,13 +263,14 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
 std::string FormatStatusTable(const ClusterStatus& s) {
   std::string out;
   char line[512];
-  snprintf(line, sizeof line, "%-4s %-10s %-8s %-8s %-12s %-10s %s\n", "id", "role", "pid", "ballot",
-           "commit_index", "last_index", "lag");
+  snprintf(line, sizeof line, "%-4s %-10s %-8s %-8s %-12s %-10s %s\n", "id", "role", "pid",
+           "ballot", "commit_index", "last_index", "lag");
   out += line;
   for (const auto& r : s.replicas) {
-    snprintf(line, sizeof line, "%-4d %-10s %-8s %-8s %-12lu %-10lu %lu%s%s\n", r.id, r.role.c_str(),
-             r.pid ? std::to_string(r.pid).c_str() : "-", r.ballot.empty() ? "-" : r.ballot.c_str(),
-             (unsigned long)r.commit_index, (unsigned long)r.last_index, (unsigned long)r.lag,
+    snprintf(line, sizeof line, "%-4d %-10s %-8s %-8s %-12lu %-10lu %lu%s%s\n", r.id,
+             r.role.c_str(), r.pid ? std::to_string(r.pid).c_str() : "-",
+             r.ballot.empty() ? "-" : r.ballot.c_str(), (unsigned long)r.commit_index,
+             (unsigned long)r.last_index, (unsigned long)r.lag,
              r.disk_error.empty() ? "" : "  DISK ERROR: ", r.disk_error.c_str());
     out += line;
   }

@@ -102,8 +102,9 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     std::string s = Trim(StripComment(line));
     if (s.empty()) continue;
     if (s == "[cluster]") {
-      if (cluster_line) return fail(lineno, "[cluster] appears twice (first at line " +
-                                                std::to_string(cluster_line) + ")");
+      if (cluster_line)
+        return fail(lineno,
+                    "[cluster] appears twice (first at line " + std::to_string(cluster_line) + ")");
       cluster_line = lineno;
       current = &cluster;
       continue;
@@ -113,7 +114,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
       current = &replicas.back().second;
       continue;
     }
-    if (s[0] == '[') return fail(lineno, "unknown section " + s + " (expected [cluster] or [[replica]])");
+    if (s[0] == '[')
+      return fail(lineno, "unknown section " + s + " (expected [cluster] or [[replica]])");
     size_t eq = s.find('=');
     if (eq == std::string::npos) return fail(lineno, "expected 'field = value', got: " + s);
     std::string key = Trim(s.substr(0, eq));
@@ -130,15 +132,16 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   }
 
   // Typed extraction with errors that name field and line.
-  auto get_string = [&](Table& t, const char* key, std::string* dst, bool required, int section_line,
-                        const char* section) -> bool {
+  auto get_string = [&](Table& t, const char* key, std::string* dst, bool required,
+                        int section_line, const char* section) -> bool {
     auto it = t.find(key);
     if (it == t.end()) {
       if (!required) return true;
       return fail(section_line, std::string("field '") + key + "' missing in " + section);
     }
     if (it->second.kind != Value::kString)
-      return fail(it->second.line, std::string("field '") + key + "': expected a string in double quotes");
+      return fail(it->second.line,
+                  std::string("field '") + key + "': expected a string in double quotes");
     *dst = it->second.str;
     t.erase(it);
     return true;
@@ -153,8 +156,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (it->second.kind != Value::kInt)
       return fail(it->second.line, std::string("field '") + key + "': expected an integer");
     if (it->second.num < lo || it->second.num > hi)
-      return fail(it->second.line, std::string("field '") + key + "': " +
-                                       std::to_string(it->second.num) + " is outside " +
+      return fail(it->second.line, std::string("field '") + key +
+                                       "': " + std::to_string(it->second.num) + " is outside " +
                                        std::to_string(lo) + ".." + std::to_string(hi));
     *dst = it->second.num;
     t.erase(it);
@@ -162,8 +165,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   };
   auto no_leftovers = [&](Table& t, const char* section) -> bool {
     if (t.empty()) return true;
-    return fail(t.begin()->second.line,
-                "unknown field '" + t.begin()->first + "' in " + section);
+    return fail(t.begin()->second.line, "unknown field '" + t.begin()->first + "' in " + section);
   };
 
   if (!cluster_line) return fail(1, "missing [cluster] section");
@@ -172,33 +174,47 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   if (!get_string(cluster, "secret", &c.secret, true, cluster_line, "[cluster]")) return false;
   if (c.secret.size() < 16)
     return fail(cluster_lines["secret"], "field 'secret': must be at least 16 characters");
-  if (!get_string(cluster, "transport", &c.transport, false, cluster_line, "[cluster]")) return false;
+  if (!get_string(cluster, "transport", &c.transport, false, cluster_line, "[cluster]"))
+    return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
-    return fail(cluster_lines["transport"], "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
-  if (!get_string(cluster, "durability", &c.durability, false, cluster_line, "[cluster]")) return false;
+    return fail(cluster_lines["transport"],
+                "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
+  if (!get_string(cluster, "durability", &c.durability, false, cluster_line, "[cluster]"))
+    return false;
   if (c.durability != "disk" && c.durability != "memory")
-    return fail(cluster_lines["durability"], "field 'durability': '" + c.durability + "' is not disk or memory");
+    return fail(cluster_lines["durability"],
+                "field 'durability': '" + c.durability + "' is not disk or memory");
   int64_t n = 0;
-  if (!get_int(cluster, "ring_bytes", &n, false, cluster_line, "[cluster]", 1 << 16, int64_t{1} << 34)) return false;
+  if (!get_int(cluster, "ring_bytes", &n, false, cluster_line, "[cluster]", 1 << 16,
+               int64_t{1} << 34))
+    return false;
   if (n) c.ring_bytes = n;
   n = 0;
-  if (!get_int(cluster, "segment_bytes", &n, false, cluster_line, "[cluster]", 1 << 16, int64_t{1} << 34)) return false;
+  if (!get_int(cluster, "segment_bytes", &n, false, cluster_line, "[cluster]", 1 << 16,
+               int64_t{1} << 34))
+    return false;
   if (n) c.segment_bytes = n;
   n = 0;
-  if (!get_int(cluster, "heartbeat_us", &n, false, cluster_line, "[cluster]", 100, 1000000)) return false;
+  if (!get_int(cluster, "heartbeat_us", &n, false, cluster_line, "[cluster]", 100, 1000000))
+    return false;
   if (n) c.heartbeat_us = n;
   n = -1;
   if (!get_int(cluster, "spin_us", &n, false, cluster_line, "[cluster]", 0, 1000000)) return false;
   if (n >= 0) c.spin_us = n;
   n = 0;
-  if (!get_int(cluster, "election_timeout_min_us", &n, false, cluster_line, "[cluster]", 1000, 60000000)) return false;
+  if (!get_int(cluster, "election_timeout_min_us", &n, false, cluster_line, "[cluster]", 1000,
+               60000000))
+    return false;
   if (n) c.election_timeout_min_us = n;
   n = 0;
-  if (!get_int(cluster, "election_timeout_max_us", &n, false, cluster_line, "[cluster]", 1000, 60000000)) return false;
+  if (!get_int(cluster, "election_timeout_max_us", &n, false, cluster_line, "[cluster]", 1000,
+               60000000))
+    return false;
   if (n) c.election_timeout_max_us = n;
   if (c.election_timeout_max_us < c.election_timeout_min_us)
-    return fail(cluster_lines.count("election_timeout_max_us") ? cluster_lines["election_timeout_max_us"]
-                                                              : cluster_line,
+    return fail(cluster_lines.count("election_timeout_max_us")
+                    ? cluster_lines["election_timeout_max_us"]
+                    : cluster_line,
                 "field 'election_timeout_max_us' is below election_timeout_min_us");
   if (!no_leftovers(cluster, "[cluster]")) return false;
 
@@ -211,8 +227,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!get_int(t, "id", &id, true, at, "[[replica]]", 0, 6)) return false;
     if (id != static_cast<int64_t>(c.replicas.size()))
       return fail(id_line, "field 'id': replicas must be numbered 0.." +
-                          std::to_string(replicas.size() - 1) + " in order; expected " +
-                          std::to_string(c.replicas.size()) + ", got " + std::to_string(id));
+                               std::to_string(replicas.size() - 1) + " in order; expected " +
+                               std::to_string(c.replicas.size()) + ", got " + std::to_string(id));
     r.id = static_cast<int>(id);
     if (!get_string(t, "host", &r.host, true, at, "[[replica]]")) return false;
     if (!get_int(t, "peer_port", &peer_port, true, at, "[[replica]]", 1, 65535)) return false;

@@ -14,11 +14,11 @@
 #include "guard/daemon.h"
 
 #include <arpa/inet.h>
-#include <openssl/crypto.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdarg>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -184,8 +184,8 @@ class Daemon {
   // UCX state.
   UcxTransport::LocalRegion* ack_region_ = nullptr;
   std::vector<AckWord> last_ack_;
-  std::vector<int> ucx_peer_;              // by replica: PeerId or -1
-  std::vector<std::string> ucx_peer_addr_; // worker address it was made for
+  std::vector<int> ucx_peer_;               // by replica: PeerId or -1
+  std::vector<std::string> ucx_peer_addr_;  // worker address it was made for
   struct RemoteRegion {
     Ballot ballot = 0;
     uint64_t stream_id = 0;
@@ -340,7 +340,8 @@ bool Daemon::Init() {
   sigfd_ = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
   connected_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  for (int fd : {peer_listen_, client_listen_, sigfd_, ucx_->EventFd(), connected_efd_}) Watch(fd, false);
+  for (int fd : {peer_listen_, client_listen_, sigfd_, ucx_->EventFd(), connected_efd_})
+    Watch(fd, false);
   if (writer_) Watch(writer_->EventFd(), false);
   outbound_.assign(n_, nullptr);
   outbound_connected_.reset(new std::atomic<bool>[n_]);
@@ -348,8 +349,8 @@ bool Daemon::Init() {
   connector_ = std::thread([this] { ConnectorThread(); });
   Log("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
       cfg_.transport.c_str(), cfg_.durability.c_str(),
-      memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "",
-      me_.host.c_str(), me_.peer_port, me_.host.c_str(), me_.client_port);
+      memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "", me_.host.c_str(),
+      me_.peer_port, me_.host.c_str(), me_.client_port);
   return true;
 }
 
@@ -392,7 +393,8 @@ void Daemon::AcceptOn(int listen_fd, const char* role) {
   for (;;) {
     sockaddr_storage a;
     socklen_t len = sizeof a;
-    int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd =
+        accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -455,7 +457,8 @@ void Daemon::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
     }
     if (kind == FrameKind::kAuth && !c->nonce.empty()) {
       std::string expect = AuthProof(cfg_.secret, c->nonce, c->role, c->peer_id);
-      if (body.size() == expect.size() && CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
+      if (body.size() == expect.size() &&
+          CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
         c->authenticated = true;
         c->Queue(FrameKind::kWelcome, "");
         return;
@@ -463,7 +466,8 @@ void Daemon::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
       sockaddr_storage a;
       socklen_t len = sizeof a;
       char host[64] = "?";
-      if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
+      if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
+          a.ss_family == AF_INET)
         inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
       Log("refused an unauthenticated %s connection from %s: it does not know the cluster secret",
           c->role.c_str(), host);
@@ -487,7 +491,8 @@ void Daemon::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
 }
 
 int Daemon::UcxPeer(int replica, const std::string& worker_address) {
-  if (ucx_peer_[replica] >= 0 && ucx_peer_addr_[replica] == worker_address) return ucx_peer_[replica];
+  if (ucx_peer_[replica] >= 0 && ucx_peer_addr_[replica] == worker_address)
+    return ucx_peer_[replica];
   if (ucx_peer_[replica] >= 0) {  // the peer restarted: a new worker
     ucx_->Disconnect(ucx_peer_[replica], 0);
     remote_region_[replica] = RemoteRegion{};
@@ -510,9 +515,9 @@ int Daemon::UcxPeer(int replica, const std::string& worker_address) {
 
 void Daemon::OnPeerMessage(Message m) {
   if (opt_.verbose)
-    Log("<- %s from %d ballot %s stream %lu commit %lu entries %zu", MessageTypeName(m.type), m.from,
-        BallotString(m.ballot).c_str(), (unsigned long)m.stream_id, (unsigned long)m.commit_index,
-        m.entries.size());
+    Log("<- %s from %d ballot %s stream %lu commit %lu entries %zu", MessageTypeName(m.type),
+        m.from, BallotString(m.ballot).c_str(), (unsigned long)m.stream_id,
+        (unsigned long)m.commit_index, m.entries.size());
   TransportBlob blob;
   if (!m.transport.empty() && DecodeBlob(m.transport, &blob) && !blob.worker_address.empty()) {
     int pid = UcxPeer(m.from, blob.worker_address);
@@ -520,8 +525,8 @@ void Daemon::OnPeerMessage(Message m) {
     if (pid >= 0 && (m.type == Message::Type::kPrepare || m.type == Message::Type::kHeartbeat)) {
       // From a leader (or candidate): its ack array.
       if (remote_ack_[m.from] < 0) {
-        remote_ack_[m.from] = ucx_->AttachRemote(pid, blob.region_addr, blob.region_rkey,
-                                                 blob.region_size, &err);
+        remote_ack_[m.from] =
+            ucx_->AttachRemote(pid, blob.region_addr, blob.region_rkey, blob.region_size, &err);
         if (remote_ack_[m.from] < 0) Log("attach ack array of %d: %s", m.from, err.c_str());
       }
     } else if (pid >= 0 && (m.type == Message::Type::kPromise || m.type == Message::Type::kJoin)) {
@@ -529,9 +534,9 @@ void Daemon::OnPeerMessage(Message m) {
       RemoteRegion& rr = remote_region_[m.from];
       if (rr.ballot != m.ballot || rr.stream_id != m.stream_id) {
         if (rr.remote >= 0) ucx_->DetachRemote(rr.remote);
-        rr = RemoteRegion{m.ballot, m.stream_id,
-                          ucx_->AttachRemote(pid, blob.region_addr, blob.region_rkey,
-                                             blob.region_size, &err)};
+        rr = RemoteRegion{
+            m.ballot, m.stream_id,
+            ucx_->AttachRemote(pid, blob.region_addr, blob.region_rkey, blob.region_size, &err)};
         if (rr.remote < 0) Log("attach region of %d: %s", m.from, err.c_str());
       }
     }
@@ -574,9 +579,7 @@ void Daemon::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body) 
       waiters_.push_back(Waiter{pr.index, core_->promised(), now, 0, c});
       return;
     }
-    case FrameKind::kStatus:
-      c->Queue(FrameKind::kStatusResult, StatusJson());
-      return;
+    case FrameKind::kStatus: c->Queue(FrameKind::kStatusResult, StatusJson()); return;
     case FrameKind::kRead: {
       ByteReader r(body);
       uint64_t from = 0;
@@ -608,8 +611,7 @@ void Daemon::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body) 
       c->Queue(FrameKind::kTruncateResult, w.str());
       return;
     }
-    default:
-      CloseConn(c, "unknown request");
+    default: CloseConn(c, "unknown request");
   }
 }
 
@@ -617,9 +619,10 @@ std::string Daemon::StatusJson() {
   std::ostringstream o;
   o << "{\"id\":" << me_.id << ",\"pid\":" << getpid() << ",\"role\":\"" << RoleName(core_->role())
     << "\",\"ballot\":\"" << BallotString(core_->promised()) << "\",\"leader\":" << core_->leader()
-    << ",\"commit_index\":" << core_->commit_index() << ",\"durable_index\":" << core_->durable_index()
-    << ",\"last_index\":" << core_->last_index() << ",\"first_index\":" << core_->first_index()
-    << ",\"transport\":\"" << cfg_.transport << "\",\"durability\":\"" << cfg_.durability
+    << ",\"commit_index\":" << core_->commit_index()
+    << ",\"durable_index\":" << core_->durable_index() << ",\"last_index\":" << core_->last_index()
+    << ",\"first_index\":" << core_->first_index() << ",\"transport\":\"" << cfg_.transport
+    << "\",\"durability\":\"" << cfg_.durability
     << "\",\"may_vote\":" << (core_->may_vote() ? "true" : "false") << ",\"disk_error\":\""
     << JsonEscape(disk_error_) << "\",\"peers\":[";
   for (int r = 0; r < n_; r++) {
@@ -667,9 +670,9 @@ void Daemon::ReplyWaiters(uint64_t now) {
     out.u8(1);
     out.u64(w.index);
     out.bytes("");
-    out.f64(static_cast<double>(now - w.proposed_us));          // commit latency
-    out.f64(static_cast<double>(durable_at - w.proposed_us));   // own durable write
-    out.f64(static_cast<double>(now - durable_at));             // waiting for the quorum
+    out.f64(static_cast<double>(now - w.proposed_us));         // commit latency
+    out.f64(static_cast<double>(durable_at - w.proposed_us));  // own durable write
+    out.f64(static_cast<double>(now - durable_at));            // waiting for the quorum
     w.conn->Queue(FrameKind::kProposeResult, out.str());
   }
 }
@@ -680,7 +683,8 @@ void Daemon::EnsureRegion() {
   // The backup reads only the region of the (ballot, stream) it promised.
   Ballot b = core_->promised();
   uint64_t s = core_->stream_id();
-  if (!own_regions_.empty() && own_regions_.back().ballot == b && own_regions_.back().stream_id == s)
+  if (!own_regions_.empty() && own_regions_.back().ballot == b &&
+      own_regions_.back().stream_id == s)
     return;
   if (core_->role() != Role::kBackup || BallotLeader(b) == me_.id || b == 0) {
     reader_.reset();
@@ -724,8 +728,8 @@ bool Daemon::MapSpareRegion() {
   uint64_t t0 = NowUs();
   auto* region = ucx_->MapRegion(kControlBytes + cfg_.ring_bytes, &err);
   if (!region) {
-    Log("cannot map a log region of %lu bytes: %s", (unsigned long)(kControlBytes + cfg_.ring_bytes),
-        err.c_str());
+    Log("cannot map a log region of %lu bytes: %s",
+        (unsigned long)(kControlBytes + cfg_.ring_bytes), err.c_str());
     return false;
   }
   if (opt_.verbose) Log("mapped a spare log region in %lu us", (unsigned long)(NowUs() - t0));
@@ -807,7 +811,8 @@ void Daemon::SendToPeer(Message& m) {
   FrameConn* c = outbound_[m.to];
   if (opt_.verbose)
     Log("-> %s to %d ballot %s stream %lu%s", MessageTypeName(m.type), m.to,
-        BallotString(m.ballot).c_str(), (unsigned long)m.stream_id, c ? "" : " (not connected: dropped)");
+        BallotString(m.ballot).c_str(), (unsigned long)m.stream_id,
+        c ? "" : " (not connected: dropped)");
   if (!c) return;  // not connected: the protocol tolerates a lost message
   TransportBlob blob;
   blob.worker_address = ucx_->WorkerAddress();
@@ -862,13 +867,15 @@ bool Daemon::DrainOnce(uint64_t now) {
   }
   for (auto& cop : rd.controls) {
     RemoteRegion& rr = remote_region_[cop.to];
-    if (rr.remote < 0 || rr.ballot != cop.word.ballot || rr.stream_id != cop.word.stream_id) continue;
+    if (rr.remote < 0 || rr.ballot != cop.word.ballot || rr.stream_id != cop.word.stream_id)
+      continue;
     if (ucx_->Put(rr.remote, 0, &cop.word, sizeof cop.word, &err)) ring_peer_[cop.to] = true;
   }
   for (auto& a : rd.acks) {
     int remote = remote_ack_[a.to];
     if (remote < 0) continue;
-    if (ucx_->Put(remote, static_cast<size_t>(me_.id) * kAckSlotBytes, &a.word, sizeof a.word, &err))
+    if (ucx_->Put(remote, static_cast<size_t>(me_.id) * kAckSlotBytes, &a.word, sizeof a.word,
+                  &err))
       ring_peer_[a.to] = true;
   }
   uint64_t ring_t0 = opt_.verbose ? NowUs() : 0;
@@ -888,7 +895,8 @@ bool Daemon::DrainOnce(uint64_t now) {
       continue;
     }
     std::vector<OwnedRecord> batch;
-    if (p.promise) batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
+    if (p.promise)
+      batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
     for (auto& e : p.entries)
       batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
     // A leader with earlier entries still waiting for their quorum hands
@@ -915,8 +923,9 @@ bool Daemon::DrainOnce(uint64_t now) {
     FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
   if (core_->role() != last_role_ || core_->promised() != last_ballot_) {
     if (core_->role() == Role::kLeader)
-      Log("leader of ballot %s (commit index %lu, log end %lu)", BallotString(core_->promised()).c_str(),
-          (unsigned long)core_->commit_index(), (unsigned long)core_->last_index());
+      Log("leader of ballot %s (commit index %lu, log end %lu)",
+          BallotString(core_->promised()).c_str(), (unsigned long)core_->commit_index(),
+          (unsigned long)core_->last_index());
     else if (core_->role() == Role::kCandidate)
       Log("candidate for ballot %s", BallotString(core_->promised()).c_str());
     else
@@ -979,7 +988,8 @@ int Daemon::Run() {
       stats_[5] += may_sleep;
       if (now >= next_stats_us_) {
         Log("loop: %lu passes, progress %lu, memory %lu, disk %lu, drain %lu, sleeps %lu; "
-            "%lu inline writes, mean %.1f us (wall %.1f us, %.1f us after the proposal); rings %.0f us in all",
+            "%lu inline writes, mean %.1f us (wall %.1f us, %.1f us after the proposal); rings "
+            "%.0f us in all",
             (unsigned long)stats_[0], (unsigned long)stats_[1], (unsigned long)stats_[2],
             (unsigned long)stats_[3], (unsigned long)stats_[4], (unsigned long)stats_[5],
             (unsigned long)write_count_, write_count_ ? write_us_sum_ / write_count_ : 0.0,
@@ -1013,61 +1023,61 @@ int Daemon::Run() {
 }
 
 void Daemon::HandleEvents(epoll_event* evs, int n, uint64_t* last_busy) {
-    for (int i = 0; i < n; i++) {
-      int fd = evs[i].data.fd;
-      if (fd == sigfd_) {
-        signalfd_siginfo si;
-        while (read(sigfd_, &si, sizeof si) == sizeof si) {
-          Log("signal %u: shutting down", si.ssi_signo);
-          stopping_ = true;
-        }
-      } else if (fd == peer_listen_) {
-        AcceptOn(fd, "peer");
-      } else if (fd == client_listen_) {
-        AcceptOn(fd, "client");
-      } else if (fd == connected_efd_) {
-        uint64_t v;
-        (void)!read(connected_efd_, &v, 8);
-        std::vector<std::pair<int, int>> got;
-        {
-          std::lock_guard<std::mutex> g(connected_mu_);
-          got.swap(connected_);
-        }
-        for (auto [r, cfd] : got) {
-          auto c = std::make_unique<FrameConn>(cfd);
-          c->role = "outbound";
-          c->authenticated = true;
-          c->peer_id = r;
-          outbound_[r] = c.get();
-          Watch(cfd, false);
-          conns_[cfd] = std::move(c);
-        }
-      } else if (fd == ucx_->EventFd() || (writer_ && fd == writer_->EventFd())) {
-        // Handled by the polls at the top of the loop.
-      } else {
-        auto it = conns_.find(fd);
-        if (it == conns_.end()) continue;
-        FrameConn* c = it->second.get();
-        if (evs[i].events & EPOLLOUT) {
-          std::string err;
-          if (!c->Flush(&err)) {
-            CloseConn(c, err);
-            continue;
-          }
-          if (!c->WantsWrite()) Watch(fd, false);
-        }
-        if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-          if (c->role == "outbound") {
-            char buf[256];
-            ssize_t r = read(fd, buf, sizeof buf);
-            if (r == 0 || (r < 0 && errno != EAGAIN)) CloseConn(c, "peer closed");
-          } else {
-            OnConnReadable(c);
-          }
-        }
-        *last_busy = NowUs();
+  for (int i = 0; i < n; i++) {
+    int fd = evs[i].data.fd;
+    if (fd == sigfd_) {
+      signalfd_siginfo si;
+      while (read(sigfd_, &si, sizeof si) == sizeof si) {
+        Log("signal %u: shutting down", si.ssi_signo);
+        stopping_ = true;
       }
+    } else if (fd == peer_listen_) {
+      AcceptOn(fd, "peer");
+    } else if (fd == client_listen_) {
+      AcceptOn(fd, "client");
+    } else if (fd == connected_efd_) {
+      uint64_t v;
+      (void)!read(connected_efd_, &v, 8);
+      std::vector<std::pair<int, int>> got;
+      {
+        std::lock_guard<std::mutex> g(connected_mu_);
+        got.swap(connected_);
+      }
+      for (auto [r, cfd] : got) {
+        auto c = std::make_unique<FrameConn>(cfd);
+        c->role = "outbound";
+        c->authenticated = true;
+        c->peer_id = r;
+        outbound_[r] = c.get();
+        Watch(cfd, false);
+        conns_[cfd] = std::move(c);
+      }
+    } else if (fd == ucx_->EventFd() || (writer_ && fd == writer_->EventFd())) {
+      // Handled by the polls at the top of the loop.
+    } else {
+      auto it = conns_.find(fd);
+      if (it == conns_.end()) continue;
+      FrameConn* c = it->second.get();
+      if (evs[i].events & EPOLLOUT) {
+        std::string err;
+        if (!c->Flush(&err)) {
+          CloseConn(c, err);
+          continue;
+        }
+        if (!c->WantsWrite()) Watch(fd, false);
+      }
+      if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        if (c->role == "outbound") {
+          char buf[256];
+          ssize_t r = read(fd, buf, sizeof buf);
+          if (r == 0 || (r < 0 && errno != EAGAIN)) CloseConn(c, "peer closed");
+        } else {
+          OnConnReadable(c);
+        }
+      }
+      *last_busy = NowUs();
     }
+  }
 }
 
 }  // namespace

@@ -92,7 +92,9 @@ const char* kUsage =
     "  bench       measure: bench consensus | bench failover\n"
     "  demo        start a 3-replica cluster, commit, kill the leader, show nothing is lost\n";
 
-bool WantsHelp(const Args& a) { return a.Has("help") || a.Has("h"); }
+bool WantsHelp(const Args& a) {
+  return a.Has("help") || a.Has("h");
+}
 
 // ------------------------------------------------------------------ replica
 
@@ -125,14 +127,16 @@ int CmdCluster(int argc, char** argv) {
   if (sub.empty() || sub == "--help" || WantsHelp(a)) {
     printf(
         "usage:\n"
-        "  lockstep cluster up [--replicas 3|5|7] [--transport shm|tcp|auto] [--durability disk|memory]\n"
+        "  lockstep cluster up [--replicas 3|5|7] [--transport shm|tcp|auto] [--durability "
+        "disk|memory]\n"
         "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
         "DIR defaults to $LOCKSTEP_DIR or /tmp/lockstep-cluster. `up` writes DIR/cluster.toml\n"
         "(with a fresh secret), starts one daemon per replica and waits for a leader.\n"
-        "durability memory keeps entries in RAM on a majority only: NOT durable, for comparison.\n");
+        "durability memory keeps entries in RAM on a majority only: NOT durable, for "
+        "comparison.\n");
     return sub.empty() ? 2 : 0;
   }
   if (!a.error.empty()) return Fail(a.error);
@@ -229,16 +233,18 @@ int CmdPropose(int argc, char** argv) {
 int CmdLog(int argc, char** argv) {
   Args a = Parse(argc, argv, 2, {"help"});
   if (WantsHelp(a)) {
-    printf("usage: lockstep log [--dir DIR | --config FILE] [--replica N] [--from I] [--max K]\n\n"
-           "Prints the committed entries of replica N (the leader by default): index, ballot,\n"
-           "type and payload, one a line.\n");
+    printf(
+        "usage: lockstep log [--dir DIR | --config FILE] [--replica N] [--from I] [--max K]\n\n"
+        "Prints the committed entries of replica N (the leader by default): index, ballot,\n"
+        "type and payload, one a line.\n");
     return 0;
   }
   ClusterConfig c;
   std::string err;
   if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
   long long target, from, max;
-  if (!a.GetInt("replica", -1, &target) || !a.GetInt("from", 1, &from) || !a.GetInt("max", 1000000, &max))
+  if (!a.GetInt("replica", -1, &target) || !a.GetInt("from", 1, &from) ||
+      !a.GetInt("max", 1000000, &max))
     return Fail(a.error);
   int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
   if (r < 0) return Fail("no leader found");
@@ -265,7 +271,8 @@ int CmdSim(int argc, char** argv) {
   Args a = Parse(argc, argv, 2, {"help", "verbose"});
   if (WantsHelp(a)) {
     printf(
-        "usage: lockstep sim [--seeds N] [--first-seed S] [--replicas 3|5|7] [--seed S --verbose]\n\n"
+        "usage: lockstep sim [--seeds N] [--first-seed S] [--replicas 3|5|7] [--seed S "
+        "--verbose]\n\n"
         "Runs the protocol core under deterministic random schedules (message loss, delay and\n"
         "reordering, crashes that lose what was not durable, partitions, a deposed leader paused\n"
         "and resumed) and checks agreement, durability, one leader per ballot and progress after\n"
@@ -292,8 +299,10 @@ int CmdSim(int argc, char** argv) {
     SimResult r = RunSimulation(o);
     if (!r.ok) {
       violations++;
-      printf("seed %lld: VIOLATION: %s\n  replay: lockstep sim --replicas %lld --seed %lld --verbose\n",
-             s, r.violation.c_str(), replicas, s);
+      printf(
+          "seed %lld: VIOLATION: %s\n  replay: lockstep sim --replicas %lld --seed %lld "
+          "--verbose\n",
+          s, r.violation.c_str(), replicas, s);
     } else if (seeds <= 10 || a.Has("verbose")) {
       printf("seed %lld: ok (%s)\n", s, r.summary.c_str());
     }

@@ -82,7 +82,8 @@ std::string RandomBytes(size_t n) {
 
 std::string AuthProof(const std::string& secret, const std::string& nonce, const std::string& role,
                       int from_id) {
-  return HmacSha256(secret, "lockstep-auth-v1|" + role + "|" + std::to_string(from_id) + "|" + nonce);
+  return HmacSha256(secret,
+                    "lockstep-auth-v1|" + role + "|" + std::to_string(from_id) + "|" + nonce);
 }
 
 FrameConn::~FrameConn() {
@@ -298,8 +299,9 @@ int ConnectAuthenticated(const std::string& host, int port, const std::string& s
     return -1;
   }
   if (kind != FrameKind::kWelcome) {
-    *error = kind == FrameKind::kRefused ? "refused by " + host + ":" + std::to_string(port) + ": " + body
-                                         : "unexpected handshake reply";
+    *error = kind == FrameKind::kRefused
+                 ? "refused by " + host + ":" + std::to_string(port) + ": " + body
+                 : "unexpected handshake reply";
     close(fd);
     return -1;
   }

@@ -6,10 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
-#include <cstring>
 
 #include "consensus/core.h"
 
@@ -23,11 +23,11 @@ enum class FrameKind : uint8_t {
   kWelcome = 4,    // acceptor -> connector: authenticated
   kRefused = 5,    // acceptor -> connector: why (then close)
   kPeerMessage = 10,
-  kPropose = 20,   // client -> daemon: type u8, payload
+  kPropose = 20,  // client -> daemon: type u8, payload
   kProposeResult = 21,
-  kStatus = 22,    // client -> daemon: (empty) ; reply: JSON
+  kStatus = 22,  // client -> daemon: (empty) ; reply: JSON
   kStatusResult = 23,
-  kRead = 24,      // client -> daemon: from u64, max u32 ; reply: entries
+  kRead = 24,  // client -> daemon: from u64, max u32 ; reply: entries
   kReadResult = 25,
   kTruncate = 26,  // client -> daemon: below u64
   kTruncateResult = 27,

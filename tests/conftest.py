@@ -23,6 +23,7 @@ def run(*args, check=True, timeout=120, **kw):
     """Runs `lockstep ARGS`, returning the CompletedProcess (text mode)."""
     p = subprocess.run(
         [str(LOCKSTEP), *map(str, args)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -43,9 +44,19 @@ class Cluster:
 
     def up(self, replicas=3, transport="shm", durability="disk", extra=()):
         return run(
-            "cluster", "up", "--dir", self.dir, "--replicas", replicas,
-            "--transport", transport, "--durability", durability,
-            "--base-port", self.base_port, *extra,
+            "cluster",
+            "up",
+            "--dir",
+            self.dir,
+            "--replicas",
+            replicas,
+            "--transport",
+            transport,
+            "--durability",
+            durability,
+            "--base-port",
+            self.base_port,
+            *extra,
         )
 
     def status(self):

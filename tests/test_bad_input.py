@@ -1,15 +1,11 @@
 """Bad input gets a clear error and loses nothing."""
 
-import os
 import re
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-
-from conftest import LOCKSTEP, run
+from conftest import run
 
 GOOD = """\
 [cluster]
@@ -67,12 +63,15 @@ def test_bad_cluster_options_are_refused(cluster):
 
 def test_port_already_taken(cluster):
     import socket
+
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", cluster.base_port + 1))
     s.listen()
     try:
-        p = run("cluster", "up", "--dir", cluster.dir, "--base-port", cluster.base_port, check=False)
+        p = run(
+            "cluster", "up", "--dir", cluster.dir, "--base-port", cluster.base_port, check=False
+        )
         assert p.returncode != 0
         assert f"port {cluster.base_port + 1}" in p.stderr and "taken" in p.stderr
     finally:
@@ -120,13 +119,15 @@ def test_corrupted_log_is_refused_and_recovered_from_peers(cluster):
     seg = segs[0]
     data = bytearray(seg.read_bytes())
     pos = data.find(b"v5-")
-    data[pos:pos + 3] = b"XXX"  # flip bytes inside an early record's payload
+    data[pos : pos + 3] = b"XXX"  # flip bytes inside an early record's payload
     seg.write_bytes(bytes(data))
     for i in range(3):
         run("cluster", "restart", "--dir", cluster.dir, "--id", i)
-    cluster.wait(lambda s: s["leader"] is not None and
-                 all(r["commit_index"] >= 40 for r in s["replicas"]),
-                 timeout=20, what="recovery of the damaged replica")
+    cluster.wait(
+        lambda s: s["leader"] is not None and all(r["commit_index"] >= 40 for r in s["replicas"]),
+        timeout=20,
+        what="recovery of the damaged replica",
+    )
     log = (cluster.dir / f"replica-{victim}.log").read_text()
     assert "LOG DAMAGED" in log
     cluster.propose("after-repair")
@@ -142,8 +143,12 @@ def small_disk(tmp_path):
     """A 24 MiB tmpfs: three replicas' logs fill it quickly."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
     yield mnt
@@ -152,6 +157,7 @@ def small_disk(tmp_path):
 
 def test_full_disk_refuses_proposals_and_loses_nothing_acknowledged(small_disk):
     from conftest import Cluster
+
     c = Cluster(small_disk / "cluster", 23900)
     c.dir.mkdir()
     try:

@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from pathlib import Path
 
 from conftest import run
 
@@ -11,7 +12,12 @@ def test_cli_help_lists_every_command():
     out = run("--help").stdout
     for cmd in ("replica", "cluster", "propose", "log", "sim", "bench", "demo"):
         assert cmd in out
-    for sub in (["cluster", "--help"], ["bench", "--help"], ["sim", "--help"], ["replica", "--help"]):
+    for sub in (
+        ["cluster", "--help"],
+        ["bench", "--help"],
+        ["sim", "--help"],
+        ["replica", "--help"],
+    ):
         assert "usage" in run(*sub).stdout
 
 
@@ -33,8 +39,10 @@ def test_committed_entries_are_identical_on_every_replica(cluster):
     values = [f"value-{i}" for i in range(50)]
     out = cluster.propose(*values).stdout
     assert out.count("committed index") == 50
-    s = cluster.wait(lambda s: all(r["commit_index"] >= 50 for r in s["replicas"]),
-                     what="all replicas to commit 50 entries")
+    s = cluster.wait(
+        lambda s: all(r["commit_index"] >= 50 for r in s["replicas"]),
+        what="all replicas to commit 50 entries",
+    )
     assert all(r["lag"] == 0 for r in s["replicas"])
     logs = [cluster.log(i) for i in range(3)]
     assert [p for _, _, p in logs[0]] == values
@@ -62,9 +70,13 @@ def test_killed_leader_is_replaced_and_catches_up_after_restart(cluster):
     assert s["replicas"][old]["role"] == "down"
     cluster.propose(*[f"after-{i}" for i in range(20)])
     run("cluster", "restart", "--dir", cluster.dir, "--id", old)
-    s = cluster.wait(lambda s: s["replicas"][old]["role"] in ("backup", "leader") and
-                     s["replicas"][old]["commit_index"] >= 40,
-                     what="the restarted replica to catch up")
+    s = cluster.wait(
+        lambda s: (
+            s["replicas"][old]["role"] in ("backup", "leader")
+            and s["replicas"][old]["commit_index"] >= 40
+        ),
+        what="the restarted replica to catch up",
+    )
     logs = [cluster.log(i) for i in range(3)]
     payloads = [p for _, t, p in logs[new] if t == "input"]
     assert payloads == [f"before-{i}" for i in range(20)] + [f"after-{i}" for i in range(20)]
@@ -73,9 +85,23 @@ def test_killed_leader_is_replaced_and_catches_up_after_restart(cluster):
 
 def test_sigkill_leader_under_16_clients_loses_nothing_acknowledged(cluster, tmp_path):
     out = tmp_path / "failover.json"
-    run("bench", "failover", "--kills", 3, "--clients", 16, "--dir", cluster.dir,
-        "--base-port", cluster.base_port, "--json", out, timeout=300)
+    run(
+        "bench",
+        "failover",
+        "--kills",
+        3,
+        "--clients",
+        16,
+        "--dir",
+        cluster.dir,
+        "--base-port",
+        cluster.base_port,
+        "--json",
+        out,
+        timeout=300,
+    )
     import json
+
     r = json.loads(out.read_text())
     assert r["kills"] == 3
     assert r["failed_kills"] == 0
@@ -89,22 +115,25 @@ def test_cluster_down_leaves_nothing_running(cluster):
     run("cluster", "down", "--dir", cluster.dir)
     time.sleep(0.1)
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z"
     assert all(r["role"] == "down" for r in cluster.status()["replicas"])
 
 
 def test_five_replicas_and_memory_durability(cluster):
     cluster.up(replicas=5, durability="memory")
     cluster.propose("a", "b", "c")
-    s = cluster.wait(lambda s: all(r["commit_index"] >= 3 for r in s["replicas"]),
-                     what="5 replicas to commit")
+    s = cluster.wait(
+        lambda s: all(r["commit_index"] >= 3 for r in s["replicas"]), what="5 replicas to commit"
+    )
     assert len(s["replicas"]) == 5
 
 
 def test_tcp_transport(cluster):
     cluster.up(transport="tcp")
     cluster.propose(*[f"t{i}" for i in range(10)])
-    cluster.wait(lambda s: all(r["commit_index"] >= 10 for r in s["replicas"]),
-                 what="commit over tcp")
+    cluster.wait(
+        lambda s: all(r["commit_index"] >= 10 for r in s["replicas"]), what="commit over tcp"
+    )
     logs = [cluster.log(i) for i in range(3)]
     assert logs[0] == logs[1] == logs[2]

@@ -11,6 +11,7 @@
 //
 // Build: g++ -std=c++20 -O2 -I. tools/ucx_probe.cc consensus/transport_ucx.cc
 //          -o /tmp/ucx_probe -lucp -lucs -pthread
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -19,7 +20,6 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,11 +75,11 @@ bool RecvStr(int fd, std::string* s) {
 
 // Shared between parent and child (MAP_SHARED, created before fork).
 struct Shared {
-  std::atomic<int> phase;        // 0 setup, 1 puts, 2 doorbells, 4 pipe baseline, 3 exit
-  std::atomic<int> sleeping;     // target is (about to be) in epoll_wait
-  std::atomic<uint64_t> handled; // doorbells handled
+  std::atomic<int> phase;         // 0 setup, 1 puts, 2 doorbells, 4 pipe baseline, 3 exit
+  std::atomic<int> sleeping;      // target is (about to be) in epoll_wait
+  std::atomic<uint64_t> handled;  // doorbells handled
   std::atomic<uint64_t> handler_ns;
-  std::atomic<int> inner_pid;    // --child-ns pid: the target's pid as seen from here
+  std::atomic<int> inner_pid;  // --child-ns pid: the target's pid as seen from here
 };
 
 constexpr size_t kRegion = 1 << 20;
@@ -155,8 +155,8 @@ int Child(UcxTransport::Kind kind, int sock, Shared* sh, bool target_sleeps, con
       }
       continue;
     }
-    bool sleep_now = (sh->phase.load() == 2 && !doorbell_spin) ||
-                     (target_sleeps && sh->phase.load() == 1);
+    bool sleep_now =
+        (sh->phase.load() == 2 && !doorbell_spin) || (target_sleeps && sh->phase.load() == 1);
     if (t->Progress()) continue;
     if (sleep_now && t->Arm()) {
       sh->sleeping.store(1);
@@ -191,20 +191,31 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes = {64, 4096};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "shm") kind = UcxTransport::Kind::kShm, kind_name = "shm";
-    else if (a == "tcp") kind = UcxTransport::Kind::kTcp, kind_name = "tcp";
-    else if (a == "auto") kind = UcxTransport::Kind::kAuto, kind_name = "auto";
-    else if (a == "--iters" && i + 1 < argc) iters = atoi(argv[++i]);
-    else if (a == "--target" && i + 1 < argc) target_sleeps = std::string(argv[++i]) == "sleep";
-    else if (a == "--child-ns" && i + 1 < argc) ns = argv[++i];
-    else if (a == "--demo-unchecked-address") demo_unchecked = true;
-    else if (a == "--kill-after") kill_after = true;
+    if (a == "shm")
+      kind = UcxTransport::Kind::kShm, kind_name = "shm";
+    else if (a == "tcp")
+      kind = UcxTransport::Kind::kTcp, kind_name = "tcp";
+    else if (a == "auto")
+      kind = UcxTransport::Kind::kAuto, kind_name = "auto";
+    else if (a == "--iters" && i + 1 < argc)
+      iters = atoi(argv[++i]);
+    else if (a == "--target" && i + 1 < argc)
+      target_sleeps = std::string(argv[++i]) == "sleep";
+    else if (a == "--child-ns" && i + 1 < argc)
+      ns = argv[++i];
+    else if (a == "--demo-unchecked-address")
+      demo_unchecked = true;
+    else if (a == "--kill-after")
+      kill_after = true;
     else if (a == "--sizes" && i + 1 < argc) {
       sizes.clear();
-      for (char* tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) sizes.push_back(strtoul(tok, nullptr, 0));
-    }
-    else {
-      fprintf(stderr, "usage: %s [shm|tcp|auto] [--iters N] [--target spin|sleep] [--child-ns net|ipc|pid|none] [--sizes 64,4096] [--demo-unchecked-address] [--kill-after]\n", argv[0]);
+      for (char* tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ","))
+        sizes.push_back(strtoul(tok, nullptr, 0));
+    } else {
+      fprintf(stderr,
+              "usage: %s [shm|tcp|auto] [--iters N] [--target spin|sleep] [--child-ns "
+              "net|ipc|pid|none] [--sizes 64,4096] [--demo-unchecked-address] [--kill-after]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -243,9 +254,8 @@ int main(int argc, char** argv) {
     }
     uint64_t remote_addr;
     std::memcpy(&remote_addr, raddr.data(), 8);
-    t->SetPeerErrorHandler([](int id, std::string m) {
-      fprintf(stderr, "peer %d error: %s\n", id, m.c_str());
-    });
+    t->SetPeerErrorHandler(
+        [](int id, std::string m) { fprintf(stderr, "peer %d error: %s\n", id, m.c_str()); });
     int peer = t->Connect(addr, &err);
     int rid = peer < 0 ? -1 : t->AttachRemote(peer, remote_addr, rkey, kRegion, &err);
     if (rid >= 0 && demo_unchecked) {
