@@ -24,6 +24,8 @@ const char* MessageTypeName(Message::Type t) {
     case Message::Type::kNack: return "nack";
     case Message::Type::kHeartbeat: return "heartbeat";
     case Message::Type::kJoin: return "join";
+    case Message::Type::kPreVote: return "pre-vote";
+    case Message::Type::kPreVoteReply: return "pre-vote-reply";
   }
   return "?";
 }
@@ -45,6 +47,9 @@ Replica::Replica(const CoreConfig& config, DurableState state, uint64_t now_us)
   may_vote_ = !state.damaged;
   peers_.resize(config.replicas);
   ResetElectionTimer(now_us);
+  // A (re)started replica first listens for a few message-heartbeat periods:
+  // a live leader finds it and it rejoins without disturbing anyone.
+  election_deadline_us_ += 3 * config_.message_heartbeat_us;
   // A single replica is its own majority.
   if (config.replicas == 1) election_deadline_us_ = now_us;
 }
@@ -110,8 +115,8 @@ void Replica::Tick(uint64_t now_us) {
     return;
   }
   if (now_us >= election_deadline_us_) {
-    if (may_vote_) {
-      StartElection(now_us);
+    if (may_vote_ && commit_index_ >= lead_after_commit_) {
+      StartPreVote(now_us);
     } else {
       ResetElectionTimer(now_us);
     }
@@ -155,6 +160,19 @@ ProposeResult Replica::Propose(uint64_t now_us, EntryType type, std::string payl
 
 // ---------------------------------------------------------------- persistence
 
+// The commit index an op writes into its records. Recovery takes the highest
+// one it finds, and a torn write keeps only the op's first records, so the
+// index may cover only slots whose current values reach the disk before this
+// op's first record: those durable already or written by earlier ops. (A
+// commit index covering a slot rewritten later in the same op would make a
+// restart trust the stale value the tear left there.)
+uint64_t Replica::CommitForNextPersist(bool grouping) const {
+  uint64_t covered = durable_index_;
+  size_t earlier = pending_persists_.size() - (grouping ? 1 : 0);
+  for (size_t i = 0; i < earlier; i++) covered = std::max(covered, pending_persists_[i].upto);
+  return std::min(commit_index_, covered);
+}
+
 void Replica::Persist(std::vector<Entry> entries, Ballot promise, std::vector<Message> then_send) {
   uint64_t upto = 0;
   for (const Entry& e : entries) upto = std::max(upto, e.index);
@@ -162,7 +180,7 @@ void Replica::Persist(std::vector<Entry> entries, Ballot promise, std::vector<Me
     PersistOp& op = ready_.persists.back();
     for (auto& e : entries) op.entries.push_back(std::move(e));
     op.promise = std::max(op.promise, promise);
-    op.commit_index = commit_index_;
+    op.commit_index = CommitForNextPersist(/*grouping=*/true);
     PendingPersist& pp = pending_persists_.back();
     LS_ASSERT(pp.seq == op.seq, "persist queue out of step");
     pp.upto = std::max(pp.upto, upto);
@@ -174,7 +192,7 @@ void Replica::Persist(std::vector<Entry> entries, Ballot promise, std::vector<Me
   op.seq = next_persist_seq_++;
   op.entries = std::move(entries);
   op.promise = promise;
-  op.commit_index = commit_index_;
+  op.commit_index = CommitForNextPersist(/*grouping=*/false);
   pending_persists_.push_back(PendingPersist{op.seq, upto, promise, std::move(then_send)});
   ready_.persists.push_back(std::move(op));
 }
@@ -225,7 +243,55 @@ void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
 
 // ---------------------------------------------------------------- elections
 
+void Replica::NoteLeaderAlive(uint64_t now_us) {
+  last_leader_contact_us_ = now_us;
+  prevoting_ = false;
+  ResetElectionTimer(now_us);
+}
+
+void Replica::StartPreVote(uint64_t now_us) {
+  if (config_.replicas == 1) {
+    StartElection(now_us);
+    return;
+  }
+  prevoting_ = true;
+  prevote_ballot_ = MakeBallot(std::max(max_round_seen_, BallotRound(promised_)) + 1, config_.id);
+  prevote_grants_ = {config_.id};
+  for (int p = 0; p < config_.replicas; p++) {
+    if (p == config_.id) continue;
+    Message m;
+    m.type = Message::Type::kPreVote;
+    m.from = config_.id;
+    m.to = p;
+    m.ballot = prevote_ballot_;
+    m.commit_index = commit_index_;
+    ready_.messages.push_back(std::move(m));
+  }
+  ResetElectionTimer(now_us);
+}
+
+void Replica::HandlePreVote(uint64_t now_us, const Message& m) {
+  // Grant when we would promise the ballot and have no live leader ourselves.
+  bool leader_alive = role_ == Role::kLeader ||
+                      (role_ == Role::kBackup && leader() >= 0 &&
+                       now_us < last_leader_contact_us_ + config_.election_timeout_min_us);
+  Message reply;
+  reply.type = Message::Type::kPreVoteReply;
+  reply.from = config_.id;
+  reply.to = m.from;
+  reply.ballot = m.ballot;
+  reply.granted = may_vote_ && m.ballot > promised_ && !leader_alive;
+  ready_.messages.push_back(std::move(reply));
+}
+
+void Replica::HandlePreVoteReply(uint64_t now_us, const Message& m) {
+  if (!prevoting_ || m.ballot != prevote_ballot_ || !m.granted || role_ == Role::kLeader) return;
+  prevote_grants_.insert(m.from);
+  if (static_cast<int>(prevote_grants_.size()) >= Majority()) StartElection(now_us);
+}
+
 void Replica::StartElection(uint64_t now_us) {
+  prevoting_ = false;
   uint64_t round = std::max(max_round_seen_, BallotRound(promised_)) + 1;
   Ballot b = MakeBallot(round, config_.id);
   if (role_ == Role::kLeader) ready_.lost_leadership = true;
@@ -255,12 +321,14 @@ void Replica::StartElection(uint64_t now_us) {
 
 void Replica::MaybeWin(uint64_t now_us) {
   if (role_ != Role::kCandidate) return;
-  int count = 0;
-  for (const auto& [from, m] : promises_) {
-    if (from == config_.id && durable_promised_ < promised_) continue;  // not durable yet
-    count++;
-  }
-  if (count >= Majority()) BecomeLeader(now_us);
+  // Our own promise must be durable before we lead, even when the others'
+  // promises alone make a majority: a leader whose promise is lost in a
+  // crash restarts below its ballot, may run for the very same ballot again
+  // and, fed late promises from its first run, propose other values under a
+  // ballot whose entries some backups already hold. OnPersisted retries.
+  if (durable_promised_ < promised_) return;
+  // promises_ holds one promise of this ballot per sender, our own included.
+  if (static_cast<int>(promises_.size()) >= Majority()) BecomeLeader(now_us);
 }
 
 void Replica::BecomeLeader(uint64_t now_us) {
@@ -272,17 +340,39 @@ void Replica::BecomeLeader(uint64_t now_us) {
     known_commit = std::max(known_commit, m.commit_index);
     for (const Entry& e : m.entries) end = std::max(end, e.index);
   }
+  end = std::max(end, known_commit);
   std::vector<Entry> chosen;
   for (uint64_t i = commit_index_ + 1; i <= end; i++) {
-    const Entry* best = At(i);
-    for (const auto& [from, m] : promises_) {
-      if (from == config_.id) continue;
-      for (const Entry& e : m.entries)
-        if (e.index == i && (!best || e.ballot > best->ballot)) best = &e;
+    const Entry* best = nullptr;
+    if (i <= known_commit) {
+      // Committed already: its value is what a promiser that knows it
+      // committed holds. The highest-ballot rule is not enough here: that
+      // promiser may have truncated the slot (it is below its commit index),
+      // and then the highest ballot among the others can be a stale value of
+      // an old ballot, ours included, that lost the slot.
+      for (const auto& [from, m] : promises_) {
+        if (from == config_.id || m.commit_index < i) continue;
+        for (const Entry& e : m.entries)
+          if (e.index == i) best = &e;
+        if (best) break;
+      }
+    } else {
+      // Not known committed: Paxos' rule, the value accepted under the
+      // highest ballot (no promiser truncates past its commit index).
+      best = At(i);
+      for (const auto& [from, m] : promises_) {
+        if (from == config_.id) continue;
+        for (const Entry& e : m.entries)
+          if (e.index == i && (!best || e.ballot > best->ballot)) best = &e;
+      }
     }
     if (!best) {
       // Only possible when promisers truncated below what we lack: we would
-      // need a snapshot. Stay candidate; someone better placed will win.
+      // need a snapshot. Stay candidate; someone better placed will win, and
+      // stand for no election before catching up to what they committed:
+      // each of our prepares would only reset the timer of the replica that
+      // can lead.
+      lead_after_commit_ = known_commit;
       ResetElectionTimer(now_us);
       return;
     }
@@ -334,6 +424,7 @@ void Replica::Promise(uint64_t now_us, Ballot b, const Message* prepare) {
   LS_ASSERT(b > promised_, "promise %s not above %s", BallotString(b).c_str(),
             BallotString(promised_).c_str());
   StepDown(now_us, b);
+  prevoting_ = false;
   promised_ = b;
   OpenStream();
   std::vector<Message> then_send;
@@ -402,7 +493,7 @@ void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
     return;
   }
   if (role_ != Role::kBackup) return;
-  ResetElectionTimer(now_us);
+  NoteLeaderAlive(now_us);
   commit_index_ = std::max(commit_index_, std::min(m.commit_index, accepted_upto_));
   bool stalled = stall_armed_ && m.stream_id == stream_id_ && consumed_pos_ < stall_check_pos_;
   bool unknown_to_leader = m.stream_id != stream_id_;
@@ -450,12 +541,16 @@ void Replica::HandleJoin(uint64_t now_us, const Message& m) {
 
 void Replica::OnMessage(uint64_t now_us, const Message& m) {
   if (m.from < 0 || m.from >= config_.replicas || m.from == config_.id) return;
-  max_round_seen_ = std::max(max_round_seen_, BallotRound(m.ballot));
+  // A pre-vote's ballot is hypothetical: nobody is bound by it.
+  if (m.type != Message::Type::kPreVote && m.type != Message::Type::kPreVoteReply)
+    max_round_seen_ = std::max(max_round_seen_, BallotRound(m.ballot));
   switch (m.type) {
     case Message::Type::kPrepare: HandlePrepare(now_us, m); break;
     case Message::Type::kPromise: HandlePromise(now_us, m); break;
     case Message::Type::kHeartbeat: HandleHeartbeat(now_us, m); break;
     case Message::Type::kJoin: HandleJoin(now_us, m); break;
+    case Message::Type::kPreVote: HandlePreVote(now_us, m); break;
+    case Message::Type::kPreVoteReply: HandlePreVoteReply(now_us, m); break;
     case Message::Type::kNack:
       max_round_seen_ = std::max(max_round_seen_, BallotRound(m.promised));
       if (m.promised > promised_ && role_ != Role::kBackup) StepDown(now_us, m.promised);
@@ -487,11 +582,20 @@ void Replica::StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit
 void Replica::Pump(int peer) {
   PeerStream& p = peers_[peer];
   if (!p.ready || role_ != Role::kLeader) return;
+  if (p.next_put < first_index_) {
+    // We truncated slots this peer still needs (a checkpoint was taken while
+    // it lagged): only a snapshot brings it forward, as in StartPeerStream.
+    p.ready = false;
+    p.needs_snapshot = true;
+    return;
+  }
   const uint64_t ring = config_.ring_bytes;
   std::string run;
   uint64_t run_pos = 0;
   auto flush = [&] {
     if (run.empty()) return;
+    LS_ASSERT(run_pos % ring + run.size() <= ring, "put of %zu bytes at ring offset %lu crosses the end",
+              run.size(), (unsigned long)(run_pos % ring));
     ready_.puts.push_back(
         PutOp{peer, promised_, p.stream_id, kControlBytes + run_pos % ring, std::move(run)});
     run.clear();
@@ -502,7 +606,11 @@ void Replica::Pump(int peer) {
     size_t size = RecordSize(e->payload.size());
     Placement pl = PlaceRecord(p.sent_pos, size, ring);
     if (pl.next_pos - p.consumed_pos > ring) break;  // ring full: wait for the reader
-    if (pl.record_pos != p.sent_pos) {  // wrap to the next lap
+    // One put is one contiguous range of the ring, so a run ends with the
+    // lap: when the record wraps (after a kWrap record, or nothing if even
+    // that does not fit) and also when it starts exactly at offset 0 of the
+    // next lap (the previous record ended flush with the ring's end).
+    if (pl.record_pos != p.sent_pos || pl.record_pos % ring == 0) {
       flush();
       if (pl.wrap_record) {
         std::string wrap(RecordSize(0), '\0');
@@ -581,7 +689,7 @@ void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const
   LS_ASSERT(e.ballot == ballot || e.index <= record_commit,
             "record %lu of ballot %s in the stream of %s", (unsigned long)e.index,
             BallotString(e.ballot).c_str(), BallotString(ballot).c_str());
-  ResetElectionTimer(now_us);
+  NoteLeaderAlive(now_us);
   consumed_pos_ = next_pos;
   ack_dirty_ = true;
   if (e.index <= commit_index_ || e.index < first_index_) {
@@ -605,7 +713,7 @@ void Replica::OnControl(uint64_t now_us, const ControlWord& w) {
   if (role_ != Role::kBackup || w.ballot != promised_ || w.stream_id != stream_id_) return;
   if (w.heartbeat != last_heartbeat_seen_) {
     last_heartbeat_seen_ = w.heartbeat;
-    ResetElectionTimer(now_us);
+    NoteLeaderAlive(now_us);
     ack_dirty_ = true;  // echo it: the leader's proof that we are alive
   }
   uint64_t c = std::min(w.commit_index, accepted_upto_);

@@ -28,6 +28,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,15 @@ struct CoreConfig {
 };
 
 struct Message {
-  enum class Type : uint8_t { kPrepare = 1, kPromise, kNack, kHeartbeat, kJoin };
+  enum class Type : uint8_t {
+    kPrepare = 1,
+    kPromise,
+    kNack,
+    kHeartbeat,
+    kJoin,
+    kPreVote,      // "would you promise this ballot?" — changes nobody's state
+    kPreVoteReply  // granted: the sender has no live leader and would promise
+  };
   Type type = Type::kHeartbeat;
   int from = 0;
   int to = 0;
@@ -62,6 +71,7 @@ struct Message {
   uint64_t commit_index = 0;  // sender's commit index
   uint64_t sent_pos = 0;      // heartbeat: how far the leader has written the receiver's stream
   Ballot promised = 0;        // nack: the ballot the sender promised
+  bool granted = false;       // pre-vote reply
   std::vector<Entry> entries; // promise: sender's slots past the candidate's commit
   std::string transport;      // opaque, filled and read by the transport adapter
 };
@@ -181,6 +191,10 @@ class Replica {
   int Majority() const { return config_.replicas / 2 + 1; }
   void ResetElectionTimer(uint64_t now_us);
   void StartElection(uint64_t now_us);
+  void StartPreVote(uint64_t now_us);
+  void HandlePreVote(uint64_t now_us, const Message& m);
+  void HandlePreVoteReply(uint64_t now_us, const Message& m);
+  void NoteLeaderAlive(uint64_t now_us);
   void BecomeLeader(uint64_t now_us);
   void MaybeWin(uint64_t now_us);
   void StepDown(uint64_t now_us, Ballot seen);
@@ -198,6 +212,7 @@ class Replica {
   void AdvanceCommit();
   void SetSlot(const Entry& e);  // overwrite or append
   void Persist(std::vector<Entry> entries, Ballot promise, std::vector<Message> then_send);
+  uint64_t CommitForNextPersist(bool grouping) const;
   void ClampPendingPersists(uint64_t index);
   Entry* MutableAt(uint64_t index);
   void CheckInvariants() const;
@@ -209,7 +224,15 @@ class Replica {
   Ballot durable_promised_ = 0;
   uint64_t max_round_seen_ = 0;
   bool may_vote_ = true;
+  // Pre-vote (as in Raft's PreVote): a replica whose timer fired first asks
+  // whether a majority also lost its leader, so one slow or restarted replica
+  // cannot depose a working leader by promising itself a higher ballot.
+  bool prevoting_ = false;
+  Ballot prevote_ballot_ = 0;
+  std::set<int> prevote_grants_;
+  uint64_t last_leader_contact_us_ = 0;
   uint64_t catch_up_target_ = 0;  // damaged log: may vote again past this commit
+  uint64_t lead_after_commit_ = 0;  // lacks truncated committed slots: no elections before this
 
   uint64_t first_index_ = 1;
   std::deque<Entry> slots_;

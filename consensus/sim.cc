@@ -43,6 +43,16 @@ bool SameValue(const Entry& a, const Entry& b) {
   return a.type == b.type && a.payload == b.payload;
 }
 
+// Our own draws instead of <random>'s distributions, whose algorithms differ
+// between standard libraries: a seed replays the same run everywhere.
+uint64_t Uniform(std::mt19937_64& rng, uint64_t lo, uint64_t hi) {
+  if (hi <= lo) return lo;
+  uint64_t span = hi - lo + 1;
+  return span == 0 ? rng() : lo + rng() % span;
+}
+double Unit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+bool Bernoulli(std::mt19937_64& rng, double p) { return p > 0 && Unit(rng) < p; }
+
 }  // namespace
 
 #define SIM_TRACE(...)                          \
@@ -88,6 +98,7 @@ void SimCluster::StartReplica(int r) {
   nd.disk.clear();
   nd.disk_scheduled = 0;
   nd.disk_free_at = 0;
+  nd.batch_start = 0;
   nd.persisted_while_paused.clear();
   nd.regions.clear();
   nd.region_order.clear();
@@ -97,11 +108,14 @@ void SimCluster::StartReplica(int r) {
   nd.last_acks.assign(n_, AckWord{});
   nd.deferred.clear();
   nd.checked_upto = 0;
+  nd.last_commit = 0;
+  nd.durable_checked = UINT64_MAX;  // set from the restarted replica below
   SIM_TRACE("r%d: start incarnation %llu from durable promise %s commit %llu slots [%llu, %llu]", r,
             (U)nd.incarnation, BallotString(nd.durable.promised).c_str(),
             (U)nd.durable.commit_index, (U)nd.durable.first_index,
             (U)(nd.durable.first_index + nd.durable.slots.size() - 1));
   nd.rep = std::make_unique<Replica>(cfg, nd.durable, now_);
+  nd.durable_checked = nd.rep->durable_index();  // its log is its disk
   Event tick;
   tick.kind = Ev::kTick;
   tick.to = r;
@@ -115,14 +129,12 @@ void SimCluster::StartReplica(int r) {
 // ---------------------------------------------------------------- randomness, events
 
 bool SimCluster::Chance(double p) {
-  if (p <= 0) return false;
-  return std::uniform_real_distribution<double>(0, 1)(rng_) < p;
+  return Bernoulli(rng_, p);
 }
 
 uint64_t SimCluster::Delay() {
-  if (lossy_ && Chance(opt_.slow_rate))
-    return std::uniform_int_distribution<uint64_t>(opt_.delay_min_us, opt_.slow_max_us)(rng_);
-  return std::uniform_int_distribution<uint64_t>(opt_.delay_min_us, opt_.delay_max_us)(rng_);
+  uint64_t hi = lossy_ && Chance(opt_.slow_rate) ? opt_.slow_max_us : opt_.delay_max_us;
+  return Uniform(rng_, opt_.delay_min_us, hi);
 }
 
 void SimCluster::Schedule(uint64_t at, Event ev) {
@@ -247,6 +259,7 @@ void SimCluster::Process(Event& ev) {
           return;
         }
         memcpy(mem.data() + ev.offset, ev.bytes.data(), ev.bytes.size());
+        if (!nd.has_reader || nd.reading != RegionKey{b, s}) stale_region_puts_++;
         SIM_TRACE("r%d -> r%d: put %zu bytes at ring offset %llu of %s/%llx", ev.from, ev.to,
                   ev.bytes.size(), (U)(ev.offset - kControlBytes), BallotString(b).c_str(), (U)s);
       } else {
@@ -302,8 +315,7 @@ void SimCluster::Process(Event& ev) {
       Event restart;
       restart.kind = Ev::kRestart;
       restart.to = ev.to;
-      Schedule(now_ + std::uniform_int_distribution<uint64_t>(opt_.restart_min_us,
-                                                              opt_.restart_max_us)(rng_),
+      Schedule(now_ + Uniform(rng_, opt_.restart_min_us, opt_.restart_max_us),
                std::move(restart));
       return;
     }
@@ -408,6 +420,7 @@ void SimCluster::ApplyDurable(int r, const PersistOp& op) {
   }
   for (const Entry& e : op.entries) {
     if (e.index < d.first_index) continue;  // below a truncation: committed long ago
+    RecordAcceptance(r, e);
     uint64_t last = d.first_index + d.slots.size() - 1;
     if (e.index == last + 1) {
       d.slots.push_back(e);
@@ -433,12 +446,21 @@ void SimCluster::ApplyDurable(int r, const PersistOp& op) {
 void SimCluster::ScheduleDisk(int r) {
   Node& nd = nodes_[r];
   if (nd.disk_held) return;
+  // Group commit, as the daemon's disk writer does: writes issued while the
+  // disk is busy wait and then go down together in the next batch.
   while (nd.disk_scheduled < nd.disk.size()) {
     const PersistOp& op = nd.disk[nd.disk_scheduled++];
-    uint64_t hi = lossy_ && Chance(opt_.slow_disk_rate) ? opt_.slow_disk_max_us : opt_.disk_max_us;
-    uint64_t t = std::max(now_, nd.disk_free_at) +
-                 std::uniform_int_distribution<uint64_t>(opt_.disk_min_us, hi)(rng_);
-    nd.disk_free_at = t;
+    uint64_t t;
+    if (nd.disk_free_at > now_ && now_ <= nd.batch_start) {
+      t = nd.disk_free_at;  // joins the batch that has not started yet
+    } else {
+      uint64_t hi =
+          lossy_ && Chance(opt_.slow_disk_rate) ? opt_.slow_disk_max_us : opt_.disk_max_us;
+      hi = std::max(hi, opt_.disk_min_us);
+      nd.batch_start = std::max(now_, nd.disk_free_at);
+      t = nd.batch_start + Uniform(rng_, opt_.disk_min_us, hi);
+      nd.disk_free_at = t;
+    }
     Event ev;
     ev.kind = Ev::kDisk;
     ev.to = r;
@@ -453,6 +475,32 @@ void SimCluster::Drain(int r) {
   if (!nd.rep) return;
   Ready rd = nd.rep->TakeReady();
   if (rd.lost_leadership) SIM_TRACE("r%d: lost leadership", r);
+  // Paxos' acceptor rule, checked where it becomes visible: a replica speaks
+  // for a ballot (promise, join, ack of entries, or leading it) only once its
+  // promise of that ballot is durable, else a crash could make it forget the
+  // promise and vote for an older ballot after the new leader counted on it.
+  const Ballot durable_promise = nd.durable.promised;
+  auto undurable = [&](Ballot b, const char* what) {
+    if (b <= durable_promise) return false;
+    Fail(Format("r%d: %s for ballot %s while its durable promise is %s", r, what,
+                BallotString(b).c_str(), BallotString(durable_promise).c_str()));
+    return true;
+  };
+  for (const Message& m : rd.messages) {
+    if ((m.type == Message::Type::kPromise || m.type == Message::Type::kJoin ||
+         m.type == Message::Type::kHeartbeat) &&
+        undurable(m.ballot, MessageTypeName(m.type)))
+      return;
+  }
+  for (const PutOp& p : rd.puts)
+    if (undurable(p.ballot, "put")) return;
+  for (const ControlOp& c : rd.controls)
+    if (undurable(c.word.ballot, "control word")) return;
+  for (const AckOp& a : rd.acks) {
+    // An ack that claims nothing past the commit index accepts nothing new.
+    if (a.word.durable_index > nd.rep->commit_index() && undurable(a.word.ballot, "ack"))
+      return;
+  }
   for (Message& m : rd.messages) {
     if (m.to < 0 || m.to >= n_ || m.to == r || m.from != r) {
       Fail(Format("r%d: message %s addressed from r%d to r%d", r, MessageTypeName(m.type), m.from,
@@ -462,6 +510,7 @@ void SimCluster::Drain(int r) {
     SIM_TRACE("r%d sends r%d: %s ballot %s stream %llx commit %llu promised %s entries %zu", r,
               m.to, MessageTypeName(m.type), BallotString(m.ballot).c_str(), (U)m.stream_id,
               (U)m.commit_index, BallotString(m.promised).c_str(), m.entries.size());
+    sent_[static_cast<int>(m.type) & 7]++;
     if (lossy_ && Chance(opt_.drop_rate)) {
       SIM_TRACE("  (dropped)");
       continue;
@@ -483,6 +532,7 @@ void SimCluster::Drain(int r) {
     }
     SIM_TRACE("r%d puts r%d: %zu bytes at offset %llu of %s/%llx", r, p.to, p.bytes.size(),
               (U)p.offset, BallotString(p.ballot).c_str(), (U)p.stream_id);
+    put_bytes_ += p.bytes.size();
     if (lossy_ && Chance(opt_.put_drop_rate)) {
       SIM_TRACE("  (dropped)");
       continue;
@@ -532,6 +582,42 @@ void SimCluster::Drain(int r) {
     ev.ack = a.word;
     Schedule(now_ + Delay(), std::move(ev));
   }
+  for (const AckOp& a : rd.acks) {
+    if (a.word.durable_index > nd.rep->durable_index()) {
+      Fail(Format("r%d: acks durable index %llu past its durable index %llu", r,
+                  (U)a.word.durable_index, (U)nd.rep->durable_index()));
+      return;
+    }
+  }
+  // Durability claims: a slot being written anew is not durable yet, unless
+  // the disk already holds exactly this value there.
+  for (const PersistOp& op : rd.persists) {
+    // The commit index rides in every record of the write and recovery takes
+    // the highest it finds; a tear may keep only the first records. So it
+    // must not cover a slot this very write changes.
+    for (const Entry& e : op.entries) {
+      if (e.index > op.commit_index) continue;
+      const Entry* before = DurableAt(r, e.index);
+      for (const PersistOp& earlier : nd.disk)
+        for (const Entry& w : earlier.entries)
+          if (w.index == e.index) before = &w;
+      if (!before || !(*before == e)) {
+        Fail(Format("r%d: a durable write carries commit index %llu but changes slot %llu: a torn "
+                    "write would leave a stale value under that commit index",
+                    r, (U)op.commit_index, (U)e.index));
+        return;
+      }
+    }
+    for (const Entry& e : op.entries) {
+      const Entry* d = DurableAt(r, e.index);
+      if (e.index <= nd.rep->durable_index() && !(d && *d == e)) {
+        Fail(Format("r%d: claims slot %llu durable (durable index %llu) while its write is pending",
+                    r, (U)e.index, (U)nd.rep->durable_index()));
+        return;
+      }
+      if (e.index > 0) nd.durable_checked = std::min(nd.durable_checked, e.index - 1);
+    }
+  }
   for (PersistOp& op : rd.persists) {
     SIM_TRACE("r%d: persist seq %llu: promise %s, %zu entries from %llu, commit %llu, truncate %llu",
               r, (U)op.seq, BallotString(op.promise).c_str(), op.entries.size(),
@@ -551,6 +637,58 @@ void SimCluster::Drain(int r) {
     nd.disk.push_back(std::move(op));
   }
   ScheduleDisk(r);
+  // A leader that just learned of a commit may crash before telling anyone:
+  // the next leader must find the chosen value without knowing it committed.
+  if (rd.commit_index > nd.last_commit && nd.rep->role() == Role::kLeader && opt_.faults &&
+      lossy_ && Chance(opt_.crash_on_commit_rate)) {
+    Event ev;
+    ev.kind = Ev::kCrash;
+    ev.to = r;
+    ev.incarnation = nd.incarnation;
+    Schedule(now_ + rng_() % (opt_.delay_min_us + 1), std::move(ev));
+  }
+  nd.last_commit = std::max(nd.last_commit, rd.commit_index);
+}
+
+// Paxos' invariant, checked on what replicas durably accepted (whether or
+// not anyone learned of it): once a value is chosen at a slot — accepted
+// under one ballot by a majority — every acceptance at that slot under a
+// higher ballot carries the same value. And a ballot proposes one value per
+// slot. A violation here is a wrong choice in phase 1 even if no replica
+// ever reported the slot committed.
+void SimCluster::RecordAcceptance(int r, const Entry& e) {
+  SlotHistory& h = accepted_[e.index];
+  Acceptance& a = h.by_ballot[e.ballot];
+  if (a.acceptors == 0) {
+    a.type = e.type;
+    a.payload = e.payload;
+  } else if (a.type != e.type || a.payload != e.payload) {
+    Fail(Format("paxos: ballot %s proposed two values at slot %llu: '%s' and '%s' (r%d)",
+                BallotString(e.ballot).c_str(), (U)e.index, Short(a.payload).c_str(),
+                Short(e.payload).c_str(), r));
+    return;
+  }
+  a.acceptors |= 1u << r;
+  if (__builtin_popcount(a.acceptors) >= n_ / 2 + 1 && (!h.chosen || e.ballot < h.chosen_ballot)) {
+    h.chosen = true;
+    h.chosen_ballot = e.ballot;
+  }
+  if (!h.chosen) return;
+  const Acceptance& c = h.by_ballot[h.chosen_ballot];
+  for (auto it = h.by_ballot.upper_bound(h.chosen_ballot); it != h.by_ballot.end(); ++it) {
+    if (it->second.type != c.type || it->second.payload != c.payload) {
+      Fail(Format("paxos: slot %llu chose '%s' at ballot %s, but ballot %s carries '%s' (r%d)",
+                  (U)e.index, Short(c.payload).c_str(), BallotString(h.chosen_ballot).c_str(),
+                  BallotString(it->first).c_str(), Short(it->second.payload).c_str(), r));
+      return;
+    }
+  }
+}
+
+const Entry* SimCluster::DurableAt(int r, uint64_t index) const {
+  const DurableState& d = nodes_[r].durable;
+  if (index < d.first_index || index >= d.first_index + d.slots.size()) return nullptr;
+  return &d.slots[index - d.first_index];
 }
 
 int SimCluster::Down() const {
@@ -607,6 +745,22 @@ void SimCluster::CheckInvariants() {
       }
     }
     nd.checked_upto = c;
+    // Durability: every slot up to the durable index the replica reports (and
+    // acks, and counts towards commits) is on its disk with exactly its value.
+    uint64_t d = x.durable_index();
+    if (d < nd.durable_checked) nd.durable_checked = d;
+    for (uint64_t i = nd.durable_checked + 1; i <= d; i++) {
+      if (i < x.first_index()) continue;
+      const Entry* disk = DurableAt(r, i);
+      if (!disk || !(*disk == *x.At(i))) {
+        Fail(Format("r%d: reports slot %llu durable (durable index %llu) but its disk holds %s", r,
+                    (U)i, (U)d,
+                    disk ? (Short(disk->payload) + " of ballot " + BallotString(disk->ballot)).c_str()
+                         : "nothing"));
+        return;
+      }
+    }
+    nd.durable_checked = d;
     // Client proposals at r that r now reports committed are acknowledged.
     auto& pend = pending_[r];
     while (!pend.empty() && pend.begin()->first <= c) {
@@ -664,8 +818,38 @@ void SimCluster::CheckAcknowledged() {
 void SimCluster::Crash(int r) {
   Node& nd = nodes_[r];
   if (!nd.rep) return;
-  SIM_TRACE("r%d: CRASH (%zu durable writes pending are lost)", r, nd.disk.size());
+  bool tear = lossy_ && !nd.disk.empty() && Chance(opt_.torn_tail_rate);
+  size_t whole = 0, records = 0;
+  if (tear) {
+    whole = rng_() % nd.disk.size();
+    size_t n = nd.disk[whole].entries.size();
+    records = n == 0 ? 0 : rng_() % n;
+  }
+  CrashImpl(r, tear, whole, records);
+}
+
+void SimCluster::CrashTorn(int r, size_t whole, size_t records) {
+  if (!nodes_[r].rep) return;
+  CrashImpl(r, true, whole, records);
+}
+
+void SimCluster::CrashImpl(int r, bool tear, size_t whole, size_t records) {
+  Node& nd = nodes_[r];
+  SIM_TRACE("r%d: CRASH (%zu durable writes pending)", r, nd.disk.size());
   crashes_++;
+  if (tear && whole < nd.disk.size()) {
+    // Some of what was in flight reached the disk: whole writes whose
+    // completion the replica never saw, then a prefix of the next one.
+    for (size_t i = 0; i < whole; i++) ApplyDurable(r, nd.disk[i]);
+    PersistOp part = nd.disk[whole];
+    size_t keep = std::min(records, part.entries.size());
+    part.entries.resize(keep);
+    if (keep == 0) part.commit_index = 0;  // the commit index rides in slot records
+    part.truncate_below = 0;
+    ApplyDurable(r, part);
+    SIM_TRACE("r%d: torn tail: %zu writes and %zu records of the next reached the disk", r, whole,
+              keep);
+  }
   nd.rep.reset();
   nd.paused = false;
   nd.disk.clear();
@@ -723,11 +907,17 @@ void SimCluster::Resume(int r) {
       nd.rep->OnPersisted(now_, seq);
       Drain(r);
     }
-    for (const Message& m : msgs) {
-      if (!links_[m.from][r]) continue;
-      nd.rep->OnMessage(now_, m);
-      SyncRegion(r);
-      Drain(r);
+    // Messages that queued up meanwhile are handled after the first tick,
+    // in their order of arrival: a resumed leader acts on its stale view first.
+    uint64_t at = now_;
+    for (Message& m : msgs) {
+      Event ev;
+      ev.kind = Ev::kMessage;
+      ev.to = r;
+      ev.from = m.from;
+      ev.msg = std::move(m);
+      at += 1 + rng_() % 20;
+      Schedule(at, std::move(ev));
     }
     Poll(r);
     Drain(r);
@@ -735,6 +925,14 @@ void SimCluster::Resume(int r) {
   } catch (const CoreAssertion& e) {
     Fail(std::string("core: ") + e.what());
   }
+}
+
+void SimCluster::NotifyUnreachable(int at, int peer) {
+  Event ev;
+  ev.kind = Ev::kUnreachable;
+  ev.to = at;
+  ev.from = peer;
+  Schedule(now_ + Delay(), std::move(ev));
 }
 
 void SimCluster::SetLink(int from, int to, bool connected) {
@@ -818,6 +1016,15 @@ int SimCluster::Leader() const {
   return best;
 }
 
+bool SimCluster::MajorityCommitted(uint64_t index) const {
+  int n = 0;
+  for (int r = 0; r < n_; r++) {
+    const Replica* x = replica(r);
+    n += x && x->commit_index() >= index;
+  }
+  return n >= n_ / 2 + 1;
+}
+
 bool SimCluster::AllCommitted(uint64_t index) const {
   for (int r = 0; r < n_; r++) {
     const Replica* x = replica(r);
@@ -830,10 +1037,6 @@ bool SimCluster::AllCommitted(uint64_t index) const {
 
 namespace {
 
-uint64_t Uniform(std::mt19937_64& rng, uint64_t lo, uint64_t hi) {
-  return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
-}
-
 // Next time of a Poisson-ish process with the given mean (0: never).
 uint64_t NextAt(std::mt19937_64& rng, uint64_t now, uint64_t mean) {
   if (mean == 0) return UINT64_MAX;
@@ -842,7 +1045,7 @@ uint64_t NextAt(std::mt19937_64& rng, uint64_t now, uint64_t mean) {
 
 std::string MakePayload(std::mt19937_64& rng, const SimOptions& opt, uint64_t n, uint64_t limit) {
   std::string p = "s" + std::to_string(opt.seed) + "-" + std::to_string(n);
-  double x = std::uniform_real_distribution<double>(0, 1)(rng);
+  double x = Unit(rng);
   size_t pad;
   if (x < opt.huge_payload_rate) {
     pad = limit > p.size() + 64 ? limit - p.size() - Uniform(rng, 0, 64) : 0;
@@ -872,6 +1075,8 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
   uint64_t next_pause = opt.faults ? NextAt(rng, 0, opt.pause_every_us) : kNever;
   uint64_t next_truncate = NextAt(rng, 0, opt.truncate_every_us);
   uint64_t next_check = 1000;
+  uint64_t next_unreachable =
+      opt.faults ? NextAt(rng, 0, opt.spurious_unreachable_every_us) : kNever;
   std::vector<uint64_t> restart_at(n, kNever);
   uint64_t heal_at = kNever;
   int paused = -1;
@@ -888,7 +1093,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
 
   while (!c.failed()) {
     uint64_t t = std::min({end, next_propose, next_crash, next_partition, next_pause,
-                           next_truncate, next_check, heal_at, resume_at});
+                           next_truncate, next_check, next_unreachable, heal_at, resume_at});
     for (uint64_t x : restart_at) t = std::min(t, x);
     c.RunUntilTime(t);
     if (c.failed() || t >= end) break;
@@ -926,7 +1131,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
       next_crash = NextAt(rng, t, opt.crash_every_us);
       if (down() < tolerate) {
         int victim = c.Leader();
-        if (victim < 0 || !std::bernoulli_distribution(opt.crash_leader_bias)(rng)) {
+        if (victim < 0 || !Bernoulli(rng, opt.crash_leader_bias)) {
           victim = static_cast<int>(Uniform(rng, 0, n - 1));
         }
         if (c.up(victim)) {
@@ -943,7 +1148,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
     if (t == next_partition) {
       next_partition = NextAt(rng, t, opt.partition_every_us);
       if (heal_at == kNever) {
-        if (std::bernoulli_distribution(0.3)(rng)) {  // one direction of one link
+        if (Bernoulli(rng, 0.3)) {  // one direction of one link
           int a = static_cast<int>(Uniform(rng, 0, n - 1));
           int b = static_cast<int>(Uniform(rng, 0, n - 1));
           if (a != b) {
@@ -966,28 +1171,45 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
     }
     if (t == next_pause) {
       next_pause = NextAt(rng, t, opt.pause_every_us);
-      int l = c.Leader();
-      if (paused < 0 && l >= 0 && down() < tolerate) {
-        paused = l;
-        paused_ballot = c.replica(l)->promised();
-        if (c.tracing()) c.Trace("fault: pause leader r" + std::to_string(l));
-        c.Pause(l);
+      // Mostly the leader; sometimes anyone (a candidate or backup that
+      // stalls with its view of the world, then carries on).
+      bool anyone = Bernoulli(rng, opt.pause_anyone_rate);
+      int target = anyone ? static_cast<int>(Uniform(rng, 0, n - 1)) : c.Leader();
+      if (paused < 0 && target >= 0 && c.up(target) && down() < tolerate) {
+        paused = target;
+        paused_ballot = c.replica(target)->promised();
+        if (c.tracing())
+          c.Trace(Format("fault: pause %s r%d", RoleName(c.replica(target)->role()), target));
+        c.Pause(target);
         // Usually resumed after a takeover (checked every ms), sometimes
         // before anyone noticed; at the latest after pause_max_us.
-        resume_soon = std::bernoulli_distribution(0.2)(rng);
-        resume_at = t + (resume_soon ? Uniform(rng, 100, 15000) : opt.pause_max_us);
+        resume_soon = anyone || Bernoulli(rng, 0.2);
+        resume_at = t + (resume_soon ? Uniform(rng, 100, anyone ? 100'000 : 15'000)
+                                     : opt.pause_max_us);
       }
+    }
+    if (t == next_unreachable) {
+      // The transport of one replica wrongly reports a live peer unreachable.
+      next_unreachable = NextAt(rng, t, opt.spurious_unreachable_every_us);
+      int a = static_cast<int>(Uniform(rng, 0, n - 1));
+      int b = static_cast<int>(Uniform(rng, 0, n - 1));
+      if (a != b) c.NotifyUnreachable(a, b);
     }
     if (t == next_truncate) {
       next_truncate = NextAt(rng, t, opt.truncate_every_us);
-      // Below what every replica holds durably as committed, so no replica
-      // ever needs a snapshot (checkpoints are the guard's business).
-      uint64_t limit = UINT64_MAX;
+      // By default below what every replica holds durably as committed, so
+      // no replica ever needs a snapshot (checkpoints are the guard's
+      // business). With truncate_lagging, below what a majority holds: the
+      // others may need a snapshot, which the core cannot give them, but a
+      // majority can always go on.
+      std::vector<uint64_t> held;
       for (int r = 0; r < n; r++) {
         const DurableState& d = c.durable(r);
         uint64_t last = d.first_index + d.slots.size() - 1;
-        limit = std::min(limit, std::min(d.commit_index, last) + 1);
+        held.push_back(std::min(d.commit_index, last) + 1);
       }
+      std::sort(held.rbegin(), held.rend());
+      uint64_t limit = opt.truncate_lagging ? held[n / 2] : held.back();
       int r = static_cast<int>(Uniform(rng, 0, n - 1));
       const Replica* x = c.replica(r);
       if (x && limit > x->first_index()) {
@@ -1033,11 +1255,12 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
         const Entry* e = x ? x->At(probe_index) : nullptr;
         if (c.incarnation(probe_at) != probe_inc || !e || e->payload != probe) {
           probe_at = -1;  // lost with its leader; propose again
-        } else if (c.AllCommitted(probe_index)) {
+        } else if (c.AllCommitted(probe_index) ||
+                   (opt.truncate_lagging && c.MajorityCommitted(probe_index))) {
           bool all = true;
           for (int r = 0; r < n; r++) {
             const Entry* f = c.replica(r)->At(probe_index);
-            if (f && f->payload != probe) all = false;
+            if (f && c.replica(r)->commit_index() >= probe_index && f->payload != probe) all = false;
           }
           if (!all) {
             c.Fail("probe committed with different values");
@@ -1068,8 +1291,9 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
                         x ? BallotString(x->promised()).c_str() : "-",
                         (U)(x ? x->commit_index() : 0), (U)(x ? x->last_index() : 0));
       }
-      c.Fail(Format("progress: no proposal committed on all replicas within %llums after the "
+      c.Fail(Format("progress: no proposal committed on %s replicas within %llums after the "
                     "faults healed (probe %s at index %llu;%s)",
+                    opt.truncate_lagging ? "a majority of" : "all",
                     (U)(opt.progress_timeout_us / 1000), probe.c_str(), (U)probe_index,
                     state.c_str()));
     }

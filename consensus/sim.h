@@ -6,20 +6,43 @@
 //  - messages arrive after a random delay, or never, or twice, in any order;
 //  - one-sided puts land in the target's log region for (ballot, stream) after
 //    a random delay, sometimes torn in two parts that land at different times
-//    (in either order); control and ack words are words in memory: the last
-//    write to land wins, whichever was issued last;
-//  - durable writes complete in FIFO order after a random delay, and only a
-//    completed write reaches the replica's durable state;
-//  - replicas crash (losing everything not yet durable) and restart from their
-//    durable state with a new incarnation; partitions come and heal; a leader
-//    pauses and resumes after someone else was elected.
-// After every event it checks agreement, durability of acknowledged
-// proposals and one leader per ballot; at the end, with every fault healed,
-// it requires progress. Same options, same result, bit for bit: decisions
-// come only from the seeded PRNG and containers are iterated in order.
+//    (in either order), sometimes not at all; a put for a region its owner no
+//    longer reads lands there and is never read. Control and ack words are
+//    words in memory: the last write to land wins, whichever was issued last;
+//  - durable writes complete in FIFO order after a random delay, group-
+//    committed like the daemon's disk writer, and only a completed write
+//    reaches the replica's durable state;
+//  - replicas crash (losing what is not durable, though a crash may let some
+//    in-flight writes, or a prefix of one, reach the disk: a torn tail) and
+//    restart from their durable state with a new incarnation; crashes are
+//    also aimed at the windows right after a promise or a new entry was
+//    issued; partitions (whole or one direction of one link) come and heal; a
+//    leader pauses and resumes after someone else was elected.
+// After every event it checks: agreement (a committed slot never changes
+// value, on any replica), durability (an acknowledged proposal stays
+// committed at its index; a replica's durable index, which it acks and counts
+// towards commits, only covers slots its disk holds with exactly the values
+// it has; the commit index in a durable write never covers a slot the same
+// write changes, so a torn write cannot leave a stale slot under it), Paxos'
+// invariant on durable acceptances (once a majority accepted a value at a
+// slot under a ballot, every higher ballot there carries the same value,
+// whether or not anyone learned it was chosen), one leader per ballot (and
+// it is the ballot's replica), and Paxos' acceptor rule where it becomes
+// visible (a replica promises, joins, acks new entries or leads only under a
+// ballot its disk holds as promised). LS_ASSERT failures inside the core are
+// caught and reported the same way. At the end, with every fault healed, it requires
+// progress: a new proposal commits on every replica within a bounded time.
+//
+// Same options, same result, bit for bit: decisions come only from the seeded
+// PRNG (with our own draws, not <random>'s library-specific distributions),
+// and containers are iterated in order. A violation is reported with the
+// invariant, the simulated time, the seed and the last trace lines (the run is
+// replayed with tracing on to get them; verbose prints the full trace).
 //
 // SimCluster is the driver; RunSimulation adds random faults and client load
 // on top of it. Unit tests drive SimCluster directly for hand-made scenarios.
+// A SimCluster installs a throwing LS_ASSERT handler for its lifetime (the
+// handler is process-wide): run one simulation at a time in a process.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +90,10 @@ struct SimOptions {
   uint64_t disk_max_us = 400;
   double slow_disk_rate = 0.02;        // a write that takes up to slow_disk_max_us
   uint64_t slow_disk_max_us = 5000;
+  // At a crash, the writes not yet reported complete may have reached the
+  // disk anyway, all of them or a prefix of their records (a torn tail that
+  // still checks out record by record).
+  double torn_tail_rate = 0.3;
 
   // Faults (RunSimulation only). Mean intervals between starts; 0 disables.
   bool faults = true;
@@ -79,12 +106,19 @@ struct SimOptions {
   uint64_t partition_max_us = 120'000;
   uint64_t pause_every_us = 200'000;
   uint64_t pause_max_us = 300'000;     // a paused leader resumes at the latest after this
+  double pause_anyone_rate = 0.3;      // share of pauses aimed at any replica, not the leader
+  uint64_t spurious_unreachable_every_us = 100'000;  // transport wrongly reports a live peer lost
   uint64_t truncate_every_us = 100'000;
+  // Truncate below what a majority (not every replica) holds: lagging
+  // replicas then need a snapshot and progress is required of a majority.
+  bool truncate_lagging = false;
   // Crashes aimed at the windows that matter: right after a replica issued the
   // durable write of a promise, or a leader the write of a new entry (before
-  // either completes, so it may or may not survive).
+  // either completes, so it may or may not survive), or a leader learned of a
+  // commit (before any backup did).
   double crash_on_promise_rate = 0.05;
   double crash_on_append_rate = 0.001;
+  double crash_on_commit_rate = 0.002;  // a leader right after it learned of a commit
 
   // Client load (RunSimulation only).
   uint64_t propose_every_us = 400;     // mean interval between proposals
@@ -133,13 +167,22 @@ class SimCluster {
   // Runs until pred() holds (checked after every event) or max_us pass. True if it held.
   bool RunUntil(const std::function<bool()>& pred, uint64_t max_us);
 
-  // Faults.
+  // Faults. A crash loses the durable writes not yet complete, except that,
+  // at random (torn_tail_rate), some reached the disk anyway.
   void Crash(int r);
+  // A crash after which exactly the first `whole` pending writes and the
+  // first `records` slot records of the next one reached the disk.
+  void CrashTorn(int r, size_t whole, size_t records);
   void Restart(int r);
   bool up(int r) const { return nodes_[r].rep != nullptr; }
+  // A paused replica is not ticked and handles nothing; puts and words still
+  // land in its memory, messages queue up. On Resume it ticks once, sees its
+  // completed durable writes, and gets the queued messages shortly after.
   void Pause(int r);
   void Resume(int r);
   bool paused(int r) const { return nodes_[r].paused; }
+  // Tells `at` (OnPeerUnreachable), shortly, that `peer` is unreachable.
+  void NotifyUnreachable(int at, int peer);
   // Cuts (or restores) everything from `from` to `to`: messages, puts, words.
   void SetLink(int from, int to, bool connected);
   bool link(int from, int to) const { return links_[from][to]; }
@@ -162,17 +205,29 @@ class SimCluster {
   Replica* replica(int r) { return nodes_[r].rep.get(); }
   const Replica* replica(int r) const { return nodes_[r].rep.get(); }
   const DurableState& durable(int r) const { return nodes_[r].durable; }
+  // Fault injection for tests of the checker itself: a disk that lies, or
+  // that writes what nobody asked it to (applied as a completed write).
+  DurableState& mutable_durable(int r) { return nodes_[r].durable; }
+  void InjectDurableWrite(int r, const PersistOp& op) { ApplyDurable(r, op); }
   uint64_t incarnation(int r) const { return nodes_[r].incarnation; }
   // The live, unpaused replica that leads the highest ballot, or -1.
   int Leader() const;
   // Every replica up, and each has committed at least `index`.
   bool AllCommitted(uint64_t index) const;
+  // A majority of replicas up and committed at least `index`.
+  bool MajorityCommitted(uint64_t index) const;
   uint64_t MaxCommitted() const { return committed_.empty() ? 0 : committed_.rbegin()->first; }
   const std::map<uint64_t, Entry>& committed() const { return committed_; }
   size_t acknowledged() const { return acked_.size(); }
   uint64_t elections() const { return leaders_.size(); }
   uint64_t crashes() const { return crashes_; }
   uint64_t steps() const { return steps_; }
+  // Messages of this type sent so far (by any replica).
+  uint64_t sent(Message::Type t) const { return sent_[static_cast<int>(t)]; }
+  // Puts that landed in a region its owner no longer reads (a stale stream).
+  uint64_t stale_region_puts() const { return stale_region_puts_; }
+  // Bytes of records put into regions (wrap-around happens every ring_bytes).
+  uint64_t put_bytes() const { return put_bytes_; }
 
   // First invariant violation ("" if none). Once set, events stop.
   const std::string& violation() const { return violation_; }
@@ -196,7 +251,8 @@ class SimCluster {
     // Disk: issued writes in FIFO order, with their completion times.
     std::deque<PersistOp> disk;
     size_t disk_scheduled = 0;  // leading ops of `disk` whose completion is scheduled
-    uint64_t disk_free_at = 0;
+    uint64_t disk_free_at = 0;  // end of the last batch of writes
+    uint64_t batch_start = 0;   // start of the last batch
     bool disk_held = false;
     std::vector<uint64_t> persisted_while_paused;
     // Memory the replica owns: log regions (recent streams) and its ack array.
@@ -210,6 +266,8 @@ class SimCluster {
     std::vector<AckWord> last_acks;
     std::vector<Message> deferred;  // messages that arrived while paused
     uint64_t checked_upto = 0;       // agreement checked up to this commit index
+    uint64_t last_commit = 0;        // commit index in its last Ready
+    uint64_t durable_checked = 0;    // durable index verified against the disk up to here
   };
   enum class Ev : uint8_t { kTick, kMessage, kPut, kControl, kAck, kDisk, kUnreachable, kCrash, kRestart };
   struct Event {
@@ -244,7 +302,10 @@ class SimCluster {
   void StartReplica(int r);
   void ApplyDurable(int r, const PersistOp& op);
   void ScheduleDisk(int r);
+  void CrashImpl(int r, bool tear, size_t whole, size_t records);
   int Down() const;  // replicas crashed or paused
+  const Entry* DurableAt(int r, uint64_t index) const;  // slot on r's disk, or null
+  void RecordAcceptance(int r, const Entry& e);
   void CheckInvariants();
   std::string Describe(int r) const;
 
@@ -260,6 +321,17 @@ class SimCluster {
   uint64_t next_incarnation_ = 1;
 
   // Invariant state.
+  struct Acceptance {
+    EntryType type = EntryType::kNoop;
+    std::string payload;
+    uint32_t acceptors = 0;  // replicas whose disk held this (ballot, value) at the slot
+  };
+  struct SlotHistory {
+    std::map<Ballot, Acceptance> by_ballot;
+    bool chosen = false;
+    Ballot chosen_ballot = 0;  // lowest ballot at which a majority accepted
+  };
+  std::map<uint64_t, SlotHistory> accepted_;          // slot -> every durable acceptance
   std::map<uint64_t, Entry> committed_;               // index -> committed (type, payload)
   std::map<Ballot, std::pair<int, uint64_t>> leaders_;  // ballot -> (replica, incarnation)
   // Client proposals not yet known committed, per replica: index -> proposal.
@@ -267,6 +339,9 @@ class SimCluster {
   std::vector<Tracked> acked_;
   uint64_t crashes_ = 0;
   uint64_t steps_ = 0;
+  uint64_t sent_[8] = {};
+  uint64_t stale_region_puts_ = 0;
+  uint64_t put_bytes_ = 0;
   std::string violation_;
 
   bool trace_keep_ = true;

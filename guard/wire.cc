@@ -28,6 +28,7 @@ std::string EncodeMessage(const Message& m) {
   w.u64(m.commit_index);
   w.u64(m.sent_pos);
   w.u64(m.promised);
+  w.u8(m.granted ? 1 : 0);
   w.u32(static_cast<uint32_t>(m.entries.size()));
   for (const Entry& e : m.entries) {
     w.u64(e.index);
@@ -41,12 +42,13 @@ std::string EncodeMessage(const Message& m) {
 
 bool DecodeMessage(std::string_view in, Message* m) {
   ByteReader r(in);
-  uint8_t type;
+  uint8_t type, granted;
   uint32_t from, to, n;
   if (!r.u8(&type) || !r.u32(&from) || !r.u32(&to) || !r.u64(&m->ballot) || !r.u64(&m->stream_id) ||
-      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u32(&n))
+      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u8(&granted) || !r.u32(&n))
     return false;
-  if (type < 1 || type > 5 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
+  if (type < 1 || type > 7 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
+  m->granted = granted != 0;
   m->type = static_cast<Message::Type>(type);
   m->from = static_cast<int>(from);
   m->to = static_cast<int>(to);
