@@ -510,12 +510,37 @@ TEST(Core, PartitionedBackupRejoinsAndCatchesUp) {
   ASSERT_TRUE(c.RunUntil([&] { return c.replica(l)->commit_index() >= last; }, 1'000'000));
   EXPECT_LT(c.replica(b)->commit_index(), last);
   EXPECT_EQ(c.Leader(), l);  // the majority side kept its leader
-  // b campaigned meanwhile; its rounds went up, so the heal may move the
-  // leadership. Either way b must catch up.
+  Ballot ballot = c.replica(l)->promised();
+  // b stood for election meanwhile, but only asked (pre-vote): nobody
+  // promised it anything, so the heal does not depose the working leader.
   c.Heal();
   ASSERT_TRUE(c.RunUntil([&] { return c.AllCommitted(last); }, 2'000'000)) << Report(c);
   ASSERT_GT(Commit(c, "after"), 0u) << Report(c);
-  EXPECT_GT(c.sent(Message::Type::kJoin) + c.sent(Message::Type::kPromise), joins_before);
+  EXPECT_EQ(c.Leader(), l);
+  EXPECT_EQ(c.replica(l)->promised(), ballot);
+  EXPECT_GT(c.sent(Message::Type::kPreVote), 0u);
+  EXPECT_GT(c.sent(Message::Type::kJoin), joins_before);  // its stream stalled: it rejoined
+  ExpectAllAgree(c);
+}
+
+// A restarted replica listens before it stands, and a slow one only asks:
+// neither disturbs a leader that a majority still hears.
+TEST(Core, RestartedOrSlowReplicaDoesNotDeposeLeader) {
+  SimCluster c(Quiet(5, 20));
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  Ballot ballot = c.replica(l)->promised();
+  int b = Others(c, l)[0], d = Others(c, l)[1];
+  c.Crash(b);
+  c.RunFor(50'000);
+  c.Restart(b);
+  c.Pause(d);  // a replica that stalls for a long time, then carries on
+  c.RunFor(200'000);
+  c.Resume(d);
+  for (int i = 0; i < 10; i++) ASSERT_GT(Commit(c, "x" + std::to_string(i)), 0u) << Report(c);
+  EXPECT_EQ(c.Leader(), l);
+  EXPECT_EQ(c.replica(l)->promised(), ballot);
+  EXPECT_EQ(c.elections(), 1u);
   ExpectAllAgree(c);
 }
 
