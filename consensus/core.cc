@@ -205,9 +205,8 @@ void Replica::ClampPendingPersists(uint64_t index) {
 }
 
 void Replica::SetSlot(const Entry& e) {
-  LS_ASSERT(e.index >= first_index_ && e.index <= last_index() + 1,
-            "slot %lu outside [%lu, %lu]", (unsigned long)e.index, (unsigned long)first_index_,
-            (unsigned long)last_index() + 1);
+  LS_ASSERT(e.index >= first_index_ && e.index <= last_index() + 1, "slot %lu outside [%lu, %lu]",
+            (unsigned long)e.index, (unsigned long)first_index_, (unsigned long)last_index() + 1);
   LS_ASSERT(e.index > commit_index_, "overwriting committed slot %lu (commit %lu)",
             (unsigned long)e.index, (unsigned long)commit_index_);
   ClampPendingPersists(e.index);
@@ -243,6 +242,32 @@ void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
 
 // ---------------------------------------------------------------- elections
 
+// Sends (type, ballot, our commit index) to every other replica.
+void Replica::Broadcast(Message::Type type, Ballot ballot) {
+  for (int p = 0; p < config_.replicas; p++) {
+    if (p == config_.id) continue;
+    Message m;
+    m.type = type;
+    m.from = config_.id;
+    m.to = p;
+    m.ballot = ballot;
+    m.commit_index = commit_index_;
+    ready_.messages.push_back(std::move(m));
+  }
+}
+
+// Tells the sender of a message about a ballot below our promise that it is
+// stale, so a deposed leader or losing candidate learns of the newer round.
+void Replica::SendNack(const Message& m) {
+  Message nack;
+  nack.type = Message::Type::kNack;
+  nack.from = config_.id;
+  nack.to = m.from;
+  nack.ballot = m.ballot;
+  nack.promised = promised_;
+  ready_.messages.push_back(std::move(nack));
+}
+
 void Replica::NoteLeaderAlive(uint64_t now_us) {
   last_leader_contact_us_ = now_us;
   prevoting_ = false;
@@ -257,16 +282,7 @@ void Replica::StartPreVote(uint64_t now_us) {
   prevoting_ = true;
   prevote_ballot_ = MakeBallot(std::max(max_round_seen_, BallotRound(promised_)) + 1, config_.id);
   prevote_grants_ = {config_.id};
-  for (int p = 0; p < config_.replicas; p++) {
-    if (p == config_.id) continue;
-    Message m;
-    m.type = Message::Type::kPreVote;
-    m.from = config_.id;
-    m.to = p;
-    m.ballot = prevote_ballot_;
-    m.commit_index = commit_index_;
-    ready_.messages.push_back(std::move(m));
-  }
+  Broadcast(Message::Type::kPreVote, prevote_ballot_);
   ResetElectionTimer(now_us);
 }
 
@@ -306,16 +322,7 @@ void Replica::StartElection(uint64_t now_us) {
   self.commit_index = commit_index_;
   promises_[config_.id] = std::move(self);  // our own log is read directly
   Persist({}, b, {});
-  for (int p = 0; p < config_.replicas; p++) {
-    if (p == config_.id) continue;
-    Message m;
-    m.type = Message::Type::kPrepare;
-    m.from = config_.id;
-    m.to = p;
-    m.ballot = b;
-    m.commit_index = commit_index_;
-    ready_.messages.push_back(std::move(m));
-  }
+  Broadcast(Message::Type::kPrepare, b);
   ResetElectionTimer(now_us);
 }
 
@@ -453,13 +460,7 @@ void Replica::HandlePrepare(uint64_t now_us, const Message& m) {
   }
   max_round_seen_ = std::max(max_round_seen_, BallotRound(m.ballot));
   if (m.ballot < promised_) {
-    Message nack;
-    nack.type = Message::Type::kNack;
-    nack.from = config_.id;
-    nack.to = m.from;
-    nack.ballot = m.ballot;
-    nack.promised = promised_;
-    ready_.messages.push_back(std::move(nack));
+    SendNack(m);
   }
 }
 
@@ -477,13 +478,7 @@ void Replica::HandlePromise(uint64_t now_us, const Message& m) {
 
 void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
   if (m.ballot < promised_) {
-    Message nack;
-    nack.type = Message::Type::kNack;
-    nack.from = config_.id;
-    nack.to = m.from;
-    nack.ballot = m.ballot;
-    nack.promised = promised_;
-    ready_.messages.push_back(std::move(nack));
+    SendNack(m);
     return;
   }
   if (m.ballot > promised_) {
@@ -499,8 +494,7 @@ void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
   bool unknown_to_leader = m.stream_id != stream_id_;
   stall_check_pos_ = m.sent_pos;
   stall_armed_ = m.stream_id == stream_id_;
-  if ((stalled || unknown_to_leader) &&
-      now_us >= last_join_us_ + 2 * config_.message_heartbeat_us)
+  if ((stalled || unknown_to_leader) && now_us >= last_join_us_ + 2 * config_.message_heartbeat_us)
     SendJoin(now_us);
 }
 
@@ -525,13 +519,7 @@ void Replica::SendJoin(uint64_t now_us) {
 
 void Replica::HandleJoin(uint64_t now_us, const Message& m) {
   if (m.ballot < promised_) {
-    Message nack;
-    nack.type = Message::Type::kNack;
-    nack.from = config_.id;
-    nack.to = m.from;
-    nack.ballot = m.ballot;
-    nack.promised = promised_;
-    ready_.messages.push_back(std::move(nack));
+    SendNack(m);
     return;
   }
   if (role_ != Role::kLeader || m.ballot != promised_) return;
@@ -560,8 +548,7 @@ void Replica::OnMessage(uint64_t now_us, const Message& m) {
 
 // ---------------------------------------------------------------- streams (leader)
 
-void Replica::StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit,
-                              uint64_t now_us) {
+void Replica::StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit, uint64_t now_us) {
   if (peer == config_.id) return;
   PeerStream& p = peers_[peer];
   p = PeerStream{};
@@ -594,8 +581,9 @@ void Replica::Pump(int peer) {
   uint64_t run_pos = 0;
   auto flush = [&] {
     if (run.empty()) return;
-    LS_ASSERT(run_pos % ring + run.size() <= ring, "put of %zu bytes at ring offset %lu crosses the end",
-              run.size(), (unsigned long)(run_pos % ring));
+    LS_ASSERT(run_pos % ring + run.size() <= ring,
+              "put of %zu bytes at ring offset %lu crosses the end", run.size(),
+              (unsigned long)(run_pos % ring));
     ready_.puts.push_back(
         PutOp{peer, promised_, p.stream_id, kControlBytes + run_pos % ring, std::move(run)});
     run.clear();
@@ -616,8 +604,8 @@ void Replica::Pump(int peer) {
         std::string wrap(RecordSize(0), '\0');
         EncodeRecord(reinterpret_cast<uint8_t*>(wrap.data()), EntryType::kWrap, promised_, 0, 0,
                      pl.wrap_pos, {});
-        ready_.puts.push_back(
-            PutOp{peer, promised_, p.stream_id, kControlBytes + pl.wrap_pos % ring, std::move(wrap)});
+        ready_.puts.push_back(PutOp{peer, promised_, p.stream_id,
+                                    kControlBytes + pl.wrap_pos % ring, std::move(wrap)});
       }
     }
     if (run.empty()) run_pos = pl.record_pos;

@@ -44,8 +44,8 @@ struct CoreConfig {
   int id = 0;        // 0 .. replicas-1
   int replicas = 3;  // 3, 5 or 7
   uint64_t ring_bytes = 16 << 20;
-  uint64_t heartbeat_us = 1000;             // control-word heartbeat period
-  uint64_t message_heartbeat_us = 10000;    // heartbeat message period (rejoin path)
+  uint64_t heartbeat_us = 1000;           // control-word heartbeat period
+  uint64_t message_heartbeat_us = 10000;  // heartbeat message period (rejoin path)
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;
   uint64_t max_put_bytes = 1 << 20;  // bytes per put op (several records coalesce)
@@ -66,14 +66,14 @@ struct Message {
   Type type = Type::kHeartbeat;
   int from = 0;
   int to = 0;
-  Ballot ballot = 0;          // the ballot the message is about
-  uint64_t stream_id = 0;     // promise/join: the sender's fresh stream; heartbeat: leader's view
-  uint64_t commit_index = 0;  // sender's commit index
-  uint64_t sent_pos = 0;      // heartbeat: how far the leader has written the receiver's stream
-  Ballot promised = 0;        // nack: the ballot the sender promised
-  bool granted = false;       // pre-vote reply
-  std::vector<Entry> entries; // promise: sender's slots past the candidate's commit
-  std::string transport;      // opaque, filled and read by the transport adapter
+  Ballot ballot = 0;           // the ballot the message is about
+  uint64_t stream_id = 0;      // promise/join: the sender's fresh stream; heartbeat: leader's view
+  uint64_t commit_index = 0;   // sender's commit index
+  uint64_t sent_pos = 0;       // heartbeat: how far the leader has written the receiver's stream
+  Ballot promised = 0;         // nack: the ballot the sender promised
+  bool granted = false;        // pre-vote reply
+  std::vector<Entry> entries;  // promise: sender's slots past the candidate's commit
+  std::string transport;       // opaque, filled and read by the transport adapter
 };
 const char* MessageTypeName(Message::Type t);
 
@@ -96,10 +96,10 @@ struct AckOp {
 };
 struct PersistOp {
   uint64_t seq;
-  std::vector<Entry> entries;  // slot records, in order
-  Ballot promise = 0;          // non-zero: record this promise first
-  uint64_t commit_index = 0;   // written into each record (recovers commit on restart)
-  uint64_t truncate_below = 0; // non-zero: slots below this may be dropped
+  std::vector<Entry> entries;   // slot records, in order
+  Ballot promise = 0;           // non-zero: record this promise first
+  uint64_t commit_index = 0;    // written into each record (recovers commit on restart)
+  uint64_t truncate_below = 0;  // non-zero: slots below this may be dropped
 };
 
 struct Ready {
@@ -183,8 +183,8 @@ class Replica {
   };
   struct PendingPersist {
     uint64_t seq;
-    uint64_t upto;    // slots up to here are durable when this completes
-    Ballot promise;   // promise this op records (0: none)
+    uint64_t upto;   // slots up to here are durable when this completes
+    Ballot promise;  // promise this op records (0: none)
     std::vector<Message> then_send;
   };
 
@@ -195,6 +195,8 @@ class Replica {
   void HandlePreVote(uint64_t now_us, const Message& m);
   void HandlePreVoteReply(uint64_t now_us, const Message& m);
   void NoteLeaderAlive(uint64_t now_us);
+  void Broadcast(Message::Type type, Ballot ballot);
+  void SendNack(const Message& m);
   void BecomeLeader(uint64_t now_us);
   void MaybeWin(uint64_t now_us);
   void StepDown(uint64_t now_us, Ballot seen);
@@ -220,7 +222,7 @@ class Replica {
   CoreConfig config_;
   std::mt19937_64 rng_;
   Role role_ = Role::kBackup;
-  Ballot promised_ = 0;         // in memory; durable once its persist completes
+  Ballot promised_ = 0;  // in memory; durable once its persist completes
   Ballot durable_promised_ = 0;
   uint64_t max_round_seen_ = 0;
   bool may_vote_ = true;
@@ -231,7 +233,7 @@ class Replica {
   Ballot prevote_ballot_ = 0;
   std::set<int> prevote_grants_;
   uint64_t last_leader_contact_us_ = 0;
-  uint64_t catch_up_target_ = 0;  // damaged log: may vote again past this commit
+  uint64_t catch_up_target_ = 0;    // damaged log: may vote again past this commit
   uint64_t lead_after_commit_ = 0;  // lacks truncated committed slots: no elections before this
 
   uint64_t first_index_ = 1;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "consensus/disk_log.h"
+#include "guard/args.h"
 #include "guard/client.h"
 #include "guard/cluster.h"
 
@@ -45,40 +46,6 @@ std::vector<std::string> SplitList(const std::string& s) {
   while (std::getline(ss, item, ','))
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-struct Opts {
-  std::map<std::string, std::string> kv;
-  std::vector<std::string> positional;
-  std::string Get(const std::string& k, const std::string& d) const {
-    auto it = kv.find(k);
-    return it == kv.end() ? d : it->second;
-  }
-  long long Int(const std::string& k, long long d) const {
-    auto it = kv.find(k);
-    return it == kv.end() ? d : atoll(it->second.c_str());
-  }
-};
-
-Opts ParseOpts(int argc, char** argv, int start) {
-  Opts o;
-  for (int i = start; i < argc; i++) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) == 0) {
-      std::string k = s.substr(2);
-      size_t eq = k.find('=');
-      if (eq != std::string::npos) {
-        o.kv[k.substr(0, eq)] = k.substr(eq + 1);
-      } else if (k == "help" || k == "quiet" || i + 1 >= argc) {
-        o.kv[k] = "1";
-      } else {
-        o.kv[k] = argv[++i];
-      }
-    } else {
-      o.positional.push_back(s);
-    }
-  }
-  return o;
 }
 
 struct RunResult {
@@ -221,16 +188,22 @@ bool MeasureFloor(const std::string& dir, size_t payload, int writers, double* p
   return true;
 }
 
-int BenchConsensus(const Opts& o) {
+int BenchConsensus(Args& o) {
   auto transports = SplitList(o.Get("transport", "shm"));
   auto durabilities = SplitList(o.Get("durability", "disk"));
   auto replica_list = SplitList(o.Get("replicas", "3"));
   auto client_list = SplitList(o.Get("clients", "1,16"));
   double seconds = atof(o.Get("seconds", "3").c_str());
-  size_t payload = static_cast<size_t>(o.Int("payload", 64));
+  size_t payload = static_cast<size_t>(o.IntOr("payload", 64));
   std::string dir = o.Get("dir", "/tmp/lockstep-bench");
   std::string json_path = o.Get("json", "");
-  int base_port = static_cast<int>(o.Int("base-port", 7600));
+  int base_port = static_cast<int>(o.IntOr("base-port", 7600));
+  long long spin_us = o.IntOr("spin-us", -1);
+  long long segment_bytes = o.IntOr("segment-bytes", 64 << 20);
+  if (!o.error.empty()) {
+    fprintf(stderr, "lockstep bench: %s\n", o.error.c_str());
+    return 2;
+  }
   if (seconds <= 0 || seconds > 600) {
     fprintf(stderr, "lockstep bench: --seconds must be in (0, 600]\n");
     return 2;
@@ -260,8 +233,8 @@ int BenchConsensus(const Opts& o) {
           up.transport = tr;
           up.durability = du;
           up.base_port = base_port;
-          up.spin_us = o.Int("spin-us", -1);
-          up.segment_bytes = static_cast<uint64_t>(o.Int("segment-bytes", 64 << 20));
+          up.spin_us = spin_us;
+          up.segment_bytes = static_cast<uint64_t>(segment_bytes);
           // The floor first, on the same file system, while nothing else writes.
           if (!MeasureFloor(dir + "/floor", payload, 1, &r.floor_p50, &r.floor_p99, &err) ||
               !MeasureFloor(dir + "/floor", payload, r.replicas, &r.shared_floor_p50,
@@ -504,21 +477,29 @@ bool WaitCaughtUp(const ClusterConfig& c, const std::string& dir, int id, int ti
   return false;
 }
 
-int BenchFailover(const Opts& o) {
-  int kills = static_cast<int>(o.Int("kills", 20));
-  int clients = static_cast<int>(o.Int("clients", 4));
+int BenchFailover(Args& o) {
+  int kills = static_cast<int>(o.IntOr("kills", 20));
+  int clients = static_cast<int>(o.IntOr("clients", 4));
   std::string dir = o.Get("dir", "/tmp/lockstep-failover");
   std::string json_path = o.Get("json", "");
+  if (!o.error.empty()) {
+    fprintf(stderr, "lockstep bench failover: %s\n", o.error.c_str());
+    return 2;
+  }
   if (kills < 1 || kills > 1000) {
     fprintf(stderr, "lockstep bench failover: --kills must be 1..1000\n");
     return 2;
   }
   ClusterUpOptions up;
   up.dir = dir;
-  up.replicas = static_cast<int>(o.Int("replicas", 3));
+  up.replicas = static_cast<int>(o.IntOr("replicas", 3));
   up.transport = o.Get("transport", "shm");
   up.durability = o.Get("durability", "disk");
-  up.base_port = static_cast<int>(o.Int("base-port", 7700));
+  up.base_port = static_cast<int>(o.IntOr("base-port", 7700));
+  if (!o.error.empty()) {
+    fprintf(stderr, "lockstep bench failover: %s\n", o.error.c_str());
+    return 2;
+  }
   ClusterConfig c;
   std::string err;
   mkdir(dir.c_str(), 0755);
@@ -580,8 +561,8 @@ int BenchFailover(const Opts& o) {
 
 int CmdBench(int argc, char** argv) {
   std::string which = argc > 2 ? argv[2] : "";
-  Opts o = ParseOpts(argc, argv, 3);
-  if (which.empty() || which == "--help" || o.kv.count("help")) {
+  Args o = Parse(argc, argv, 3, {"help", "quiet"});
+  if (which.empty() || which == "--help" || o.Has("help")) {
     printf(
         "usage:\n"
         "  lockstep bench consensus [--transport shm,tcp] [--durability disk,memory] [--replicas "
@@ -606,8 +587,8 @@ int CmdBench(int argc, char** argv) {
 }
 
 int CmdDemo(int argc, char** argv) {
-  Opts o = ParseOpts(argc, argv, 2);
-  if (o.kv.count("help")) {
+  Args o = Parse(argc, argv, 2, {"help"});
+  if (o.Has("help")) {
     printf(
         "usage: lockstep demo [--dir DIR]\n\n"
         "Starts 3 replicas here, commits entries, SIGKILLs the leader, shows the new leader and\n"
@@ -617,7 +598,11 @@ int CmdDemo(int argc, char** argv) {
   std::string dir = o.Get("dir", "/tmp/lockstep-demo");
   ClusterUpOptions up;
   up.dir = dir;
-  up.base_port = static_cast<int>(o.Int("base-port", 7800));
+  up.base_port = static_cast<int>(o.IntOr("base-port", 7800));
+  if (!o.error.empty()) {
+    fprintf(stderr, "lockstep demo: %s\n", o.error.c_str());
+    return 2;
+  }
   ClusterConfig c;
   std::string err;
   mkdir(dir.c_str(), 0755);

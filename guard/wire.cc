@@ -45,7 +45,8 @@ bool DecodeMessage(std::string_view in, Message* m) {
   uint8_t type, granted;
   uint32_t from, to, n;
   if (!r.u8(&type) || !r.u32(&from) || !r.u32(&to) || !r.u64(&m->ballot) || !r.u64(&m->stream_id) ||
-      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u8(&granted) || !r.u32(&n))
+      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u8(&granted) ||
+      !r.u32(&n))
     return false;
   if (type < 1 || type > 7 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
   m->granted = granted != 0;
