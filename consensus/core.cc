@@ -723,7 +723,6 @@ void Replica::SendAck() {
   op.word.durable_index = std::min(durable_index_, accepted_upto_);
   op.word.consumed_pos = consumed_pos_;
   op.word.heartbeat_echo = last_heartbeat_seen_;
-  op.word.sleeping = sleeping_ ? 1 : 0;
   SealAck(&op.word);
   ready_.acks.push_back(op);
 }

@@ -148,8 +148,6 @@ class Replica {
   void OnPeerUnreachable(uint64_t now_us, int peer);
   // Drops slots below index (must be <= commit_index).
   bool TruncateBelow(uint64_t index);
-  // Whether the backup is sleeping between polls; echoed to the leader.
-  void SetSleeping(bool sleeping) { sleeping_ = sleeping; }
 
   Ready TakeReady();
 
@@ -254,7 +252,6 @@ class Replica {
   bool join_sent_ = false;
   uint64_t stall_check_pos_ = 0;  // leader's sent_pos at the previous heartbeat message
   bool stall_armed_ = false;
-  bool sleeping_ = false;
   bool ack_dirty_ = false;
   uint64_t election_deadline_us_ = 0;
 

@@ -21,8 +21,7 @@ uint64_t ControlCheck(const ControlWord& w) {
 
 uint64_t AckCheck(const AckWord& w) {
   uint64_t h = 0xac;
-  for (uint64_t v :
-       {w.ballot, w.stream_id, w.durable_index, w.consumed_pos, w.heartbeat_echo, w.sleeping})
+  for (uint64_t v : {w.ballot, w.stream_id, w.durable_index, w.consumed_pos, w.heartbeat_echo})
     h = Mix(h, v);
   return h | 1;
 }

@@ -41,7 +41,6 @@ struct AckWord {
   uint64_t durable_index = 0;   // all slots up to here are durable and from this stream
   uint64_t consumed_pos = 0;    // reader position in the stream: ring space below is free
   uint64_t heartbeat_echo = 0;  // last control heartbeat seen: the leader's liveness check
-  uint64_t sleeping = 0;        // 1: the backup sleeps; ring its doorbell after a put
   uint64_t check = 0;
 };
 static_assert(sizeof(AckWord) <= kAckSlotBytes);
