@@ -137,3 +137,28 @@ def test_tcp_transport(cluster):
     )
     logs = [cluster.log(i) for i in range(3)]
     assert logs[0] == logs[1] == logs[2]
+
+
+def test_paused_backup_catches_up_through_a_full_ring(cluster, tmp_path):
+    # A 64 KiB ring fills while the backup is stopped: the leader commits with
+    # the other backup, holds back the stopped one's stream, and resumes it.
+    cluster.up(extra=["--ring-bytes", 65536])
+    leader = cluster.leader()
+    paused = (leader + 1) % 3
+    pid = cluster.pid(paused)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        values = [f"p{i}-" + "q" * 400 for i in range(300)]  # ~140 KiB of records
+        for chunk in range(0, len(values), 100):
+            cluster.propose(*values[chunk : chunk + 100])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    s = cluster.wait(
+        lambda s: s["replicas"][paused]["commit_index"] >= 300,
+        timeout=20,
+        what="the paused backup to catch up",
+    )
+    assert s["leader"] == leader
+    logs = [cluster.log(i) for i in range(3)]
+    assert logs[0] == logs[1] == logs[2]
+    assert [v for _, t, v in logs[paused] if t == "input"] == values
