@@ -45,7 +45,10 @@ class Client {
 
 // Asks every replica; returns the id of the one that says it leads, or -1.
 int FindLeader(const ClusterConfig& config, int timeout_ms);
-// A field of the flat status JSON a daemon returns ("role", "commit_index"...).
+// A field of the flat status JSON a daemon returns ("role", "commit_index"...),
+// string values unescaped.
 std::string JsonField(const std::string& json, const std::string& key);
+// s as the inside of a JSON string literal.
+std::string JsonEscape(const std::string& s);
 
 }  // namespace lockstep

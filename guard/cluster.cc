@@ -254,7 +254,7 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
       << "\", \"ballot\": \"" << r.ballot << "\", \"commit_index\": " << r.commit_index
       << ", \"last_index\": " << r.last_index
       << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
-      << ", \"disk_error\": \"" << r.disk_error << "\"}";
+      << ", \"disk_error\": \"" << JsonEscape(r.disk_error) << "\"}";
   }
   o << "]}";
   return o.str();

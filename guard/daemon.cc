@@ -44,6 +44,7 @@
 #include "consensus/core.h"
 #include "consensus/disk_log.h"
 #include "consensus/transport_ucx.h"
+#include "guard/client.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -54,23 +55,6 @@ uint64_t NowUs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
-}
-
-std::string JsonEscape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else {
-      o += c;
-    }
-  }
-  return o;
 }
 
 int Listen(const std::string& host, int port, std::string* error) {
@@ -169,6 +153,7 @@ class Daemon {
   std::unique_ptr<DiskLog> disk_;
   std::unique_ptr<DiskWriter> writer_;
   std::string disk_error_;
+  uint64_t durable_seq_seen_ = 0;  // the disk writer's completions already given to the core
   std::vector<uint64_t> memory_completions_;
 
   int epfd_ = -1, sigfd_ = -1, peer_listen_ = -1, client_listen_ = -1;
@@ -204,7 +189,6 @@ class Daemon {
   uint64_t next_spare_try_us_ = 0;
   uint64_t stats_[6] = {};
   double write_us_sum_ = 0;
-  double ring_us_sum_ = 0;
   uint64_t write_count_ = 0;
   uint64_t next_stats_us_ = 0;
   std::unique_ptr<RingReader> reader_;
@@ -213,7 +197,6 @@ class Daemon {
   std::deque<Waiter> waiters_;
   Role last_role_ = Role::kBackup;
   Ballot last_ballot_ = 0;
-  uint64_t applied_ = 0;
   std::vector<bool> ring_peer_;
 };
 
@@ -355,7 +338,7 @@ bool Daemon::Init() {
 
 void Daemon::Watch(int fd, bool writable) {
   epoll_event ev{};
-  ev.events = EPOLLIN | (writable ? EPOLLOUT : 0);
+  ev.events = EPOLLIN | (writable ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.fd = fd;
   if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) < 0) epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
@@ -782,7 +765,6 @@ bool Daemon::PollDisk(uint64_t now) {
     busy = true;
   }
   if (!writer_) return busy;
-  static uint64_t last_seq = 0;
   DiskWriter::Completion c = writer_->Poll();
   if (!c.error.empty() && c.error != disk_error_) {
     disk_error_ = c.error;
@@ -795,8 +777,8 @@ bool Daemon::PollDisk(uint64_t now) {
     Log("durable writes work again");
     disk_error_.clear();
   }
-  if (c.durable_seq > last_seq) {
-    last_seq = c.durable_seq;
+  if (c.durable_seq > durable_seq_seen_) {
+    durable_seq_seen_ = c.durable_seq;
     core_->OnPersisted(now, c.durable_seq);
     busy = true;
   }
@@ -877,13 +859,11 @@ bool Daemon::DrainOnce(uint64_t now) {
                   &err))
       ring_peer_[a.to] = true;
   }
-  uint64_t ring_t0 = opt_.verbose ? NowUs() : 0;
   for (int r = 0; r < n_; r++) {
     if (!ring_peer_[r]) continue;
     ring_peer_[r] = false;
     if (ucx_peer_[r] >= 0) ucx_->Ring(ucx_peer_[r], 0, &err);
   }
-  if (opt_.verbose) ring_us_sum_ += static_cast<double>(NowUs() - ring_t0);
   // Durable writes last: the puts above are already on their way to the
   // backups, whose writes overlap ours. Everything the core produced since
   // the last write forms one batch, and the disk thread merges whatever
@@ -928,7 +908,6 @@ bool Daemon::DrainOnce(uint64_t now) {
     last_ballot_ = core_->promised();
   }
   ReplyWaiters(now);
-  applied_ = core_->commit_index();
   // Flush client replies.
   for (auto it = conns_.begin(); it != conns_.end();) {
     FrameConn* c = it->second.get();
@@ -982,13 +961,10 @@ int Daemon::Run() {
       stats_[5] += may_sleep;
       if (now >= next_stats_us_) {
         Log("loop: %lu passes, progress %lu, memory %lu, disk %lu, drain %lu, sleeps %lu; "
-            "%lu inline writes, mean %.1f us (wall %.1f us, %.1f us after the proposal); rings "
-            "%.0f us in all",
+            "%lu inline writes, mean %.1f us",
             (unsigned long)stats_[0], (unsigned long)stats_[1], (unsigned long)stats_[2],
             (unsigned long)stats_[3], (unsigned long)stats_[4], (unsigned long)stats_[5],
-            (unsigned long)write_count_, write_count_ ? write_us_sum_ / write_count_ : 0.0,
-            ring_us_sum_);
-        ring_us_sum_ = 0;
+            (unsigned long)write_count_, write_count_ ? write_us_sum_ / write_count_ : 0.0);
         write_us_sum_ = 0;
         write_count_ = 0;
         for (auto& v : stats_) v = 0;
