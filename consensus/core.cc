@@ -123,6 +123,10 @@ void Replica::Tick(uint64_t now_us) {
   }
 }
 
+void Replica::OnLocalStall(uint64_t now_us) {
+  if (role_ != Role::kLeader && !prevoting_) ResetElectionTimer(now_us);
+}
+
 // ---------------------------------------------------------------- proposals
 
 ProposeResult Replica::Propose(uint64_t now_us, EntryType type, std::string payload) {

@@ -146,6 +146,10 @@ class Replica {
   void OnPersisted(uint64_t now_us, uint64_t seq);
   // The transport lost its connection to a peer: its stream is gone.
   void OnPeerUnreachable(uint64_t now_us, int peer);
+  // The caller itself did not run for a while (a long write, the
+  // scheduler): silence seen meanwhile says nothing about the leader, so a
+  // backup restarts its election timer instead of starting an election.
+  void OnLocalStall(uint64_t now_us);
   // Drops slots below index (must be <= commit_index).
   bool TruncateBelow(uint64_t index);
 
@@ -167,6 +171,7 @@ class Replica {
   uint64_t PeerMatch(int peer) const { return peers_[peer].match; }
   bool PeerReady(int peer) const { return peers_[peer].ready; }
   bool may_vote() const { return may_vote_; }
+  uint64_t last_leader_contact_us() const { return last_leader_contact_us_; }
 
  private:
   struct PeerStream {

@@ -1,6 +1,8 @@
 // args.h — the command line of `lockstep` and its subcommands: --name value,
 // --name=value, boolean --flag, the rest positional. Numbers are checked:
-// a malformed one is an error naming the flag, never a silent zero.
+// a malformed one is an error naming the flag, never a silent zero. After
+// `--` nothing is a flag: those arguments are positional and also kept
+// apart in `rest` (for a command line such as `cluster up -- redis-server`).
 #pragma once
 
 #include <algorithm>
@@ -14,7 +16,9 @@ namespace lockstep {
 // A small flag parser: --name value, --name=value, --flag; the rest are positional.
 struct Args {
   std::map<std::string, std::string> flags;
-  std::vector<std::string> positional;
+  std::vector<std::string> positional;  // including those after --
+  bool dashdash = false;                // a `--` was given
+  std::vector<std::string> rest;        // the arguments after --
   std::string error;
   bool Has(const std::string& k) const { return flags.count(k) > 0; }
   std::string Get(const std::string& k, const std::string& def = "") const {
@@ -48,7 +52,11 @@ inline Args Parse(int argc, char** argv, int start, const std::vector<std::strin
   for (int i = start; i < argc; i++) {
     std::string s = argv[i];
     if (s == "--") {
-      for (i++; i < argc; i++) a.positional.push_back(argv[i]);
+      a.dashdash = true;
+      for (i++; i < argc; i++) {
+        a.positional.push_back(argv[i]);
+        a.rest.push_back(argv[i]);
+      }
       break;
     }
     if (s.rfind("--", 0) == 0) {

@@ -1,6 +1,7 @@
 // cluster.cc — starting, inspecting and stopping a local cluster.
 #include "guard/cluster.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -9,12 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "guard/client.h"
+#include "guard/server.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -64,7 +67,96 @@ bool IsOurReplica(int pid, const std::string& config_path) {
   return cmd.find(" replica ") != std::string::npos && cmd.find(config_path) != std::string::npos;
 }
 
+// The server part of a new cluster's config from --app or a command; checks
+// that its executable exists, so that a bad command fails before anything starts.
+bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* server,
+                   std::string* error) {
+  *server = {};
+  if (!o.app.empty() && !o.command.empty()) {
+    *error = "--app and a server command after -- exclude each other: give one";
+    return false;
+  }
+  if (!o.app.empty()) {
+    AppProfile p;
+    if (!LoadAppProfile(AppsDir(), o.app, &p, error)) return false;
+    server->command = p.command;
+    server->app = p.name;
+    server->ready_timeout_ms = p.ready_timeout_ms;
+  } else if (!o.command.empty()) {
+    server->command = o.command;
+  } else {
+    return true;  // no server: the replicated log alone
+  }
+  if (o.ready_timeout_ms) server->ready_timeout_ms = o.ready_timeout_ms;
+  std::vector<std::string> argv;
+  if (!SplitCommand(server->command, &argv, error)) return false;
+  if (argv.empty()) {
+    *error = "the server command is empty";
+    return false;
+  }
+  if (server->command.find("{port}") == std::string::npos) {
+    *error = "the server command has no {port}: each replica's server needs its own port (" +
+             server->command + ")";
+    return false;
+  }
+  std::string exe;
+  return ResolveExecutable(
+      SubstituteCommand(argv[0], o.base_port + 200, o.dir + "/replica-0/server"), &exe, error);
+}
+
 }  // namespace
+
+std::vector<std::string> ListAppProfiles(const std::string& apps_dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(apps_dir.c_str());
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() > 5 && n.compare(n.size() - 5, 5, ".toml") == 0 && n[0] != '.')
+      names.push_back(n.substr(0, n.size() - 5));
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppProfile* out,
+                    std::string* error) {
+  std::vector<std::string> known = ListAppProfiles(apps_dir);
+  if (std::find(known.begin(), known.end(), name) == known.end()) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    *error = "unknown app '" + name + "': no profile " + apps_dir + "/" + name +
+             ".toml; available: " + (list.empty() ? "none" : list) +
+             " (or give any server command after --)";
+    return false;
+  }
+  AppProfile p;
+  p.name = name;
+  p.path = apps_dir + "/" + name + ".toml";
+  std::string text;
+  if (!ReadTextFile(p.path, &text, error)) return false;
+  std::vector<TomlTable> tables;
+  if (!ParseToml(text, p.path, {}, true, &tables, error)) return false;
+  if (tables.empty()) {
+    *error = p.path + ":1: field 'command' missing in the top level";
+    return false;
+  }
+  TomlTable& t = tables[0];
+  int64_t timeout = 0;
+  if (!t.TakeString("command", &p.command, true, error) ||
+      !t.TakeString("description", &p.description, false, error) ||
+      !t.TakeString("bench", &p.bench, false, error) ||
+      !t.TakeInt("ready_timeout_ms", &timeout, false, 100, 3600000, error) || !t.NoLeftovers(error))
+    return false;
+  if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
+  std::vector<std::string> argv;
+  std::string why;
+  if (!SplitCommand(p.command, &argv, &why)) return t.Fail(t.LineOf("command"), why, error);
+  if (argv.empty()) return t.Fail(t.LineOf("command"), "field 'command' is empty", error);
+  *out = p;
+  return true;
+}
 
 std::string DefaultClusterDir() {
   const char* env = getenv("LOCKSTEP_DIR");
@@ -144,6 +236,13 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     *error = "--durability must be disk or memory (got '" + o.durability + "')";
     return false;
   }
+  ClusterConfig::ServerConfig server;
+  if (!ResolveServer(o, &server, error)) return false;
+  if (server.command.size() && o.base_port + 200 + o.replicas > 65536) {
+    *error = "--base-port " + std::to_string(o.base_port) + " is too high: server ports are " +
+             "base+200..";
+    return false;
+  }
   mkdir(o.dir.c_str(), 0755);
   ClusterConfig existing;
   std::string ignored;
@@ -162,6 +261,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.ring_bytes = o.ring_bytes;
   c.segment_bytes = o.segment_bytes;
   if (o.spin_us >= 0) c.spin_us = static_cast<uint64_t>(o.spin_us);
+  c.server = server;
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
     r.id = i;
@@ -169,7 +269,12 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     r.peer_port = o.base_port + i;
     r.client_port = o.base_port + 100 + i;
     r.dir = o.dir + "/replica-" + std::to_string(i);
-    for (int port : {r.peer_port, r.client_port}) {
+    std::vector<int> ports = {r.peer_port, r.client_port};
+    if (c.has_server()) {
+      r.server_port = o.base_port + 200 + i;
+      ports.push_back(r.server_port);
+    }
+    for (int port : ports) {
       // A cluster stopped a moment ago may still be closing its sockets.
       for (int wait = 0; wait < 40 && !PortFree(port); wait++)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -218,10 +323,22 @@ bool WaitForLeader(const ClusterConfig& config, int timeout_ms, int* leader) {
 
 ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& config) {
   ClusterStatus s;
+  s.has_server = config.has_server();
+  if (s.has_server) {
+    s.server_name = config.server.app;
+    std::vector<std::string> argv;
+    std::string ignored;
+    if (s.server_name.empty() && SplitCommand(config.server.command, &argv, &ignored) &&
+        !argv.empty())
+      s.server_name = argv[0].substr(argv[0].rfind('/') + 1);
+  }
   uint64_t leader_commit = 0;
   for (size_t i = 0; i < config.replicas.size(); i++) {
     ReplicaStatus r;
     r.id = static_cast<int>(i);
+    if (s.has_server)
+      r.server_addr =
+          config.replicas[i].host + ":" + std::to_string(config.replicas[i].server_port);
     r.pid = ReplicaPid(dir, r.id);
     std::string err, json;
     auto c = r.pid ? Client::Connect(config, r.id, 300, &err) : nullptr;
@@ -241,40 +358,58 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
   for (auto& r : s.replicas)
     if (r.role != "down")
       r.lag = leader_commit > r.commit_index ? leader_commit - r.commit_index : 0;
+  if (s.leader >= 0) s.client_addr = s.replicas[s.leader].server_addr;
   return s;
 }
 
 std::string ClusterStatusJson(const ClusterStatus& s) {
+  auto str_or_null = [](const std::string& v) {
+    return v.empty() ? std::string("null") : "\"" + JsonEscape(v) + "\"";
+  };
   std::ostringstream o;
   o << "{\"leader\": " << (s.leader >= 0 ? std::to_string(s.leader) : "null")
-    << ", \"replicas\": [";
+    << ", \"client_addr\": " << str_or_null(s.client_addr) << ", \"replicas\": [";
   for (size_t i = 0; i < s.replicas.size(); i++) {
     const auto& r = s.replicas[i];
     o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
       << "\", \"ballot\": \"" << r.ballot << "\", \"commit_index\": " << r.commit_index
       << ", \"last_index\": " << r.last_index
       << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
-      << ", \"disk_error\": \"" << JsonEscape(r.disk_error) << "\"}";
+      << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
+      << "\", \"server_addr\": " << str_or_null(r.server_addr) << "}";
   }
   o << "]}";
   return o.str();
 }
 
-std::string FormatStatusTable(const ClusterStatus& s) {
+std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_hint) {
   std::string out;
-  char line[512];
-  snprintf(line, sizeof line, "%-4s %-10s %-8s %-8s %-12s %-10s %s\n", "id", "role", "pid",
-           "ballot", "commit_index", "last_index", "lag");
+  char line[768];
+  // The server column only when there is a server.
+  auto server_col = [&](const std::string& v) {
+    if (!s.has_server) return std::string();
+    char col[64];
+    snprintf(col, sizeof col, "%-22s ", v.c_str());
+    return std::string(col);
+  };
+  snprintf(line, sizeof line, "%-4s %-10s %-8s %s%-8s %-12s %-10s %s\n", "id", "role", "pid",
+           server_col("server").c_str(), "ballot", "commit_index", "last_index", "lag");
   out += line;
   for (const auto& r : s.replicas) {
-    snprintf(line, sizeof line, "%-4d %-10s %-8s %-8s %-12lu %-10lu %lu%s%s\n", r.id,
+    snprintf(line, sizeof line, "%-4d %-10s %-8s %s%-8s %-12lu %-10lu %lu%s%s\n", r.id,
              r.role.c_str(), r.pid ? std::to_string(r.pid).c_str() : "-",
-             r.ballot.empty() ? "-" : r.ballot.c_str(), (unsigned long)r.commit_index,
-             (unsigned long)r.last_index, (unsigned long)r.lag,
+             server_col(r.server_addr).c_str(), r.ballot.empty() ? "-" : r.ballot.c_str(),
+             (unsigned long)r.commit_index, (unsigned long)r.last_index, (unsigned long)r.lag,
              r.disk_error.empty() ? "" : "  DISK ERROR: ", r.disk_error.c_str());
     out += line;
   }
-  if (s.leader < 0) out += "no leader at the moment\n";
+  if (s.leader < 0) {
+    out += "no leader at the moment\n";
+  } else if (s.has_server) {
+    out += "clients connect to " + s.client_addr + " (the leader's " + s.server_name +
+           ", replica " + std::to_string(s.leader) + ")" +
+           (status_hint.empty() ? "" : "; status: " + status_hint) + "\n";
+  }
   return out;
 }
 

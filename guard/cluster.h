@@ -2,6 +2,9 @@
 // cluster up/status/down/restart`. Each replica runs as its own process
 // (`lockstep replica`), detached, logging to DIR/replica-N.log, its pid in
 // DIR/replica-N.pid; DIR/cluster.toml is the configuration they share.
+// With a server (`--app NAME` from apps/NAME.toml, or any command after `--`),
+// cluster.toml gets a [server] section and each daemon runs its own copy of
+// the server on port base+200+i in DIR/replica-i/server.
 #pragma once
 
 #include <string>
@@ -16,12 +19,28 @@ struct ClusterUpOptions {
   int replicas = 3;
   std::string transport = "shm";
   std::string durability = "disk";
-  int base_port = 7400;  // peer ports base.., client ports base+100..
+  int base_port = 7400;  // peer ports base.., client ports base+100.., server ports base+200..
   uint64_t ring_bytes = 1 << 20;
   uint64_t segment_bytes = 64 << 20;
   int64_t spin_us = -1;  // -1: the default of cluster.toml
   bool quiet = false;
+  std::string app;      // a profile in apps/ (apps/APP.toml), or
+  std::string command;  // a server command template with {port} and {dir}; neither: no server
+  uint64_t ready_timeout_ms = 0;  // 0: the profile's, else 10000
 };
+
+// A server profile, apps/NAME.toml (see apps/README.md).
+struct AppProfile {
+  std::string name;     // NAME
+  std::string command;  // template: {port} and {dir} are replaced per replica
+  uint64_t ready_timeout_ms = 10000;
+  std::string description;  // one line for people
+  std::string bench;        // how to benchmark it (free text)
+  std::string path;
+};
+std::vector<std::string> ListAppProfiles(const std::string& apps_dir);  // sorted names
+bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppProfile* out,
+                    std::string* error);
 
 struct ReplicaStatus {
   int id = 0;
@@ -32,10 +51,14 @@ struct ReplicaStatus {
   int pid = 0;  // 0 when not running
   uint64_t lag = 0;
   std::string disk_error;
+  std::string server_addr;  // host:server_port, "" without a server
 };
 
 struct ClusterStatus {
   int leader = -1;
+  bool has_server = false;
+  std::string client_addr;  // the leader's server_addr: where clients connect; "" if none
+  std::string server_name;  // "redis" (the app) or the command's program name
   std::vector<ReplicaStatus> replicas;
 };
 
@@ -45,7 +68,9 @@ bool ClusterDown(const std::string& dir, bool quiet, std::string* error);
 bool LoadClusterDir(const std::string& dir, ClusterConfig* config, std::string* error);
 ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& config);
 std::string ClusterStatusJson(const ClusterStatus& s);
-std::string FormatStatusTable(const ClusterStatus& s);  // for people
+// For people: a line per replica, then where clients connect (with
+// "; status: HINT" when status_hint is given) or that there is no leader.
+std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_hint = "");
 // Starts replica `id` of the cluster in dir if it is not running.
 bool StartReplica(const std::string& dir, const ClusterConfig& config, int id, std::string* error);
 int ReplicaPid(const std::string& dir, int id);  // 0 if not running

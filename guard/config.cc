@@ -1,12 +1,14 @@
-// config.cc — a strict parser for the TOML subset cluster.toml uses.
+// config.cc — a strict parser for the TOML subset cluster.toml and the apps/
+// profiles use, and cluster.toml itself.
 #include "guard/config.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <sstream>
+
+#include "guard/server.h"
 
 namespace lockstep {
 
@@ -21,46 +23,65 @@ std::string Trim(const std::string& s) {
 
 // Strips a trailing comment that is not inside a string.
 std::string StripComment(const std::string& s) {
-  bool in_string = false;
+  char quote = 0;  // '"' or '\'' inside a string
   for (size_t i = 0; i < s.size(); i++) {
-    if (s[i] == '"' && (i == 0 || s[i - 1] != '\\')) in_string = !in_string;
-    if (s[i] == '#' && !in_string) return s.substr(0, i);
+    if (quote == '"' && s[i] == '\\') {
+      i++;  // an escaped character, perhaps a quote
+    } else if (quote) {
+      if (s[i] == quote) quote = 0;
+    } else if (s[i] == '"' || s[i] == '\'') {
+      quote = s[i];
+    } else if (s[i] == '#') {
+      return s.substr(0, i);
+    }
   }
   return s;
 }
 
-struct Value {
-  enum Kind { kString, kInt, kBool } kind;
-  std::string str;
-  int64_t num = 0;
-  int line = 0;
-};
+bool ParseString(const std::string& raw, std::string* out, std::string* why) {
+  char quote = raw[0];
+  std::string s;
+  size_t i = 1;
+  for (; i < raw.size() && raw[i] != quote; i++) {
+    if (quote == '"' && raw[i] == '\\') {
+      if (++i == raw.size()) break;
+      switch (raw[i]) {
+        case '"': s += '"'; break;
+        case '\\': s += '\\'; break;
+        case 'n': s += '\n'; break;
+        case 't': s += '\t'; break;
+        default:
+          *why = std::string("unknown escape \\") + raw[i] + " in " + raw +
+                 " (write \\\\ for a backslash, or use a 'literal string')";
+          return false;
+      }
+    } else {
+      s += raw[i];
+    }
+  }
+  if (i >= raw.size()) {
+    *why = "unterminated string " + raw;
+    return false;
+  }
+  if (i + 1 != raw.size()) {
+    *why = "unexpected text after the string: " + raw.substr(i + 1);
+    return false;
+  }
+  *out = s;
+  return true;
+}
 
-bool ParseValue(const std::string& raw, Value* v, std::string* why) {
+bool ParseValue(const std::string& raw, TomlValue* v, std::string* why) {
   if (raw.empty()) {
     *why = "missing value";
     return false;
   }
-  if (raw[0] == '"') {
-    if (raw.size() < 2 || raw.back() != '"') {
-      *why = "unterminated string " + raw;
-      return false;
-    }
-    v->kind = Value::kString;
-    std::string s;
-    for (size_t i = 1; i + 1 < raw.size(); i++) {
-      if (raw[i] == '\\' && i + 2 < raw.size()) {
-        char c = raw[++i];
-        s += c == 'n' ? '\n' : c == 't' ? '\t' : c;
-      } else {
-        s += raw[i];
-      }
-    }
-    v->str = s;
-    return true;
+  if (raw[0] == '"' || raw[0] == '\'') {
+    v->kind = TomlValue::kString;
+    return ParseString(raw, &v->str, why);
   }
   if (raw == "true" || raw == "false") {
-    v->kind = Value::kBool;
+    v->kind = TomlValue::kBool;
     v->num = raw == "true";
     return true;
   }
@@ -71,25 +92,82 @@ bool ParseValue(const std::string& raw, Value* v, std::string* why) {
   errno = 0;
   long long n = strtoll(digits.c_str(), &end, 10);
   if (digits.empty() || *end != '\0' || errno != 0) {
-    *why = "cannot read value " + raw + " (strings need double quotes)";
+    *why = "cannot read value " + raw + " (strings need quotes)";
     return false;
   }
-  v->kind = Value::kInt;
+  v->kind = TomlValue::kInt;
   v->num = n;
+  return true;
+}
+
+bool IsBareKey(const std::string& k) {
+  if (k.empty()) return false;
+  for (char c : k)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
   return true;
 }
 
 }  // namespace
 
-bool ParseClusterConfig(const std::string& text, const std::string& path, ClusterConfig* out,
+// ------------------------------------------------------------ the TOML subset
+
+bool TomlTable::Fail(int at, const std::string& msg, std::string* error) const {
+  *error = path + ":" + std::to_string(at) + ": " + msg;
+  return false;
+}
+
+int TomlTable::LineOf(const std::string& key) const {
+  auto it = fields.find(key);
+  return it == fields.end() ? line : it->second.line;
+}
+
+bool TomlTable::TakeString(const std::string& key, std::string* dst, bool required,
+                           std::string* error) {
+  auto it = fields.find(key);
+  if (it == fields.end()) {
+    if (!required) return true;
+    return Fail(line, "field '" + key + "' missing in " + Name(), error);
+  }
+  if (it->second.kind != TomlValue::kString)
+    return Fail(it->second.line, "field '" + key + "': expected a string in double quotes", error);
+  *dst = it->second.str;
+  taken_.insert(key);
+  return true;
+}
+
+bool TomlTable::TakeInt(const std::string& key, int64_t* dst, bool required, int64_t lo, int64_t hi,
                         std::string* error) {
-  ClusterConfig c;
-  c.path = path;
-  using Table = std::map<std::string, Value>;
-  Table cluster;
-  int cluster_line = 0;
-  std::vector<std::pair<int, Table>> replicas;  // header line, fields
-  Table* current = nullptr;
+  auto it = fields.find(key);
+  if (it == fields.end()) {
+    if (!required) return true;
+    return Fail(line, "field '" + key + "' missing in " + Name(), error);
+  }
+  if (it->second.kind != TomlValue::kInt)
+    return Fail(it->second.line, "field '" + key + "': expected an integer", error);
+  if (it->second.num < lo || it->second.num > hi)
+    return Fail(it->second.line,
+                "field '" + key + "': " + std::to_string(it->second.num) + " is outside " +
+                    std::to_string(lo) + ".." + std::to_string(hi),
+                error);
+  *dst = it->second.num;
+  taken_.insert(key);
+  return true;
+}
+
+bool TomlTable::NoLeftovers(std::string* error) const {
+  const std::pair<const std::string, TomlValue>* first = nullptr;
+  for (const auto& f : fields)
+    if (!taken_.count(f.first) && (!first || f.second.line < first->second.line)) first = &f;
+  if (!first) return true;
+  return Fail(first->second.line, "unknown field '" + first->first + "' in " + Name(), error);
+}
+
+bool ParseToml(const std::string& text, const std::string& path,
+               const std::vector<std::string>& headers, bool top_level,
+               std::vector<TomlTable>* tables, std::string* error) {
+  std::vector<TomlTable> out;
+  std::map<std::string, int> seen;  // [table] header -> its line
+  TomlTable* current = nullptr;
   std::istringstream in(text);
   std::string line;
   int lineno = 0;
@@ -97,154 +175,61 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     *error = path + ":" + std::to_string(at) + ": " + msg;
     return false;
   };
+  auto new_table = [&](const std::string& header, int at) {
+    out.emplace_back();
+    out.back().path = path;
+    out.back().header = header;
+    out.back().line = at;
+    current = &out.back();
+  };
   while (std::getline(in, line)) {
     lineno++;
     std::string s = Trim(StripComment(line));
     if (s.empty()) continue;
-    if (s == "[cluster]") {
-      if (cluster_line)
-        return fail(lineno,
-                    "[cluster] appears twice (first at line " + std::to_string(cluster_line) + ")");
-      cluster_line = lineno;
-      current = &cluster;
+    if (s[0] == '[') {
+      bool known = false;
+      for (const auto& h : headers) known |= s == h;
+      if (!known) {
+        std::string expected;
+        for (size_t i = 0; i < headers.size(); i++)
+          expected += (i ? i + 1 == headers.size() ? " or " : ", " : "") + headers[i];
+        return fail(lineno, "unknown section " + s +
+                                (headers.empty() ? " (this file has no sections)"
+                                                 : " (expected " + expected + ")"));
+      }
+      if (s.rfind("[[", 0) != 0) {
+        if (seen.count(s))
+          return fail(lineno, s + " appears twice (first at line " + std::to_string(seen[s]) + ")");
+        seen[s] = lineno;
+      }
+      new_table(s, lineno);
       continue;
     }
-    if (s == "[[replica]]") {
-      replicas.push_back({lineno, {}});
-      current = &replicas.back().second;
-      continue;
-    }
-    if (s[0] == '[')
-      return fail(lineno, "unknown section " + s + " (expected [cluster] or [[replica]])");
     size_t eq = s.find('=');
     if (eq == std::string::npos) return fail(lineno, "expected 'field = value', got: " + s);
     std::string key = Trim(s.substr(0, eq));
-    if (!current) return fail(lineno, "field '" + key + "' outside any section");
-    Value v;
+    if (!IsBareKey(key))
+      return fail(lineno, "bad field name '" + key + "' (letters, digits, _ and - only)");
+    if (!current) {
+      if (!top_level) return fail(lineno, "field '" + key + "' outside any section");
+      new_table("", 1);
+    }
+    TomlValue v;
     std::string why;
     if (!ParseValue(Trim(s.substr(eq + 1)), &v, &why))
       return fail(lineno, "field '" + key + "': " + why);
     v.line = lineno;
-    if (current->count(key))
+    auto dup = current->fields.find(key);
+    if (dup != current->fields.end())
       return fail(lineno, "field '" + key + "' set twice (first at line " +
-                              std::to_string((*current)[key].line) + ")");
-    (*current)[key] = v;
+                              std::to_string(dup->second.line) + ")");
+    current->fields[key] = v;
   }
-
-  // Typed extraction with errors that name field and line.
-  auto get_string = [&](Table& t, const char* key, std::string* dst, bool required,
-                        int section_line, const char* section) -> bool {
-    auto it = t.find(key);
-    if (it == t.end()) {
-      if (!required) return true;
-      return fail(section_line, std::string("field '") + key + "' missing in " + section);
-    }
-    if (it->second.kind != Value::kString)
-      return fail(it->second.line,
-                  std::string("field '") + key + "': expected a string in double quotes");
-    *dst = it->second.str;
-    t.erase(it);
-    return true;
-  };
-  auto get_int = [&](Table& t, const char* key, int64_t* dst, bool required, int section_line,
-                     const char* section, int64_t lo, int64_t hi) -> bool {
-    auto it = t.find(key);
-    if (it == t.end()) {
-      if (!required) return true;
-      return fail(section_line, std::string("field '") + key + "' missing in " + section);
-    }
-    if (it->second.kind != Value::kInt)
-      return fail(it->second.line, std::string("field '") + key + "': expected an integer");
-    if (it->second.num < lo || it->second.num > hi)
-      return fail(it->second.line, std::string("field '") + key +
-                                       "': " + std::to_string(it->second.num) + " is outside " +
-                                       std::to_string(lo) + ".." + std::to_string(hi));
-    *dst = it->second.num;
-    t.erase(it);
-    return true;
-  };
-  auto no_leftovers = [&](Table& t, const char* section) -> bool {
-    if (t.empty()) return true;
-    return fail(t.begin()->second.line, "unknown field '" + t.begin()->first + "' in " + section);
-  };
-
-  if (!cluster_line) return fail(1, "missing [cluster] section");
-  std::map<std::string, int> cluster_lines;  // field -> line, for checks after extraction
-  for (const auto& [k, v] : cluster) cluster_lines[k] = v.line;
-  if (!get_string(cluster, "secret", &c.secret, true, cluster_line, "[cluster]")) return false;
-  if (c.secret.size() < 16)
-    return fail(cluster_lines["secret"], "field 'secret': must be at least 16 characters");
-  if (!get_string(cluster, "transport", &c.transport, false, cluster_line, "[cluster]"))
-    return false;
-  if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
-    return fail(cluster_lines["transport"],
-                "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
-  if (!get_string(cluster, "durability", &c.durability, false, cluster_line, "[cluster]"))
-    return false;
-  if (c.durability != "disk" && c.durability != "memory")
-    return fail(cluster_lines["durability"],
-                "field 'durability': '" + c.durability + "' is not disk or memory");
-  int64_t n = 0;
-  if (!get_int(cluster, "ring_bytes", &n, false, cluster_line, "[cluster]", 1 << 16,
-               int64_t{1} << 34))
-    return false;
-  if (n) c.ring_bytes = n;
-  n = 0;
-  if (!get_int(cluster, "segment_bytes", &n, false, cluster_line, "[cluster]", 1 << 16,
-               int64_t{1} << 34))
-    return false;
-  if (n) c.segment_bytes = n;
-  n = 0;
-  if (!get_int(cluster, "heartbeat_us", &n, false, cluster_line, "[cluster]", 100, 1000000))
-    return false;
-  if (n) c.heartbeat_us = n;
-  n = -1;
-  if (!get_int(cluster, "spin_us", &n, false, cluster_line, "[cluster]", 0, 1000000)) return false;
-  if (n >= 0) c.spin_us = n;
-  n = 0;
-  if (!get_int(cluster, "election_timeout_min_us", &n, false, cluster_line, "[cluster]", 1000,
-               60000000))
-    return false;
-  if (n) c.election_timeout_min_us = n;
-  n = 0;
-  if (!get_int(cluster, "election_timeout_max_us", &n, false, cluster_line, "[cluster]", 1000,
-               60000000))
-    return false;
-  if (n) c.election_timeout_max_us = n;
-  if (c.election_timeout_max_us < c.election_timeout_min_us)
-    return fail(cluster_lines.count("election_timeout_max_us")
-                    ? cluster_lines["election_timeout_max_us"]
-                    : cluster_line,
-                "field 'election_timeout_max_us' is below election_timeout_min_us");
-  if (!no_leftovers(cluster, "[cluster]")) return false;
-
-  if (replicas.empty()) return fail(lineno, "no [[replica]] sections");
-  if (replicas.size() > 7) return fail(replicas[7].first, "at most 7 replicas");
-  for (auto& [at, t] : replicas) {
-    ReplicaConfig r;
-    int64_t id = -1, peer_port = 0, client_port = 0;
-    int id_line = t.count("id") ? t["id"].line : at;
-    if (!get_int(t, "id", &id, true, at, "[[replica]]", 0, 6)) return false;
-    if (id != static_cast<int64_t>(c.replicas.size()))
-      return fail(id_line, "field 'id': replicas must be numbered 0.." +
-                               std::to_string(replicas.size() - 1) + " in order; expected " +
-                               std::to_string(c.replicas.size()) + ", got " + std::to_string(id));
-    r.id = static_cast<int>(id);
-    if (!get_string(t, "host", &r.host, true, at, "[[replica]]")) return false;
-    if (!get_int(t, "peer_port", &peer_port, true, at, "[[replica]]", 1, 65535)) return false;
-    if (!get_int(t, "client_port", &client_port, true, at, "[[replica]]", 1, 65535)) return false;
-    if (!get_string(t, "dir", &r.dir, true, at, "[[replica]]")) return false;
-    if (!get_string(t, "netns", &r.netns, false, at, "[[replica]]")) return false;
-    if (!no_leftovers(t, "[[replica]]")) return false;
-    r.peer_port = static_cast<int>(peer_port);
-    r.client_port = static_cast<int>(client_port);
-    c.replicas.push_back(r);
-  }
-  *out = c;
+  *tables = std::move(out);
   return true;
 }
 
-bool LoadClusterConfig(const std::string& path, ClusterConfig* out, std::string* error) {
+bool ReadTextFile(const std::string& path, std::string* text, std::string* error) {
   std::ifstream f(path);
   if (!f) {
     *error = path + ": cannot open: " + strerror(errno);
@@ -252,30 +237,182 @@ bool LoadClusterConfig(const std::string& path, ClusterConfig* out, std::string*
   }
   std::stringstream ss;
   ss << f.rdbuf();
-  return ParseClusterConfig(ss.str(), path, out, error);
+  *text = ss.str();
+  return true;
+}
+
+std::string TomlQuote(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    if (c == '\n') {
+      q += "\\n";
+    } else if (c == '\t') {
+      q += "\\t";
+    } else {
+      q += c;
+    }
+  }
+  return q + "\"";
+}
+
+// ------------------------------------------------------------ cluster.toml
+
+bool ParseClusterConfig(const std::string& text, const std::string& path, ClusterConfig* out,
+                        std::string* error) {
+  ClusterConfig c;
+  c.path = path;
+  std::vector<TomlTable> tables;
+  if (!ParseToml(text, path, {"[cluster]", "[server]", "[[replica]]"}, false, &tables, error))
+    return false;
+  TomlTable* cluster = nullptr;
+  TomlTable* server = nullptr;
+  std::vector<TomlTable*> replicas;
+  for (auto& t : tables) {
+    if (t.header == "[cluster]") cluster = &t;
+    if (t.header == "[server]") server = &t;
+    if (t.header == "[[replica]]") replicas.push_back(&t);
+  }
+  auto fail = [&](int at, const std::string& msg) {
+    *error = path + ":" + std::to_string(at) + ": " + msg;
+    return false;
+  };
+
+  if (!cluster) return fail(1, "missing [cluster] section");
+  TomlTable& t = *cluster;
+  if (!t.TakeString("secret", &c.secret, true, error)) return false;
+  if (c.secret.size() < 16)
+    return fail(t.LineOf("secret"), "field 'secret': must be at least 16 characters");
+  if (!t.TakeString("transport", &c.transport, false, error)) return false;
+  if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
+    return fail(t.LineOf("transport"),
+                "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
+  if (!t.TakeString("durability", &c.durability, false, error)) return false;
+  if (c.durability != "disk" && c.durability != "memory")
+    return fail(t.LineOf("durability"),
+                "field 'durability': '" + c.durability + "' is not disk or memory");
+  int64_t n = 0;
+  if (!t.TakeInt("ring_bytes", &n, false, 1 << 16, int64_t{1} << 34, error)) return false;
+  if (n) c.ring_bytes = n;
+  n = 0;
+  if (!t.TakeInt("segment_bytes", &n, false, 1 << 16, int64_t{1} << 34, error)) return false;
+  if (n) c.segment_bytes = n;
+  n = 0;
+  if (!t.TakeInt("heartbeat_us", &n, false, 100, 1000000, error)) return false;
+  if (n) c.heartbeat_us = n;
+  n = -1;
+  if (!t.TakeInt("spin_us", &n, false, 0, 1000000, error)) return false;
+  if (n >= 0) c.spin_us = n;
+  n = 0;
+  if (!t.TakeInt("election_timeout_min_us", &n, false, 1000, 60000000, error)) return false;
+  if (n) c.election_timeout_min_us = n;
+  n = 0;
+  if (!t.TakeInt("election_timeout_max_us", &n, false, 1000, 60000000, error)) return false;
+  if (n) c.election_timeout_max_us = n;
+  if (c.election_timeout_max_us < c.election_timeout_min_us)
+    return fail(t.LineOf("election_timeout_max_us"),
+                "field 'election_timeout_max_us' is below election_timeout_min_us");
+  if (!t.NoLeftovers(error)) return false;
+
+  if (server) {
+    TomlTable& s = *server;
+    if (!s.TakeString("command", &c.server.command, true, error)) return false;
+    std::vector<std::string> argv;
+    std::string why;
+    if (!SplitCommand(c.server.command, &argv, &why))
+      return fail(s.LineOf("command"), "field 'command': " + why);
+    if (argv.empty()) return fail(s.LineOf("command"), "field 'command': is empty");
+    if (!s.TakeString("app", &c.server.app, false, error)) return false;
+    n = 0;
+    if (!s.TakeInt("ready_timeout_ms", &n, false, 100, 3600000, error)) return false;
+    if (n) c.server.ready_timeout_ms = n;
+    if (!s.NoLeftovers(error)) return false;
+  }
+
+  if (replicas.empty()) return fail(1, "no [[replica]] sections");
+  if (replicas.size() > 7) return fail(replicas[7]->line, "at most 7 replicas");
+  for (TomlTable* rt : replicas) {
+    ReplicaConfig r;
+    int64_t id = -1, peer_port = 0, client_port = 0, server_port = 0;
+    if (!rt->TakeInt("id", &id, true, 0, 6, error)) return false;
+    if (id != static_cast<int64_t>(c.replicas.size()))
+      return fail(rt->LineOf("id"), "field 'id': replicas must be numbered 0.." +
+                                        std::to_string(replicas.size() - 1) +
+                                        " in order; expected " + std::to_string(c.replicas.size()) +
+                                        ", got " + std::to_string(id));
+    r.id = static_cast<int>(id);
+    if (!rt->TakeString("host", &r.host, true, error)) return false;
+    if (!rt->TakeInt("peer_port", &peer_port, true, 1, 65535, error)) return false;
+    if (!rt->TakeInt("client_port", &client_port, true, 1, 65535, error)) return false;
+    if (server) {
+      if (!rt->TakeInt("server_port", &server_port, true, 1, 65535, error)) return false;
+    } else if (rt->Has("server_port")) {
+      return fail(rt->LineOf("server_port"),
+                  "field 'server_port' without a [server] section (no server to run)");
+    }
+    if (!rt->TakeString("dir", &r.dir, true, error)) return false;
+    if (!rt->TakeString("netns", &r.netns, false, error)) return false;
+    if (!rt->NoLeftovers(error)) return false;
+    r.peer_port = static_cast<int>(peer_port);
+    r.client_port = static_cast<int>(client_port);
+    r.server_port = static_cast<int>(server_port);
+    c.replicas.push_back(r);
+  }
+  // A server port must not collide with any daemon port on the same host.
+  for (size_t i = 0; i < c.replicas.size() && server; i++) {
+    const ReplicaConfig& r = c.replicas[i];
+    for (const ReplicaConfig& o : c.replicas) {
+      if (o.host != r.host || o.netns != r.netns) continue;
+      std::string clash = o.peer_port == r.server_port                       ? "peer_port"
+                          : o.client_port == r.server_port                   ? "client_port"
+                          : (o.id != r.id && o.server_port == r.server_port) ? "server_port"
+                                                                             : "";
+      if (!clash.empty())
+        return fail(replicas[i]->LineOf("server_port"),
+                    "field 'server_port': " + std::to_string(r.server_port) + " is also replica " +
+                        std::to_string(o.id) + "'s " + clash + " on " + r.host);
+    }
+  }
+  *out = c;
+  return true;
+}
+
+bool LoadClusterConfig(const std::string& path, ClusterConfig* out, std::string* error) {
+  std::string text;
+  if (!ReadTextFile(path, &text, error)) return false;
+  return ParseClusterConfig(text, path, out, error);
 }
 
 std::string FormatClusterConfig(const ClusterConfig& c) {
   std::ostringstream o;
   o << "# lockstep cluster configuration: the same file on every replica.\n"
     << "[cluster]\n"
-    << "secret = \"" << c.secret << "\"\n"
-    << "transport = \"" << c.transport << "\"\n"
-    << "durability = \"" << c.durability << "\"\n"
+    << "secret = " << TomlQuote(c.secret) << "\n"
+    << "transport = " << TomlQuote(c.transport) << "\n"
+    << "durability = " << TomlQuote(c.durability) << "\n"
     << "ring_bytes = " << c.ring_bytes << "\n"
     << "segment_bytes = " << c.segment_bytes << "\n"
     << "heartbeat_us = " << c.heartbeat_us << "\n"
     << "spin_us = " << c.spin_us << "\n"
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
+  if (c.has_server()) {
+    o << "\n# The server each daemon runs under the shim; {port} is the replica's server_port,\n"
+      << "# {dir} its dir + \"/server\".\n"
+      << "[server]\n"
+      << "command = " << TomlQuote(c.server.command) << "\n";
+    if (!c.server.app.empty()) o << "app = " << TomlQuote(c.server.app) << "\n";
+    o << "ready_timeout_ms = " << c.server.ready_timeout_ms << "\n";
+  }
   for (const auto& r : c.replicas) {
     o << "\n[[replica]]\n"
       << "id = " << r.id << "\n"
-      << "host = \"" << r.host << "\"\n"
+      << "host = " << TomlQuote(r.host) << "\n"
       << "peer_port = " << r.peer_port << "\n"
-      << "client_port = " << r.client_port << "\n"
-      << "dir = \"" << r.dir << "\"\n";
-    if (!r.netns.empty()) o << "netns = \"" << r.netns << "\"\n";
+      << "client_port = " << r.client_port << "\n";
+    if (c.has_server()) o << "server_port = " << r.server_port << "\n";
+    o << "dir = " << TomlQuote(r.dir) << "\n";
+    if (!r.netns.empty()) o << "netns = " << TomlQuote(r.netns) << "\n";
   }
   return o.str();
 }

@@ -1,4 +1,5 @@
-// config.h — cluster.toml: the one file every replica of a cluster shares.
+// config.h — cluster.toml: the one file every replica of a cluster shares,
+// and the small TOML reader it shares with the server profiles in apps/.
 //
 //   [cluster]
 //   secret = "..."          # authenticates daemons to each other (required)
@@ -8,22 +9,34 @@
 //   segment_bytes = 67108864  # durable log: preallocated segment file size
 //   heartbeat_us = 1000
 //   spin_us = 50            # busy-poll this long after activity, then sleep
-//   election_timeout_min_us = 10000
-//   election_timeout_max_us = 20000
+//   election_timeout_min_us = 30000
+//   election_timeout_max_us = 60000
+//
+//   [server]                # optional: the server each replica's daemon runs under the shim
+//   command = "redis-server --port {port} --dir {dir}"   # required in [server]; {port} is the
+//                           # replica's server_port, {dir} its dir + "/server"; split like a
+//                           # shell would ('...', "...", backslash), run without a shell
+//   app = "redis"           # optional: the apps/ profile it came from (informational)
+//   ready_timeout_ms = 10000  # optional: how long the server may take to listen
 //
 //   [[replica]]             # one per replica, ids 0..N-1 in order
 //   id = 0
 //   host = "127.0.0.1"      # address of the daemon's peer and client ports
 //   peer_port = 7400        # daemon-to-daemon message channel
 //   client_port = 7500      # proposals, status (lockstep propose / status)
+//   server_port = 7600      # where this replica's server listens: required when there is a
+//                           # [server] section, an error without one
 //   dir = "/var/lib/lockstep/0"
 //   netns = ""              # optional: network namespace the replica runs in
 //
 // Parsing is strict: an unknown field, a wrong type or a missing field is an
-// error that names the field and the line.
+// error that names the field and the line. Strings are "basic" (with the
+// escapes \" \\ \n \t) or 'literal' (no escapes).
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,6 +47,7 @@ struct ReplicaConfig {
   std::string host;
   int peer_port = 0;
   int client_port = 0;
+  int server_port = 0;  // 0: no [server] section
   std::string dir;
   std::string netns;
 };
@@ -46,8 +60,14 @@ struct ClusterConfig {
   uint64_t segment_bytes = 64 << 20;  // durable log segment file size
   uint64_t heartbeat_us = 1000;
   uint64_t spin_us = 50;  // a daemon busy-polls this long after its last activity, then sleeps
-  uint64_t election_timeout_min_us = 10000;
-  uint64_t election_timeout_max_us = 20000;
+  uint64_t election_timeout_min_us = 30000;
+  uint64_t election_timeout_max_us = 60000;
+  struct ServerConfig {
+    std::string command;  // template: {port} and {dir} are replaced per replica
+    std::string app;      // the apps/ profile it came from, if any
+    uint64_t ready_timeout_ms = 10000;
+  } server;
+  bool has_server() const { return !server.command.empty(); }
   std::vector<ReplicaConfig> replicas;
   std::string path;  // where it was read from
 };
@@ -56,5 +76,54 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                         std::string* error);
 bool LoadClusterConfig(const std::string& path, ClusterConfig* out, std::string* error);
 std::string FormatClusterConfig(const ClusterConfig& c);
+
+// ------------------------------------------------------------ the TOML subset
+// `field = value` lines (values: "string", 'literal string', integer with
+// optional _ separators, true/false), # comments, [table] and [[array]]
+// headers. Used by cluster.toml and by the profiles in apps/.
+
+struct TomlValue {
+  enum Kind { kString, kInt, kBool } kind = kString;
+  std::string str;
+  int64_t num = 0;
+  int line = 0;
+};
+
+// One section: its fields, taken out one by one with typed getters whose
+// errors read "PATH:LINE: field 'x': ...".
+class TomlTable {
+ public:
+  std::string path;    // the file, for errors
+  std::string header;  // "[cluster]", "[[replica]]", or "" for fields before any header
+  int line = 1;        // the header's line
+  std::map<std::string, TomlValue> fields;
+
+  // A missing optional field leaves *dst alone and returns true.
+  bool TakeString(const std::string& key, std::string* dst, bool required, std::string* error);
+  bool TakeInt(const std::string& key, int64_t* dst, bool required, int64_t lo, int64_t hi,
+               std::string* error);
+  bool Has(const std::string& key) const { return fields.count(key) > 0; }
+  int LineOf(const std::string& key) const;  // the field's line, else the header's
+  // An error for the first field (in file order) nobody took.
+  bool NoLeftovers(std::string* error) const;
+  // "PATH:LINE: msg" in *error; returns false.
+  bool Fail(int at, const std::string& msg, std::string* error) const;
+  std::string Name() const { return header.empty() ? "the top level" : header; }
+
+ private:
+  std::set<std::string> taken_;
+};
+
+// Parses text into its sections in file order. `headers` lists the allowed
+// section headers ("[cluster]", "[[replica]]"); a [table] may appear once, an
+// [[array]] any number of times. Fields before the first header form a table
+// with header "" when top_level is true and are an error otherwise.
+bool ParseToml(const std::string& text, const std::string& path,
+               const std::vector<std::string>& headers, bool top_level,
+               std::vector<TomlTable>* tables, std::string* error);
+// Reads a whole file; false with "PATH: cannot open: ..." in *error.
+bool ReadTextFile(const std::string& path, std::string* text, std::string* error);
+// s as a TOML basic string, quotes included.
+std::string TomlQuote(const std::string& s);
 
 }  // namespace lockstep

@@ -14,6 +14,7 @@
 #include "guard/daemon.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -23,6 +24,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -34,9 +36,11 @@
 #include <cstdarg>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -45,6 +49,9 @@
 #include "consensus/disk_log.h"
 #include "consensus/transport_ucx.h"
 #include "guard/client.h"
+#include "guard/replay.h"
+#include "guard/server.h"
+#include "guard/shim_channel.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -103,6 +110,7 @@ bool DecodeBlob(std::string_view in, TransportBlob* b) {
 }
 
 constexpr size_t kSpareRegions = 2;
+constexpr uint64_t kMaxInputsInFlight = 256;  // proposed, not yet committed
 
 struct Waiter {
   uint64_t index;
@@ -111,6 +119,33 @@ struct Waiter {
   uint64_t durable_us = 0;
   FrameConn* conn;
 };
+
+// The payload of a kInput log entry: what the leader's shim saw, naming the
+// connection by the ballot that accepted it. seq is the shim's submission
+// number (0: a CLOSE the daemon itself proposed).
+struct Input {
+  uint8_t kind = 0;  // LS_SUB_ACCEPT / DATA / CLOSE
+  ConnKey key;
+  uint64_t seq = 0;
+  std::string bytes;
+};
+constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4;
+
+std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes) {
+  ByteWriter w;
+  w.u8(kind);
+  w.u64(key.ballot);
+  w.u32(key.no);
+  w.u64(seq);
+  w.bytes(bytes);
+  return std::move(w.str());
+}
+
+bool DecodeInput(std::string_view payload, Input* in) {
+  ByteReader r(payload);
+  return r.u8(&in->kind) && r.u64(&in->key.ballot) && r.u32(&in->key.no) && r.u64(&in->seq) &&
+         r.bytes(&in->bytes) && r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
+}
 
 class Daemon {
  public:
@@ -142,6 +177,11 @@ class Daemon {
   std::string StatusJson();
   void Watch(int fd, bool writable);
   void HandleEvents(epoll_event* evs, int n, uint64_t* last_busy);
+  bool StartServer();
+  bool ProcessSubmissions(uint64_t now);
+  bool ApplyCommitted(uint64_t now);
+  bool OwnConn(const ConnKey& k) const;
+  bool ReadyToServe();
 
   DaemonOptions opt_;
   ClusterConfig cfg_;
@@ -198,6 +238,32 @@ class Daemon {
   Role last_role_ = Role::kBackup;
   Ballot last_ballot_ = 0;
   std::vector<bool> ring_peer_;
+
+  // The replicated server (absent when the cluster has no [server]).
+  std::unique_ptr<ShimChannel> shim_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<Replayer> replayer_;
+  uint64_t applied_ = 0;  // log entries handed to the server (or its replayer)
+  struct OwnPending {
+    uint64_t seq;
+    uint32_t conn;
+    uint8_t kind;
+  };
+  std::map<uint64_t, OwnPending> own_pending_;  // our shim's proposals, by log index
+  std::map<uint32_t, ConnKey> own_conns_;       // our shim's connections
+  std::set<uint32_t> broken_own_;               // an input was dropped: refuse the rest
+  std::set<ConnKey> open_conns_;                // open according to the applied log
+  std::set<ConnKey> closing_;                   // CLOSE proposed by us as a new leader
+  bool close_old_pending_ = false;
+  uint64_t close_old_after_ = 0;
+  uint64_t next_server_check_us_ = 0;
+  bool truncated_warned_ = false;
+  int exit_code_ = 0;
+  uint64_t prev_pass_us_ = 0;
+  uint64_t last_stream_ = 0;
+  Ballot serving_ballot_ = 0;         // the ballot under which our server serves clients
+  bool holding_submissions_ = false;  // a new leader's server is still catching up
+  uint64_t next_slow_log_us_ = 0;
 };
 
 void Daemon::Log(const char* fmt, ...) {
@@ -328,6 +394,7 @@ bool Daemon::Init() {
   outbound_.assign(n_, nullptr);
   outbound_connected_.reset(new std::atomic<bool>[n_]);
   for (int r = 0; r < n_; r++) outbound_connected_[r] = false;
+  if (cfg_.has_server() && !StartServer()) return false;
   connector_ = std::thread([this] { ConnectorThread(); });
   Log("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
       cfg_.transport.c_str(), cfg_.durability.c_str(),
@@ -606,7 +673,11 @@ std::string Daemon::StatusJson() {
     << ",\"first_index\":" << core_->first_index() << ",\"transport\":\"" << cfg_.transport
     << "\",\"durability\":\"" << cfg_.durability
     << "\",\"may_vote\":" << (core_->may_vote() ? "true" : "false") << ",\"disk_error\":\""
-    << JsonEscape(disk_error_) << "\",\"peers\":[";
+    << JsonEscape(disk_error_) << "\",\"applied_index\":" << applied_
+    << ",\"server_pid\":" << (server_ ? server_->pid() : 0)
+    << ",\"server_port\":" << me_.server_port
+    << ",\"replay_connections\":" << (replayer_ ? replayer_->open_connections() : 0)
+    << ",\"peers\":[";
   for (int r = 0; r < n_; r++) {
     if (r) o << ",";
     o << "{\"id\":" << r << ",\"match\":" << core_->PeerMatch(r)
@@ -878,13 +949,13 @@ bool Daemon::DrainOnce(uint64_t now) {
       batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
     for (auto& e : p.entries)
       batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
-    // The leader hands its writes to the disk thread so its loop keeps
-    // serving acks and proposals while the disk works (16 clients: ~20-30%
-    // more commits per second), except a lone proposal with nothing else in
-    // flight, which it writes here and saves the hand-off. A backup writes
-    // here whenever the disk thread is idle: its ack waits on this write.
-    bool leader_async = core_->role() == Role::kLeader &&
-                        !(p.entries.size() == 1 && core_->commit_index() + 1 == p.entries[0].index);
+    // The leader (and a candidate) hands its writes to the disk thread, so
+    // its loop keeps putting heartbeats, acks and proposals while the disk
+    // works: a durable write here sometimes takes tens of milliseconds, longer
+    // than the backups' election timeout. A backup writes here whenever the
+    // disk thread is idle (its ack waits on this write anyway); a long write
+    // there only restarts its own election timer (OnLocalStall).
+    bool leader_async = core_->role() != Role::kBackup;
     if (p.truncate_below || !disk_error_.empty() || leader_async)
       writer_->Submit(p.seq, std::move(batch), p.truncate_below);
     else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose) {
@@ -895,13 +966,33 @@ bool Daemon::DrainOnce(uint64_t now) {
   for (auto& m : rd.messages) SendToPeer(m);
   if (rd.lost_leadership)
     FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
+  if (core_->role() == Role::kBackup && core_->stream_id() != last_stream_) {
+    if (last_stream_ && core_->promised() == last_ballot_)
+      Log("stream of ballot %s broke; asked the leader for a fresh one",
+          BallotString(core_->promised()).c_str());
+    last_stream_ = core_->stream_id();
+  }
   if (core_->role() != last_role_ || core_->promised() != last_ballot_) {
+    if (shim_) {
+      bool leading = core_->role() == Role::kLeader;
+      shim_->SetLeader(leading);
+      // A new leader closes the connections it did not accept: their clients
+      // talked to another replica's server. It does so once everything that
+      // may still commit from before its election is applied.
+      close_old_pending_ = leading;
+      close_old_after_ = core_->last_index();
+    }
     if (core_->role() == Role::kLeader)
       Log("leader of ballot %s (commit index %lu, log end %lu)",
           BallotString(core_->promised()).c_str(), (unsigned long)core_->commit_index(),
           (unsigned long)core_->last_index());
     else if (core_->role() == Role::kCandidate)
-      Log("candidate for ballot %s", BallotString(core_->promised()).c_str());
+      Log("candidate for ballot %s (%s)", BallotString(core_->promised()).c_str(),
+          core_->last_leader_contact_us()
+              ? ("leader last heard " +
+                 std::to_string((NowUs() - core_->last_leader_contact_us()) / 1000) + " ms ago")
+                    .c_str()
+              : "no leader heard since start");
     else
       Log("backup, promised ballot %s", BallotString(core_->promised()).c_str());
     last_role_ = core_->role();
@@ -923,7 +1014,207 @@ bool Daemon::DrainOnce(uint64_t now) {
   return busy;
 }
 
+// ---------------------------------------------------------------- the server
+
+bool Daemon::StartServer() {
+  std::string err;
+  uint64_t max_chunk = std::min<uint64_t>(256 << 10, core_->max_payload() - kInputHeader - 64);
+  shim_ = std::make_unique<ShimChannel>();
+  if (!shim_->Create(static_cast<uint32_t>(max_chunk), &err)) {
+    Log("cannot set up the channel to the server's shim: %s", err.c_str());
+    return false;
+  }
+  // The server starts empty and is refilled from the log, so nothing from a
+  // previous run may survive in its data directory.
+  std::string dir = me_.dir + "/server";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  // Split first, then substitute: a data directory with spaces stays one argument.
+  std::vector<std::string> argv;
+  if (!SplitCommand(cfg_.server.command, &argv, &err)) {
+    Log("server command: %s", err.c_str());
+    return false;
+  }
+  for (auto& a : argv) a = SubstituteCommand(a, me_.server_port, dir);
+  std::string cmd = JoinCommand(argv);
+  server_ = std::make_unique<ServerProcess>();
+  if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
+                      shim_->ServerFds(), &err)) {
+    Log("cannot start the server: %s", err.c_str());
+    return false;
+  }
+  if (!server_->WaitReady(me_.host, me_.server_port, cfg_.server.ready_timeout_ms, &err)) {
+    Log("%s", err.c_str());
+    return false;
+  }
+  if (!shim_->shim_attached()) {
+    Log("the preload shim did not attach to the server (a static binary, or LD_PRELOAD "
+        "removed?): its inputs would not be agreed, so this replica stops");
+    return false;
+  }
+  replayer_ = std::make_unique<Replayer>(
+      shim_.get(), me_.host, me_.server_port,
+      [this](int fd, bool, bool writable) { Watch(fd, writable); },
+      [this](const std::string& m) { Log("%s", m.c_str()); });
+  Watch(shim_->wake_daemon_fd(), false);
+  Log("server up (pid %d) on %s:%d: %s", server_->pid(), me_.host.c_str(), me_.server_port,
+      cmd.c_str());
+  return true;
+}
+
+// A new leader's server must first execute everything committed before its
+// election, in order, or a client would read stale data (or INCR a stale
+// counter): until then the shim's inputs wait in the ring (its accept waits
+// for the outcome). The connections of earlier leaders are closed first.
+bool Daemon::ReadyToServe() {
+  if (serving_ballot_ == core_->promised()) return true;
+  if (close_old_pending_ || applied_ < close_old_after_ || !replayer_->Idle()) return false;
+  serving_ballot_ = core_->promised();
+  Log("serving clients: the server has executed the log up to index %lu", (unsigned long)applied_);
+  return true;
+}
+
+// Hands the shim's inputs to the log (leader), or refuses them.
+bool Daemon::ProcessSubmissions(uint64_t now) {
+  if (!shim_) return false;
+  holding_submissions_ = core_->role() == Role::kLeader && !ReadyToServe();
+  if (holding_submissions_) return false;
+  bool did = false;
+  bool leading = core_->role() == Role::kLeader && disk_error_.empty();
+  // Bounded per pass (heartbeats go out between passes) and in flight (a
+  // client streaming megabytes must not queue the whole stream in memory).
+  uint64_t budget_bytes = 1 << 20;
+  ShimChannel::Submission s;
+  while (budget_bytes > 0 &&
+         (!leading || core_->last_index() - core_->commit_index() < kMaxInputsInFlight) &&
+         shim_->Peek(&s)) {
+    budget_bytes -= std::min<uint64_t>(budget_bytes, s.bytes.size() + 64);
+    did = true;
+    bool ok = false;
+    if (leading) {
+      ConnKey key{core_->promised(), s.conn};
+      if (s.kind == LS_SUB_ACCEPT) {
+        own_conns_[s.conn] = key;
+        ok = true;
+      } else {
+        auto it = own_conns_.find(s.conn);
+        ok = it != own_conns_.end() && !broken_own_.count(s.conn);
+        if (ok) key = it->second;
+      }
+      if (ok) {
+        ProposeResult r =
+            core_->Propose(now, EntryType::kInput, EncodeInput(s.kind, key, s.seq, s.bytes));
+        ok = r.ok;
+        if (ok) own_pending_[r.index] = OwnPending{s.seq, s.conn, s.kind};
+      }
+    }
+    if (!ok) {
+      shim_->Complete(LS_DONE_DROPPED, s.seq, s.conn);
+      if (s.kind != LS_SUB_ACCEPT) broken_own_.insert(s.conn);
+      if (s.kind == LS_SUB_ACCEPT) own_conns_.erase(s.conn);
+    }
+    shim_->Pop();
+  }
+  return did;
+}
+
+bool Daemon::OwnConn(const ConnKey& k) const {
+  auto it = own_conns_.find(k.no);
+  return it != own_conns_.end() && it->second == k;
+}
+
+// Hands committed entries, in log order, to the server: our own shim's
+// inputs are released to it, everyone else's are replayed over TCP.
+bool Daemon::ApplyCommitted(uint64_t now) {
+  if (!shim_) return false;
+  bool did = false;
+  uint64_t commit = core_->commit_index();
+  // Bounded per pass, so that a replica replaying a long log (after a
+  // restart) still answers heartbeats in between.
+  uint64_t budget_bytes = 4 << 20;
+  for (int n = 0; applied_ < commit && n < 1024 && budget_bytes > 0; n++) {
+    uint64_t i = applied_ + 1;
+    const Entry* e = core_->At(i);
+    if (!e) {
+      if (i < core_->first_index()) {
+        if (!truncated_warned_)
+          Log("cannot replay entries %lu..%lu: the log was truncated; this replica's server "
+              "misses them",
+              (unsigned long)i, (unsigned long)core_->first_index() - 1);
+        truncated_warned_ = true;
+        applied_ = core_->first_index() - 1;
+        continue;
+      }
+      break;
+    }
+    budget_bytes -= std::min<uint64_t>(budget_bytes, e->payload.size());
+    Input in;
+    bool is_input = e->type == EntryType::kInput && DecodeInput(e->payload, &in);
+    auto pend = own_pending_.find(i);
+    if (pend != own_pending_.end()) {
+      const OwnPending& p = pend->second;
+      bool ours = is_input && in.seq == p.seq && in.key.no == p.conn && OwnConn(in.key);
+      shim_->Complete(ours ? LS_DONE_COMMITTED : LS_DONE_DROPPED, p.seq, p.conn);
+      if (!ours && p.kind != LS_SUB_ACCEPT) broken_own_.insert(p.conn);
+      own_pending_.erase(pend);
+    }
+    if (is_input) {
+      bool own = OwnConn(in.key);
+      switch (in.kind) {
+        case LS_SUB_ACCEPT:
+          open_conns_.insert(in.key);
+          if (!own) replayer_->Accept(in.key);
+          break;
+        case LS_SUB_DATA:
+          if (!own) replayer_->Data(in.key, in.bytes);
+          break;
+        case LS_SUB_CLOSE:
+          open_conns_.erase(in.key);
+          closing_.erase(in.key);
+          if (own) {
+            if (in.seq == 0) shim_->Complete(LS_DONE_CLOSE, 0, in.key.no);
+            own_conns_.erase(in.key.no);
+            broken_own_.erase(in.key.no);
+          } else {
+            replayer_->Close(in.key);
+          }
+          break;
+      }
+    }
+    applied_ = i;
+    did = true;
+  }
+  if (close_old_pending_ && core_->role() == Role::kLeader && applied_ >= close_old_after_) {
+    close_old_pending_ = false;
+    for (const ConnKey& k : open_conns_) {
+      if (k.ballot == core_->promised() || closing_.count(k)) continue;
+      if (core_->Propose(now, EntryType::kInput, EncodeInput(LS_SUB_CLOSE, k, 0, "")).ok)
+        closing_.insert(k);
+    }
+    did = true;
+  }
+  did |= replayer_->Pump(now);
+  did |= shim_->Flush();
+  return did;
+}
+
 // ---------------------------------------------------------------- the loop
+
+// The daemon's threads run at a higher priority than the server and its
+// clients (nice -10; the server, started before this, keeps the default):
+// on a machine where they share a few cores, a daemon left off the CPU for
+// longer than the election timeout looks dead to its peers. The daemon
+// sleeps whenever it has nothing to do, so it takes little from the others.
+// Without the privilege to do so it runs at the default priority.
+void RaisePriority() {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    int tid = atoi(e->d_name);
+    if (tid > 0) setpriority(PRIO_PROCESS, static_cast<id_t>(tid), -10);
+  }
+  closedir(d);
+}
 
 int Daemon::Run() {
   if (!Init()) {
@@ -931,6 +1222,7 @@ int Daemon::Run() {
     if (connector_.joinable()) connector_.join();
     return 1;
   }
+  RaisePriority();
   uint64_t last_busy = NowUs();
   bool may_sleep = false;
   epoll_event evs[64];
@@ -940,18 +1232,59 @@ int Daemon::Run() {
     int n;
     if (may_sleep) {
       timespec ts{0, static_cast<long>(cfg_.heartbeat_us * 1000)};
+      uint64_t t0 = NowUs();
       n = epoll_pwait2(epfd_, evs, 64, &ts, nullptr);
+      if (NowUs() - t0 > 5000)
+        Log("slept %lu us (asked for %lu)", (unsigned long)(NowUs() - t0),
+            (unsigned long)cfg_.heartbeat_us);
+      if (shim_) shim_->Awake();
     } else {
       n = epoll_wait(epfd_, evs, 64, 0);
     }
+    uint64_t woke = NowUs();
     HandleEvents(evs, n, &last_busy);
     uint64_t now = NowUs();
+    if (now - woke > 5000 && now >= next_slow_log_us_) {
+      next_slow_log_us_ = now + 1000000;
+      Log("slow pass: %lu us handling %d socket events", (unsigned long)(now - woke), n);
+    }
+    if (prev_pass_us_ && woke - prev_pass_us_ > 10000 + cfg_.heartbeat_us) {
+      Log("not scheduled for %lu us", (unsigned long)(woke - prev_pass_us_));
+    }
     bool progressed = ucx_->Progress();
     bool polled = PollMemory(now);
     bool disk = PollDisk(now);
+    uint64_t t_polled = NowUs();
+    // This loop itself did not run for a while (a long write, the
+    // scheduler): the silence it saw meanwhile is its own, not the leader's.
+    if (prev_pass_us_ && now - prev_pass_us_ > cfg_.election_timeout_min_us / 2)
+      core_->OnLocalStall(now);
     core_->Tick(now);
+    bool submitted = ProcessSubmissions(now);
+    uint64_t t_submitted = NowUs();
     bool drained = Drain(now);
-    bool busy = progressed || polled || disk || drained;
+    uint64_t t_drained = NowUs();
+    bool applied = ApplyCommitted(now);
+    uint64_t t_applied = NowUs();
+    prev_pass_us_ = t_applied;
+    if (t_applied - now > 5000 && t_applied >= next_slow_log_us_) {
+      next_slow_log_us_ = t_applied + 1000000;
+      Log("slow pass: %lu us (polls %lu, submissions %lu, drain %lu, apply %lu)",
+          (unsigned long)(t_applied - now), (unsigned long)(t_polled - now),
+          (unsigned long)(t_submitted - t_polled), (unsigned long)(t_drained - t_submitted),
+          (unsigned long)(t_applied - t_drained));
+    }
+    bool busy = progressed || polled || disk || drained || submitted || applied;
+    if (server_ && now >= next_server_check_us_) {
+      next_server_check_us_ = now + 100000;
+      std::string how;
+      if (server_->Exited(&how)) {
+        Log("the server %s; this replica stops (lockstep cluster restart --id %d starts it again)",
+            how.c_str(), me_.id);
+        exit_code_ = 1;
+        stopping_ = true;
+      }
+    }
     if (opt_.verbose) {
       stats_[0]++;
       stats_[1] += progressed;
@@ -980,14 +1313,19 @@ int Daemon::Run() {
     if (spare_regions_.size() < kSpareRegions && now >= next_spare_try_us_) {
       // Idle: prepare for the next promise (after a failure, retry later).
       if (!MapSpareRegion()) next_spare_try_us_ = now + 1000000;
+      if (NowUs() - now > 5000)
+        Log("mapping a spare region took %lu us", (unsigned long)(NowUs() - now));
       continue;
     }
+    if (shim_ && !shim_->PrepareSleep(holding_submissions_)) continue;  // work arrived
     may_sleep = ucx_->Arm();  // false: UCX has events pending, go round again
+    if (!may_sleep && shim_) shim_->Awake();
   }
   connector_.join();
+  server_.reset();  // stops the server
   writer_.reset();  // drains pending durable writes
   Log("stopped (commit index %lu)", (unsigned long)core_->commit_index());
-  return 0;
+  return exit_code_;
 }
 
 void Daemon::HandleEvents(epoll_event* evs, int n, uint64_t* last_busy) {
@@ -1020,6 +1358,11 @@ void Daemon::HandleEvents(epoll_event* evs, int n, uint64_t* last_busy) {
         Watch(cfd, false);
         conns_[cfd] = std::move(c);
       }
+    } else if (shim_ && fd == shim_->wake_daemon_fd()) {
+      shim_->Awake();
+    } else if (replayer_ && replayer_->Owns(fd)) {
+      replayer_->OnEvent(fd, evs[i].events);
+      *last_busy = NowUs();
     } else if (fd == ucx_->EventFd() || (writer_ && fd == writer_->EventFd())) {
       // Handled by the polls at the top of the loop.
     } else {

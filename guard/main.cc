@@ -16,6 +16,7 @@
 #include "guard/cluster.h"
 #include "guard/config.h"
 #include "guard/daemon.h"
+#include "guard/server.h"
 
 using namespace lockstep;
 
@@ -33,7 +34,8 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  replica     run one replica daemon (one per host in a real cluster)\n"
-    "  cluster     start, inspect and stop a cluster on this machine (up|status|down|restart)\n"
+    "  cluster     start, inspect and stop a cluster on this machine (up|status|down|restart),\n"
+    "              with a replicated server: cluster up --app redis (or -- ANY COMMAND)\n"
     "  propose     agree values through the replicated log\n"
     "  log         print a replica's committed log\n"
     "  sim         run the protocol core under the deterministic simulator\n"
@@ -73,18 +75,29 @@ int CmdCluster(int argc, char** argv) {
   std::string sub = argc > 2 ? argv[2] : "";
   Args a = Parse(argc, argv, 3, {"help", "json", "quiet"});
   if (sub.empty() || sub == "--help" || WantsHelp(a)) {
+    std::string apps;
+    for (const auto& n : ListAppProfiles(AppsDir())) apps += (apps.empty() ? "" : "|") + n;
     printf(
         "usage:\n"
         "  lockstep cluster up [--replicas 3|5|7] [--transport shm|tcp|auto] [--durability "
         "disk|memory]\n"
         "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
+        "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
         "DIR defaults to $LOCKSTEP_DIR or /tmp/lockstep-cluster. `up` writes DIR/cluster.toml\n"
         "(with a fresh secret), starts one daemon per replica and waits for a leader.\n"
         "durability memory keeps entries in RAM on a majority only: NOT durable, for "
-        "comparison.\n");
+        "comparison.\n\n"
+        "A server to replicate: --app NAME uses the profile %s/NAME.toml; or give any\n"
+        "command after --, where {port} and {dir} become each replica's own server port\n"
+        "(base+200+i) and data directory (DIR/replica-i/server), e.g.\n"
+        "  lockstep cluster up -- redis-server --port {port} --dir {dir} --save ''\n"
+        "(one quoted argument after -- is split like a shell would). Each daemon runs its\n"
+        "copy of the server under the preload shim; clients connect to the leader's, which\n"
+        "`up` prints and `status` shows (client_addr; server_addr per replica in --json).\n",
+        apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
     return sub.empty() ? 2 : 0;
   }
   if (!a.error.empty()) return Fail(a.error);
@@ -92,12 +105,22 @@ int CmdCluster(int argc, char** argv) {
   std::string err;
   if (sub == "up") {
     ClusterUpOptions o;
-    long long n, port, ring, segment;
+    long long n, port, ring, segment, ready;
     if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||
-        !a.GetInt("ring-bytes", 1 << 20, &ring) || !a.GetInt("segment-bytes", 64 << 20, &segment))
+        !a.GetInt("ring-bytes", 1 << 20, &ring) || !a.GetInt("segment-bytes", 64 << 20, &segment) ||
+        !a.GetInt("ready-timeout-ms", 0, &ready))
       return Fail(a.error);
     if (ring < (1 << 16) || segment < (1 << 16))
       return Fail("--ring-bytes and --segment-bytes must be at least 65536");
+    if (port < 1 || port > 65535) return Fail("--base-port must be in 1..65535");
+    if (ready < 0 || (ready > 0 && ready < 100) || ready > 3600000)
+      return Fail("--ready-timeout-ms must be in 100..3600000");
+    if (a.positional.size() != a.rest.size())
+      return Fail("unexpected argument '" + a.positional[0] +
+                  "' (a server command goes after --, e.g. `cluster up -- redis-server --port "
+                  "{port}`)");
+    if (a.dashdash && a.rest.empty()) return Fail("no server command after --");
+    if (a.Has("app") && a.Get("app").empty()) return Fail("--app needs a profile name");
     o.segment_bytes = static_cast<uint64_t>(segment);
     o.dir = dir;
     o.replicas = static_cast<int>(n);
@@ -105,13 +128,27 @@ int CmdCluster(int argc, char** argv) {
     o.ring_bytes = static_cast<uint64_t>(ring);
     o.transport = a.Get("transport", "shm");
     o.durability = a.Get("durability", "disk");
+    o.app = a.Get("app");
+    o.ready_timeout_ms = static_cast<uint64_t>(ready);
+    // One argument with spaces is a whole command line; several are argv as the shell split it.
+    if (a.rest.size() == 1 && a.rest[0].find_first_of(" \t") != std::string::npos) {
+      o.command = a.rest[0];
+    } else {
+      o.command = JoinCommand(a.rest);
+    }
     ClusterConfig c;
     if (!ClusterUp(o, &c, &err)) return Fail(err);
     ClusterStatus s = GetClusterStatus(dir, c);
+    if (c.has_server() && s.leader < 0) {  // a leader was seen in ClusterUp: wait for it again
+      for (int i = 0; i < 300 && s.leader < 0; i++) {
+        usleep(50000);
+        s = GetClusterStatus(dir, c);
+      }
+    }
     printf("cluster of %d replicas up in %s (transport %s, durability %s%s)\n", o.replicas,
            dir.c_str(), o.transport.c_str(), o.durability.c_str(),
            o.durability == "memory" ? ": NOT durable, RAM of a majority only" : "");
-    printf("%s", FormatStatusTable(s).c_str());
+    printf("%s", FormatStatusTable(s, "lockstep cluster status --dir " + dir).c_str());
     return 0;
   }
   ClusterConfig c;

@@ -42,7 +42,9 @@ class Cluster:
         self.dir = directory
         self.base_port = base_port
 
-    def up(self, replicas=3, transport="shm", durability="disk", extra=()):
+    def up(self, replicas=3, transport="shm", durability="disk", extra=(), app=None):
+        if app:
+            extra = ("--app", app, *extra)
         return run(
             "cluster",
             "up",
@@ -70,6 +72,16 @@ class Cluster:
                 return s["leader"]
             time.sleep(0.02)
         raise AssertionError(f"no leader within {timeout}s: {self.status()}")
+
+    def client_addr(self, timeout=10.0):
+        """(host, port) of the leader's server, where clients connect."""
+        s = self.wait(lambda s: s.get("client_addr"), timeout, "a leader's server")
+        host, port = s["client_addr"].rsplit(":", 1)
+        return host, int(port)
+
+    def server_addr(self, replica):
+        host, port = self.status()["replicas"][replica]["server_addr"].rsplit(":", 1)
+        return host, int(port)
 
     def pid(self, replica):
         return self.status()["replicas"][replica]["pid"]
@@ -110,7 +122,8 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path):
-    base = 21000 + (os.getpid() % 200) * 40 + next(_ports) * 20 % 4000
+    # Each cluster takes base .. base+299 (peer, client and server ports).
+    base = 20000 + ((os.getpid() % 16) * 4 + next(_ports)) % 40 * 300  # below the ephemeral range
     c = Cluster(tmp_path / "cluster", base)
     c.dir.mkdir()
     yield c

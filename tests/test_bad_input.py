@@ -46,6 +46,137 @@ def test_malformed_config_names_the_field_and_line(tmp_path, text, field, line):
     assert int(m.group(1)) == line, p.stderr
 
 
+GOOD_SERVER = GOOD.replace(
+    "[[replica]]", '[server]\ncommand = "redis-server --port {port} --save \\"\\""\n\n[[replica]]'
+).replace("client_port = 7501\n", "client_port = 7501\nserver_port = 7601\n")
+# Lines of GOOD_SERVER: 5 [server], 6 command, 8 [[replica]], 11 peer_port, 13 server_port.
+
+
+@pytest.mark.parametrize(
+    "text, field, line",
+    [
+        (GOOD_SERVER.replace("server_port = 7601\n", ""), "server_port", 8),
+        (GOOD_SERVER.replace("server_port = 7601", 'server_port = "7601"'), "server_port", 13),
+        (GOOD_SERVER.replace("server_port = 7601", "server_port = 70000"), "server_port", 13),
+        (GOOD_SERVER.replace("server_port = 7601", "server_port = 7401"), "server_port", 13),
+        (
+            GOOD.replace("client_port = 7501", "client_port = 7501\nserver_port = 7601"),
+            "server_port",
+            10,
+        ),
+        (GOOD_SERVER.replace("command = ", "app = 'redis'\n#command = "), "command", 5),
+        (GOOD_SERVER.replace('--save \\"\\""', "'--save\""), "command", 6),
+        (GOOD_SERVER.replace('--save \\"\\""', '--save \\q"'), "command", 6),
+        (
+            GOOD_SERVER.replace("command = ", "ready_timeout_ms = 5\ncommand = "),
+            "ready_timeout_ms",
+            6,
+        ),
+        (GOOD_SERVER.replace("command = ", "flavour = 'mint'\ncommand = "), "flavour", 6),
+        (GOOD_SERVER.replace("[[replica]]", "[server]\n[[replica]]"), "[server]", 8),
+    ],
+)
+def test_malformed_server_section_names_the_field_and_line(tmp_path, text, field, line):
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(text)
+    p = run("replica", "--config", cfg, "--id", 0, check=False, timeout=20)
+    assert p.returncode != 0
+    assert field in p.stderr, p.stderr
+    m = re.search(r"cluster\.toml:(\d+):", p.stderr)
+    assert m, p.stderr
+    assert int(m.group(1)) == line, p.stderr
+
+
+def test_server_section_parses(tmp_path):
+    # `log` reads the config, then fails to reach a replica: not a config error.
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(GOOD_SERVER.replace("client_port = 7501", "client_port = 1"))
+    p = run("log", "--config", cfg, "--replica", 0, check=False, timeout=20)
+    assert p.returncode != 0
+    assert "cluster.toml:" not in p.stderr, p.stderr
+
+
+def _nothing_started(cluster):
+    assert not (cluster.dir / "cluster.toml").exists()
+    assert not list(cluster.dir.glob("replica-*"))
+
+
+def test_unknown_app_lists_the_profiles(cluster):
+    p = run(
+        "cluster",
+        "up",
+        "--dir",
+        cluster.dir,
+        "--base-port",
+        cluster.base_port,
+        "--app",
+        "nosuch",
+        check=False,
+    )
+    assert p.returncode != 0
+    assert "unknown app 'nosuch'" in p.stderr, p.stderr
+    assert "memcached" in p.stderr and "redis" in p.stderr, p.stderr
+    _nothing_started(cluster)
+
+
+@pytest.mark.parametrize(
+    "command, msg",
+    [
+        (["/no/such/binary", "{port}"], "server command '/no/such/binary' does not exist"),
+        (
+            ["lockstep-no-such-server", "{port}"],
+            "server command 'lockstep-no-such-server' not found in PATH",
+        ),
+        (["/etc/passwd", "{port}"], "is not executable"),
+        (["redis-server --port {port} 'oops"], "unbalanced '"),
+        (["redis-server", "--port", "7000"], "has no {port}"),
+        ([], "no server command after --"),
+    ],
+)
+def test_bad_server_command_starts_nothing(cluster, command, msg):
+    p = run(
+        "cluster",
+        "up",
+        "--dir",
+        cluster.dir,
+        "--base-port",
+        cluster.base_port,
+        "--",
+        *command,
+        check=False,
+    )
+    assert p.returncode != 0
+    assert msg in p.stderr, p.stderr
+    _nothing_started(cluster)
+
+
+def test_app_and_command_exclude_each_other(cluster):
+    p = run(
+        "cluster",
+        "up",
+        "--dir",
+        cluster.dir,
+        "--base-port",
+        cluster.base_port,
+        "--app",
+        "redis",
+        "--",
+        "redis-server",
+        "--port",
+        "{port}",
+        check=False,
+    )
+    assert p.returncode != 0
+    assert "exclude each other" in p.stderr, p.stderr
+    _nothing_started(cluster)
+
+
+def test_cluster_help_lists_the_apps():
+    p = run("cluster", "--help")
+    assert "--app memcached|redis" in p.stdout, p.stdout
+    assert "{port}" in p.stdout and "{dir}" in p.stdout
+
+
 def test_missing_config_file_is_a_clear_error(tmp_path):
     p = run("replica", "--config", tmp_path / "nope.toml", "--id", 0, check=False)
     assert p.returncode != 0 and "cannot open" in p.stderr

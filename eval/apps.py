@@ -1,0 +1,830 @@
+#!/usr/bin/env python3
+"""Benchmarks redis or memcached under lockstep against what a user would run instead.
+
+    scripts/bench redis|memcached [--seconds 3] [--repeats 3] [--conns 1,4,16]
+                                  [--modes unreplicated,replicated,aof-always,redis-wait]
+                                  [--ops set,get] [--quick] [--json FILE]
+    .venv/bin/python eval/apps.py redis --from-json eval/out/redis.json   (redraw only)
+
+Every measurement is build/bin/loadgen (tools/loadgen.c): N connections, closed loop,
+SET (or GET) of a 64-byte value on one of 10000 keys, --seconds long. Modes, all in one run:
+
+  unreplicated       the server alone, with the flags of lockstep's profiles
+                     (redis: --save "" --appendonly no --protected-mode no;
+                     memcached: -U 0 -t 4 -u root); durability "none" (one process's RAM)
+  replicated         `lockstep cluster up --replicas 3 --app APP --durability disk|memory`;
+                     clients talk to "client_addr" from `lockstep cluster status --json`
+  aof-always         redis only: one redis with --appendonly yes --appendfsync always, its
+                     files on the same file system as the lockstep cluster; durability "disk"
+  redis-wait         redis only: a master and two replicas (--replicaof); every SET is
+                     followed by WAIT 2 0 and the pair is one op; durability "memory"
+
+Repeats are spread over time (repeat 1 of every measurement of a mode, then repeat 2, ...);
+the JSON keeps the median over repeats with min and max. GET is measured where reads take a
+different path than the baseline's (unreplicated and replicated; aof-always and redis-wait
+serve a GET exactly as the unreplicated server does). Before measuring, every key is written
+once, so GETs hit. Writes eval/out/APP.json (or --json), and APP.md and APP.png next to it;
+prints the table, ratios against unreplicated and the targets of issue 3, all computed from
+this run. Modes that cannot run yet (no `cluster up --app`) are listed as skipped, with the
+reason. Progress goes to stderr. Exit status 1 if a mode failed.
+"""
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
+LOADGEN = ROOT / "build" / "bin" / "loadgen"
+REDIS_FLAGS = shlex.split('--save "" --appendonly no --protected-mode no')  # as apps/ profiles
+MEMCACHED_FLAGS = shlex.split("-U 0 -t 4 -u root")
+HOST = "127.0.0.1"
+T0 = time.monotonic()
+
+
+def log(msg):
+    print(f"[{time.monotonic() - T0:5.0f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class Skip(Exception):
+    """A mode that cannot run here yet; the message says why."""
+
+
+# ---------------------------------------------------------------------------
+# Processes, ports, tiny clients
+# ---------------------------------------------------------------------------
+
+
+class Procs:
+    """Every process started here; each is stopped by its pid."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, cmd, logpath):
+        with open(logpath, "ab") as out:
+            p = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        p.cmd_name, p.logpath = Path(cmd[0]).name, logpath
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, grace=5.0):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(grace)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def stop_all(self):
+        for p in list(reversed(self.procs)):
+            self.stop(p)
+
+
+def port_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def split_addr(addr):
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]") or HOST, int(port)
+
+
+def read_reply(sock, buf):
+    """One RESP reply from sock (bytes already read in buf[0]); returns the parsed value.
+
+    Error replies come back as RuntimeError instances, not raised."""
+
+    def need(n):
+        while len(buf[0]) < n:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            buf[0] += chunk
+
+    def line():
+        while b"\r\n" not in buf[0]:
+            need(len(buf[0]) + 1)
+        head, _, buf[0] = buf[0].partition(b"\r\n")
+        return head
+
+    head = line()
+    kind, rest = head[:1], head[1:]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        return RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        need(n + 2)
+        data, buf[0] = buf[0][:n], buf[0][n + 2 :]
+        return data
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [read_reply(sock, buf) for _ in range(n)]
+    raise ConnectionError(f"unexpected reply {head[:40]!r}")
+
+
+def resp(*args):
+    parts = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        parts += [f"${len(a)}\r\n".encode(), a, b"\r\n"]
+    return b"".join(parts)
+
+
+def redis_call(addr, *args, timeout=5.0):
+    """Sends one command on a fresh connection; returns the reply (raises on an error reply)."""
+    with socket.create_connection(split_addr(addr), timeout=timeout) as s:
+        s.sendall(resp(*args))
+        r = read_reply(s, [b""])
+    if isinstance(r, RuntimeError):
+        raise r
+    return r
+
+
+def server_ready(app, addr):
+    try:
+        if app == "redis":
+            return redis_call(addr, "PING", timeout=1.0) == "PONG"
+        with socket.create_connection(split_addr(addr), timeout=1.0) as s:
+            s.sendall(b"version\r\n")
+            return s.recv(100).startswith(b"VERSION")
+    except (OSError, RuntimeError):
+        return False
+
+
+def wait_ready(app, addr, proc=None, timeout=15.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            tail = Path(proc.logpath).read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"{proc.cmd_name} exited with {proc.returncode}:\n{tail}")
+        if server_ready(app, addr):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{app} at {addr} not ready after {timeout:.0f} s")
+
+
+def value_bytes(n):
+    return bytes(ord("a") + i % 26 for i in range(n))  # loadgen's value
+
+
+def prefill(app, addr, keys, size, batch=500):
+    """Writes key:0 .. key:<keys-1> once (pipelined), so that GETs hit."""
+    val = value_bytes(size)
+    with socket.create_connection(split_addr(addr), timeout=30) as s:
+        for start in range(0, keys, batch):
+            idx = range(start, min(keys, start + batch))
+            if app == "redis":
+                req, ok = b"".join(resp("SET", f"key:{i}", val) for i in idx), b"+OK\r\n"
+            else:
+                req = b"".join(b"set key:%d 0 0 %d\r\n%s\r\n" % (i, size, val) for i in idx)
+                ok = b"STORED\r\n"
+            s.sendall(req)
+            buf = b""
+            while buf.count(b"\r\n") < len(idx):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError(f"{addr} closed the connection during prefill")
+                buf += chunk
+            if buf != ok * len(idx):
+                raise RuntimeError(f"prefill of {addr} got {buf[:80]!r}")
+
+
+# ---------------------------------------------------------------------------
+# Modes: each is a context manager that yields the address clients use
+# ---------------------------------------------------------------------------
+
+
+def server_cmd(app, port, data_dir, redis_flags=REDIS_FLAGS, extra=()):
+    if app == "redis":
+        cmd = ["redis-server", *f"--port {port} --bind {HOST} --dir".split(), str(data_dir)]
+        return cmd + redis_flags + list(extra)
+    return ["memcached", "-p", str(port), "-l", HOST, *MEMCACHED_FLAGS, *extra]
+
+
+def start_server(ctx, app, name, redis_flags=REDIS_FLAGS, extra=()):
+    """Starts one server on a free loopback port in its own directory; returns (proc, addr)."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=ctx.work))
+    for attempt in range(3):
+        port = free_port()
+        p = ctx.procs.start(server_cmd(app, port, data_dir, redis_flags, extra), data_dir / "log")
+        addr = f"{HOST}:{port}"
+        try:
+            wait_ready(app, addr, p)
+            return p, addr
+        except RuntimeError:
+            ctx.procs.stop(p)
+            if attempt == 2:
+                raise
+
+
+@contextlib.contextmanager
+def mode_unreplicated(ctx, app):
+    p, addr = start_server(ctx, app, "unreplicated")
+    try:
+        yield addr, "set"
+    finally:
+        ctx.procs.stop(p)
+
+
+@contextlib.contextmanager
+def mode_aof_always(ctx, app):
+    flags = shlex.split('--save "" --appendonly yes --appendfsync always --protected-mode no')
+    p, addr = start_server(ctx, app, "aof-always", redis_flags=flags)
+    try:
+        yield addr, "set"
+    finally:
+        ctx.procs.stop(p)
+
+
+@contextlib.contextmanager
+def mode_redis_wait(ctx, app):
+    started = []
+    try:
+        master, addr = start_server(ctx, app, "wait-master")
+        started.append(master)
+        _, port = split_addr(addr)
+        for i in range(2):
+            p, _ = start_server(
+                ctx, app, f"wait-replica{i}", extra=["--replicaof", HOST, str(port)]
+            )
+            started.append(p)
+        end = time.monotonic() + 30
+        while True:
+            info = redis_call(addr, "INFO", "replication").decode()
+            online = info.count("state=online")
+            if online >= 2:
+                break
+            if time.monotonic() > end:
+                raise RuntimeError(f"only {online} of 2 replicas online after 30 s:\n{info}")
+            time.sleep(0.1)
+        log(f"  master {addr}: 2 replicas online")
+        yield addr, "set-wait"
+    finally:
+        for p in reversed(started):
+            ctx.procs.stop(p)
+
+
+def lockstep_run(args, timeout=180):
+    return subprocess.run(
+        [str(LOCKSTEP), *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def lockstep_has_app():
+    """Why `lockstep cluster up --app` cannot be used here, or None when it can."""
+    if not LOCKSTEP.exists():
+        return f"{LOCKSTEP} is not built"
+    r = lockstep_run(["cluster", "up", "--help"], timeout=20)
+    if "--app" not in r.stdout + r.stderr:
+        return "`lockstep cluster up` has no --app option yet (not in `cluster up --help`)"
+    return None
+
+
+def pick_base_port():
+    """A base port P with P+0..9, P+100..109, P+200..209, P+300..309 free on loopback."""
+    for _ in range(200):
+        base = random.randrange(20000, 40000, 10)
+        if all(port_free(base + off + i) for off in (0, 100, 200, 300) for i in range(10)):
+            return base
+    raise RuntimeError("no free base port found")
+
+
+def cluster_status(d):
+    r = lockstep_run(["cluster", "status", "--json", "--dir", d], timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"cluster status failed: {r.stderr.strip() or r.stdout.strip()}")
+    return json.loads(r.stdout)
+
+
+def procs_naming(d):
+    """Pids of processes whose command line names directory d, and their descendants.
+
+    Everything a cluster in d runs (daemons: --config d/cluster.toml; their servers) and
+    nothing else, since d is a fresh temporary directory."""
+    key, parent, found = str(d).encode(), {}, set()
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit() or int(e.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(e.path, "stat").read_text()
+            parent[int(e.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            if key in Path(e.path, "cmdline").read_bytes():
+                found.add(int(e.name))
+    while grown := {p for p, pp in parent.items() if pp in found and p not in found}:
+        found |= grown
+    return found
+
+
+def kill_leftovers(d):
+    for pid in procs_naming(d):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            log(f"  killed leftover pid {pid}")
+
+
+def keep_logs(ctx, d):
+    """Copies the cluster's logs (daemons', servers') out of d, which is about to go."""
+    if not ctx.keep_logs:
+        return
+    dest = ctx.keep_logs / d.name
+    for f in d.rglob("*.log"):
+        (dest / f.relative_to(d)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest / f.relative_to(d))
+    log(f"  kept the cluster's logs in {dest}")
+
+
+@contextlib.contextmanager
+def lockstep_cluster(ctx, app, durability, replicas=3):
+    """Yields (dir, status JSON) of a running `cluster up --app APP`; always brings it down."""
+    why = lockstep_has_app()
+    if why:
+        raise Skip(why)
+    d = Path(tempfile.mkdtemp(prefix=f"lockstep-{durability}-", dir=ctx.work))
+    try:
+        for attempt in range(3):
+            base = pick_base_port()
+            cmd = ["cluster", "up", "--dir", d]
+            cmd += f"--replicas {replicas} --base-port {base} --app {app}".split()
+            cmd += f"--durability {durability} --transport shm".split()
+            log(f"  lockstep {' '.join(map(str, cmd))}")
+            r = lockstep_run(cmd)
+            out = (r.stdout + r.stderr).strip()
+            if r.returncode == 0:
+                break
+            if "--app" in out or "unknown" in out.lower():
+                raise Skip(f"`lockstep cluster up --app {app}` refused: {out[-300:]}")
+            if "taken" not in out or attempt == 2:
+                raise RuntimeError(f"lockstep cluster up failed ({r.returncode}): {out[-1500:]}")
+        st = cluster_status(d)
+        if not st.get("client_addr"):
+            raise Skip("`lockstep cluster status --json` has no client_addr (is --app ignored?)")
+        yield d, st
+    except BaseException:
+        keep_logs(ctx, d)
+        raise
+    finally:
+        try:
+            r = lockstep_run(["cluster", "down", "--dir", d], timeout=60)
+            if r.returncode != 0:
+                log(f"  cluster down: {(r.stdout + r.stderr).strip()[-300:]}")
+        except (OSError, subprocess.SubprocessError) as e:
+            log(f"  cluster down: {e}")
+        kill_leftovers(d)  # whatever `cluster down` did not stop
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def mode_replicated(durability):
+    @contextlib.contextmanager
+    def mode(ctx, app):
+        with lockstep_cluster(ctx, app, durability) as (d, st):
+            addr = st["client_addr"]
+            wait_ready(app, addr)
+            try:
+                yield addr, "set"
+            except RuntimeError as e:  # say whether the leader moved (clients lose it then)
+                now = {}
+                with contextlib.suppress(Exception):
+                    now = cluster_status(d)
+                new = (now.get("leader"), now.get("client_addr"))
+                if not now or new == (st.get("leader"), addr):
+                    raise
+                raise RuntimeError(
+                    f"{e} [the leader changed during the run: replica {st.get('leader')} at "
+                    f"{addr} -> replica {new[0]} at {new[1]}; see the replica logs]"
+                ) from e
+
+    return mode
+
+
+# name -> (JSON mode, durability, apps, reads measured, context manager)
+BOTH = ("redis", "memcached")
+MODES = {
+    "unreplicated": ("unreplicated", "none", BOTH, True, mode_unreplicated),
+    "replicated-disk": ("replicated", "disk", BOTH, True, mode_replicated("disk")),
+    "replicated-memory": ("replicated", "memory", BOTH, True, mode_replicated("memory")),
+    "aof-always": ("aof-always", "disk", ("redis",), False, mode_aof_always),
+    "redis-wait": ("redis-wait", "memory", ("redis",), False, mode_redis_wait),
+}
+MODES_REPLICATED = ("replicated-disk", "replicated-memory")  # what --modes replicated means
+
+
+# ---------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------
+
+
+def loadgen(app, addr, conns, op, seconds, value_size, keys):
+    host, port = split_addr(addr)
+    cmd = [str(LOADGEN), *f"--proto {app} --host {host} --port {port} --conns {conns}".split()]
+    cmd += f"--seconds {seconds} --op {op} --value-bytes {value_size} --keys {keys}".split()
+    cmd += ["--wait-replicas", "2"]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=seconds + 60)
+    if r.returncode != 0:
+        raise RuntimeError(
+            f"loadgen failed ({r.returncode}): {r.stderr.strip()} {r.stdout.strip()}"
+        )
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_mode(ctx, app, name, a):
+    mode, durability, _, reads, cm = MODES[name]
+    ops = [op for op in a.ops if op == "set" or reads]
+    samples = {}
+    with cm(ctx, app) as (addr, set_op):
+        log(f"  {addr}: writing {a.keys} keys")
+        prefill(app, addr, a.keys, a.value_bytes)
+        for rep in range(a.repeats):
+            for conns in a.conns:
+                for op in ops:
+                    lg_op = set_op if op == "set" else op
+                    res = loadgen(app, addr, conns, lg_op, a.seconds, a.value_bytes, a.keys)
+                    samples.setdefault((conns, op, lg_op), []).append(res)
+                    log(
+                        f"  {name} {op} conns={conns} repeat {rep + 1}/{a.repeats}: "
+                        f"{res['ops_per_s']:.0f} ops/s, p50 {res['p50_us']:.0f} µs, "
+                        f"p99 {res['p99_us']:.0f} µs, errors {res['errors']}"
+                    )
+    runs = []
+    for (conns, op, lg_op), rs in samples.items():
+        tput = [r["ops_per_s"] for r in rs]
+        runs.append(
+            {
+                "mode": mode,
+                "durability": durability,
+                "conns": conns,
+                "op": op,
+                "ops_per_s": statistics.median(tput),
+                "p50_us": statistics.median(r["p50_us"] for r in rs),
+                "p99_us": statistics.median(r["p99_us"] for r in rs),
+                "min_ops_per_s": min(tput),
+                "max_ops_per_s": max(tput),
+                "repeats": len(rs),
+                "loadgen_op": lg_op,
+                "errors": sum(r["errors"] for r in rs),
+                "misses": sum(r.get("misses", 0) for r in rs),
+                "samples": rs,
+            }
+        )
+    return runs
+
+
+def consensus_reference(ctx, seconds):
+    """The replicated log's own commit p50 (shm, disk, 3 replicas, 1 client), this run."""
+    d = Path(tempfile.mkdtemp(prefix="consensus-", dir=ctx.work))
+    out = d / "c.json"
+    cmd = shlex.split("bench consensus --transport shm --durability disk --replicas 3 --clients 1")
+    cmd += f"--payload 100 --seconds {seconds:g} --base-port {pick_base_port()}".split()
+    r = lockstep_run([*cmd, "--dir", d / "cluster", "--json", out], timeout=300 + 10 * seconds)
+    if r.returncode != 0 or not out.exists():
+        raise RuntimeError(f"lockstep bench consensus failed: {r.stderr.strip()[-500:]}")
+    run = json.loads(out.read_text())["runs"][0]
+    return {"cmd": "lockstep " + " ".join(cmd), "commit_p50_us": run["commit_p50_us"]}
+
+
+def machine(work):
+    def cmd_out(*cmd):
+        try:
+            return subprocess.run(
+                cmd, check=False, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    mem = Path("/proc/meminfo").read_text().split()[1]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(int(mem) / 2**20, 1),
+        "kernel": platform.release(),
+        "redis": cmd_out("redis-server", "--version").replace("Redis server v=", "redis ")[:12],
+        "memcached": cmd_out("memcached", "-V"),
+        "work_dir_fs": (cmd_out("df", "--output=fstype", str(work)).splitlines() or ["?"])[-1],
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "git": cmd_out("git", "-C", str(ROOT), "describe", "--always", "--dirty"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------
+
+
+def find(runs, mode, durability, conns, op="set"):
+    for r in runs:
+        if (r["mode"], r["durability"], r["conns"], r["op"]) == (mode, durability, conns, op):
+            return r
+    return None
+
+
+def label(r):
+    return r["mode"] if r["mode"] != "replicated" else f"replicated/{r['durability']}"
+
+
+ORDER = ["unreplicated", "replicated/disk", "replicated/memory", "aof-always", "redis-wait"]
+
+
+def table(res):
+    runs = res["runs"]
+    head = (
+        "| mode | durability | op | conns | ops/s (median) | min–max ops/s | p50 µs | p99 µs "
+        "| ops/s ÷ unrepl. | p50 − unrepl. µs |"
+    )
+    rows = [head, "|" + "---|" * 10]
+    for r in sorted(runs, key=lambda r: (r["op"] != "set", r["conns"], ORDER.index(label(r)))):
+        base = find(runs, "unreplicated", "none", r["conns"], r["op"])
+        ratio = f"{r['ops_per_s'] / base['ops_per_s']:.2f}" if base and base["ops_per_s"] else "–"
+        delta = f"{r['p50_us'] - base['p50_us']:+.0f}" if base else "–"
+        dur = {"memory": "memory (RAM only)", "none": "none (1 process)"}.get(r["durability"])
+        op = r["op"] + (" + WAIT 2 0" if r.get("loadgen_op") == "set-wait" else "")
+        err = f" ({r['errors']} errors)" if r.get("errors") else ""
+        rows.append(
+            f"| {label(r)} | {dur or r['durability']} | {op} | {r['conns']} "
+            f"| {r['ops_per_s']:.0f}{err} | {r['min_ops_per_s']:.0f}–{r['max_ops_per_s']:.0f} "
+            f"| {r['p50_us']:.0f} | {r['p99_us']:.0f} | {ratio} | {delta} |"
+        )
+    out = "\n".join(rows) + "\n"
+    for s in res.get("skipped", []):
+        out += f"\nskipped: {s['mode']}/{s['durability']}: {s['reason']}"
+    for s in res.get("failed", []):
+        out += f"\nFAILED: {s['mode']}/{s['durability']}: {s['reason']}"
+    return out + "\n"
+
+
+def targets(res):
+    """Issue 3's targets, each from this run's numbers; met is None when a side is missing."""
+    runs, out = res["runs"], []
+
+    def add(name, met, detail):
+        out.append({"target": name, "met": met, "detail": detail})
+
+    def p50(r):
+        return f"{r['p50_us']:.0f} µs" if r else "not measured"
+
+    def tput(r):
+        return f"{r['ops_per_s']:.0f}/s" if r else "not measured"
+
+    rep1, un1 = find(runs, "replicated", "disk", 1), find(runs, "unreplicated", "none", 1)
+    aof1, wait1 = find(runs, "aof-always", "disk", 1), find(runs, "redis-wait", "memory", 1)
+    if res["app"] == "redis":
+        ok = None
+        if rep1 and aof1 and wait1:
+            ok = rep1["p50_us"] < aof1["p50_us"] and rep1["p50_us"] < wait1["p50_us"]
+        add(
+            "1 conn, disk: SET p50 below aof-always and redis-wait",
+            ok,
+            f"replicated {p50(rep1)}, aof-always {p50(aof1)}, redis-wait {p50(wait1)}",
+        )
+        rep16, aof16 = find(runs, "replicated", "disk", 16), find(runs, "aof-always", "disk", 16)
+        wait16 = find(runs, "redis-wait", "memory", 16)
+        ok = None
+        if rep16 and aof16 and wait16:
+            ok = rep16["ops_per_s"] > max(aof16["ops_per_s"], wait16["ops_per_s"])
+        add(
+            "16 conns, disk: SET throughput above aof-always and redis-wait",
+            ok,
+            f"replicated {tput(rep16)}, aof-always {tput(aof16)}, redis-wait {tput(wait16)}",
+        )
+    mem16, un16 = find(runs, "replicated", "memory", 16), find(runs, "unreplicated", "none", 16)
+    ok, ratio = None, ""
+    if mem16 and un16:
+        ratio = f" = {mem16['ops_per_s'] / un16['ops_per_s']:.2f}×"
+        ok = mem16["ops_per_s"] >= 0.7 * un16["ops_per_s"]
+    add(
+        "16 conns, memory: SET throughput ≥ 0.7 × unreplicated",
+        ok,
+        f"replicated {tput(mem16)} / unreplicated {tput(un16)}{ratio}",
+    )
+    ref = res.get("reference", {}).get("commit_p50_us")
+    ok, detail = None, "replicated/disk or the log's commit p50 not measured"
+    if rep1 and un1 and ref is not None:
+        added = rep1["p50_us"] - un1["p50_us"]
+        ok = added <= ref + 20
+        detail = f"added {added:.0f} µs; log commit p50 {ref:.0f} µs + 20 = {ref + 20:.0f} µs"
+    add("1 conn, disk: added SET p50 ≤ replicated log's commit p50 + 20 µs", ok, detail)
+    return out
+
+
+def targets_text(ts):
+    word = {True: "met", False: "NOT met", None: "n/a"}
+    return "\n".join(f"- {t['target']}: {word[t['met']]} ({t['detail']})" for t in ts) + "\n"
+
+
+def plot(res, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = res["runs"]
+    ops = [op for op in ("set", "get") if any(r["op"] == op for r in runs)]
+    if not ops:
+        return False
+    fig, axes = plt.subplots(len(ops), 2, figsize=(13, 4.2 * len(ops)), squeeze=False)
+    for row, op in enumerate(ops):
+        rs = [r for r in runs if r["op"] == op]
+        labels = [lab for lab in ORDER if any(label(r) == lab for r in rs)]
+        conns = sorted({r["conns"] for r in rs})
+        w = 0.8 / len(labels)
+        ax_t, ax_l = axes[row]
+        for i, lab in enumerate(labels):
+            xs, t, lo, hi, p50, p99 = [], [], [], [], [], []
+            for j, c in enumerate(conns):
+                r = next((r for r in rs if label(r) == lab and r["conns"] == c), None)
+                if r:
+                    xs.append(j - 0.4 + w * (i + 0.5))
+                    t.append(r["ops_per_s"])
+                    lo.append(r["ops_per_s"] - r["min_ops_per_s"])
+                    hi.append(r["max_ops_per_s"] - r["ops_per_s"])
+                    p50.append(r["p50_us"])
+                    p99.append(r["p99_us"])
+            color = f"C{ORDER.index(lab)}"  # the same colour for a mode in every panel
+            ax_t.bar(xs, t, w, yerr=[lo, hi], capsize=2, label=lab, color=color)
+            ax_l.bar(xs, p50, w, label=lab, color=color)
+            ax_l.scatter(xs, p99, marker="_", s=120, color=color)
+        for ax in (ax_t, ax_l):
+            ax.set_xticks(range(len(conns)), [f"{c} conn" for c in conns])
+        ax_t.set_ylabel("ops/s (median; bars: min–max)")
+        ax_t.set_title(f"{res['app']} {op.upper()} throughput")
+        ax_l.set_yscale("log")
+        ax_l.set_ylabel("µs (bar: p50, dash: p99)")
+        ax_l.set_title(f"{res['app']} {op.upper()} latency")
+        ax_t.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def report(res, js):
+    md, png = js.with_suffix(".md"), js.with_suffix(".png")
+    ts = targets(res)
+    res["targets"] = ts
+    js.write_text(json.dumps(res, indent=1) + "\n")
+    m = res["machine"]
+    head = (
+        f"# {res['app']} under lockstep — {m.get('date', '')}\n\n"
+        f"`{res.get('command', '')}` on {m.get('cores')} cores ({m.get('cpu')}), "
+        f"{m.get('redis') if res['app'] == 'redis' else m.get('memcached')}; "
+        f"{res.get('seconds')} s per measurement, median of {res.get('repeats')} repeats; "
+        f"load average {m.get('loadavg_start')} at start, {m.get('loadavg_end')} at the end. "
+        f"Ratios are against unreplicated in this run.\n\n"
+    )
+    text = table(res) + "\n## Targets (issue 3), from this run\n\n" + targets_text(ts)
+    drew = plot(res, png)
+    md.write_text(head + text + (f"\n![plot]({png.name})\n" if drew else ""))
+    print(text)
+    print(f"wrote {js}, {md}" + (f" and {png}" if drew else ""))
+
+
+# ---------------------------------------------------------------------------
+
+
+class Ctx:
+    def __init__(self, work, keep_logs=None):
+        self.work = work  # every directory of this run goes in here
+        self.keep_logs = keep_logs  # where a failed cluster's logs are copied, if anywhere
+        self.procs = Procs()
+
+
+def csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("app", choices=["redis", "memcached"])
+    ap.add_argument("--seconds", type=float, default=3.0, help="per measurement (default 3)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--conns", type=csv(int), default=[1, 4, 16])
+    ap.add_argument(
+        "--modes",
+        type=csv(str),
+        help="unreplicated, replicated (both durabilities), replicated-disk, "
+        "replicated-memory, aof-always, redis-wait (default: all that apply to APP)",
+    )
+    ap.add_argument("--ops", type=csv(str), default=["set", "get"], help="set,get")
+    ap.add_argument("--quick", action="store_true", help="1 and 16 conns, 1 repeat, 1 s")
+    ap.add_argument("--value-bytes", type=int, default=64)
+    ap.add_argument("--keys", type=int, default=10000)
+    ap.add_argument("--json", help="output (default eval/out/APP.json); .md and .png beside it")
+    ap.add_argument("--tmp", help="where the servers' and clusters' directories go")
+    ap.add_argument("--from-json", help="only redraw the table and plot of an existing JSON")
+    a = ap.parse_args()
+    js = Path(a.json) if a.json else ROOT / "eval" / "out" / f"{a.app}.json"
+    js.parent.mkdir(parents=True, exist_ok=True)
+    if a.from_json:
+        report(json.loads(Path(a.from_json).read_text()), js)
+        return 0
+    if a.quick:
+        a.conns, a.repeats, a.seconds = [1, 16], 1, 1.0
+    names = [n for n, m in MODES.items() if a.app in m[2]]
+    if a.modes:
+        want = [x for m in a.modes for x in ((m,) if m != "replicated" else MODES_REPLICATED)]
+        bad = [m for m in want if m not in MODES or a.app not in MODES[m][2]]
+        if bad:
+            ap.error(
+                f"--modes: {', '.join(bad)} not available for {a.app} (have {', '.join(names)})"
+            )
+        names = [n for n in names if n in want]
+    if any(op not in ("set", "get") for op in a.ops) or "set" not in a.ops:
+        ap.error("--ops takes set or set,get")
+    if not LOADGEN.exists():
+        sys.exit(f"{LOADGEN} is not built (cmake --build build)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
+
+    work = Path(tempfile.mkdtemp(prefix="lockstep-bench-", dir=a.tmp))
+    ctx = Ctx(work, keep_logs=js.parent / f"{a.app}-failed-logs")
+    res = {
+        "app": a.app,
+        "command": "scripts/bench " + " ".join(sys.argv[1:]),
+        "seconds": a.seconds,
+        "repeats": a.repeats,
+        "runs": [],
+        "skipped": [],
+        "failed": [],
+        "machine": machine(work),
+    }
+    n_meas = len(a.conns) * a.repeats
+    log(f"{a.app}: modes {', '.join(names)}; {n_meas} measurements of {a.seconds:g} s per op")
+    try:
+        for name in names:
+            mode, durability = MODES[name][0], MODES[name][1]
+            log(f"{name}:")
+            try:
+                res["runs"] += run_mode(ctx, a.app, name, a)
+            except Skip as e:
+                log(f"  skipped: {e}")
+                res["skipped"].append({"mode": mode, "durability": durability, "reason": str(e)})
+            except Exception as e:  # noqa: BLE001 (one mode failing must not lose the others)
+                log(f"  FAILED: {e}")
+                res["failed"].append({"mode": mode, "durability": durability, "reason": str(e)})
+        if find(res["runs"], "replicated", "disk", 1):
+            log("lockstep bench consensus (the log's own commit p50, for the added-latency target)")
+            try:
+                res["reference"] = consensus_reference(ctx, a.seconds)
+            except Exception as e:  # noqa: BLE001
+                log(f"  failed: {e}")
+    finally:
+        ctx.procs.stop_all()
+        kill_leftovers(work)
+        shutil.rmtree(work, ignore_errors=True)
+    res["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report(res, js)
+    return 1 if res["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

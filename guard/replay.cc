@@ -1,0 +1,199 @@
+// replay.cc — see replay.h.
+#include "guard/replay.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace lockstep {
+
+Replayer::~Replayer() {
+  for (auto& [k, c] : conns_) {
+    if (c.fd >= 0) close(c.fd);
+    shim_->ReleaseReplaySlot(c.slot);
+  }
+}
+
+void Replayer::Accept(ConnKey k) {
+  queue_.push_back(Step{Kind::kAccept, k, {}});
+}
+void Replayer::Data(ConnKey k, std::string_view bytes) {
+  queue_.push_back(Step{Kind::kData, k, std::string(bytes)});
+}
+void Replayer::Close(ConnKey k) {
+  queue_.push_back(Step{Kind::kClose, k, {}});
+}
+
+bool Replayer::Open(ConnKey k, Conn* c) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, host_.c_str(), &a.sin_addr);
+  sockaddr_in local = a;
+  local.sin_port = 0;
+  socklen_t len = sizeof local;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+    log_(std::string("replay: cannot open a connection to the server: ") + strerror(errno));
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  // The shim must know this port is ours before the server accepts it.
+  c->slot = shim_->ClaimReplaySlot(ntohs(local.sin_port));
+  if (c->slot < 0) {
+    log_("replay: more than 4096 replayed connections are open; this one is not replayed");
+    close(fd);
+    return false;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  a.sin_port = htons(static_cast<uint16_t>(port_));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+    log_(std::string("replay: connect to the server failed: ") + strerror(errno));
+    shim_->ReleaseReplaySlot(c->slot);
+    c->slot = -1;
+    close(fd);
+    return false;
+  }
+  c->fd = fd;
+  by_fd_[fd] = k;
+  watch_(fd, true, false);
+  return true;
+}
+
+void Replayer::FlushOut(Conn* c) {
+  while (!c->out.empty() && c->fd >= 0) {
+    ssize_t n = send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      c->out.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR || errno == ENOTCONN)) {
+      watch_(c->fd, false, true);
+      return;
+    }
+    // The server closed the connection or reset it: nothing more reaches it.
+    c->server_closed = true;
+    c->out.clear();
+  }
+  if (c->fd >= 0) watch_(c->fd, false, false);
+  if (c->out.empty() && c->close_requested && !c->write_shut && c->fd >= 0) {
+    shutdown(c->fd, SHUT_WR);
+    c->write_shut = true;
+  }
+}
+
+void Replayer::Finish(std::map<ConnKey, Conn>::iterator it) {
+  Conn& c = it->second;
+  if (c.fd >= 0) {
+    by_fd_.erase(c.fd);
+    close(c.fd);  // also leaves our epoll set
+  }
+  shim_->ReleaseReplaySlot(c.slot);
+  conns_.erase(it);
+}
+
+bool Replayer::Drained(const ConnKey& k) const {
+  auto it = conns_.find(k);
+  if (it == conns_.end()) return true;
+  const Conn& c = it->second;
+  if (c.server_closed || c.fd < 0 || c.slot < 0) return true;
+  if (!c.out.empty() || shim_->ReplayRead(c.slot) < c.appended) return false;
+  return !c.close_requested || shim_->ReplayEof(c.slot);
+}
+
+bool Replayer::Idle() const {
+  if (!queue_.empty()) return false;
+  for (const auto& [k, c] : conns_)
+    if (!Drained(k)) return false;
+  return true;
+}
+
+bool Replayer::Pump(uint64_t now_us) {
+  bool did = false;
+  gated_ = false;
+  while (!queue_.empty()) {
+    Step& s = queue_.front();
+    if (s.kind != Kind::kAccept && have_last_ && last_ != s.key && !Drained(last_)) {
+      if (!head_since_us_) head_since_us_ = now_us;
+      if (now_us - head_since_us_ < kGateBypassUs) {
+        gated_ = true;
+        return did;
+      }
+      if (bypasses_++ % 1000 == 0)
+        log_("replay: the server left an input unread for 10 ms; replaying on (" +
+             std::to_string(bypasses_) + " times)");
+    }
+    head_since_us_ = 0;
+    did = true;
+    auto it = conns_.find(s.key);
+    switch (s.kind) {
+      case Kind::kAccept: {
+        if (it != conns_.end()) break;  // already open (replayed twice)
+        Conn c;
+        if (Open(s.key, &c)) conns_[s.key] = std::move(c);
+        break;
+      }
+      case Kind::kData:
+        if (it == conns_.end() || it->second.server_closed) break;
+        it->second.appended += s.bytes.size();
+        it->second.out += s.bytes;
+        FlushOut(&it->second);
+        last_ = s.key;
+        have_last_ = true;
+        break;
+      case Kind::kClose:
+        if (it == conns_.end()) break;
+        if (it->second.server_closed) {
+          Finish(it);
+          break;
+        }
+        it->second.close_requested = true;
+        FlushOut(&it->second);
+        last_ = s.key;
+        have_last_ = true;
+        break;
+    }
+    queue_.pop_front();
+  }
+  return did;
+}
+
+void Replayer::OnEvent(int fd, uint32_t events) {
+  auto f = by_fd_.find(fd);
+  if (f == by_fd_.end()) return;
+  auto it = conns_.find(f->second);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  if (events & EPOLLOUT) FlushOut(&c);
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    char buf[65536];
+    for (;;) {
+      ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) continue;  // replies are discarded
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      // EOF or error: the server closed its end.
+      c.server_closed = true;
+      c.out.clear();
+      if (c.close_requested) {
+        Finish(it);
+      } else {
+        by_fd_.erase(fd);
+        close(fd);
+        c.fd = -1;
+        shim_->ReleaseReplaySlot(c.slot);  // its port may now be reused by a real client
+        c.slot = -1;
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace lockstep

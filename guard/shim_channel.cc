@@ -1,0 +1,172 @@
+// shim_channel.cc — see shim_channel.h.
+#include "guard/shim_channel.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+namespace lockstep {
+
+ShimChannel::~ShimChannel() {
+  if (hdr_) {
+    hdr_->daemon_alive.store(0);
+    munmap(hdr_, size_);
+  }
+  for (int fd : {region_fd_, wake_server_fd_, wake_daemon_fd_})
+    if (fd >= 0) close(fd);
+}
+
+bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
+  size_ = ls_shim_region_bytes();
+  region_fd_ = memfd_create("lockstep-shim", 0);
+  if (region_fd_ < 0 || ftruncate(region_fd_, static_cast<off_t>(size_)) != 0) {
+    *error = std::string("shim region: ") + strerror(errno);
+    return false;
+  }
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, region_fd_, 0);
+  if (p == MAP_FAILED) {
+    *error = std::string("shim region mmap: ") + strerror(errno);
+    return false;
+  }
+  hdr_ = new (p) ls_shim_header();  // the memfd is zero-filled; this sets up the atomics
+  uint64_t header_bytes = (sizeof(ls_shim_header) + 4095) & ~uint64_t{4095};
+  hdr_->size = size_;
+  hdr_->sub_offset = header_bytes;
+  hdr_->sub_bytes = LS_SUB_RING_BYTES;
+  hdr_->done_offset = header_bytes + LS_SUB_RING_BYTES;
+  hdr_->done_slots = LS_DONE_RING_SLOTS;
+  hdr_->max_chunk = max_chunk;
+  hdr_->daemon_alive.store(1);
+  hdr_->version = LS_SHIM_VERSION;
+  hdr_->magic = LS_SHIM_MAGIC;
+  sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;
+  done_ring_ = reinterpret_cast<ls_done_record*>(static_cast<char*>(p) + hdr_->done_offset);
+  wake_server_fd_ = eventfd(0, EFD_NONBLOCK);
+  wake_daemon_fd_ = eventfd(0, EFD_NONBLOCK);
+  if (wake_server_fd_ < 0 || wake_daemon_fd_ < 0) {
+    *error = std::string("eventfd: ") + strerror(errno);
+    return false;
+  }
+  for (int i = LS_MAX_REPLAY - 1; i >= 0; i--) free_slots_.push_back(i);
+  return true;
+}
+
+std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int server_port) const {
+  return {{"LOCKSTEP_SHIM_FD", std::to_string(region_fd_)},
+          {"LOCKSTEP_SHIM_WAKE_SERVER", std::to_string(wake_server_fd_)},
+          {"LOCKSTEP_SHIM_WAKE_DAEMON", std::to_string(wake_daemon_fd_)},
+          {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)}};
+}
+
+bool ShimChannel::shim_attached() const {
+  return hdr_ && hdr_->shim_attached.load();
+}
+
+void ShimChannel::SetLeader(bool leader) {
+  hdr_->mode.store(leader ? LS_MODE_LEADER : LS_MODE_PASSTHROUGH);
+}
+
+bool ShimChannel::Peek(Submission* s) {
+  for (;;) {
+    uint64_t tail = hdr_->sub_tail.load(std::memory_order_relaxed);
+    uint64_t head = hdr_->sub_head.load(std::memory_order_acquire);
+    if (tail == head) return false;
+    uint64_t at = tail % hdr_->sub_bytes;
+    const auto* r = reinterpret_cast<const ls_sub_record*>(sub_ring_ + at);
+    if (r->kind == LS_SUB_WRAP) {
+      hdr_->sub_tail.store(tail + (hdr_->sub_bytes - at), std::memory_order_release);
+      continue;
+    }
+    assert(at + sizeof(ls_sub_record) + r->len <= hdr_->sub_bytes);
+    s->kind = r->kind;
+    s->conn = r->conn;
+    s->seq = r->seq;
+    s->bytes = std::string_view(reinterpret_cast<const char*>(r + 1), r->len);
+    peeked_bytes_ = (sizeof(ls_sub_record) + r->len + 7) & ~uint64_t{7};
+    return true;
+  }
+}
+
+void ShimChannel::Pop() {
+  uint64_t tail = hdr_->sub_tail.load(std::memory_order_relaxed);
+  hdr_->sub_tail.store(tail + peeked_bytes_, std::memory_order_release);
+  peeked_bytes_ = 0;
+}
+
+void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn) {
+  unflushed_.push_back(ls_done_record{seq, conn, kind});
+}
+
+bool ShimChannel::Flush() {
+  if (unflushed_.empty()) return false;
+  uint64_t head = hdr_->done_head.load(std::memory_order_relaxed);
+  uint64_t tail = hdr_->done_tail.load(std::memory_order_acquire);
+  size_t room = hdr_->done_slots - (head - tail);
+  size_t n = std::min(room, unflushed_.size());
+  for (size_t i = 0; i < n; i++) done_ring_[(head + i) % hdr_->done_slots] = unflushed_[i];
+  unflushed_.erase(unflushed_.begin(), unflushed_.begin() + static_cast<long>(n));
+  if (n == 0) return false;
+  hdr_->done_head.store(head + n, std::memory_order_seq_cst);
+  hdr_->done_futex.fetch_add(1, std::memory_order_seq_cst);
+  if (hdr_->server_sleepers.load(std::memory_order_seq_cst) > 0) {
+    uint64_t one = 1;
+    (void)!write(wake_server_fd_, &one, sizeof one);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&hdr_->done_futex), FUTEX_WAKE, INT32_MAX,
+            nullptr, nullptr, 0);
+  }
+  return true;
+}
+
+bool ShimChannel::PrepareSleep(bool ignore_submissions) {
+  hdr_->daemon_sleeping.store(1, std::memory_order_seq_cst);
+  bool submissions = hdr_->sub_head.load(std::memory_order_seq_cst) !=
+                     hdr_->sub_tail.load(std::memory_order_relaxed);
+  if ((submissions && !ignore_submissions) || !unflushed_.empty()) {
+    hdr_->daemon_sleeping.store(0);
+    return false;
+  }
+  return true;
+}
+
+void ShimChannel::Awake() {
+  hdr_->daemon_sleeping.store(0, std::memory_order_relaxed);
+  uint64_t v;
+  (void)!read(wake_daemon_fd_, &v, sizeof v);
+}
+
+int ShimChannel::ClaimReplaySlot(int port) {
+  if (free_slots_.empty() || port <= 0 || port > 65535) return -1;
+  int slot = free_slots_.back();
+  free_slots_.pop_back();
+  ls_replay_slot& s = hdr_->replay[slot];
+  s.read_bytes.store(0);
+  s.eof_read.store(0);
+  s.port.store(static_cast<uint32_t>(port));
+  hdr_->replay_port_bits[port / 64].fetch_or(uint64_t{1} << (port % 64));
+  return slot;
+}
+
+void ShimChannel::ReleaseReplaySlot(int slot) {
+  if (slot < 0) return;
+  ls_replay_slot& s = hdr_->replay[slot];
+  uint32_t port = s.port.exchange(0);
+  if (port) hdr_->replay_port_bits[port / 64].fetch_and(~(uint64_t{1} << (port % 64)));
+  free_slots_.push_back(slot);
+}
+
+uint64_t ShimChannel::ReplayRead(int slot) const {
+  return hdr_->replay[slot].read_bytes.load();
+}
+bool ShimChannel::ReplayEof(int slot) const {
+  return hdr_->replay[slot].eof_read.load() != 0;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,74 @@
+// shim_channel.h — the daemon's end of the shared-memory channel to the
+// preload shim inside its server (the contract is preload/shim_abi.h):
+// submissions in, outcomes out, the leader/passthrough mode, the sleep/wake
+// handshake, and the replay slots that let a backup keep the log's order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "preload/shim_abi.h"
+
+namespace lockstep {
+
+class ShimChannel {
+ public:
+  ShimChannel() = default;
+  ~ShimChannel();
+  ShimChannel(const ShimChannel&) = delete;
+  ShimChannel& operator=(const ShimChannel&) = delete;
+
+  // A memfd region and two eventfds, all inheritable by the server.
+  bool Create(uint32_t max_chunk, std::string* error);
+  // What the server's environment needs (LOCKSTEP_SHIM_*), and which fds it keeps.
+  std::vector<std::pair<std::string, std::string>> ServerEnv(int server_port) const;
+  std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
+  int wake_daemon_fd() const { return wake_daemon_fd_; }
+  bool shim_attached() const;
+
+  void SetLeader(bool leader);
+
+  // Submissions, oldest first. The view stays valid until Pop().
+  struct Submission {
+    uint8_t kind;
+    uint32_t conn;
+    uint64_t seq;
+    std::string_view bytes;
+  };
+  bool Peek(Submission* s);
+  void Pop();
+
+  // Outcomes are queued here and published by Flush(), which wakes the
+  // shim's sleeping threads. Returns whether anything was published.
+  void Complete(uint32_t kind, uint64_t seq, uint32_t conn);
+  bool Flush();
+  bool HasUnflushed() const { return !unflushed_.empty(); }
+
+  // Sleep handshake: announce, then re-check; false means work arrived.
+  // With ignore_submissions, waiting submissions do not count (the daemon
+  // is holding them back on purpose).
+  bool PrepareSleep(bool ignore_submissions);
+  void Awake();
+
+  // Replay connections (backups): claim a slot for a local port before
+  // connecting, read the server's progress on it, release it after close.
+  int ClaimReplaySlot(int port);
+  void ReleaseReplaySlot(int slot);
+  uint64_t ReplayRead(int slot) const;
+  bool ReplayEof(int slot) const;
+
+ private:
+  ls_shim_header* hdr_ = nullptr;
+  char* sub_ring_ = nullptr;
+  ls_done_record* done_ring_ = nullptr;
+  uint64_t size_ = 0;
+  int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
+  uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned
+  std::vector<ls_done_record> unflushed_;
+  std::vector<int> free_slots_;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,1039 @@
+/* shim.c — the LD_PRELOAD shim loaded into the unmodified server.
+ *
+ * On the leader it makes the server see a client's input only after the
+ * replicated log agreed it:
+ *  - accept/accept4 on the server's client port hands an ACCEPT to the daemon
+ *    and returns the connection once that is agreed;
+ *  - when the kernel has bytes for a client connection (seen by our
+ *    epoll_wait/poll, or by a read that found nothing agreed), the shim reads
+ *    them into the connection's inbox and submits them (DATA); the server's
+ *    read returns EAGAIN meanwhile, so an event loop keeps many inputs in
+ *    flight and they share one durable write;
+ *  - once the daemon reports them COMMITTED, the connection reads as ready and
+ *    read/recv/readv/recvmsg return the agreed bytes; EOF is an input (CLOSE)
+ *    like any other.
+ * Agreed inputs are handed to the server in the log's order: a connection's
+ * bytes become readable only after every earlier input on other connections
+ * was read (the gate), so a single-threaded server processes them in exactly
+ * the order the backups replay them. A server that stops reading one
+ * connection for more than LS_GATE_BYPASS_NS opens the gate for the others.
+ *
+ * On a backup the daemon replays inputs over local TCP connections; the shim
+ * recognises them by their port, passes them through, and counts what the
+ * server read from each so the daemon can keep the same order.
+ *
+ * Everything else (files, pipes, the server's outbound connections,
+ * connections accepted while this replica is not the leader, and anything a
+ * forked or exec'd child does) passes straight through. Writes are not
+ * touched yet (output hashing comes with divergence detection).
+ *
+ * Rules for code here: no C++ and no exceptions, errno preserved on every
+ * path, no allocation except when a connection's inbox must grow.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "preload/shim_abi.h"
+
+#define LS_MAX_FD 65536
+#define LS_FIFO_SLOTS (1u << 16)
+#define LS_GATE_BYPASS_NS 10000000ull     /* 10 ms */
+#define LS_WAKE_TAG 0x4c4f434b57414b45ull /* epoll data of the wake eventfd */
+#define LS_CONN_TAG 0x4c53000000000000ull /* epoll data of a tracked fd: tag | fd */
+#define LS_TAG_MASK 0xffff000000000000ull
+#define LS_ACCEPT_WAIT_NS 2000000000ull
+
+/* ------------------------------------------------------------ real calls */
+
+static ssize_t (*real_read)(int, void*, size_t);
+static ssize_t (*real_recv)(int, void*, size_t, int);
+static ssize_t (*real_recvfrom)(int, void*, size_t, int, struct sockaddr*, socklen_t*);
+static ssize_t (*real_recvmsg)(int, struct msghdr*, int);
+static ssize_t (*real_readv)(int, const struct iovec*, int);
+static int (*real_accept)(int, struct sockaddr*, socklen_t*);
+static int (*real_accept4)(int, struct sockaddr*, socklen_t*, int);
+static int (*real_close)(int);
+static int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
+static int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
+static int (*real_poll)(struct pollfd*, nfds_t, int);
+
+/* ------------------------------------------------------------ state */
+
+enum chunk_state { CH_PENDING, CH_COMMITTED, CH_DROPPED };
+
+struct conn;
+struct chunk {
+  struct conn* c;
+  uint64_t seq;
+  uint64_t end; /* DATA: stream offset just past this chunk's bytes */
+  uint8_t kind; /* LS_SUB_* */
+  uint8_t state;
+};
+
+struct conn {
+  uint32_t no;
+  int fd;              /* -1 once the server closed it */
+  int refs;            /* chunks in the FIFO that point here */
+  int nonblocking;     /* accepted with SOCK_NONBLOCK (refreshed by fcntl on slow paths) */
+  int accept_state;    /* 0 pending, 1 committed, 2 dropped */
+  int eof_submitted;   /* CLOSE handed to the daemon: no more kernel input */
+  int close_committed; /* the CLOSE is agreed */
+  int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
+  int eof_read;        /* the server has read EOF */
+  int broken;          /* an input was dropped: nothing past it is delivered */
+  char* inbox;         /* stream bytes from inbox_base on */
+  uint64_t inbox_base, inbox_cap;
+  uint64_t received;      /* stream bytes taken from the kernel */
+  uint64_t committed_end; /* stream bytes agreed (contiguous) */
+  uint64_t consumed;      /* stream bytes the server has read */
+  /* The server's epoll registration (one epoll set per connection). */
+  int epfd;
+  uint32_t events;
+  epoll_data_t data;
+};
+
+static int active;
+static struct ls_shim_header* hdr;
+static char* sub_ring;
+static struct ls_done_record* done_ring;
+static int wake_server_fd = -1, wake_daemon_fd = -1;
+static int client_port;
+static uint32_t max_chunk;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct conn* by_fd[LS_MAX_FD];
+static int32_t replay_by_fd[LS_MAX_FD]; /* replay slot + 1; 0: not a replay connection */
+static uint8_t listen_kind[LS_MAX_FD];  /* 0 unknown, 1 client port, 2 other */
+static uint8_t wake_in_epfd[LS_MAX_FD]; /* the wake eventfd is registered in this epoll set */
+static struct chunk fifo[LS_FIFO_SLOTS];
+static uint64_t fifo_head_seq = 1, fifo_count; /* seqs fifo_head_seq .. +count-1 */
+static uint64_t next_conn_no = 1;
+static uint64_t head_since_ns; /* when the current head chunk became the head */
+static uint64_t head_seen_seq;
+static struct conn* log_closed_list[256]; /* closed by the log, EOF not yet read */
+static int log_closed_n;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void shim_log(const char* fmt, ...) {
+  char buf[512];
+  int n = snprintf(buf, sizeof buf, "lockstep shim[%d]: ", (int)getpid());
+  va_list ap;
+  va_start(ap, fmt);
+  n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+  va_end(ap);
+  if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
+  buf[n++] = '\n';
+  (void)!write(2, buf, (size_t)n);
+}
+
+static int env_int(const char* name) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : -1;
+}
+
+__attribute__((constructor)) static void shim_init(void) {
+  int saved = errno;
+  real_read = dlsym(RTLD_NEXT, "read");
+  real_recv = dlsym(RTLD_NEXT, "recv");
+  real_recvfrom = dlsym(RTLD_NEXT, "recvfrom");
+  real_recvmsg = dlsym(RTLD_NEXT, "recvmsg");
+  real_readv = dlsym(RTLD_NEXT, "readv");
+  real_accept = dlsym(RTLD_NEXT, "accept");
+  real_accept4 = dlsym(RTLD_NEXT, "accept4");
+  real_close = dlsym(RTLD_NEXT, "close");
+  real_epoll_ctl = dlsym(RTLD_NEXT, "epoll_ctl");
+  real_epoll_pwait = dlsym(RTLD_NEXT, "epoll_pwait");
+  real_poll = dlsym(RTLD_NEXT, "poll");
+
+  /* Only the process the daemon started: an exec'd child inherits
+   * LD_PRELOAD but is not the server. */
+  if (env_int("LOCKSTEP_SHIM_PID") != (int)getpid()) goto out;
+  int shm_fd = env_int("LOCKSTEP_SHIM_FD");
+  wake_server_fd = env_int("LOCKSTEP_SHIM_WAKE_SERVER");
+  wake_daemon_fd = env_int("LOCKSTEP_SHIM_WAKE_DAEMON");
+  client_port = env_int("LOCKSTEP_SHIM_PORT");
+  if (shm_fd < 0 || wake_server_fd < 0 || wake_daemon_fd < 0 || client_port <= 0) {
+    shim_log("LOCKSTEP_SHIM_* environment incomplete; passing everything through");
+    goto out;
+  }
+  struct ls_shim_header probe;
+  if (pread(shm_fd, &probe, sizeof probe.magic + sizeof probe.version + sizeof probe.size, 0) <
+          16 ||
+      probe.magic != LS_SHIM_MAGIC || probe.version != LS_SHIM_VERSION) {
+    shim_log("shared region on fd %d is not a lockstep region (version %u); passing through",
+             shm_fd, LS_SHIM_VERSION);
+    goto out;
+  }
+  void* p = mmap(NULL, probe.size, PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd, 0);
+  if (p == MAP_FAILED) {
+    shim_log("mmap of the shared region failed: %s; passing through", strerror(errno));
+    goto out;
+  }
+  hdr = p;
+  sub_ring = (char*)p + hdr->sub_offset;
+  done_ring = (struct ls_done_record*)((char*)p + hdr->done_offset);
+  max_chunk = hdr->max_chunk;
+  /* Our own descriptors must not leak into anything the server execs. */
+  fcntl(shm_fd, F_SETFD, FD_CLOEXEC);
+  fcntl(wake_server_fd, F_SETFD, FD_CLOEXEC);
+  fcntl(wake_daemon_fd, F_SETFD, FD_CLOEXEC);
+  atomic_store(&hdr->shim_attached, 1);
+  active = 1;
+out:
+  errno = saved;
+}
+
+static void in_child_after_fork(void) {
+  active = 0;
+}
+__attribute__((constructor)) static void shim_init_fork(void) {
+  pthread_atfork(NULL, NULL, in_child_after_fork);
+}
+
+/* ------------------------------------------------------------ signalling */
+
+static void wake_daemon(void) {
+  if (atomic_load(&hdr->daemon_sleeping)) {
+    uint64_t one = 1;
+    (void)!write(wake_daemon_fd, &one, sizeof one);
+  }
+}
+
+static void futex_wait_done(uint32_t seen, uint64_t timeout_ns) {
+  struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+  atomic_fetch_add(&hdr->server_sleepers, 1);
+  if (atomic_load(&hdr->done_futex) == seen)
+    syscall(SYS_futex, (uint32_t*)&hdr->done_futex, FUTEX_WAIT, seen, &ts, NULL, 0);
+  atomic_fetch_sub(&hdr->server_sleepers, 1);
+}
+
+/* ------------------------------------------------------------ the FIFO */
+
+static struct chunk* fifo_at(uint64_t seq) {
+  if (seq < fifo_head_seq || seq >= fifo_head_seq + fifo_count) return NULL;
+  return &fifo[seq & (LS_FIFO_SLOTS - 1)];
+}
+
+static void conn_unref(struct conn* c) {
+  if (--c->refs == 0 && c->fd < 0) {
+    free(c->inbox);
+    free(c);
+  }
+}
+
+/* A chunk at the head is done with once the server can never need it again. */
+static int chunk_finished(const struct chunk* h) {
+  const struct conn* c = h->c;
+  if (h->state == CH_DROPPED) return 1;
+  if (h->state != CH_COMMITTED) return 0;
+  if (c->fd < 0) return 1; /* the server closed the connection */
+  switch (h->kind) {
+    case LS_SUB_ACCEPT: return 1;
+    case LS_SUB_DATA: return c->consumed >= h->end;
+    case LS_SUB_CLOSE: return c->eof_read;
+  }
+  return 1;
+}
+
+static void fifo_pop_finished(void) {
+  while (fifo_count) {
+    struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
+    if (!chunk_finished(h)) break;
+    struct conn* c = h->c;
+    fifo_head_seq++;
+    fifo_count--;
+    conn_unref(c);
+  }
+  if (fifo_count && head_seen_seq != fifo_head_seq) {
+    head_seen_seq = fifo_head_seq;
+    head_since_ns = now_ns();
+  }
+}
+
+/* The gate is open (every connection reads its agreed bytes) while the head
+ * input has waited too long for the server to read it. */
+static int gate_bypassed(void) {
+  if (!fifo_count) return 1;
+  struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
+  if (h->state != CH_COMMITTED) return 0;
+  return now_ns() - head_since_ns > LS_GATE_BYPASS_NS;
+}
+
+/* ------------------------------------------------------------ completions */
+
+static void apply_done(const struct ls_done_record* d) {
+  if (d->kind == LS_DONE_CLOSE) {
+    /* A newer leader closed one of our connections: find it by number. */
+    for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+      struct chunk* ch = fifo_at(s);
+      if (ch->c->no == d->conn) {
+        if (!ch->c->log_closed && log_closed_n < 256) log_closed_list[log_closed_n++] = ch->c;
+        ch->c->log_closed = 1;
+        return;
+      }
+    }
+    for (int fd = 0; fd < LS_MAX_FD; fd++) {
+      struct conn* c = by_fd[fd];
+      if (c && c->no == d->conn) {
+        if (!c->log_closed && log_closed_n < 256) log_closed_list[log_closed_n++] = c;
+        c->log_closed = 1;
+        return;
+      }
+    }
+    return;
+  }
+  struct chunk* ch = fifo_at(d->seq);
+  if (!ch || ch->state != CH_PENDING) return;
+  struct conn* c = ch->c;
+  if (d->kind == LS_DONE_COMMITTED) {
+    ch->state = CH_COMMITTED;
+    if (ch->kind == LS_SUB_ACCEPT) c->accept_state = 1;
+    if (ch->kind == LS_SUB_DATA && !c->broken) c->committed_end = ch->end;
+    if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
+  } else {
+    ch->state = CH_DROPPED;
+    if (ch->kind == LS_SUB_ACCEPT)
+      c->accept_state = 2;
+    else
+      c->broken = 1;
+  }
+}
+
+/* Takes the daemon's outcomes. Called with mu held. */
+static void drain_done(void) {
+  uint64_t head = atomic_load_explicit(&hdr->done_head, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(&hdr->done_tail, memory_order_relaxed);
+  if (head == tail) return;
+  for (; tail < head; tail++) apply_done(&done_ring[tail % hdr->done_slots]);
+  atomic_store_explicit(&hdr->done_tail, tail, memory_order_release);
+  fifo_pop_finished();
+}
+
+/* ------------------------------------------------------------ submissions */
+
+/* Hands one input to the daemon. Called with mu held; may drop it while the
+ * ring or the FIFO is full (back-pressure: the server's thread waits). */
+static uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len) {
+  uint64_t need = (sizeof(struct ls_sub_record) + len + 7) & ~7ull;
+  for (;;) {
+    uint64_t head = atomic_load_explicit(&hdr->sub_head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&hdr->sub_tail, memory_order_acquire);
+    uint64_t at = head % hdr->sub_bytes;
+    uint64_t waste = at + need > hdr->sub_bytes ? hdr->sub_bytes - at : 0;
+    if (fifo_count < LS_FIFO_SLOTS && head + waste + need - tail <= hdr->sub_bytes) {
+      if (waste) {
+        struct ls_sub_record* w = (struct ls_sub_record*)(sub_ring + at);
+        w->kind = LS_SUB_WRAP;
+        w->len = 0;
+        head += waste;
+        at = 0;
+      }
+      uint64_t seq = fifo_head_seq + fifo_count;
+      struct ls_sub_record* r = (struct ls_sub_record*)(sub_ring + at);
+      r->len = len;
+      r->kind = kind;
+      r->conn = c->no;
+      r->seq = seq;
+      if (len) memcpy(r + 1, bytes, len);
+      struct chunk* ch = &fifo[seq & (LS_FIFO_SLOTS - 1)];
+      ch->c = c;
+      ch->seq = seq;
+      ch->kind = kind;
+      ch->state = CH_PENDING;
+      ch->end = c->received;
+      c->refs++;
+      if (fifo_count++ == 0) {
+        head_seen_seq = seq;
+        head_since_ns = now_ns();
+      }
+      atomic_store_explicit(&hdr->sub_head, head + need, memory_order_seq_cst);
+      wake_daemon();
+      return seq;
+    }
+    /* Full: wake the daemon and wait for it to catch up. */
+    uint64_t one = 1;
+    (void)!write(wake_daemon_fd, &one, sizeof one);
+    uint32_t seen = atomic_load(&hdr->done_futex);
+    pthread_mutex_unlock(&mu);
+    futex_wait_done(seen, 1000000);
+    pthread_mutex_lock(&mu);
+    drain_done();
+  }
+}
+
+static int inbox_reserve(struct conn* c, uint64_t more) {
+  uint64_t used = c->received - c->inbox_base;
+  uint64_t dead = c->consumed - c->inbox_base;
+  if (dead > 0 && dead >= used / 2) { /* slide consumed bytes out */
+    memmove(c->inbox, c->inbox + dead, used - dead);
+    c->inbox_base += dead;
+    used -= dead;
+  }
+  if (used + more <= c->inbox_cap) return 1;
+  uint64_t cap = c->inbox_cap ? c->inbox_cap : 16384;
+  while (cap < used + more) cap *= 2;
+  char* p = realloc(c->inbox, cap);
+  if (!p) return 0;
+  c->inbox = p;
+  c->inbox_cap = cap;
+  return 1;
+}
+
+static void stop_kernel_input(struct conn* c) {
+  if (c->epfd >= 0 && (c->events & EPOLLIN)) {
+    struct epoll_event ev = {.events = (c->events & ~(EPOLLIN | EPOLLET | EPOLLRDHUP)),
+                             .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
+    real_epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+  }
+}
+
+/* Moves what the kernel holds for a client connection into its inbox and
+ * hands it to the daemon. Called with mu held. */
+static void ingest(struct conn* c) {
+  if (c->fd < 0 || c->eof_submitted) return;
+  int discard = c->broken || c->log_closed || atomic_load(&hdr->mode) != LS_MODE_LEADER;
+  for (int round = 0; round < 8; round++) {
+    if (!inbox_reserve(c, max_chunk)) return;
+    char* tail = c->inbox + (c->received - c->inbox_base);
+    ssize_t n = real_recv(c->fd, tail, max_chunk, MSG_DONTWAIT);
+    if (n > 0) {
+      if (discard) continue; /* not the leader any more: these bytes are never agreed */
+      c->received += (uint64_t)n;
+      submit(c, LS_SUB_DATA, tail, (uint32_t)n);
+      if ((uint64_t)n < max_chunk) return;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    /* EOF, or the connection failed: the client is gone. */
+    c->eof_submitted = 1;
+    stop_kernel_input(c);
+    if (!discard) submit(c, LS_SUB_CLOSE, NULL, 0);
+    return;
+  }
+}
+
+/* ------------------------------------------------------------ readability */
+
+/* Bytes connection c may hand to the server now. Called with mu held. */
+static uint64_t readable(struct conn* c) {
+  if (c->consumed >= c->committed_end) return 0;
+  if (gate_bypassed()) return c->committed_end - c->consumed;
+  /* Walk from the head: c's run of agreed inputs must come first. */
+  uint64_t end = c->consumed;
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch)) continue;
+    if (ch->kind == LS_SUB_ACCEPT && ch->state == CH_PENDING && ch->c != c) continue;
+    if (ch->c != c || ch->state != CH_COMMITTED || ch->kind != LS_SUB_DATA) break;
+    end = ch->end;
+  }
+  if (end > c->committed_end) end = c->committed_end;
+  return end > c->consumed ? end - c->consumed : 0;
+}
+
+/* EOF may be reported once everything agreed before it was read. */
+static int eof_ready(struct conn* c) {
+  if (c->eof_read) return 1;
+  if (c->consumed < c->committed_end) return 0;
+  if (c->log_closed) return 1;
+  if (!c->close_committed) return 0;
+  if (gate_bypassed()) return 1;
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch)) continue;
+    return ch->c == c && ch->kind == LS_SUB_CLOSE;
+  }
+  return 1;
+}
+
+static int ready(struct conn* c) {
+  return readable(c) > 0 || eof_ready(c);
+}
+
+/* Copies up to `len` agreed bytes (consuming them unless peek). mu held. */
+static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek) {
+  uint64_t avail = readable(c);
+  uint64_t from = c->consumed;
+  size_t done = 0;
+  for (int i = 0; i < iovcnt && avail > 0; i++) {
+    size_t n = iov[i].iov_len < avail ? iov[i].iov_len : avail;
+    memcpy(iov[i].iov_base, c->inbox + (from - c->inbox_base), n);
+    from += n;
+    avail -= n;
+    done += n;
+  }
+  if (!peek) {
+    c->consumed = from;
+    fifo_pop_finished();
+  }
+  return done;
+}
+
+/* ------------------------------------------------------------ lookups */
+
+static struct conn* tracked(int fd) {
+  if (!active || fd < 0 || fd >= LS_MAX_FD) return NULL;
+  return by_fd[fd];
+}
+
+static int replay_slot(int fd) {
+  if (!active || fd < 0 || fd >= LS_MAX_FD) return -1;
+  return replay_by_fd[fd] - 1;
+}
+
+static void note_replay_read(int slot, ssize_t n) {
+  if (n > 0) {
+    atomic_fetch_add(&hdr->replay[slot].read_bytes, (uint64_t)n);
+  } else if (n == 0) {
+    atomic_store(&hdr->replay[slot].eof_read, 1);
+  } else {
+    return;
+  }
+  wake_daemon();
+}
+
+static int is_client_listener(int lfd) {
+  if (lfd < 0 || lfd >= LS_MAX_FD) return 0;
+  if (!listen_kind[lfd]) {
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (getsockname(lfd, (struct sockaddr*)&a, &len) == 0) {
+      if (a.ss_family == AF_INET) port = ntohs(((struct sockaddr_in*)&a)->sin_port);
+      if (a.ss_family == AF_INET6) port = ntohs(((struct sockaddr_in6*)&a)->sin6_port);
+    }
+    listen_kind[lfd] = port == client_port ? 1 : 2;
+  }
+  return listen_kind[lfd] == 1;
+}
+
+/* ------------------------------------------------------------ read side */
+
+static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt, int flags) {
+  int peek = flags & MSG_PEEK;
+  pthread_mutex_lock(&mu);
+  for (;;) {
+    drain_done();
+    if (readable(c) > 0) {
+      size_t n = take(c, iov, iovcnt, peek);
+      pthread_mutex_unlock(&mu);
+      return (ssize_t)n;
+    }
+    if (eof_ready(c)) {
+      if (!peek) {
+        c->eof_read = 1;
+        fifo_pop_finished();
+      }
+      pthread_mutex_unlock(&mu);
+      return 0;
+    }
+    /* Nothing agreed yet: take what the kernel has so that it gets agreed. */
+    ingest(c);
+    int blocking = !(flags & MSG_DONTWAIT) && !(fcntl(c->fd, F_GETFL) & O_NONBLOCK);
+    if (!blocking) {
+      pthread_mutex_unlock(&mu);
+      errno = EAGAIN;
+      return -1;
+    }
+    /* A blocking socket: wait for an outcome or for more client bytes. */
+    uint32_t seen = atomic_load(&hdr->done_futex);
+    int fd = c->fd;
+    int want_kernel = !c->eof_submitted;
+    pthread_mutex_unlock(&mu);
+    struct pollfd p[2] = {{.fd = wake_server_fd, .events = POLLIN},
+                          {.fd = fd, .events = want_kernel ? POLLIN : 0}};
+    atomic_fetch_add(&hdr->server_sleepers, 1);
+    if (atomic_load(&hdr->done_futex) == seen) real_poll(p, 2, 100);
+    atomic_fetch_sub(&hdr->server_sleepers, 1);
+    if (p[0].revents & POLLIN) {
+      uint64_t v;
+      (void)!real_read(wake_server_fd, &v, sizeof v);
+    }
+    pthread_mutex_lock(&mu);
+  }
+}
+
+ssize_t read(int fd, void* buf, size_t len) {
+  struct conn* c = tracked(fd);
+  if (c) {
+    struct iovec v = {buf, len};
+    return read_tracked(c, &v, 1, 0);
+  }
+  ssize_t n = real_read(fd, buf, len);
+  int slot = replay_slot(fd);
+  if (slot >= 0) {
+    int saved = errno;
+    note_replay_read(slot, n);
+    errno = saved;
+  }
+  return n;
+}
+
+ssize_t recv(int fd, void* buf, size_t len, int flags) {
+  struct conn* c = tracked(fd);
+  if (c) {
+    struct iovec v = {buf, len};
+    return read_tracked(c, &v, 1, flags);
+  }
+  ssize_t n = real_recv(fd, buf, len, flags);
+  int slot = replay_slot(fd);
+  if (slot >= 0 && !(flags & MSG_PEEK)) {
+    int saved = errno;
+    note_replay_read(slot, n);
+    errno = saved;
+  }
+  return n;
+}
+
+ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr,
+                 socklen_t* addrlen) {
+  struct conn* c = tracked(fd);
+  if (c) {
+    struct iovec v = {buf, len};
+    ssize_t n = read_tracked(c, &v, 1, flags);
+    if (n >= 0 && addr && addrlen) *addrlen = 0; /* connected TCP: no address, as the kernel */
+    return n;
+  }
+  ssize_t n = real_recvfrom(fd, buf, len, flags, addr, addrlen);
+  int slot = replay_slot(fd);
+  if (slot >= 0 && !(flags & MSG_PEEK)) {
+    int saved = errno;
+    note_replay_read(slot, n);
+    errno = saved;
+  }
+  return n;
+}
+
+ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
+  struct conn* c = tracked(fd);
+  if (c) {
+    ssize_t n = read_tracked(c, msg->msg_iov, (int)msg->msg_iovlen, flags);
+    if (n >= 0) {
+      msg->msg_namelen = 0;
+      msg->msg_controllen = 0;
+      msg->msg_flags = 0;
+    }
+    return n;
+  }
+  ssize_t n = real_recvmsg(fd, msg, flags);
+  int slot = replay_slot(fd);
+  if (slot >= 0 && !(flags & MSG_PEEK)) {
+    int saved = errno;
+    note_replay_read(slot, n);
+    errno = saved;
+  }
+  return n;
+}
+
+ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
+  struct conn* c = tracked(fd);
+  if (c) return read_tracked(c, iov, iovcnt, 0);
+  ssize_t n = real_readv(fd, iov, iovcnt);
+  int slot = replay_slot(fd);
+  if (slot >= 0) {
+    int saved = errno;
+    note_replay_read(slot, n);
+    errno = saved;
+  }
+  return n;
+}
+
+/* ------------------------------------------------------------ accept */
+
+static int peer_port_of(int fd, char* text, size_t text_len) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  text[0] = 0;
+  if (getpeername(fd, (struct sockaddr*)&a, &len) != 0) return -1;
+  char host[INET6_ADDRSTRLEN] = "";
+  int port = -1;
+  if (a.ss_family == AF_INET) {
+    struct sockaddr_in* s = (struct sockaddr_in*)&a;
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+    port = ntohs(s->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    struct sockaddr_in6* s = (struct sockaddr_in6*)&a;
+    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+    port = ntohs(s->sin6_port);
+  }
+  snprintf(text, text_len, "%s:%d", host, port);
+  return port;
+}
+
+static int find_replay_slot(int port) {
+  for (uint32_t i = 0; i < LS_MAX_REPLAY; i++)
+    if (atomic_load(&hdr->replay[i].port) == (uint32_t)port) return (int)i;
+  return -1;
+}
+
+/* A connection the real accept returned: decide what it is. Returns the fd
+ * to give the server, or -1 with errno set when it must not see it. */
+static int after_accept(int lfd, int fd, int flags) {
+  if (fd < 0 || fd >= LS_MAX_FD || !is_client_listener(lfd)) return fd;
+  char peer[80];
+  int port = peer_port_of(fd, peer, sizeof peer);
+  replay_by_fd[fd] = 0;
+  by_fd[fd] = NULL;
+  if (port > 0 && (atomic_load(&hdr->replay_port_bits[port / 64]) >> (port % 64)) & 1) {
+    int slot = find_replay_slot(port);
+    if (slot >= 0) {
+      replay_by_fd[fd] = slot + 1;
+      return fd; /* the daemon replaying the log: pass through, count reads */
+    }
+  }
+  if (atomic_load(&hdr->mode) != LS_MODE_LEADER) return fd; /* inspection only */
+
+  struct conn* c = calloc(1, sizeof *c);
+  if (!c) return fd;
+  c->fd = fd;
+  c->epfd = -1;
+  c->nonblocking = (flags & SOCK_NONBLOCK) != 0;
+  pthread_mutex_lock(&mu);
+  c->no = (uint32_t)next_conn_no++;
+  c->refs = 1; /* held by this function until the outcome is known */
+  uint64_t seq = submit(c, LS_SUB_ACCEPT, peer, (uint32_t)strlen(peer));
+  (void)seq;
+  uint64_t deadline = now_ns() + LS_ACCEPT_WAIT_NS;
+  while (c->accept_state == 0) {
+    uint64_t now = now_ns();
+    if (now >= deadline) break;
+    uint32_t seen = atomic_load(&hdr->done_futex);
+    pthread_mutex_unlock(&mu);
+    futex_wait_done(seen, deadline - now < 10000000 ? deadline - now : 10000000);
+    pthread_mutex_lock(&mu);
+    drain_done();
+  }
+  if (c->accept_state == 1) {
+    by_fd[fd] = c;
+    c->refs--;
+    pthread_mutex_unlock(&mu);
+    return fd;
+  }
+  /* Refused (not the leader any more) or not agreed in time: the client
+   * must reconnect. If the ACCEPT is agreed later, our CLOSE follows it. */
+  if (c->accept_state == 0) {
+    c->eof_submitted = 1;
+    submit(c, LS_SUB_CLOSE, NULL, 0);
+  }
+  c->fd = -1;
+  conn_unref(c);
+  pthread_mutex_unlock(&mu);
+  real_close(fd);
+  errno = EAGAIN;
+  return -1;
+}
+
+int accept4(int lfd, struct sockaddr* addr, socklen_t* addrlen, int flags) {
+  for (;;) {
+    int fd = real_accept4(lfd, addr, addrlen, flags);
+    if (!active || fd < 0) return fd;
+    int saved = errno;
+    int out = after_accept(lfd, fd, flags);
+    if (out >= 0) {
+      errno = saved;
+      return out;
+    }
+    if (fcntl(lfd, F_GETFL) & O_NONBLOCK) {
+      errno = EAGAIN;
+      return -1;
+    }
+    /* A blocking listener: wait for the next connection instead. */
+  }
+}
+
+int accept(int lfd, struct sockaddr* addr, socklen_t* addrlen) {
+  for (;;) {
+    int fd = real_accept(lfd, addr, addrlen);
+    if (!active || fd < 0) return fd;
+    int saved = errno;
+    int out = after_accept(lfd, fd, 0);
+    if (out >= 0) {
+      errno = saved;
+      return out;
+    }
+    if (fcntl(lfd, F_GETFL) & O_NONBLOCK) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+}
+
+/* ------------------------------------------------------------ close */
+
+int close(int fd) {
+  if (active && fd >= 0 && fd < LS_MAX_FD) {
+    int saved = errno;
+    struct conn* c = by_fd[fd];
+    if (c) {
+      pthread_mutex_lock(&mu);
+      by_fd[fd] = NULL;
+      /* The server closed a client connection on its own: the backups'
+       * copies must close theirs at the same point of the log. */
+      if (!c->eof_submitted && !c->log_closed && !c->broken &&
+          atomic_load(&hdr->mode) == LS_MODE_LEADER) {
+        c->eof_submitted = 1;
+        submit(c, LS_SUB_CLOSE, NULL, 0);
+      }
+      c->fd = -1;
+      c->refs++;
+      for (int i = 0; i < log_closed_n; i++)
+        if (log_closed_list[i] == c) log_closed_list[i] = log_closed_list[--log_closed_n];
+      conn_unref(c);
+      fifo_pop_finished();
+      pthread_mutex_unlock(&mu);
+    }
+    replay_by_fd[fd] = 0;
+    listen_kind[fd] = 0;
+    wake_in_epfd[fd] = 0;
+    errno = saved;
+  }
+  return real_close(fd);
+}
+
+/* ------------------------------------------------------------ epoll */
+
+static void ensure_wake(int epfd) {
+  if (epfd < 0 || epfd >= LS_MAX_FD || wake_in_epfd[epfd]) return;
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LS_WAKE_TAG};
+  if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, wake_server_fd, &ev) == 0 || errno == EEXIST)
+    wake_in_epfd[epfd] = 1;
+}
+
+int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
+  struct conn* c = tracked(fd);
+  if (!c) return real_epoll_ctl(epfd, op, fd, event);
+  int saved = errno;
+  pthread_mutex_lock(&mu);
+  ensure_wake(epfd);
+  if (op == EPOLL_CTL_DEL) {
+    c->epfd = -1;
+    c->events = 0;
+    pthread_mutex_unlock(&mu);
+    errno = saved;
+    return real_epoll_ctl(epfd, op, fd, event);
+  }
+  /* The kernel tells us about the socket (level-triggered, tagged with the
+   * fd); the server hears from us. */
+  c->epfd = epfd;
+  c->events = event->events;
+  c->data = event->data;
+  uint32_t kernel = event->events & ~(uint32_t)EPOLLET;
+  if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
+  struct epoll_event ev = {.events = kernel, .data.u64 = LS_CONN_TAG | (uint64_t)fd};
+  pthread_mutex_unlock(&mu);
+  errno = saved;
+  return real_epoll_ctl(epfd, op, fd, &ev);
+}
+
+/* Adds (or merges) an event for the server. */
+static int put_event(struct epoll_event* out, int n, int max, uint32_t events, epoll_data_t data) {
+  for (int i = 0; i < n; i++)
+    if (out[i].data.u64 == data.u64) {
+      out[i].events |= events;
+      return n;
+    }
+  if (n < max) {
+    out[n].events = events;
+    out[n].data = data;
+    n++;
+  }
+  return n;
+}
+
+/* Tracked connections of epoll set epfd that the server may read now. */
+static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count && n < max; s++) {
+    struct chunk* ch = fifo_at(s);
+    struct conn* c = ch->c;
+    if (ch->state == CH_PENDING) break;
+    if (c->fd < 0 || c->epfd != epfd || !(c->events & EPOLLIN)) continue;
+    if (ready(c)) n = put_event(out, n, max, EPOLLIN, c->data);
+  }
+  for (int i = 0; i < log_closed_n && n < max; i++) {
+    struct conn* c = log_closed_list[i];
+    if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
+      n = put_event(out, n, max, EPOLLIN, c->data);
+  }
+  return n;
+}
+
+int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout,
+                const sigset_t* sigmask) {
+  if (!active || epfd < 0 || epfd >= LS_MAX_FD || !wake_in_epfd[epfd] || maxevents <= 0)
+    return real_epoll_pwait(epfd, events, maxevents, timeout, sigmask);
+  int saved = errno;
+  uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
+  struct epoll_event kernel[256];
+  int kmax = maxevents < 256 ? maxevents : 256;
+  int n = 0;
+  for (;;) {
+    /* Anything agreed already? Then only look at the kernel, don't wait. */
+    pthread_mutex_lock(&mu);
+    drain_done();
+    n = ready_events(epfd, events, 0, maxevents);
+    pthread_mutex_unlock(&mu);
+    int wait_ms = 0;
+    if (n == 0) {
+      uint64_t now = now_ns();
+      if (deadline == UINT64_MAX)
+        wait_ms = -1;
+      else
+        wait_ms = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
+      /* A head input the server ignores opens the gate after a while. */
+      if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
+    }
+    int sleeping = wait_ms != 0;
+    if (sleeping) {
+      atomic_fetch_add(&hdr->server_sleepers, 1);
+      if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
+    }
+    int k = real_epoll_pwait(epfd, kernel, kmax, wait_ms, sigmask);
+    int err = errno;
+    if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
+    if (k < 0) {
+      if (n > 0) break;
+      errno = err;
+      return -1;
+    }
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < k; i++) {
+      uint64_t tag = kernel[i].data.u64;
+      if (tag == LS_WAKE_TAG) {
+        uint64_t v;
+        (void)!real_read(wake_server_fd, &v, sizeof v);
+        continue;
+      }
+      if ((tag & LS_TAG_MASK) == LS_CONN_TAG) {
+        int fd = (int)(tag & 0xffffffffu);
+        struct conn* c = fd < LS_MAX_FD ? by_fd[fd] : NULL;
+        if (!c) continue;
+        if (kernel[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) ingest(c);
+        /* Only what the server asked for and we do not synthesise. */
+        uint32_t other = kernel[i].events & c->events & ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
+        if (other) n = put_event(events, n, maxevents, other, c->data);
+        continue;
+      }
+      n = put_event(events, n, maxevents, kernel[i].events, kernel[i].data);
+    }
+    drain_done();
+    n = ready_events(epfd, events, n, maxevents);
+    pthread_mutex_unlock(&mu);
+    if (n > 0) break;
+    if (deadline != UINT64_MAX && now_ns() >= deadline) break;
+  }
+  errno = saved;
+  return n;
+}
+
+int epoll_wait(int epfd, struct epoll_event* events, int maxevents, int timeout) {
+  return epoll_pwait(epfd, events, maxevents, timeout, NULL);
+}
+
+int epoll_pwait2(int epfd, struct epoll_event* events, int maxevents,
+                 const struct timespec* timeout, const sigset_t* sigmask) {
+  int ms = -1;
+  if (timeout) {
+    uint64_t ns = (uint64_t)timeout->tv_sec * 1000000000ull + (uint64_t)timeout->tv_nsec;
+    ms = (int)((ns + 999999) / 1000000);
+  }
+  return epoll_pwait(epfd, events, maxevents, ms, sigmask);
+}
+
+/* ------------------------------------------------------------ poll */
+
+int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
+  if (!active || nfds > 1024) return real_poll(fds, nfds, timeout);
+  int any = 0;
+  for (nfds_t i = 0; i < nfds && !any; i++) any = tracked(fds[i].fd) != NULL;
+  if (!any) return real_poll(fds, nfds, timeout);
+  int saved = errno;
+  uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
+  struct pollfd k[1025];
+  for (;;) {
+    /* Tracked fds: POLLIN means "agreed bytes or EOF wait"; the kernel's
+     * POLLIN only feeds ingest. The wake eventfd rides along at the end. */
+    int n = 0;
+    pthread_mutex_lock(&mu);
+    drain_done();
+    for (nfds_t i = 0; i < nfds; i++) {
+      k[i] = fds[i];
+      k[i].revents = 0;
+      struct conn* c = tracked(fds[i].fd);
+      if (c && (fds[i].events & POLLIN) && ready(c)) k[i].revents = POLLIN;
+      if (c && c->eof_submitted) k[i].events &= ~(short)POLLIN;
+      if (k[i].revents) n++;
+    }
+    pthread_mutex_unlock(&mu);
+    k[nfds].fd = wake_server_fd;
+    k[nfds].events = POLLIN;
+    int wait_ms = 0;
+    if (n == 0) {
+      uint64_t now = now_ns();
+      wait_ms = deadline == UINT64_MAX ? -1
+                : now >= deadline      ? 0
+                                       : (int)((deadline - now + 999999) / 1000000);
+      if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
+    }
+    short synth[1024];
+    for (nfds_t i = 0; i < nfds; i++) synth[i] = k[i].revents;
+    int sleeping = wait_ms != 0;
+    if (sleeping) {
+      atomic_fetch_add(&hdr->server_sleepers, 1);
+      if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
+    }
+    int r = real_poll(k, nfds + 1, wait_ms);
+    int err = errno;
+    if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
+    if (r < 0) {
+      errno = err;
+      return -1;
+    }
+    if (k[nfds].revents & POLLIN) {
+      uint64_t v;
+      (void)!real_read(wake_server_fd, &v, sizeof v);
+    }
+    n = 0;
+    pthread_mutex_lock(&mu);
+    for (nfds_t i = 0; i < nfds; i++) {
+      struct conn* c = tracked(fds[i].fd);
+      short rev = k[i].revents;
+      if (c) {
+        if (rev & (POLLIN | POLLHUP | POLLERR)) ingest(c);
+        rev &= ~(short)(POLLIN | POLLHUP | POLLERR | POLLRDHUP);
+        drain_done();
+        if ((fds[i].events & POLLIN) && ready(c)) rev |= POLLIN;
+        rev |= synth[i];
+      }
+      fds[i].revents = rev;
+      if (rev) n++;
+    }
+    pthread_mutex_unlock(&mu);
+    if (n > 0 || (deadline != UINT64_MAX && now_ns() >= deadline)) {
+      errno = saved;
+      return n;
+    }
+  }
+}

@@ -1,0 +1,126 @@
+"""Minimal clients for the tests: redis (RESP) and memcached (text protocol)
+over plain sockets, so the tests need no extra packages and can misbehave on
+purpose (half a command, then close)."""
+
+import socket
+
+
+class RespError(Exception):
+    pass
+
+
+class Redis:
+    def __init__(self, addr, timeout=10.0):
+        self.sock = socket.create_connection(addr, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def close(self):
+        self.sock.close()
+
+    @staticmethod
+    def encode(*args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        return b"".join(out)
+
+    def _fill(self):
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        self.buf += chunk
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return RespError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                self._fill()
+            data, self.buf = self.buf[:n], self.buf[n + 2 :]
+            return data
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise RespError(f"bad reply line {line!r}")
+
+    def call(self, *args):
+        self.sock.sendall(self.encode(*args))
+        r = self.reply()
+        if isinstance(r, RespError):
+            raise r
+        return r
+
+    def pipeline(self, commands):
+        self.sock.sendall(b"".join(self.encode(*c) for c in commands))
+        return [self.reply() for _ in commands]
+
+
+class Memcached:
+    def __init__(self, addr, timeout=10.0):
+        self.sock = socket.create_connection(addr, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def close(self):
+        self.sock.close()
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def store(self, verb, key, value, cas=None):
+        value = value if isinstance(value, bytes) else str(value).encode()
+        extra = b" %d" % cas if cas is not None else b""
+        head = b"%s %s 0 0 %d%s\r\n" % (verb.encode(), key.encode(), len(value), extra)
+        self.sock.sendall(head + value + b"\r\n")
+        return self._line().decode()
+
+    def gets(self, key):
+        """(value, cas) or (None, None)."""
+        self.sock.sendall(b"gets %s\r\n" % key.encode())
+        line = self._line()
+        if line == b"END":
+            return None, None
+        parts = line.split()
+        n, cas = int(parts[3]), int(parts[4])
+        value = self._exact(n + 2)[:-2]
+        assert self._line() == b"END"
+        return value, cas
+
+    def get(self, key):
+        return self.gets(key)[0]
+
+    def incr(self, key, by=1):
+        self.sock.sendall(b"incr %s %d\r\n" % (key.encode(), by))
+        return self._line().decode()

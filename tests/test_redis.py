@@ -1,0 +1,202 @@
+"""An unmodified redis on three replicas: clients talk to the leader's copy,
+every backup's copy ends up with the same data (DEBUG DIGEST), and nothing
+reaches the leader's redis before a majority has it."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+from resp import Redis, RespError
+
+
+def digests(cluster):
+    """DEBUG DIGEST and DBSIZE of every replica's own redis."""
+    out = []
+    for r in range(len(cluster.status()["replicas"])):
+        try:
+            c = Redis(cluster.server_addr(r))
+        except OSError as e:  # a restarted replica's redis may not be up yet
+            out.append((f"replica {r}: {e}", None))
+            continue
+        try:
+            out.append((c.call("DEBUG", "DIGEST"), c.call("DBSIZE")))
+        finally:
+            c.close()
+    return out
+
+
+def assert_same_data(cluster, timeout=15.0):
+    """Backups replay asynchronously: wait until every redis holds the same data."""
+    end = time.monotonic() + timeout
+    while True:
+        d = digests(cluster)
+        if len(set(d)) == 1:
+            return d[0]
+        if time.monotonic() > end:
+            raise AssertionError(f"replicas differ: {d}\n{cluster.status()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def redis_cluster(cluster):
+    cluster.up(app="redis")
+    return cluster
+
+
+def test_commands_pipelines_and_large_values(redis_cluster):
+    c = Redis(redis_cluster.client_addr())
+    assert c.call("SET", "greeting", "hello") == "OK"
+    assert c.call("GET", "greeting") == b"hello"
+    assert [c.call("INCR", "n") for _ in range(5)] == [1, 2, 3, 4, 5]
+    assert c.call("MULTI") == "OK"
+    assert c.call("INCR", "n") == "QUEUED"
+    assert c.call("SET", "in-tx", "yes") == "QUEUED"
+    assert c.call("EXEC") == [6, "OK"]
+    replies = c.pipeline([("RPUSH", "list", i) for i in range(1000)])
+    assert replies == list(range(1, 1001))
+    big = os.urandom(1 << 20)
+    for i in range(4):
+        assert c.call("SET", f"big{i}", big) == "OK"
+    assert c.call("GET", "big3") == big
+    c.close()
+    assert assert_same_data(redis_cluster)[1] == 8
+
+
+def test_200_concurrent_clients(redis_cluster):
+    addr = redis_cluster.client_addr()
+    errors = []
+    reconnects = []
+
+    def client(i):
+        # SET is idempotent, so a client whose connection a leader change
+        # closed (2 cores shared by 3 replicas and 200 clients) may retry it.
+        c = None
+        for j in range(10):
+            for attempt in range(5):
+                try:
+                    if c is None:
+                        c = Redis(addr if attempt == 0 else redis_cluster.client_addr(), timeout=30)
+                    c.call("SET", f"client:{i}", j)
+                    break
+                except (OSError, RespError) as e:
+                    reconnects.append(f"client {i}: {e!r}")
+                    c = None
+            else:
+                errors.append(f"client {i}: gave up after 5 attempts")
+                return
+        c.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:5]
+    c = Redis(redis_cluster.client_addr())
+    assert [c.call("GET", f"client:{i}") for i in range(200)] == [b"9"] * 200
+    c.close()
+    assert assert_same_data(redis_cluster)[1] == 200
+
+
+def test_client_disconnecting_mid_command(redis_cluster):
+    addr = redis_cluster.client_addr()
+    for i in range(20):
+        s = socket.create_connection(addr)
+        whole = Redis.encode("SET", f"half{i}", "x" * 1000)
+        s.sendall(whole[: len(whole) // 2])
+        s.close()
+    # Connections that open and close at once, in a loop.
+    for _ in range(300):
+        socket.create_connection(addr).close()
+    c = Redis(addr)
+    assert c.call("SET", "after", "ok") == "OK"
+    assert c.call("EXISTS", "half0") == 0
+    c.close()
+    assert assert_same_data(redis_cluster)[1] == 1
+
+
+def test_64mib_in_one_go(redis_cluster):
+    c = Redis(redis_cluster.client_addr(), timeout=120)
+    value = os.urandom(64 << 20)
+    assert c.call("SET", "huge", value) == "OK"
+    assert c.call("STRLEN", "huge") == 64 << 20
+    assert c.call("SET", "small", "1") == "OK"
+    c.close()
+    assert_same_data(redis_cluster, timeout=60)
+
+
+def test_leader_sees_nothing_without_a_majority(redis_cluster):
+    s = redis_cluster.status()
+    leader = s["leader"]
+    backups = [r["pid"] for r in s["replicas"] if r["id"] != leader]
+    c = Redis(redis_cluster.client_addr(), timeout=10)
+    assert c.call("SET", "before", "1") == "OK"
+    for pid in backups:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        c.sock.sendall(Redis.encode("SET", "during", "1"))
+        c.sock.settimeout(1.5)
+        # redis answers a SET at once: no answer means it never saw the SET.
+        with pytest.raises(socket.timeout):
+            c.reply()
+    finally:
+        for pid in backups:
+            os.kill(pid, signal.SIGCONT)
+    c.sock.settimeout(10)
+    assert c.reply() == "OK"
+    c.close()
+    # Cut off from a majority, the leader stepped down; whoever leads now
+    # closed the connections accepted under the old ballot. Reconnect.
+    c = Redis(redis_cluster.client_addr())
+    assert c.call("GET", "during") == b"1"
+    c.close()
+    assert_same_data(redis_cluster)
+
+
+def test_one_backup_stopped_does_not_stop_clients(redis_cluster):
+    s = redis_cluster.status()
+    backup = next(r for r in s["replicas"] if r["id"] != s["leader"])
+    os.kill(backup["pid"], signal.SIGSTOP)
+    try:
+        c = Redis(redis_cluster.client_addr(), timeout=5)
+        for i in range(50):
+            assert c.call("SET", f"k{i}", i) == "OK"
+        c.close()
+    finally:
+        os.kill(backup["pid"], signal.SIGCONT)
+    assert assert_same_data(redis_cluster)[1] == 50
+
+
+def test_leader_killed_clients_move_to_the_new_leader(redis_cluster):
+    c = Redis(redis_cluster.client_addr())
+    for i in range(100):
+        c.call("SET", f"k{i}", i)
+    c.close()
+    old = redis_cluster.status()["leader"]
+    os.kill(redis_cluster.pid(old), signal.SIGKILL)
+    s = redis_cluster.wait(
+        lambda s: s["leader"] is not None and s["leader"] != old, what="a new leader"
+    )
+    c = Redis(redis_cluster.client_addr())
+    assert c.call("GET", "k99") == b"99"
+    assert c.call("SET", "after-failover", "yes") == "OK"
+    c.close()
+    # The killed replica comes back with an empty redis and replays the log.
+    from conftest import run
+
+    run("cluster", "restart", "--dir", redis_cluster.dir, "--id", old)
+    assert assert_same_data(redis_cluster, timeout=30)[1] == 101
+    assert s["leader"] != old
+
+
+def test_inspection_connections_to_a_backup_are_not_replicated(redis_cluster):
+    s = redis_cluster.status()
+    backup = next(r for r in s["replicas"] if r["id"] != s["leader"])
+    c = Redis(redis_cluster.server_addr(backup["id"]))
+    assert c.call("DBSIZE") == 0
+    with pytest.raises(RespError):
+        c.call("NOSUCHCOMMAND")
+    c.close()
