@@ -317,7 +317,21 @@ bool Daemon::RecoverLog(DurableState* state) {
   return true;
 }
 
+// SIGTERM and SIGINT arrive through a signalfd. They must be blocked before
+// any thread starts (the disk writer, UCX's): a process-directed signal goes
+// to any thread that does not block it, and its default action would end the
+// daemon without stopping its server.
+sigset_t ShutdownSignals() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  return mask;
+}
+
 bool Daemon::Init() {
+  sigset_t shutdown = ShutdownSignals();
+  sigprocmask(SIG_BLOCK, &shutdown, nullptr);
   n_ = static_cast<int>(cfg_.replicas.size());
   memory_mode_ = cfg_.durability == "memory";
   if (mkdir(me_.dir.c_str(), 0755) < 0 && errno != EEXIST) {
@@ -384,11 +398,7 @@ bool Daemon::Init() {
     return false;
   }
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  sigset_t mask = ShutdownSignals();
   sigfd_ = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
   connected_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1338,7 +1348,8 @@ int Daemon::Run() {
         Log("mapping a spare region took %lu us", (unsigned long)(NowUs() - now));
       continue;
     }
-    if (shim_ && !shim_->PrepareSleep(holding_submissions_)) continue;  // work arrived
+    if (shim_ && !shim_->PrepareSleep(holding_submissions_, replayer_ && replayer_->Gated()))
+      continue;               // work arrived meanwhile
     may_sleep = ucx_->Arm();  // false: UCX has events pending, go round again
     if (!may_sleep && shim_) shim_->Awake();
   }

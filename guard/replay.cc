@@ -109,6 +109,13 @@ bool Replayer::Drained(const ConnKey& k) const {
   return !c.close_requested || shim_->ReplayEof(c.slot);
 }
 
+bool Replayer::MustWait(const ConnKey& k) const {
+  // One connection at a time, as the leader's shim delivers (see the window
+  // in preload/shim.c): an input for another connection waits until the
+  // server has read everything written to the previous one.
+  return have_last_ && last_ != k && !Drained(last_);
+}
+
 bool Replayer::Idle() const {
   if (!queue_.empty()) return false;
   for (const auto& [k, c] : conns_)
@@ -121,7 +128,7 @@ bool Replayer::Pump(uint64_t now_us) {
   gated_ = false;
   while (!queue_.empty()) {
     Step& s = queue_.front();
-    if (s.kind != Kind::kAccept && have_last_ && last_ != s.key && !Drained(last_)) {
+    if (s.kind != Kind::kAccept && MustWait(s.key)) {
       if (!head_since_us_) head_since_us_ = now_us;
       if (now_us - head_since_us_ < kGateBypassUs) {
         gated_ = true;

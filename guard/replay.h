@@ -2,12 +2,13 @@
 // server over real local TCP connections: an ACCEPT opens one, DATA writes
 // the bytes, CLOSE closes it. Replies are read and discarded.
 //
-// Order: inputs on different connections reach the server in the log's
-// order. Before the replayer writes an input for connection B after one for
-// connection A, it waits until the server has read everything written to A
-// (the shim counts it in A's replay slot), or until A's input has waited
-// kGateBypassUs — the same rule the leader's shim applies, so a
-// single-threaded server executes the same sequence on every replica.
+// Order: the server must execute inputs on different connections in the
+// log's order, as the leader's did. The leader's shim hands its server one
+// connection's run of inputs at a time (preload/shim.c, the delivery
+// window); the replayer does the same: before it writes an input for
+// connection B after one for A, it waits until the server has read
+// everything written to A (the shim counts it in A's replay slot), or until
+// the input has waited kGateBypassUs, as the leader's shim does.
 #pragma once
 
 #include <compare>
@@ -76,6 +77,7 @@ class Replayer {
   void FlushOut(Conn* c);
   void Finish(std::map<ConnKey, Conn>::iterator it);
   bool Drained(const ConnKey& k) const;  // the server read all we gave it
+  bool MustWait(const ConnKey& k) const;
 
   ShimChannel* shim_;
   std::string host_;

@@ -125,7 +125,8 @@ bool ShimChannel::Flush() {
   return true;
 }
 
-bool ShimChannel::PrepareSleep(bool ignore_submissions) {
+bool ShimChannel::PrepareSleep(bool ignore_submissions, bool replay_waiting) {
+  hdr_->replay_waiting.store(replay_waiting ? 1 : 0, std::memory_order_relaxed);
   hdr_->daemon_sleeping.store(1, std::memory_order_seq_cst);
   bool submissions = hdr_->sub_head.load(std::memory_order_seq_cst) !=
                      hdr_->sub_tail.load(std::memory_order_relaxed);

@@ -50,7 +50,9 @@ class ShimChannel {
   // Sleep handshake: announce, then re-check; false means work arrived.
   // With ignore_submissions, waiting submissions do not count (the daemon
   // is holding them back on purpose).
-  bool PrepareSleep(bool ignore_submissions);
+  // replay_waiting: the replayer waits for the server to read (the shim
+  // then wakes us on replay reads, which it otherwise does not).
+  bool PrepareSleep(bool ignore_submissions, bool replay_waiting);
   void Awake();
 
   // Replay connections (backups): claim a slot for a local port before

@@ -22,8 +22,8 @@
  * connections. Before connecting, it marks the connection's local port in
  * `replay_port_bits` and claims a `replay` slot; the shim passes those
  * connections through untouched and only counts, in the slot, the bytes the
- * server has read (and whether it read EOF), so that the daemon can hand the
- * server inputs on different connections in exactly the log's order.
+ * server has read (and whether it read EOF), so that the daemon hands the
+ * server inputs on different connections in the log's order.
  *
  * Sleeping: a side about to sleep announces it (server_sleepers /
  * daemon_sleeping), then re-checks its ring, then sleeps; the other side
@@ -48,7 +48,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 1u
+#define LS_SHIM_VERSION 3u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
@@ -112,7 +112,8 @@ struct ls_shim_header {
   LS_ALIGN64 LS_ATOMIC(uint32_t) mode;
   LS_ATOMIC(uint32_t) daemon_alive; /* 0 once the daemon stops: shim fails pending inputs */
   LS_ATOMIC(uint32_t) daemon_sleeping;
-  LS_ATOMIC(uint32_t) done_futex; /* bumped after every batch of completions */
+  LS_ATOMIC(uint32_t) done_futex;     /* bumped after every batch of completions */
+  LS_ATOMIC(uint32_t) replay_waiting; /* the daemon waits for the server to read a replay input */
 
   /* Written by the shim. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) server_sleepers;

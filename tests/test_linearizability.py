@@ -422,7 +422,8 @@ def test_redis_under_lockstep_is_linearizable_across_a_leader_kill(tmp_path):
             )
     finally:
         left = c.down()
-    assert not left, f"still running after cluster down (killed now): {left}"
+    states = {p: Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3] for p in left}
+    assert not left, f"still running after cluster down (killed now; pid: state): {states}"
 
 
 def test_workload_threads_follow_find_addr(tmp_path, redis_server):
