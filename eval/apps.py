@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from resp import Redis, RespError  # eval/resp.py
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 LOADGEN = ROOT / "build" / "bin" / "loadgen"
@@ -120,61 +122,13 @@ def split_addr(addr):
     return host.strip("[]") or HOST, int(port)
 
 
-def read_reply(sock, buf):
-    """One RESP reply from sock (bytes already read in buf[0]); returns the parsed value.
-
-    Error replies come back as RuntimeError instances, not raised."""
-
-    def need(n):
-        while len(buf[0]) < n:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("server closed the connection")
-            buf[0] += chunk
-
-    def line():
-        while b"\r\n" not in buf[0]:
-            need(len(buf[0]) + 1)
-        head, _, buf[0] = buf[0].partition(b"\r\n")
-        return head
-
-    head = line()
-    kind, rest = head[:1], head[1:]
-    if kind == b"+":
-        return rest.decode()
-    if kind == b"-":
-        return RuntimeError(rest.decode())
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None
-        need(n + 2)
-        data, buf[0] = buf[0][:n], buf[0][n + 2 :]
-        return data
-    if kind == b"*":
-        n = int(rest)
-        return None if n < 0 else [read_reply(sock, buf) for _ in range(n)]
-    raise ConnectionError(f"unexpected reply {head[:40]!r}")
-
-
-def resp(*args):
-    parts = [f"*{len(args)}\r\n".encode()]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        parts += [f"${len(a)}\r\n".encode(), a, b"\r\n"]
-    return b"".join(parts)
-
-
 def redis_call(addr, *args, timeout=5.0):
     """Sends one command on a fresh connection; returns the reply (raises on an error reply)."""
-    with socket.create_connection(split_addr(addr), timeout=timeout) as s:
-        s.sendall(resp(*args))
-        r = read_reply(s, [b""])
-    if isinstance(r, RuntimeError):
-        raise r
-    return r
+    c = Redis(split_addr(addr), timeout=timeout)
+    try:
+        return c.call(*args)
+    finally:
+        c.close()
 
 
 def server_ready(app, addr):
@@ -184,7 +138,7 @@ def server_ready(app, addr):
         with socket.create_connection(split_addr(addr), timeout=1.0) as s:
             s.sendall(b"version\r\n")
             return s.recv(100).startswith(b"VERSION")
-    except (OSError, RuntimeError):
+    except (OSError, RespError):
         return False
 
 
@@ -211,7 +165,7 @@ def prefill(app, addr, keys, size, batch=500):
         for start in range(0, keys, batch):
             idx = range(start, min(keys, start + batch))
             if app == "redis":
-                req, ok = b"".join(resp("SET", f"key:{i}", val) for i in idx), b"+OK\r\n"
+                req, ok = b"".join(Redis.encode("SET", f"key:{i}", val) for i in idx), b"+OK\r\n"
             else:
                 req = b"".join(b"set key:%d 0 0 %d\r\n%s\r\n" % (i, size, val) for i in idx)
                 ok = b"STORED\r\n"

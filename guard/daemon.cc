@@ -1216,8 +1216,16 @@ bool Daemon::ApplyCommitted(uint64_t now) {
     }
     did = true;
   }
+  uint64_t t_entries = NowUs();
   did |= replayer_->Pump(now);
+  uint64_t t_pumped = NowUs();
   did |= shim_->Flush();
+  uint64_t t_flushed = NowUs();
+  if (t_flushed - now > 5000)
+    Log("slow apply: entries %lu us, replay %lu us, outcomes %lu us (applied %lu, queued %lu)",
+        (unsigned long)(t_entries - now), (unsigned long)(t_pumped - t_entries),
+        (unsigned long)(t_flushed - t_pumped), (unsigned long)applied_,
+        (unsigned long)replayer_->queued());
   if (now >= next_input_report_us_) {
     if (inputs_committed_)
       Log("%lu client inputs committed in the last 10 s, mean %.0f us from proposal to commit",

@@ -76,14 +76,16 @@ void Replayer::FlushOut(Conn* c) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR || errno == ENOTCONN)) {
-      watch_(c->fd, false, true);
+      if (!c->want_write) watch_(c->fd, false, true);
+      c->want_write = true;
       return;
     }
     // The server closed the connection or reset it: nothing more reaches it.
     c->server_closed = true;
     c->out.clear();
   }
-  if (c->fd >= 0) watch_(c->fd, false, false);
+  if (c->fd >= 0 && c->want_write) watch_(c->fd, false, false);  // epoll_ctl only on change
+  c->want_write = false;
   if (c->out.empty() && c->close_requested && !c->write_shut && c->fd >= 0) {
     shutdown(c->fd, SHUT_WR);
     c->write_shut = true;

@@ -72,6 +72,7 @@ class Replayer {
     bool close_requested = false;
     bool write_shut = false;
     bool server_closed = false;  // the server closed its end
+    bool want_write = false;     // watching for EPOLLOUT (the socket was full)
   };
   bool Open(ConnKey k, Conn* c);
   void FlushOut(Conn* c);

@@ -634,20 +634,25 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
   }
 }
 
+/* A read the kernel answered: on a replay connection, count it for the
+ * daemon (errno kept). */
+static ssize_t counted(int fd, ssize_t n, int flags) {
+  int slot = replay_slot(fd);
+  if (slot >= 0 && !(flags & MSG_PEEK)) {
+    int saved = errno;
+    note_replay_read(slot, n);
+    errno = saved;
+  }
+  return n;
+}
+
 ssize_t read(int fd, void* buf, size_t len) {
   struct conn* c = tracked(fd);
   if (c) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, 0);
   }
-  ssize_t n = real_read(fd, buf, len);
-  int slot = replay_slot(fd);
-  if (slot >= 0) {
-    int saved = errno;
-    note_replay_read(slot, n);
-    errno = saved;
-  }
-  return n;
+  return counted(fd, real_read(fd, buf, len), 0);
 }
 
 ssize_t recv(int fd, void* buf, size_t len, int flags) {
@@ -656,14 +661,7 @@ ssize_t recv(int fd, void* buf, size_t len, int flags) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, flags);
   }
-  ssize_t n = real_recv(fd, buf, len, flags);
-  int slot = replay_slot(fd);
-  if (slot >= 0 && !(flags & MSG_PEEK)) {
-    int saved = errno;
-    note_replay_read(slot, n);
-    errno = saved;
-  }
-  return n;
+  return counted(fd, real_recv(fd, buf, len, flags), flags);
 }
 
 ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr,
@@ -675,14 +673,7 @@ ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr
     if (n >= 0 && addr && addrlen) *addrlen = 0; /* connected TCP: no address, as the kernel */
     return n;
   }
-  ssize_t n = real_recvfrom(fd, buf, len, flags, addr, addrlen);
-  int slot = replay_slot(fd);
-  if (slot >= 0 && !(flags & MSG_PEEK)) {
-    int saved = errno;
-    note_replay_read(slot, n);
-    errno = saved;
-  }
-  return n;
+  return counted(fd, real_recvfrom(fd, buf, len, flags, addr, addrlen), flags);
 }
 
 ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
@@ -696,27 +687,13 @@ ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return n;
   }
-  ssize_t n = real_recvmsg(fd, msg, flags);
-  int slot = replay_slot(fd);
-  if (slot >= 0 && !(flags & MSG_PEEK)) {
-    int saved = errno;
-    note_replay_read(slot, n);
-    errno = saved;
-  }
-  return n;
+  return counted(fd, real_recvmsg(fd, msg, flags), flags);
 }
 
 ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
   struct conn* c = tracked(fd);
   if (c) return read_tracked(c, iov, iovcnt, 0);
-  ssize_t n = real_readv(fd, iov, iovcnt);
-  int slot = replay_slot(fd);
-  if (slot >= 0) {
-    int saved = errno;
-    note_replay_read(slot, n);
-    errno = saved;
-  }
-  return n;
+  return counted(fd, real_readv(fd, iov, iovcnt), 0);
 }
 
 /* ------------------------------------------------------------ accept */

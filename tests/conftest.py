@@ -9,10 +9,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+ROOT_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT_DIR / "eval"))  # eval/resp.py: the redis and memcached clients
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
@@ -42,7 +46,7 @@ class Cluster:
         self.dir = directory
         self.base_port = base_port
 
-    def up(self, replicas=3, transport="shm", durability="disk", extra=(), app=None):
+    def up(self, replicas=3, transport="shm", durability="disk", extra=(), app=None, check=True):
         if app:
             extra = ("--app", app, *extra)
         return run(
@@ -59,6 +63,7 @@ class Cluster:
             "--base-port",
             self.base_port,
             *extra,
+            check=check,
         )
 
     def status(self):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "eval"))
+from resp import Redis, RespError
+
 LINCHECK = ROOT / "build" / "bin" / "lincheck"
 LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 
@@ -42,77 +44,36 @@ LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 _DEFINITE_ERRORS = ("ERR value is not an integer", "ERR increment or decrement would overflow")
 
 
-class RespError(Exception):
-    """An error reply (-ERR ...) from the server."""
-
-
 class Conn:
-    """One RESP connection with a per-request deadline."""
+    """One RESP connection with a per-request deadline (eval/resp.py underneath)."""
 
     def __init__(self, addr: tuple[str, int], timeout: float):
         self.timeout = timeout
-        self.sock = socket.create_connection(addr, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
+        self.redis = Redis(addr, timeout=timeout)
 
     def close(self):
         try:
-            self.sock.close()
+            self.redis.close()
         except OSError:
             pass
 
     def request(self, *args: str):
         """Sends one command, returns its reply; raises OSError/TimeoutError/RespError."""
         deadline = time.monotonic() + self.timeout
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            b = a.encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self.sock.settimeout(self.timeout)
-        self.sock.sendall(b"".join(out))
-        return self._reply(deadline)
+        self.redis.sock.settimeout(self.timeout)
+        self.redis.sock.sendall(Redis.encode(*args))
+        return _text(self.redis.reply(deadline))
 
-    def _fill(self, deadline: float):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("reply timed out")
-        self.sock.settimeout(left)
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ConnectionResetError("server closed the connection")
-        self.buf += chunk
 
-    def _line(self, deadline: float) -> bytes:
-        while True:
-            i = self.buf.find(b"\r\n")
-            if i >= 0:
-                line = bytes(self.buf[:i])
-                del self.buf[: i + 2]
-                return line
-            self._fill(deadline)
-
-    def _reply(self, deadline: float):
-        line = self._line(deadline)
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode("latin-1")
-        if kind == b"-":
-            raise RespError(rest.decode("latin-1"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            while len(self.buf) < n + 2:
-                self._fill(deadline)
-            data = bytes(self.buf[:n])
-            del self.buf[: n + 2]
-            return data.decode("latin-1")
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._reply(deadline) for _ in range(n)]
-        raise ConnectionError(f"bad RESP reply line {line[:80]!r}")
+def _text(reply):
+    """Bulk strings as text (latin-1, byte for byte); error replies raised."""
+    if isinstance(reply, RespError):
+        raise reply
+    if isinstance(reply, bytes):
+        return reply.decode("latin-1")
+    if isinstance(reply, list):
+        return [_text(r) for r in reply]
+    return reply
 
 
 def parse_addr(addr) -> tuple[str, int]:

@@ -209,6 +209,31 @@ def test_port_already_taken(cluster):
         s.close()
 
 
+def test_server_port_already_taken(cluster):
+    import socket
+
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", cluster.base_port + 201))
+    s.listen()
+    try:
+        p = cluster.up(app="redis", check=False)
+        assert p.returncode != 0
+        assert f"port {cluster.base_port + 201}" in p.stderr and "taken" in p.stderr
+    finally:
+        s.close()
+
+
+def test_server_that_exits_at_start_is_reported(cluster):
+    # redis refuses an unknown option and exits: every replica stops with
+    # the server's own words in its log, and `up` says so.
+    p = cluster.up(extra=("--", "redis-server --port {port} --no-such-option yes"), check=False)
+    assert p.returncode != 0, p.stdout
+    logs = "".join(f.read_text() for f in cluster.dir.glob("replica-*.log"))
+    assert "server exited" in logs or "exited with status" in logs, logs[-2000:]
+    assert "no-such-option" in logs or "Bad directive" in logs, logs[-2000:]
+
+
 def test_proposal_larger_than_the_log_region_is_rejected(cluster):
     cluster.up(extra=["--ring-bytes", 65536])
     cluster.propose("small")

@@ -1,8 +1,10 @@
-"""Minimal clients for the tests: redis (RESP) and memcached (text protocol)
-over plain sockets, so the tests need no extra packages and can misbehave on
-purpose (half a command, then close)."""
+"""Minimal clients for redis (RESP) and memcached (text protocol) over plain
+sockets, shared by the benchmark harness (eval/) and the tests (tests/,
+which put eval/ on their import path): no extra packages, and a test can
+misbehave on purpose (half a command, then close)."""
 
 import socket
+import time
 
 
 class RespError(Exception):
@@ -26,20 +28,27 @@ class Redis:
             out.append(b"$%d\r\n%s\r\n" % (len(a), a))
         return b"".join(out)
 
-    def _fill(self):
+    def _fill(self, deadline=None):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("reply timed out")
+            self.sock.settimeout(left)
         chunk = self.sock.recv(1 << 20)
         if not chunk:
             raise ConnectionError("server closed the connection")
         self.buf += chunk
 
-    def _line(self):
+    def _line(self, deadline=None):
         while b"\r\n" not in self.buf:
-            self._fill()
+            self._fill(deadline)
         line, self.buf = self.buf.split(b"\r\n", 1)
         return line
 
-    def reply(self):
-        line = self._line()
+    def reply(self, deadline=None):
+        """The next reply; an error reply is returned as a RespError, not raised.
+        With a deadline (time.monotonic()), TimeoutError once it passes."""
+        line = self._line(deadline)
         kind, rest = line[:1], line[1:]
         if kind == b"+":
             return rest.decode()
@@ -52,12 +61,12 @@ class Redis:
             if n < 0:
                 return None
             while len(self.buf) < n + 2:
-                self._fill()
+                self._fill(deadline)
             data, self.buf = self.buf[:n], self.buf[n + 2 :]
             return data
         if kind == b"*":
             n = int(rest)
-            return None if n < 0 else [self.reply() for _ in range(n)]
+            return None if n < 0 else [self.reply(deadline) for _ in range(n)]
         raise RespError(f"bad reply line {line!r}")
 
     def call(self, *args):
