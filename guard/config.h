@@ -8,7 +8,7 @@
 //   ring_bytes = 1048576    # log region ring per backup and ballot (max proposal: about half)
 //   segment_bytes = 67108864  # durable log: preallocated segment file size
 //   heartbeat_us = 1000
-//   spin_us = 50            # busy-poll this long after activity, then sleep
+//   spin_us = 0             # busy-poll this long after activity, then sleep (see below)
 //   election_timeout_min_us = 100000  # see ClusterConfig
 //   election_timeout_max_us = 200000
 //
@@ -59,7 +59,14 @@ struct ClusterConfig {
   uint64_t ring_bytes = 1 << 20;
   uint64_t segment_bytes = 64 << 20;  // durable log segment file size
   uint64_t heartbeat_us = 1000;
-  uint64_t spin_us = 50;  // a daemon busy-polls this long after its last activity, then sleeps
+  // A daemon busy-polls (with sched_yield) this long after its last
+  // activity, then sleeps. 0 by default: on this kernel (EEVDF scheduler),
+  // three daemons spinning with sched_yield kept other processes off the CPU
+  // for up to half a second under load (a 1 ms sleeper overslept by 546 ms;
+  // 45 ms without the spinning), which deposed healthy leaders. Spinning
+  // buys latency (memory-durability commits of a few µs) on idle or
+  // dedicated machines: set it there.
+  uint64_t spin_us = 0;
   // A backup that hears nothing from the leader for a random time in
   // [min, max] starts an election. On the 2-vCPU virtual machines here, a
   // process is sometimes not run for 40-80 ms while the machine is busy with
