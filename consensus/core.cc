@@ -123,6 +123,13 @@ void Replica::Tick(uint64_t now_us) {
   }
 }
 
+void Replica::OnLeaderGone(uint64_t now_us) {
+  if (role_ != Role::kBackup) return;
+  last_leader_contact_us_ = 0;
+  std::uniform_int_distribution<uint64_t> jitter(0, config_.election_timeout_min_us / 20);
+  election_deadline_us_ = std::min(election_deadline_us_, now_us + jitter(rng_));
+}
+
 void Replica::OnLocalStall(uint64_t now_us) {
   if (role_ != Role::kLeader && !prevoting_) ResetElectionTimer(now_us);
 }

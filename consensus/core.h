@@ -146,6 +146,11 @@ class Replica {
   void OnPersisted(uint64_t now_us, uint64_t seq);
   // The transport lost its connection to a peer: its stream is gone.
   void OnPeerUnreachable(uint64_t now_us, int peer);
+  // The leader's process is known to be gone (its connection to us closed):
+  // a backup stops counting on it and starts a pre-vote after a short random
+  // delay instead of the full election timeout. Safety does not depend on
+  // it; the pre-vote still needs a majority that has lost the leader too.
+  void OnLeaderGone(uint64_t now_us);
   // The caller itself did not run for a while (a long write, the
   // scheduler): silence seen meanwhile says nothing about the leader, so a
   // backup restarts its election timer instead of starting an election.
