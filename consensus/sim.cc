@@ -329,6 +329,9 @@ void SimCluster::Process(Event& ev) {
       if (!nd.rep || nd.paused) return;
       SIM_TRACE("r%d: peer r%d unreachable", ev.to, ev.from);
       nd.rep->OnPeerUnreachable(now_, ev.from);
+      // As the daemon does when its connection to the leader closes.
+      if (nd.rep->role() == Role::kBackup && nd.rep->leader() == ev.from)
+        nd.rep->OnLeaderGone(now_);
       Drain(ev.to);
       return;
     }
