@@ -348,6 +348,8 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.commit_index = std::stoull(JsonField(json, "commit_index"));
       r.last_index = std::stoull(JsonField(json, "last_index"));
       r.disk_error = JsonField(json, "disk_error");
+      std::string applied = JsonField(json, "applied_index");
+      r.applied_index = applied.empty() ? 0 : std::stoull(applied);
       if (r.role == "leader") {
         s.leader = r.id;
         leader_commit = r.commit_index;
@@ -373,7 +375,7 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
     const auto& r = s.replicas[i];
     o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
       << "\", \"ballot\": \"" << r.ballot << "\", \"commit_index\": " << r.commit_index
-      << ", \"last_index\": " << r.last_index
+      << ", \"last_index\": " << r.last_index << ", \"applied_index\": " << r.applied_index
       << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
       << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
       << "\", \"server_addr\": " << str_or_null(r.server_addr) << "}";
