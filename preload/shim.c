@@ -466,11 +466,13 @@ static void window_walk(run_visitor visit, void* arg) {
     struct conn* o = ch->c;
     if (o != run) {
       if (run) {
-        /* One run per window: with several connections readable at once,
-         * memcached (-t 1) executed stores in another order than its
-         * backups in testing (CAS uniques differed), although an event loop
-         * should serve them in the order it is told. Until that is
-         * understood, the server sees one connection's run at a time. */
+        /* One run per window. A wider window (several connections'
+         * runs at once, in log order) would let the server take several
+         * inputs per wake-up, but the backups cannot reproduce its order:
+         * epoll does not report sockets in the order their data arrived (a
+         * level-triggered socket reported once stays queued at its old
+         * place), and with it memcached's stores, hence its CAS uniques,
+         * came out in another order on the backups. */
         visit(run, run_end, run_close, arg);
         return;
       }
