@@ -111,13 +111,6 @@ bool Replayer::Drained(const ConnKey& k) const {
   return !c.close_requested || shim_->ReplayEof(c.slot);
 }
 
-bool Replayer::MustWait(const ConnKey& k) const {
-  // One connection at a time, as the leader's shim delivers (see the window
-  // in preload/shim.c): an input for another connection waits until the
-  // server has read everything written to the previous one.
-  return have_last_ && last_ != k && !Drained(last_);
-}
-
 bool Replayer::Idle() const {
   if (!queue_.empty()) return false;
   for (const auto& [k, c] : conns_)
@@ -126,23 +119,22 @@ bool Replayer::Idle() const {
 }
 
 bool Replayer::Pump(uint64_t now_us) {
+  (void)now_us;
   bool did = false;
   gated_ = false;
   while (!queue_.empty()) {
     Step& s = queue_.front();
-    if (s.kind != Kind::kAccept && MustWait(s.key)) {
-      if (!head_since_us_) head_since_us_ = now_us;
-      if (now_us - head_since_us_ < kGateBypassUs) {
-        gated_ = true;
-        return did;
-      }
-      if (bypasses_++ % 1000 == 0)
-        log_("replay: the server left an input unread for 10 ms; replaying on (" +
-             std::to_string(bypasses_) + " times)");
-    }
-    head_since_us_ = 0;
-    did = true;
     auto it = conns_.find(s.key);
+    bool live = it != conns_.end() && !it->second.server_closed && it->second.slot >= 0;
+    // The order comes first: the shim lets the server read these bytes only
+    // after everything ordered before them.
+    if (s.kind != Kind::kAccept && live &&
+        !shim_->PushOrder(it->second.slot, s.kind == Kind::kData ? LS_ORDER_DATA : LS_ORDER_EOF,
+                          s.bytes.size())) {
+      gated_ = true;  // the order ring is full: wait for the server to read
+      return did;
+    }
+    did = true;
     switch (s.kind) {
       case Kind::kAccept: {
         if (it != conns_.end()) break;  // already open (replayed twice)
@@ -151,12 +143,10 @@ bool Replayer::Pump(uint64_t now_us) {
         break;
       }
       case Kind::kData:
-        if (it == conns_.end() || it->second.server_closed) break;
+        if (!live) break;
         it->second.appended += s.bytes.size();
         it->second.out += s.bytes;
         FlushOut(&it->second);
-        last_ = s.key;
-        have_last_ = true;
         break;
       case Kind::kClose:
         if (it == conns_.end()) break;
@@ -166,8 +156,6 @@ bool Replayer::Pump(uint64_t now_us) {
         }
         it->second.close_requested = true;
         FlushOut(&it->second);
-        last_ = s.key;
-        have_last_ = true;
         break;
     }
     queue_.pop_front();

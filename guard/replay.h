@@ -3,12 +3,13 @@
 // the bytes, CLOSE closes it. Replies are read and discarded.
 //
 // Order: the server must execute inputs on different connections in the
-// log's order, as the leader's did. The leader's shim hands its server one
-// connection's run of inputs at a time (preload/shim.c, the delivery
-// window); the replayer does the same: before it writes an input for
-// connection B after one for A, it waits until the server has read
-// everything written to A (the shim counts it in A's replay slot), or until
-// the input has waited kGateBypassUs, as the leader's shim does.
+// log's order, as the leader's did. The replayer writes each input as soon
+// as it is committed, and first publishes its place in the order ring
+// (preload/shim_abi.h); the shim in the server takes what arrives on replay
+// connections into their inboxes and lets the server read it in that order,
+// one connection's run at a time, exactly as it delivers agreed inputs on
+// the leader. The shim counts in each connection's replay slot what the
+// server has read, which tells a new leader when its server has caught up.
 #pragma once
 
 #include <compare>
@@ -33,7 +34,6 @@ struct ConnKey {
 
 class Replayer {
  public:
-  static constexpr uint64_t kGateBypassUs = 10000;
   using WatchFn = std::function<void(int fd, bool add, bool writable)>;
   using LogFn = std::function<void(const std::string&)>;
 
@@ -45,10 +45,10 @@ class Replayer {
   void Data(ConnKey k, std::string_view bytes);
   void Close(ConnKey k);
 
-  // Moves queued inputs into the sockets as the gate allows. True if it did
-  // anything.
+  // Moves queued inputs into the sockets (and their order into the order
+  // ring). True if it did anything.
   bool Pump(uint64_t now_us);
-  // True while the head input waits for the server to read an earlier one.
+  // True while the order ring is full: the server must read first.
   bool Gated() const { return gated_; }
   bool Owns(int fd) const { return by_fd_.count(fd) != 0; }
   void OnEvent(int fd, uint32_t events);
@@ -78,7 +78,6 @@ class Replayer {
   void FlushOut(Conn* c);
   void Finish(std::map<ConnKey, Conn>::iterator it);
   bool Drained(const ConnKey& k) const;  // the server read all we gave it
-  bool MustWait(const ConnKey& k) const;
 
   ShimChannel* shim_;
   std::string host_;
@@ -88,11 +87,7 @@ class Replayer {
   std::deque<Step> queue_;
   std::map<ConnKey, Conn> conns_;
   std::map<int, ConnKey> by_fd_;
-  ConnKey last_;  // connection of the previous input handed to the server
-  bool have_last_ = false;
   bool gated_ = false;
-  uint64_t head_since_us_ = 0;
-  uint64_t bypasses_ = 0;
 };
 
 }  // namespace lockstep

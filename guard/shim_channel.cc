@@ -43,12 +43,15 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
   hdr_->sub_bytes = LS_SUB_RING_BYTES;
   hdr_->done_offset = header_bytes + LS_SUB_RING_BYTES;
   hdr_->done_slots = LS_DONE_RING_SLOTS;
+  hdr_->order_offset = hdr_->done_offset + uint64_t{LS_DONE_RING_SLOTS} * sizeof(ls_done_record);
+  hdr_->order_slots = LS_ORDER_SLOTS;
   hdr_->max_chunk = max_chunk;
   hdr_->daemon_alive.store(1);
   hdr_->version = LS_SHIM_VERSION;
   hdr_->magic = LS_SHIM_MAGIC;
   sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;
   done_ring_ = reinterpret_cast<ls_done_record*>(static_cast<char*>(p) + hdr_->done_offset);
+  order_ring_ = reinterpret_cast<ls_order_record*>(static_cast<char*>(p) + hdr_->order_offset);
   wake_server_fd_ = eventfd(0, EFD_NONBLOCK);
   wake_daemon_fd_ = eventfd(0, EFD_NONBLOCK);
   if (wake_server_fd_ < 0 || wake_daemon_fd_ < 0) {
@@ -105,16 +108,29 @@ void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn) {
   unflushed_.push_back(ls_done_record{seq, conn, kind});
 }
 
+bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len) {
+  uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
+  if (order_written_ - tail >= hdr_->order_slots) return false;
+  order_ring_[order_written_ % hdr_->order_slots] =
+      ls_order_record{static_cast<uint32_t>(slot), kind, len};
+  order_written_++;
+  return true;
+}
+
 bool ShimChannel::Flush() {
-  if (unflushed_.empty()) return false;
-  uint64_t head = hdr_->done_head.load(std::memory_order_relaxed);
-  uint64_t tail = hdr_->done_tail.load(std::memory_order_acquire);
-  size_t room = hdr_->done_slots - (head - tail);
-  size_t n = std::min(room, unflushed_.size());
-  for (size_t i = 0; i < n; i++) done_ring_[(head + i) % hdr_->done_slots] = unflushed_[i];
-  unflushed_.erase(unflushed_.begin(), unflushed_.begin() + static_cast<long>(n));
-  if (n == 0) return false;
-  hdr_->done_head.store(head + n, std::memory_order_seq_cst);
+  size_t n = 0;
+  if (!unflushed_.empty()) {
+    uint64_t head = hdr_->done_head.load(std::memory_order_relaxed);
+    uint64_t tail = hdr_->done_tail.load(std::memory_order_acquire);
+    size_t room = hdr_->done_slots - (head - tail);
+    n = std::min(room, unflushed_.size());
+    for (size_t i = 0; i < n; i++) done_ring_[(head + i) % hdr_->done_slots] = unflushed_[i];
+    unflushed_.erase(unflushed_.begin(), unflushed_.begin() + static_cast<long>(n));
+    if (n) hdr_->done_head.store(head + n, std::memory_order_seq_cst);
+  }
+  bool order = order_written_ != hdr_->order_head.load(std::memory_order_relaxed);
+  if (order) hdr_->order_head.store(order_written_, std::memory_order_seq_cst);
+  if (n == 0 && !order) return false;
   hdr_->done_futex.fetch_add(1, std::memory_order_seq_cst);
   if (hdr_->server_sleepers.load(std::memory_order_seq_cst) > 0) {
     uint64_t one = 1;
@@ -130,7 +146,8 @@ bool ShimChannel::PrepareSleep(bool ignore_submissions, bool replay_waiting) {
   hdr_->daemon_sleeping.store(1, std::memory_order_seq_cst);
   bool submissions = hdr_->sub_head.load(std::memory_order_seq_cst) !=
                      hdr_->sub_tail.load(std::memory_order_relaxed);
-  if ((submissions && !ignore_submissions) || !unflushed_.empty()) {
+  if ((submissions && !ignore_submissions) || !unflushed_.empty() ||
+      order_written_ != hdr_->order_head.load(std::memory_order_relaxed)) {
     hdr_->daemon_sleeping.store(0);
     return false;
   }

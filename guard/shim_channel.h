@@ -41,6 +41,11 @@ class ShimChannel {
   bool Peek(Submission* s);
   void Pop();
 
+  // Replay order: the server may read `len` more bytes of replay slot
+  // `slot` (LS_ORDER_DATA), or its EOF, after everything pushed before.
+  // False when the ring is full (wait for the shim). Published by Flush().
+  bool PushOrder(int slot, uint32_t kind, uint64_t len);
+
   // Outcomes are queued here and published by Flush(), which wakes the
   // shim's sleeping threads. Returns whether anything was published.
   void Complete(uint32_t kind, uint64_t seq, uint32_t conn);
@@ -66,6 +71,8 @@ class ShimChannel {
   ls_shim_header* hdr_ = nullptr;
   char* sub_ring_ = nullptr;
   ls_done_record* done_ring_ = nullptr;
+  ls_order_record* order_ring_ = nullptr;
+  uint64_t order_written_ = 0;  // records written; published up to here by Flush()
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned

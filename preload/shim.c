@@ -100,6 +100,7 @@ struct conn {
   int eof_read;         /* the server has read EOF */
   int broken;           /* an input was dropped: nothing past it is delivered */
   uint64_t window_mark; /* window_walk() pass that last saw this connection */
+  int replay_slot;      /* >= 0: the daemon's replay connection (order from the order ring) */
   char* inbox;          /* stream bytes from inbox_base on */
   uint64_t inbox_base, inbox_cap;
   uint64_t received;      /* stream bytes taken from the kernel */
@@ -115,15 +116,16 @@ static int active;
 static struct ls_shim_header* hdr;
 static char* sub_ring;
 static struct ls_done_record* done_ring;
+static struct ls_order_record* order_ring;
 static int wake_server_fd = -1, wake_daemon_fd = -1;
 static int client_port;
 static uint32_t max_chunk;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct conn* by_fd[LS_MAX_FD];
-static int32_t replay_by_fd[LS_MAX_FD]; /* replay slot + 1; 0: not a replay connection */
-static uint8_t listen_kind[LS_MAX_FD];  /* 0 unknown, 1 client port, 2 other */
-static uint8_t wake_in_epfd[LS_MAX_FD]; /* the wake eventfd is registered in this epoll set */
+static struct conn* by_slot[LS_MAX_REPLAY]; /* replay connections by slot */
+static uint8_t listen_kind[LS_MAX_FD];      /* 0 unknown, 1 client port, 2 other */
+static uint8_t wake_in_epfd[LS_MAX_FD];     /* the wake eventfd is registered in this epoll set */
 static struct chunk fifo[LS_FIFO_SLOTS];
 static uint64_t fifo_head_seq = 1, fifo_count; /* seqs fifo_head_seq .. +count-1 */
 static uint64_t next_conn_no = 1;
@@ -196,6 +198,7 @@ __attribute__((constructor)) static void shim_init(void) {
   hdr = p;
   sub_ring = (char*)p + hdr->sub_offset;
   done_ring = (struct ls_done_record*)((char*)p + hdr->done_offset);
+  order_ring = (struct ls_order_record*)((char*)p + hdr->order_offset);
   max_chunk = hdr->max_chunk;
   /* Our own descriptors must not leak into anything the server execs. */
   fcntl(shm_fd, F_SETFD, FD_CLOEXEC);
@@ -323,13 +326,54 @@ static void apply_done(const struct ls_done_record* d) {
   }
 }
 
-/* Takes the daemon's outcomes. Called with mu held. */
+static void push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
+  uint64_t seq = fifo_head_seq + fifo_count;
+  struct chunk* ch = &fifo[seq & (LS_FIFO_SLOTS - 1)];
+  ch->c = c;
+  ch->seq = seq;
+  ch->kind = kind;
+  ch->state = state;
+  ch->end = kind == LS_SUB_DATA && state == CH_COMMITTED ? c->committed_end : c->received;
+  c->refs++;
+  if (fifo_count++ == 0) {
+    head_seen_seq = seq;
+    head_since_ns = now_ns();
+  }
+}
+
+/* Takes the replay order the daemon published: each record allows the
+ * server to read the next `len` bytes of one replay connection (or its EOF),
+ * after everything before it. A record for a connection the server has not
+ * accepted yet waits, and so do the ones after it. Called with mu held. */
+static void drain_order(void) {
+  uint64_t head = atomic_load_explicit(&hdr->order_head, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(&hdr->order_tail, memory_order_relaxed);
+  uint64_t first = tail;
+  for (; tail < head && fifo_count < LS_FIFO_SLOTS; tail++) {
+    const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
+    struct conn* c = r->slot < LS_MAX_REPLAY ? by_slot[r->slot] : NULL;
+    if (!c) break;
+    if (r->kind == LS_ORDER_DATA) {
+      c->committed_end += r->len;
+      push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
+    } else {
+      c->close_committed = 1;
+      push_chunk(c, LS_SUB_CLOSE, CH_COMMITTED);
+    }
+  }
+  if (tail != first) {
+    atomic_store_explicit(&hdr->order_tail, tail, memory_order_release);
+    if (atomic_load(&hdr->replay_waiting)) wake_daemon();
+  }
+}
+
+/* Takes the daemon's outcomes and replay order. Called with mu held. */
 static void drain_done(void) {
   uint64_t head = atomic_load_explicit(&hdr->done_head, memory_order_acquire);
   uint64_t tail = atomic_load_explicit(&hdr->done_tail, memory_order_relaxed);
-  if (head == tail) return;
   for (; tail < head; tail++) apply_done(&done_ring[tail % hdr->done_slots]);
   atomic_store_explicit(&hdr->done_tail, tail, memory_order_release);
+  drain_order();
   fifo_pop_finished();
 }
 
@@ -359,17 +403,7 @@ static uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t
       r->conn = c->no;
       r->seq = seq;
       if (len) memcpy(r + 1, bytes, len);
-      struct chunk* ch = &fifo[seq & (LS_FIFO_SLOTS - 1)];
-      ch->c = c;
-      ch->seq = seq;
-      ch->kind = kind;
-      ch->state = CH_PENDING;
-      ch->end = c->received;
-      c->refs++;
-      if (fifo_count++ == 0) {
-        head_seen_seq = seq;
-        head_since_ns = now_ns();
-      }
+      push_chunk(c, kind, CH_PENDING);
       atomic_store_explicit(&hdr->sub_head, head + need, memory_order_seq_cst);
       wake_daemon();
       return seq;
@@ -415,6 +449,25 @@ static void stop_kernel_input(struct conn* c) {
  * hands it to the daemon. Called with mu held. */
 static void ingest(struct conn* c) {
   if (c->fd < 0 || c->eof_submitted) return;
+  if (c->replay_slot >= 0) {
+    /* The daemon's replay connection: keep what arrives; the order ring
+     * says when the server may read it. */
+    for (int round = 0; round < 8; round++) {
+      if (!inbox_reserve(c, max_chunk)) return;
+      ssize_t n =
+          real_recv(c->fd, c->inbox + (c->received - c->inbox_base), max_chunk, MSG_DONTWAIT);
+      if (n > 0) {
+        c->received += (uint64_t)n;
+        if ((uint64_t)n < max_chunk) return;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      c->eof_submitted = 1; /* the daemon shut its side: nothing more comes */
+      stop_kernel_input(c);
+      return;
+    }
+    return;
+  }
   int discard = c->broken || c->log_closed || atomic_load(&hdr->mode) != LS_MODE_LEADER;
   for (int round = 0; round < 8; round++) {
     if (!inbox_reserve(c, max_chunk)) return;
@@ -506,12 +559,14 @@ static int find_run(struct conn* c, uint64_t end, int has_close, void* arg) {
 
 /* Bytes connection c may hand to the server now. Called with mu held. */
 static uint64_t readable(struct conn* c) {
-  if (c->consumed >= c->committed_end) return 0;
-  if (gate_bypassed()) return c->committed_end - c->consumed;
+  /* A replayed input may be allowed before all its bytes arrived. */
+  uint64_t have = c->committed_end < c->received ? c->committed_end : c->received;
+  if (c->consumed >= have) return 0;
+  if (gate_bypassed()) return have - c->consumed;
   struct run_query q = {c, 0, 0, 0};
   window_walk(find_run, &q);
   if (!q.found) return 0;
-  uint64_t end = q.end < c->committed_end ? q.end : c->committed_end;
+  uint64_t end = q.end < have ? q.end : have;
   return end > c->consumed ? end - c->consumed : 0;
 }
 
@@ -557,21 +612,15 @@ static struct conn* tracked(int fd) {
   return by_fd[fd];
 }
 
-static int replay_slot(int fd) {
-  if (!active || fd < 0 || fd >= LS_MAX_FD) return -1;
-  return replay_by_fd[fd] - 1;
-}
-
-static void note_replay_read(int slot, ssize_t n) {
-  if (n > 0) {
-    atomic_fetch_add(&hdr->replay[slot].read_bytes, (uint64_t)n);
-  } else if (n == 0) {
-    atomic_store(&hdr->replay[slot].eof_read, 1);
-  } else {
-    return;
-  }
-  /* Most replayed inputs need no answer: the daemon only waits on a read
-   * when its next input must come after this one (see guard/replay.h). */
+/* The server read n bytes (0: EOF) of a replay connection: the daemon
+ * knows from these counts when its server has caught up (a new leader waits
+ * for that before it serves clients). */
+static void note_replay_read(struct conn* c, size_t n) {
+  if (c->replay_slot < 0) return;
+  if (n > 0)
+    atomic_fetch_add(&hdr->replay[c->replay_slot].read_bytes, (uint64_t)n);
+  else
+    atomic_store(&hdr->replay[c->replay_slot].eof_read, 1);
   if (atomic_load(&hdr->replay_waiting)) wake_daemon();
 }
 
@@ -599,19 +648,25 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     drain_done();
     if (readable(c) > 0) {
       size_t n = take(c, iov, iovcnt, peek);
+      if (!peek) note_replay_read(c, n);
       pthread_mutex_unlock(&mu);
       return (ssize_t)n;
     }
     if (eof_ready(c)) {
       if (!peek) {
         c->eof_read = 1;
+        note_replay_read(c, 0);
         fifo_pop_finished();
       }
       pthread_mutex_unlock(&mu);
       return 0;
     }
     /* Nothing agreed yet: take what the kernel has so that it gets agreed. */
+    uint64_t had = c->received;
     ingest(c);
+    if (c->replay_slot >= 0 && (c->received != had || c->eof_submitted) &&
+        (readable(c) > 0 || eof_ready(c)))
+      continue; /* replayed bytes the order already allows */
     int blocking = !(flags & MSG_DONTWAIT) && !(fcntl(c->fd, F_GETFL) & O_NONBLOCK);
     if (!blocking) {
       pthread_mutex_unlock(&mu);
@@ -636,25 +691,13 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
   }
 }
 
-/* A read the kernel answered: on a replay connection, count it for the
- * daemon (errno kept). */
-static ssize_t counted(int fd, ssize_t n, int flags) {
-  int slot = replay_slot(fd);
-  if (slot >= 0 && !(flags & MSG_PEEK)) {
-    int saved = errno;
-    note_replay_read(slot, n);
-    errno = saved;
-  }
-  return n;
-}
-
 ssize_t read(int fd, void* buf, size_t len) {
   struct conn* c = tracked(fd);
   if (c) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, 0);
   }
-  return counted(fd, real_read(fd, buf, len), 0);
+  return real_read(fd, buf, len);
 }
 
 ssize_t recv(int fd, void* buf, size_t len, int flags) {
@@ -663,7 +706,7 @@ ssize_t recv(int fd, void* buf, size_t len, int flags) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, flags);
   }
-  return counted(fd, real_recv(fd, buf, len, flags), flags);
+  return real_recv(fd, buf, len, flags);
 }
 
 ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr,
@@ -675,7 +718,7 @@ ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr
     if (n >= 0 && addr && addrlen) *addrlen = 0; /* connected TCP: no address, as the kernel */
     return n;
   }
-  return counted(fd, real_recvfrom(fd, buf, len, flags, addr, addrlen), flags);
+  return real_recvfrom(fd, buf, len, flags, addr, addrlen);
 }
 
 ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
@@ -689,13 +732,13 @@ ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return n;
   }
-  return counted(fd, real_recvmsg(fd, msg, flags), flags);
+  return real_recvmsg(fd, msg, flags);
 }
 
 ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
   struct conn* c = tracked(fd);
   if (c) return read_tracked(c, iov, iovcnt, 0);
-  return counted(fd, real_readv(fd, iov, iovcnt), 0);
+  return real_readv(fd, iov, iovcnt);
 }
 
 /* ------------------------------------------------------------ accept */
@@ -732,13 +775,24 @@ static int after_accept(int lfd, int fd, int flags) {
   if (fd < 0 || fd >= LS_MAX_FD || !is_client_listener(lfd)) return fd;
   char peer[80];
   int port = peer_port_of(fd, peer, sizeof peer);
-  replay_by_fd[fd] = 0;
   by_fd[fd] = NULL;
   if (port > 0 && (atomic_load(&hdr->replay_port_bits[port / 64]) >> (port % 64)) & 1) {
     int slot = find_replay_slot(port);
     if (slot >= 0) {
-      replay_by_fd[fd] = slot + 1;
-      return fd; /* the daemon replaying the log: pass through, count reads */
+      /* The daemon replaying the log: the order ring says what to read when. */
+      struct conn* r = calloc(1, sizeof *r);
+      if (!r) return fd;
+      r->fd = fd;
+      r->epfd = -1;
+      r->replay_slot = slot;
+      r->accept_state = 1;
+      pthread_mutex_lock(&mu);
+      r->no = (uint32_t)next_conn_no++;
+      by_fd[fd] = r;
+      by_slot[slot] = r;
+      drain_done(); /* records may have waited for this connection */
+      pthread_mutex_unlock(&mu);
+      return fd;
     }
   }
   if (atomic_load(&hdr->mode) != LS_MODE_LEADER) return fd; /* inspection only */
@@ -747,6 +801,7 @@ static int after_accept(int lfd, int fd, int flags) {
   if (!c) return fd;
   c->fd = fd;
   c->epfd = -1;
+  c->replay_slot = -1;
   c->nonblocking = (flags & SOCK_NONBLOCK) != 0;
   pthread_mutex_lock(&mu);
   c->no = (uint32_t)next_conn_no++;
@@ -827,9 +882,10 @@ int close(int fd) {
     if (c) {
       pthread_mutex_lock(&mu);
       by_fd[fd] = NULL;
+      if (c->replay_slot >= 0 && by_slot[c->replay_slot] == c) by_slot[c->replay_slot] = NULL;
       /* The server closed a client connection on its own: the backups'
        * copies must close theirs at the same point of the log. */
-      if (!c->eof_submitted && !c->log_closed && !c->broken &&
+      if (c->replay_slot < 0 && !c->eof_submitted && !c->log_closed && !c->broken &&
           atomic_load(&hdr->mode) == LS_MODE_LEADER) {
         c->eof_submitted = 1;
         submit(c, LS_SUB_CLOSE, NULL, 0);
@@ -842,7 +898,6 @@ int close(int fd) {
       fifo_pop_finished();
       pthread_mutex_unlock(&mu);
     }
-    replay_by_fd[fd] = 0;
     listen_kind[fd] = 0;
     wake_in_epfd[fd] = 0;
     errno = saved;
@@ -912,6 +967,7 @@ static int emit_run(struct conn* c, uint64_t end, int has_close, void* arg) {
    * a new one to a worker thread, which registers it a moment later) holds
    * back the runs after it: they must not overtake it. */
   if (c->fd >= 0 && (c->epfd < 0 || !(c->events & EPOLLIN))) return 0;
+  if (end > c->received) end = c->received; /* replayed bytes still on their way */
   if (c->fd >= 0 && c->epfd == e->epfd && (end > c->consumed || has_close))
     e->n = put_event(e->out, e->n, e->max, EPOLLIN, c->data);
   return e->n < e->max;

@@ -20,10 +20,12 @@
  *
  * Flow on a backup: the daemon replays committed inputs over real local TCP
  * connections. Before connecting, it marks the connection's local port in
- * `replay_port_bits` and claims a `replay` slot; the shim passes those
- * connections through untouched and only counts, in the slot, the bytes the
- * server has read (and whether it read EOF), so that the daemon hands the
- * server inputs on different connections in the log's order.
+ * `replay_port_bits` and claims a `replay` slot. It writes inputs as they
+ * commit and publishes, in the order ring, the order in which the server may
+ * read them (slot, length). The shim takes what the kernel has on those
+ * connections into their inboxes and lets the server read them in exactly
+ * that order, as it does with agreed inputs on the leader; it counts in the
+ * slot what the server has read (and whether it read EOF).
  *
  * Sleeping: a side about to sleep announces it (server_sleepers /
  * daemon_sleeping), then re-checks its ring, then sleeps; the other side
@@ -48,11 +50,12 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 3u
+#define LS_SHIM_VERSION 4u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
 #define LS_MAX_REPLAY 4096u           /* replay connections open at once */
+#define LS_ORDER_SLOTS (1u << 16)     /* replay order: fixed 16-byte slots */
 #define LS_REPLAY_NONE 0xffffffffu
 
 /* Daemon -> shim: what a newly accepted client connection is. */
@@ -91,6 +94,19 @@ struct ls_done_record {
   uint32_t kind;
 };
 
+/* Replay order (daemon -> shim): the order in which the server may read
+ * what the daemon wrote to its replay connections. */
+enum ls_order_kind {
+  LS_ORDER_DATA = 1, /* `len` more bytes on replay slot `slot` */
+  LS_ORDER_EOF = 2   /* then EOF on it */
+};
+
+struct ls_order_record {
+  uint32_t slot;
+  uint32_t kind;
+  uint64_t len;
+};
+
 struct ls_replay_slot {
   LS_ATOMIC(uint32_t) port;       /* local port of the daemon's end; 0: free */
   LS_ATOMIC(uint32_t) eof_read;   /* the server read EOF on it */
@@ -105,6 +121,8 @@ struct ls_shim_header {
   uint64_t sub_bytes;
   uint64_t done_offset; /* completion ring: offset, slot count */
   uint64_t done_slots;
+  uint64_t order_offset; /* replay order ring: offset, slot count */
+  uint64_t order_slots;
   uint32_t max_chunk; /* largest DATA payload the daemon accepts */
   uint32_t pad0;
 
@@ -125,6 +143,9 @@ struct ls_shim_header {
   /* Completion ring positions (monotonic slot counts). */
   LS_ALIGN64 LS_ATOMIC(uint64_t) done_head; /* daemon: slots published */
   LS_ALIGN64 LS_ATOMIC(uint64_t) done_tail; /* shim: slots consumed */
+  /* Replay order ring positions (monotonic record counts). */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) order_head; /* daemon: records published */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) order_tail; /* shim: records taken */
 
   LS_ALIGN64 LS_ATOMIC(uint64_t) replay_port_bits[65536 / 64];
   struct ls_replay_slot replay[LS_MAX_REPLAY];
@@ -132,7 +153,8 @@ struct ls_shim_header {
 
 static inline uint64_t ls_shim_region_bytes(void) {
   uint64_t h = (sizeof(struct ls_shim_header) + 4095) & ~(uint64_t)4095;
-  return h + LS_SUB_RING_BYTES + (uint64_t)LS_DONE_RING_SLOTS * sizeof(struct ls_done_record);
+  return h + LS_SUB_RING_BYTES + (uint64_t)LS_DONE_RING_SLOTS * sizeof(struct ls_done_record) +
+         (uint64_t)LS_ORDER_SLOTS * sizeof(struct ls_order_record);
 }
 
 #endif
