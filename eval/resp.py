@@ -11,7 +11,9 @@ class RespError(Exception):
     pass
 
 
-class Redis:
+class _Connection:
+    """A TCP connection with a receive buffer."""
+
     def __init__(self, addr, timeout=10.0):
         self.sock = socket.create_connection(addr, timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -20,6 +22,8 @@ class Redis:
     def close(self):
         self.sock.close()
 
+
+class Redis(_Connection):
     @staticmethod
     def encode(*args):
         out = [b"*%d\r\n" % len(args)]
@@ -81,15 +85,7 @@ class Redis:
         return [self.reply() for _ in commands]
 
 
-class Memcached:
-    def __init__(self, addr, timeout=10.0):
-        self.sock = socket.create_connection(addr, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def close(self):
-        self.sock.close()
-
+class Memcached(_Connection):
     def _line(self):
         while b"\r\n" not in self.buf:
             chunk = self.sock.recv(65536)

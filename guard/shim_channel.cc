@@ -161,6 +161,7 @@ void ShimChannel::Awake() {
 }
 
 int ShimChannel::ClaimReplaySlot(int port) {
+  ReuseSlots();
   if (free_slots_.empty() || port <= 0 || port > 65535) return -1;
   int slot = free_slots_.back();
   free_slots_.pop_back();
@@ -177,7 +178,18 @@ void ShimChannel::ReleaseReplaySlot(int slot) {
   ls_replay_slot& s = hdr_->replay[slot];
   uint32_t port = s.port.exchange(0);
   if (port) hdr_->replay_port_bits[port / 64].fetch_and(~(uint64_t{1} << (port % 64)));
-  free_slots_.push_back(slot);
+  // The slot is reused only once the shim has taken every order record that
+  // names it, so that none of them is read as the next connection's.
+  held_slots_.push_back({slot, order_written_});
+  ReuseSlots();
+}
+
+void ShimChannel::ReuseSlots() {
+  uint64_t taken = hdr_->order_tail.load(std::memory_order_acquire);
+  while (!held_slots_.empty() && held_slots_.front().second <= taken) {
+    free_slots_.push_back(held_slots_.front().first);
+    held_slots_.pop_front();
+  }
 }
 
 uint64_t ShimChannel::ReplayRead(int slot) const {

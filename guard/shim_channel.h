@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -78,6 +79,8 @@ class ShimChannel {
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned
   std::vector<ls_done_record> unflushed_;
   std::vector<int> free_slots_;
+  std::deque<std::pair<int, uint64_t>> held_slots_;  // (slot, order records written then)
+  void ReuseSlots();
 };
 
 }  // namespace lockstep

@@ -124,6 +124,7 @@ static uint32_t max_chunk;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct conn* by_fd[LS_MAX_FD];
 static struct conn* by_slot[LS_MAX_REPLAY]; /* replay connections by slot */
+static uint8_t slot_closed[LS_MAX_REPLAY];  /* its connection was closed by the server */
 static uint8_t listen_kind[LS_MAX_FD];      /* 0 unknown, 1 client port, 2 other */
 static uint8_t wake_in_epfd[LS_MAX_FD];     /* the wake eventfd is registered in this epoll set */
 static struct chunk fifo[LS_FIFO_SLOTS];
@@ -351,8 +352,10 @@ static void drain_order(void) {
   uint64_t first = tail;
   for (; tail < head && fifo_count < LS_FIFO_SLOTS; tail++) {
     const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
-    struct conn* c = r->slot < LS_MAX_REPLAY ? by_slot[r->slot] : NULL;
-    if (!c) break;
+    if (r->slot >= LS_MAX_REPLAY) continue;
+    struct conn* c = by_slot[r->slot];
+    if (!c && slot_closed[r->slot]) continue; /* the server closed it: nothing to deliver */
+    if (!c) break;                            /* not accepted yet: it and all after it wait */
     if (r->kind == LS_ORDER_DATA) {
       c->committed_end += r->len;
       push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
@@ -787,6 +790,7 @@ static int after_accept(int lfd, int fd, int flags) {
       r->replay_slot = slot;
       r->accept_state = 1;
       pthread_mutex_lock(&mu);
+      slot_closed[slot] = 0;
       r->no = (uint32_t)next_conn_no++;
       by_fd[fd] = r;
       by_slot[slot] = r;
@@ -857,20 +861,8 @@ int accept4(int lfd, struct sockaddr* addr, socklen_t* addrlen, int flags) {
 }
 
 int accept(int lfd, struct sockaddr* addr, socklen_t* addrlen) {
-  for (;;) {
-    int fd = real_accept(lfd, addr, addrlen);
-    if (!active || fd < 0) return fd;
-    int saved = errno;
-    int out = after_accept(lfd, fd, 0);
-    if (out >= 0) {
-      errno = saved;
-      return out;
-    }
-    if (fcntl(lfd, F_GETFL) & O_NONBLOCK) {
-      errno = EAGAIN;
-      return -1;
-    }
-  }
+  if (!active) return real_accept(lfd, addr, addrlen);
+  return accept4(lfd, addr, addrlen, 0); /* the same call without flags */
 }
 
 /* ------------------------------------------------------------ close */
@@ -882,7 +874,10 @@ int close(int fd) {
     if (c) {
       pthread_mutex_lock(&mu);
       by_fd[fd] = NULL;
-      if (c->replay_slot >= 0 && by_slot[c->replay_slot] == c) by_slot[c->replay_slot] = NULL;
+      if (c->replay_slot >= 0 && by_slot[c->replay_slot] == c) {
+        by_slot[c->replay_slot] = NULL;
+        slot_closed[c->replay_slot] = 1;
+      }
       /* The server closed a client connection on its own: the backups'
        * copies must close theirs at the same point of the log. */
       if (c->replay_slot < 0 && !c->eof_submitted && !c->log_closed && !c->broken &&
