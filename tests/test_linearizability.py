@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from lincheck import LINCHECK, LOCKSTEP, Conn, RespError, Workload, check, lockstep_find_addr
+from conftest import run as lockstep_run
+from lincheck import LINCHECK, Conn, RespError, Workload, check, lockstep_find_addr
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -240,21 +241,6 @@ def test_a_lying_server_is_caught(tmp_path, redis_server):
 # --------------------------------------------------------------------------
 
 
-def lockstep(*args, check=True, timeout=120):
-    p = subprocess.run(
-        [str(LOCKSTEP), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and p.returncode != 0:
-        raise AssertionError(
-            f"lockstep {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}{p.stderr}"
-        )
-    return p
-
-
 def children(pid):
     """The child pids of pid (e.g. a replica daemon's redis-server)."""
     out = []
@@ -285,7 +271,7 @@ class RedisCluster:
         # pid and retried when taken, since several test sessions share this machine.
         for attempt in range(tries):
             base = BASE_PORT + 4 * ((os.getpid() + attempt) % 25)
-            p = lockstep(
+            p = lockstep_run(
                 *("cluster", "up", "--dir", self.dir, "--replicas", replicas),
                 *("--base-port", base, "--app", "redis"),
                 check=False,
@@ -297,7 +283,7 @@ class RedisCluster:
         return p
 
     def status(self):
-        s = json.loads(lockstep("cluster", "status", "--json", "--dir", self.dir).stdout)
+        s = json.loads(lockstep_run("cluster", "status", "--json", "--dir", self.dir).stdout)
         for r in s.get("replicas", []):
             if isinstance(r.get("pid"), int) and r["pid"] > 0:
                 self.remember(r["pid"])
@@ -329,7 +315,7 @@ class RedisCluster:
             self.note()
         if (self.dir / "cluster.toml").exists():
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                lockstep("cluster", "down", "--dir", self.dir, check=False)
+                lockstep_run("cluster", "down", "--dir", self.dir, check=False)
         # Belt and braces: whatever we saw running and still runs, by pid.
         left = [p for p, c in self.seen.items() if cmdline(p) == c]
         for p in left:
@@ -400,7 +386,7 @@ def test_redis_under_lockstep_is_linearizable_across_a_leader_kill(tmp_path):
             os.kill(pid, signal.SIGKILL)
             s = c.wait(lambda s: s["leader"] not in (None, old), "a new leader")
             event("new leader", status=s)
-            lockstep("cluster", "restart", "--dir", c.dir, "--id", old)
+            lockstep_run("cluster", "restart", "--dir", c.dir, "--id", old)
             event("restarted", replica=old, status=c.status())
             # The new leader must serve: wait for ops completed after the kill, then a bit more.
             end = time.monotonic() + 15
