@@ -77,3 +77,27 @@ def test_threads_of_clients_and_identical_replicas(memcached_cluster):
             }
             raise AssertionError(f"replicas differ from the leader: {diff}")
         time.sleep(0.2)
+
+
+def test_a_server_without_a_profile_runs_under_double_dash(cluster):
+    # Any server command after `--`, with {port} and {dir} filled in per replica.
+    cluster.up(extra=("--", "memcached -p {port} -l 127.0.0.1 -U 0 -t 1 -u root"))
+    m = Memcached(cluster.client_addr())
+    assert m.store("set", "plain", "value") == "STORED"
+    assert m.get("plain") == b"value"
+    m.close()
+    replicas = len(cluster.status()["replicas"])
+    end = time.monotonic() + 15
+    while True:
+        views = []
+        for r in range(replicas):
+            try:
+                c = Memcached(cluster.server_addr(r))
+                views.append(c.get("plain"))
+                c.close()
+            except OSError as e:
+                views.append(str(e))
+        if views == [b"value"] * replicas:
+            break
+        assert time.monotonic() < end, f"replicas hold {views}"
+        time.sleep(0.1)
