@@ -15,8 +15,9 @@
  * Agreed inputs are handed to the server in the log's order (see "the
  * delivery window" below), so a server that serves ready connections in the
  * order it is told executes exactly the order the backups replay. A server
- * that stops reading one connection for more than LS_GATE_BYPASS_NS opens
- * the gate for the others.
+ * that keeps ignoring the connection whose turn it is (told it is readable
+ * LS_GATE_BYPASS_REPORTS times without reading, or for LS_GATE_BYPASS_NS)
+ * opens the gate for the others.
  *
  * On a backup the daemon replays inputs over local TCP connections; the shim
  * recognises them by their port, passes them through, and counts what the
@@ -55,7 +56,8 @@
 
 #define LS_MAX_FD 65536
 #define LS_FIFO_SLOTS (1u << 16)
-#define LS_GATE_BYPASS_NS 10000000ull     /* 10 ms */
+#define LS_GATE_BYPASS_REPORTS 16u        /* told this often it may read, and did not */
+#define LS_GATE_BYPASS_NS 1000000000ull   /* or 1 s without progress */
 #define LS_WAKE_TAG 0x4c4f434b57414b45ull /* epoll data of the wake eventfd */
 #define LS_CONN_TAG 0x4c53000000000000ull /* epoll data of a tracked fd: tag | fd */
 #define LS_TAG_MASK 0xffff000000000000ull
@@ -132,6 +134,7 @@ static uint64_t fifo_head_seq = 1, fifo_count; /* seqs fifo_head_seq .. +count-1
 static uint64_t next_conn_no = 1;
 static uint64_t head_since_ns; /* when the current head chunk became the head */
 static uint64_t head_seen_seq;
+static uint32_t head_reports;             /* times the server was told the head is readable */
 static struct conn* log_closed_list[256]; /* closed by the log, EOF not yet read */
 static int log_closed_n;
 
@@ -275,16 +278,20 @@ static void fifo_pop_finished(void) {
   if (fifo_count && head_seen_seq != fifo_head_seq) {
     head_seen_seq = fifo_head_seq;
     head_since_ns = now_ns();
+    head_reports = 0;
   }
 }
 
-/* The gate is open (every connection reads its agreed bytes) while the head
- * input has waited too long for the server to read it. */
+/* The gate is open (every connection reads its agreed bytes) while the
+ * server ignores the head input: it was told often enough that it may read
+ * it and went on without, or a long time passed. Not a short timeout: a
+ * server merely descheduled for a while (tens of ms happen here) must not
+ * open it, or its order could differ from the backups'. */
 static int gate_bypassed(void) {
   if (!fifo_count) return 1;
   struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
   if (h->state != CH_COMMITTED) return 0;
-  return now_ns() - head_since_ns > LS_GATE_BYPASS_NS;
+  return head_reports >= LS_GATE_BYPASS_REPORTS || now_ns() - head_since_ns > LS_GATE_BYPASS_NS;
 }
 
 /* ------------------------------------------------------------ completions */
@@ -339,6 +346,7 @@ static void push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
   if (fifo_count++ == 0) {
     head_seen_seq = seq;
     head_since_ns = now_ns();
+    head_reports = 0;
   }
 }
 
@@ -603,6 +611,8 @@ static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek
   }
   if (!peek) {
     c->consumed = from;
+    head_reports = 0; /* the server is reading: progress, not neglect */
+    head_since_ns = now_ns();
     fifo_pop_finished();
   }
   return done;
@@ -980,7 +990,9 @@ static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
         e.n = put_event(out, e.n, max, EPOLLIN, c->data);
     }
   } else {
+    int before = e.n;
     window_walk(emit_run, &e);
+    if (e.n > before) head_reports++;
   }
   for (int i = 0; i < log_closed_n && e.n < max; i++) {
     struct conn* c = log_closed_list[i];
@@ -1012,7 +1024,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
         wait_ms = -1;
       else
         wait_ms = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
-      /* A head input the server ignores opens the gate after a while. */
+      /* Inputs pending: look again now and then (the gate may open, see gate_bypassed). */
       if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
     }
     int sleeping = wait_ms != 0;
