@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import Cluster
 from conftest import run as lockstep_run
 from lincheck import LINCHECK, Conn, RespError, Workload, check, lockstep_find_addr
 
@@ -257,13 +258,13 @@ def cmdline(pid):
         return None
 
 
-class RedisCluster:
+class RedisCluster(Cluster):
     """A lockstep cluster running redis in its own directory; every process it was
     seen to run (daemons and their children) is remembered so that teardown can
     end them by pid even when `cluster down` cannot."""
 
     def __init__(self, directory: Path):
-        self.dir = directory
+        super().__init__(directory, BASE_PORT)
         self.seen = {}  # pid -> cmdline when first seen
 
     def up(self, replicas=3, tries=5):
@@ -283,7 +284,7 @@ class RedisCluster:
         return p
 
     def status(self):
-        s = json.loads(lockstep_run("cluster", "status", "--json", "--dir", self.dir).stdout)
+        s = super().status()
         for r in s.get("replicas", []):
             if isinstance(r.get("pid"), int) and r["pid"] > 0:
                 self.remember(r["pid"])
@@ -300,15 +301,6 @@ class RedisCluster:
         for pidfile in self.dir.glob("replica-*.pid"):
             with contextlib.suppress(ValueError, OSError):
                 self.remember(int(pidfile.read_text().strip()))
-
-    def wait(self, predicate, what, timeout=15.0):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            s = self.status()
-            if predicate(s):
-                return s
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}: {self.status()}")
 
     def down(self):
         with contextlib.suppress(Exception):
@@ -354,7 +346,7 @@ def test_redis_under_lockstep_is_linearizable_across_a_leader_kill(tmp_path):
             ):
                 pytest.skip(f"lockstep cluster up has no --app yet: {out.strip()[:200]}")
             raise AssertionError(f"cluster up --app redis exited {up.returncode}\n{out}")
-        s = c.wait(lambda s: s.get("leader") is not None, "a leader")
+        s = c.wait(lambda s: s.get("leader") is not None, timeout=15.0, what="a leader")
         if not has_client_addr(s):
             # An older parser ignored flags it did not know: --app redis was accepted
             # and no redis started. With the app part in, status has client_addr.
@@ -384,7 +376,7 @@ def test_redis_under_lockstep_is_linearizable_across_a_leader_kill(tmp_path):
             event("kill", replica=old, pid=pid, children=children(pid), status=s)
             killed_ns = events[-1]["ns"]
             os.kill(pid, signal.SIGKILL)
-            s = c.wait(lambda s: s["leader"] not in (None, old), "a new leader")
+            s = c.wait(lambda s: s["leader"] not in (None, old), timeout=15.0, what="a new leader")
             event("new leader", status=s)
             lockstep_run("cluster", "restart", "--dir", c.dir, "--id", old)
             event("restarted", replica=old, status=c.status())
