@@ -16,10 +16,7 @@
 namespace lockstep {
 
 ShimChannel::~ShimChannel() {
-  if (hdr_) {
-    hdr_->daemon_alive.store(0);
-    munmap(hdr_, size_);
-  }
+  if (hdr_) munmap(hdr_, size_);
   for (int fd : {region_fd_, wake_server_fd_, wake_daemon_fd_})
     if (fd >= 0) close(fd);
 }
@@ -46,7 +43,6 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
   hdr_->order_offset = hdr_->done_offset + uint64_t{LS_DONE_RING_SLOTS} * sizeof(ls_done_record);
   hdr_->order_slots = LS_ORDER_SLOTS;
   hdr_->max_chunk = max_chunk;
-  hdr_->daemon_alive.store(1);
   hdr_->version = LS_SHIM_VERSION;
   hdr_->magic = LS_SHIM_MAGIC;
   sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;

@@ -51,7 +51,6 @@ class ShimChannel {
   // shim's sleeping threads. Returns whether anything was published.
   void Complete(uint32_t kind, uint64_t seq, uint32_t conn);
   bool Flush();
-  bool HasUnflushed() const { return !unflushed_.empty(); }
 
   // Sleep handshake: announce, then re-check; false means work arrived.
   // With ignore_submissions, waiting submissions do not count (the daemon

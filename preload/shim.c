@@ -92,18 +92,16 @@ struct chunk {
 
 struct conn {
   uint32_t no;
-  int fd;               /* -1 once the server closed it */
-  int refs;             /* chunks in the FIFO that point here */
-  int nonblocking;      /* accepted with SOCK_NONBLOCK (refreshed by fcntl on slow paths) */
-  int accept_state;     /* 0 pending, 1 committed, 2 dropped */
-  int eof_submitted;    /* CLOSE handed to the daemon: no more kernel input */
-  int close_committed;  /* the CLOSE is agreed */
-  int log_closed;       /* a newer leader's CLOSE for this connection was agreed */
-  int eof_read;         /* the server has read EOF */
-  int broken;           /* an input was dropped: nothing past it is delivered */
-  uint64_t window_mark; /* window_walk() pass that last saw this connection */
-  int replay_slot;      /* >= 0: the daemon's replay connection (order from the order ring) */
-  char* inbox;          /* stream bytes from inbox_base on */
+  int fd;              /* -1 once the server closed it */
+  int refs;            /* chunks in the FIFO that point here */
+  int accept_state;    /* 0 pending, 1 committed, 2 dropped */
+  int eof_submitted;   /* CLOSE handed to the daemon: no more kernel input */
+  int close_committed; /* the CLOSE is agreed */
+  int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
+  int eof_read;        /* the server has read EOF */
+  int broken;          /* an input was dropped: nothing past it is delivered */
+  int replay_slot;     /* >= 0: the daemon's replay connection (order from the order ring) */
+  char* inbox;         /* stream bytes from inbox_base on */
   uint64_t inbox_base, inbox_cap;
   uint64_t received;      /* stream bytes taken from the kernel */
   uint64_t committed_end; /* stream bytes agreed (contiguous) */
@@ -502,70 +500,44 @@ static void ingest(struct conn* c) {
 
 /* ------------------------------------------------------------ readability */
 
-/* The delivery window: the unfinished inputs from the FIFO head up to the
- * first one not yet agreed, or the first whose connection already had a run
- * earlier in the window with another connection's input in between. Each
- * connection in the window has one run (consecutive inputs of its own), and
- * the server is told about them in window order; a server that reads ready
- * connections in the order it is told (an event loop does) thus executes
- * them in the log's order, which is the order the backups replay. A
- * connection's later run waits until the server read its earlier one.
+/* The delivery window is the head run: the consecutive agreed inputs of one
+ * connection at the FIFO head. Only that connection may read, and only up to
+ * the end of its run; the next connection's turn comes once the server has
+ * read it. So a server executes inputs in the log's order, which is the
+ * order the backups replay.
  *
- * window_walk() calls visit(conn, data_end, has_close) for each run in order
- * and stops when visit returns 0. Called with mu held. */
-static uint64_t window_pass;
+ * Why not a wider window (several connections' runs readable at once, in log
+ * order, so the server takes several inputs per wake-up): the backups cannot
+ * reproduce the server's order then. epoll does not report sockets in the
+ * order their data arrived (a level-triggered socket reported once stays
+ * queued at its old place), and with it memcached's stores, hence its CAS
+ * uniques, came out in another order on the backups.
+ *
+ * Returns the head run's connection (NULL if the head input is not agreed
+ * yet), with the stream offset its data runs to and whether it ends in EOF.
+ * Called with mu held. */
+struct head_run {
+  struct conn* c;
+  uint64_t end;
+  int close;
+};
 
-typedef int (*run_visitor)(struct conn* c, uint64_t data_end, int has_close, void* arg);
-
-static void window_walk(run_visitor visit, void* arg) {
-  window_pass++;
-  struct conn* run = NULL;
-  uint64_t run_end = 0;
-  int run_close = 0;
+static struct head_run find_head_run(void) {
+  struct head_run r = {NULL, 0, 0};
   for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
     struct chunk* ch = fifo_at(s);
     if (chunk_finished(ch)) continue;
     if (ch->state != CH_COMMITTED) break;
     if (ch->kind == LS_SUB_ACCEPT) continue; /* delivered by accept itself */
-    struct conn* o = ch->c;
-    if (o != run) {
-      if (run) {
-        /* One run per window. A wider window (several connections'
-         * runs at once, in log order) would let the server take several
-         * inputs per wake-up, but the backups cannot reproduce its order:
-         * epoll does not report sockets in the order their data arrived (a
-         * level-triggered socket reported once stays queued at its old
-         * place), and with it memcached's stores, hence its CAS uniques,
-         * came out in another order on the backups. */
-        visit(run, run_end, run_close, arg);
-        return;
-      }
-      if (o->window_mark == window_pass) return; /* o's second run: the window ends */
-      o->window_mark = window_pass;
-      run = o;
-      run_end = o->consumed;
-      run_close = 0;
+    if (r.c && ch->c != r.c) break;          /* the next connection's run */
+    if (!r.c) {
+      r.c = ch->c;
+      r.end = ch->c->consumed;
     }
-    if (ch->kind == LS_SUB_DATA) run_end = ch->end;
-    if (ch->kind == LS_SUB_CLOSE) run_close = 1;
+    if (ch->kind == LS_SUB_DATA) r.end = ch->end;
+    if (ch->kind == LS_SUB_CLOSE) r.close = 1;
   }
-  if (run) visit(run, run_end, run_close, arg);
-}
-
-struct run_query {
-  struct conn* c;
-  uint64_t end;
-  int close;
-  int found;
-};
-
-static int find_run(struct conn* c, uint64_t end, int has_close, void* arg) {
-  struct run_query* q = arg;
-  if (c != q->c) return 1;
-  q->end = end;
-  q->close = has_close;
-  q->found = 1;
-  return 0;
+  return r;
 }
 
 /* Bytes connection c may hand to the server now. Called with mu held. */
@@ -574,10 +546,9 @@ static uint64_t readable(struct conn* c) {
   uint64_t have = c->committed_end < c->received ? c->committed_end : c->received;
   if (c->consumed >= have) return 0;
   if (gate_bypassed()) return have - c->consumed;
-  struct run_query q = {c, 0, 0, 0};
-  window_walk(find_run, &q);
-  if (!q.found) return 0;
-  uint64_t end = q.end < have ? q.end : have;
+  struct head_run r = find_head_run();
+  if (r.c != c) return 0;
+  uint64_t end = r.end < have ? r.end : have;
   return end > c->consumed ? end - c->consumed : 0;
 }
 
@@ -588,9 +559,8 @@ static int eof_ready(struct conn* c) {
   if (c->log_closed) return 1;
   if (!c->close_committed) return 0;
   if (gate_bypassed()) return 1;
-  struct run_query q = {c, 0, 0, 0};
-  window_walk(find_run, &q);
-  return q.found && q.close;
+  struct head_run r = find_head_run();
+  return r.c == c && r.close;
 }
 
 static int ready(struct conn* c) {
@@ -816,7 +786,6 @@ static int after_accept(int lfd, int fd, int flags) {
   c->fd = fd;
   c->epfd = -1;
   c->replay_slot = -1;
-  c->nonblocking = (flags & SOCK_NONBLOCK) != 0;
   pthread_mutex_lock(&mu);
   c->no = (uint32_t)next_conn_no++;
   c->refs = 1; /* held by this function until the outcome is known */
@@ -960,46 +929,31 @@ static int put_event(struct epoll_event* out, int n, int max, uint32_t events, e
   return n;
 }
 
-struct event_out {
-  int epfd;
-  struct epoll_event* out;
-  int n, max;
-};
-
-static int emit_run(struct conn* c, uint64_t end, int has_close, void* arg) {
-  struct event_out* e = arg;
-  /* A connection the server does not watch for input yet (memcached hands
-   * a new one to a worker thread, which registers it a moment later) holds
-   * back the runs after it: they must not overtake it. */
-  if (c->fd >= 0 && (c->epfd < 0 || !(c->events & EPOLLIN))) return 0;
-  if (end > c->received) end = c->received; /* replayed bytes still on their way */
-  if (c->fd >= 0 && c->epfd == e->epfd && (end > c->consumed || has_close))
-    e->n = put_event(e->out, e->n, e->max, EPOLLIN, c->data);
-  return e->n < e->max;
-}
-
-/* Tracked connections of epoll set epfd that the server may read now, in
- * the window's order. */
+/* Tracked connections of epoll set epfd that the server may read now. */
 static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
-  struct event_out e = {epfd, out, n, max};
   if (gate_bypassed()) {
-    for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count && e.n < max; s++) {
+    for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count && n < max; s++) {
       struct conn* c = fifo_at(s)->c;
       if (fifo_at(s)->state == CH_PENDING) break;
       if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
-        e.n = put_event(out, e.n, max, EPOLLIN, c->data);
+        n = put_event(out, n, max, EPOLLIN, c->data);
     }
   } else {
-    int before = e.n;
-    window_walk(emit_run, &e);
-    if (e.n > before) head_reports++;
+    struct head_run r = find_head_run();
+    struct conn* c = r.c;
+    uint64_t end = c && r.end > c->received ? c->received : r.end; /* replayed bytes in flight */
+    if (c && c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) &&
+        (end > c->consumed || r.close) && n < max) {
+      n = put_event(out, n, max, EPOLLIN, c->data);
+      head_reports++;
+    }
   }
-  for (int i = 0; i < log_closed_n && e.n < max; i++) {
+  for (int i = 0; i < log_closed_n && n < max; i++) {
     struct conn* c = log_closed_list[i];
     if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
-      e.n = put_event(out, e.n, max, EPOLLIN, c->data);
+      n = put_event(out, n, max, EPOLLIN, c->data);
   }
-  return e.n;
+  return n;
 }
 
 int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout,

@@ -56,7 +56,6 @@
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
 #define LS_MAX_REPLAY 4096u           /* replay connections open at once */
 #define LS_ORDER_SLOTS (1u << 16)     /* replay order: fixed 16-byte slots */
-#define LS_REPLAY_NONE 0xffffffffu
 
 /* Daemon -> shim: what a newly accepted client connection is. */
 enum ls_mode {
@@ -128,7 +127,6 @@ struct ls_shim_header {
 
   /* Written by the daemon. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) mode;
-  LS_ATOMIC(uint32_t) daemon_alive; /* 0 once the daemon stops: shim fails pending inputs */
   LS_ATOMIC(uint32_t) daemon_sleeping;
   LS_ATOMIC(uint32_t) done_futex;     /* bumped after every batch of completions */
   LS_ATOMIC(uint32_t) replay_waiting; /* the daemon waits for the server to read a replay input */
