@@ -154,6 +154,16 @@ bool TomlTable::TakeInt(const std::string& key, int64_t* dst, bool required, int
   return true;
 }
 
+bool TomlTable::TakeBool(const std::string& key, bool* dst, std::string* error) {
+  auto it = fields.find(key);
+  if (it == fields.end()) return true;
+  if (it->second.kind != TomlValue::kBool)
+    return Fail(it->second.line, "field '" + key + "': expected true or false", error);
+  *dst = it->second.num != 0;
+  taken_.insert(key);
+  return true;
+}
+
 bool TomlTable::NoLeftovers(std::string* error) const {
   const std::pair<const std::string, TomlValue>* first = nullptr;
   for (const auto& f : fields)
@@ -263,14 +273,17 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   ClusterConfig c;
   c.path = path;
   std::vector<TomlTable> tables;
-  if (!ParseToml(text, path, {"[cluster]", "[server]", "[[replica]]"}, false, &tables, error))
+  if (!ParseToml(text, path, {"[cluster]", "[server]", "[checkpoint]", "[[replica]]"}, false,
+                 &tables, error))
     return false;
   TomlTable* cluster = nullptr;
   TomlTable* server = nullptr;
+  TomlTable* checkpoint = nullptr;
   std::vector<TomlTable*> replicas;
   for (auto& t : tables) {
     if (t.header == "[cluster]") cluster = &t;
     if (t.header == "[server]") server = &t;
+    if (t.header == "[checkpoint]") checkpoint = &t;
     if (t.header == "[[replica]]") replicas.push_back(&t);
   }
   auto fail = [&](int at, const std::string& msg) {
@@ -327,6 +340,30 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeInt("ready_timeout_ms", &n, false, 100, 3600000, error)) return false;
     if (n) c.server.ready_timeout_ms = n;
     if (!s.NoLeftovers(error)) return false;
+  }
+
+  if (checkpoint) {
+    TomlTable& k = *checkpoint;
+    CheckpointPolicy& p = c.checkpoint;
+    if (!k.TakeBool("enabled", &p.enabled, error)) return false;
+    int64_t v = 0;
+    if (!k.TakeInt("every_entries", &v, false, 1, int64_t{1} << 40, error)) return false;
+    if (v) p.every_entries = v;
+    v = 0;
+    if (!k.TakeInt("every_seconds", &v, false, 1, 86400 * 365, error)) return false;
+    if (v) p.every_seconds = v;
+    v = 0;
+    if (!k.TakeInt("every_log_bytes", &v, false, 1 << 16, int64_t{1} << 50, error)) return false;
+    if (v) p.every_log_bytes = v;
+    v = 0;
+    if (!k.TakeInt("keep", &v, false, 1, 1000, error)) return false;
+    if (v) p.keep = v;
+    v = 0;
+    if (!k.TakeInt("timeout_ms", &v, false, 100, 3600000, error)) return false;
+    if (v) p.timeout_ms = v;
+    if (!k.NoLeftovers(error)) return false;
+    if (!c.has_server() && k.Has("enabled"))
+      return fail(k.line, "[checkpoint] without a [server] section (nothing to checkpoint)");
   }
 
   if (replicas.empty()) return fail(1, "no [[replica]] sections");
@@ -403,6 +440,17 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       << "command = " << TomlQuote(c.server.command) << "\n";
     if (!c.server.app.empty()) o << "app = " << TomlQuote(c.server.app) << "\n";
     o << "ready_timeout_ms = " << c.server.ready_timeout_ms << "\n";
+    const CheckpointPolicy& p = c.checkpoint;
+    o << "\n# CRIU checkpoints of each backup's server (checkpoint/README.md): after\n"
+      << "# every_entries applied entries, every_log_bytes of log or every_seconds,\n"
+      << "# whichever comes first; the newest `keep` are kept.\n"
+      << "[checkpoint]\n"
+      << "enabled = " << (p.enabled ? "true" : "false") << "\n"
+      << "every_entries = " << p.every_entries << "\n"
+      << "every_log_bytes = " << p.every_log_bytes << "\n"
+      << "every_seconds = " << p.every_seconds << "\n"
+      << "keep = " << p.keep << "\n"
+      << "timeout_ms = " << p.timeout_ms << "\n";
   }
   for (const auto& r : c.replicas) {
     o << "\n[[replica]]\n"

@@ -19,6 +19,14 @@
 //   app = "redis"           # optional: the apps/ profile it came from (informational)
 //   ready_timeout_ms = 10000  # optional: how long the server may take to listen
 //
+//   [checkpoint]            # optional, with [server]: CRIU checkpoints of backups' servers
+//   enabled = true
+//   every_entries = 25000   # after this many applied entries since the last one,
+//   every_log_bytes = 67108864  # or this many bytes of log,
+//   every_seconds = 600     # or this long (if anything was applied), whichever first
+//   keep = 2                # good checkpoints kept per replica
+//   timeout_ms = 60000      # a dump or restore taking longer is killed and reported
+//
 //   [[replica]]             # one per replica, ids 0..N-1 in order
 //   id = 0
 //   host = "127.0.0.1"      # address of the daemon's peer and client ports
@@ -52,6 +60,20 @@ struct ReplicaConfig {
   std::string netns;
 };
 
+// When a backup checkpoints its server (checkpoint/README.md). A checkpoint
+// costs a full dump (no soft-dirty tracking on this kernel: ~200 ms and
+// ~190 MB for redis with 1M keys) and bounds both the log a replica keeps
+// and how much it replays after a restart; 25000 entries replay in about
+// 2 s on these machines.
+struct CheckpointPolicy {
+  bool enabled = true;
+  uint64_t every_entries = 25000;
+  uint64_t every_log_bytes = 64ull << 20;
+  uint64_t every_seconds = 600;
+  uint64_t keep = 2;
+  uint64_t timeout_ms = 60000;
+};
+
 struct ClusterConfig {
   std::string secret;
   std::string transport = "shm";
@@ -82,6 +104,7 @@ struct ClusterConfig {
     uint64_t ready_timeout_ms = 10000;
   } server;
   bool has_server() const { return !server.command.empty(); }
+  CheckpointPolicy checkpoint;
   std::vector<ReplicaConfig> replicas;
   std::string path;  // where it was read from
 };
@@ -116,6 +139,7 @@ class TomlTable {
   bool TakeString(const std::string& key, std::string* dst, bool required, std::string* error);
   bool TakeInt(const std::string& key, int64_t* dst, bool required, int64_t lo, int64_t hi,
                std::string* error);
+  bool TakeBool(const std::string& key, bool* dst, std::string* error);  // optional
   bool Has(const std::string& key) const { return fields.count(key) > 0; }
   int LineOf(const std::string& key) const;  // the field's line, else the header's
   // An error for the first field (in file order) nobody took.

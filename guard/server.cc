@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -127,6 +128,7 @@ struct ChildPlan {
   const int* skip;  // sorted, >= 3: keep plus report_fd, not to be closed
   size_t n_skip;
   pid_t parent;
+  bool own_pid_namespace;  // the child is pid 1 of a new pid namespace
 };
 
 [[noreturn]] void RunChild(const ChildPlan& p) {
@@ -144,9 +146,16 @@ struct ChildPlan {
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; sig++)
     if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
-  setpgid(0, 0);
+  // A session leader (and so a group leader): CRIU dumps a pid namespace
+  // only when its init leads its own session there.
+  if (p.own_pid_namespace)
+    setsid();
+  else
+    setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != p.parent) _exit(127);  // the parent died before prctl took effect
+  // The parent died before prctl took effect. (In a new pid namespace the
+  // parent is outside it and getppid() says 0: that race is not caught.)
+  if (!p.own_pid_namespace && getppid() != p.parent) _exit(127);
   if (chdir(p.dir) != 0) fail(kChdir);
   if (dup2(p.null_fd, 0) < 0 || dup2(p.log_fd, 1) < 0 || dup2(p.log_fd, 2) < 0) fail(kStdio);
   for (size_t i = 0; i < p.n_keep; i++) {
@@ -430,11 +439,24 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
   std::vector<int> skip = keep;
   skip.push_back(pipe_fds[1]);
   std::sort(skip.begin(), skip.end());
-  ChildPlan plan{exe.c_str(), argp.data(), envp.data(), env_strings.back().data() + kPidVar.size(),
-                 dir.c_str(), log_fd,      null_fd,     pipe_fds[1],
-                 keep.data(), keep.size(), skip.data(), skip.size(),
-                 getpid()};
-  pid_t pid = fork();
+  ChildPlan plan{exe.c_str(), argp.data(),
+                 envp.data(), env_strings.back().data() + kPidVar.size(),
+                 dir.c_str(), log_fd,
+                 null_fd,     pipe_fds[1],
+                 keep.data(), keep.size(),
+                 skip.data(), skip.size(),
+                 getpid(),    own_pid_namespace_};
+  // clone() with CLONE_NEWPID and no new stack behaves as fork(); without
+  // the privilege for it (not root) the server runs in our namespace.
+  pid_t pid = -1;
+  if (own_pid_namespace_) {
+    pid = static_cast<pid_t>(syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0));
+    if (pid < 0 && (errno == EPERM || errno == EINVAL)) {
+      own_pid_namespace_ = false;
+      plan.own_pid_namespace = false;
+    }
+  }
+  if (!own_pid_namespace_) pid = fork();
   if (pid == 0) RunChild(plan);
   int fork_errno = errno;
   close(pipe_fds[1]);
@@ -446,7 +468,9 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
     errno = fork_errno;
     return false;
   }
-  setpgid(pid, pid);  // also done by the child; whichever comes first (EACCES after exec: fine)
+  // Also done by the child; whichever comes first (EACCES after exec: fine).
+  // Not for a namespace init: it calls setsid(), which a group leader may not.
+  if (!own_pid_namespace_) setpgid(pid, pid);
   ChildFailure f{};
   ssize_t n;
   do {
@@ -473,6 +497,14 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
   name_ = argv[0];
   log_path_ = log_path;
   return true;
+}
+
+void ServerProcess::Adopt(pid_t pid, const std::string& name, const std::string& log_path) {
+  pid_ = pid;
+  reaped_ = false;
+  status_ = 0;
+  name_ = name;
+  log_path_ = log_path;
 }
 
 bool ServerProcess::Reap(bool block) {

@@ -62,6 +62,20 @@ class ServerProcess {
              const std::vector<std::pair<std::string, std::string>>& env,
              const std::vector<int>& keep_fds, std::string* error);
 
+  // Before Start: run the server as pid 1 of a new pid namespace, leading
+  // its own session there, which is what CRIU needs to checkpoint it and to
+  // restore it later under the same pid. Needs CAP_SYS_ADMIN; without it
+  // Start falls back to our namespace and own_pid_namespace() says false.
+  // As a namespace's init, the server ignores signals it has no handler
+  // for (Stop escalates to SIGKILL), and its death kills every process it
+  // left in the namespace.
+  void set_own_pid_namespace(bool on) { own_pid_namespace_ = on; }
+  bool own_pid_namespace() const { return own_pid_namespace_; }
+
+  // Takes over a server restored from a checkpoint (our child, through
+  // criu's --restore-sibling), as if Start had started it.
+  void Adopt(pid_t pid, const std::string& name, const std::string& log_path);
+
   // Polls every 5 ms until a TCP connection to host:port succeeds (it is
   // closed at once), the server exits, or timeout_ms passes; the error then
   // says which and quotes the last lines of the log.
@@ -82,6 +96,7 @@ class ServerProcess {
   bool Reap(bool block);  // true if the server has exited (and is reaped now)
 
   pid_t pid_ = 0;
+  bool own_pid_namespace_ = false;
   bool reaped_ = false;
   int status_ = 0;
   std::string name_;  // argv[0], for messages

@@ -274,6 +274,31 @@ TEST(ServerProcess, StopEscalatesToSigkill) {
   EXPECT_TRUE(Gone(s.pid()));
 }
 
+// What checkpoints need (checkpoint/): the server is the init of its own pid
+// namespace, leading its own session; its death takes its children along.
+TEST(ServerProcess, OwnPidNamespace) {
+  TempDir t;
+  std::string log = t.path() + "/server.log";
+  ServerProcess s;
+  s.set_own_pid_namespace(true);
+  std::string err;
+  ASSERT_TRUE(s.Start({"sh", "-c", "echo pid=$$ sid=$(ps -o sid= -p $$); sleep 100 & wait"},
+                      t.path(), log, {}, {}, &err))
+      << err;
+  ASSERT_TRUE(s.own_pid_namespace()) << "no new pid namespace (not root?)";
+  std::string out = WaitFor(log, "sid=");
+  EXPECT_NE(out.find("pid=1 "), std::string::npos) << out;
+  char a[64] = "", b[64] = "";
+  ASSERT_GT(readlink(("/proc/" + std::to_string(s.pid()) + "/ns/pid").c_str(), a, sizeof a - 1), 0);
+  ASSERT_GT(readlink("/proc/self/ns/pid", b, sizeof b - 1), 0);
+  EXPECT_STRNE(a, b);
+  EXPECT_EQ(getsid(s.pid()), s.pid());
+  s.Stop();  // the group's SIGTERM ends sleep; then sh, the init, exits
+  std::string how;
+  EXPECT_TRUE(s.Exited(&how));
+  EXPECT_TRUE(Gone(s.pid()));
+}
+
 TEST(ServerProcess, DiesWithItsParent) {
   TempDir t;
   int p[2];

@@ -80,6 +80,8 @@ static int (*real_poll)(struct pollfd*, nfds_t, int);
 /* ------------------------------------------------------------ state */
 
 enum chunk_state { CH_PENDING, CH_COMMITTED, CH_DROPPED };
+/* Where a connection's ACCEPT stands (0, the calloc'd state, is pending). */
+enum accept_state { ACCEPT_PENDING, ACCEPT_COMMITTED, ACCEPT_DROPPED };
 
 struct conn;
 struct chunk {
@@ -94,13 +96,14 @@ struct conn {
   uint32_t no;
   int fd;              /* -1 once the server closed it */
   int refs;            /* chunks in the FIFO that point here */
-  int accept_state;    /* 0 pending, 1 committed, 2 dropped */
+  int accept_state;    /* enum accept_state */
   int eof_submitted;   /* CLOSE handed to the daemon: no more kernel input */
   int close_committed; /* the CLOSE is agreed */
   int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
   int eof_read;        /* the server has read EOF */
   int broken;          /* an input was dropped: nothing past it is delivered */
   int replay_slot;     /* >= 0: the daemon's replay connection (order from the order ring) */
+  int detached;        /* a dead restored socket, taken out of the kernel's epoll set */
   char* inbox;         /* stream bytes from inbox_base on */
   uint64_t inbox_base, inbox_cap;
   uint64_t received;      /* stream bytes taken from the kernel */
@@ -320,13 +323,13 @@ static void apply_done(const struct ls_done_record* d) {
   struct conn* c = ch->c;
   if (d->kind == LS_DONE_COMMITTED) {
     ch->state = CH_COMMITTED;
-    if (ch->kind == LS_SUB_ACCEPT) c->accept_state = 1;
+    if (ch->kind == LS_SUB_ACCEPT) c->accept_state = ACCEPT_COMMITTED;
     if (ch->kind == LS_SUB_DATA && !c->broken) c->committed_end = ch->end;
     if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
   } else {
     ch->state = CH_DROPPED;
     if (ch->kind == LS_SUB_ACCEPT)
-      c->accept_state = 2;
+      c->accept_state = ACCEPT_DROPPED;
     else
       c->broken = 1;
   }
@@ -454,11 +457,57 @@ static void stop_kernel_input(struct conn* c) {
   }
 }
 
+/* The kernel interest the shim registers for a tracked connection: what the
+ * server asked for, level-triggered, without input once EOF was taken. */
+static uint32_t kernel_interest(const struct conn* c) {
+  uint32_t kernel = c->events & ~(uint32_t)EPOLLET;
+  if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
+  return kernel;
+}
+
+/* A replay connection restored from a checkpoint whose fresh connection has
+ * not been put in place yet (shim_abi.h, "After a restore"). Its socket is
+ * dead: it is taken out of the kernel's epoll set so that its hang-up does
+ * not wake the server's loop over and over. Called with mu held. */
+static int awaiting_reattach(struct conn* c) {
+  if (c->replay_slot < 0 || !atomic_load(&hdr->replay[c->replay_slot].reattach)) return 0;
+  if (!c->detached && c->epfd >= 0) real_epoll_ctl(c->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  c->detached = 1;
+  return 1;
+}
+
+/* Puts the fresh connection `fresh` in place of c's dead restored socket,
+ * under c's fd number, with its flags and the server's epoll interest.
+ * Called with mu held; closes `fresh`. */
+static void reattach(struct conn* c, int fresh) {
+  int status_flags = fcntl(c->fd, F_GETFL);
+  int fd_flags = fcntl(c->fd, F_GETFD);
+  if (!c->detached && c->epfd >= 0) real_epoll_ctl(c->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  if (dup2(fresh, c->fd) < 0) {
+    shim_log("cannot put the replay connection of slot %d back in place: %s", c->replay_slot,
+             strerror(errno));
+    real_close(fresh);
+    return;
+  }
+  real_close(fresh);
+  if (status_flags >= 0) fcntl(c->fd, F_SETFL, status_flags);
+  if (fd_flags >= 0) fcntl(c->fd, F_SETFD, fd_flags);
+  if (c->epfd >= 0) {
+    struct epoll_event ev = {.events = kernel_interest(c),
+                             .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
+    real_epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->fd, &ev);
+  }
+  c->detached = 0;
+  atomic_store(&hdr->replay[c->replay_slot].reattach, 0);
+  if (atomic_load(&hdr->replay_waiting)) wake_daemon();
+}
+
 /* Moves what the kernel holds for a client connection into its inbox and
  * hands it to the daemon. Called with mu held. */
 static void ingest(struct conn* c) {
   if (c->fd < 0 || c->eof_submitted) return;
   if (c->replay_slot >= 0) {
+    if (awaiting_reattach(c)) return; /* a dead restored socket: its EOF means nothing */
     /* The daemon's replay connection: keep what arrives; the order ring
      * says when the server may read it. */
     for (int round = 0; round < 8; round++) {
@@ -753,7 +802,9 @@ static int find_replay_slot(int port) {
 }
 
 /* A connection the real accept returned: decide what it is. Returns the fd
- * to give the server, or -1 with errno set when it must not see it. */
+ * to give the server, -1 with errno set when it must not see it, or
+ * LS_ACCEPT_NEXT when the shim took it for itself (look at the next one). */
+#define LS_ACCEPT_NEXT (-2)
 static int after_accept(int lfd, int fd, int flags) {
   if (fd < 0 || fd >= LS_MAX_FD || !is_client_listener(lfd)) return fd;
   char peer[80];
@@ -761,6 +812,18 @@ static int after_accept(int lfd, int fd, int flags) {
   by_fd[fd] = NULL;
   if (port > 0 && (atomic_load(&hdr->replay_port_bits[port / 64]) >> (port % 64)) & 1) {
     int slot = find_replay_slot(port);
+    if (slot >= 0 && atomic_load(&hdr->replay[slot].reattach)) {
+      pthread_mutex_lock(&mu);
+      struct conn* restored = by_slot[slot];
+      if (restored && restored->fd >= 0) {
+        reattach(restored, fd); /* the server keeps its fd; this one is not its business */
+        drain_done();
+        pthread_mutex_unlock(&mu);
+        return LS_ACCEPT_NEXT;
+      }
+      atomic_store(&hdr->replay[slot].reattach, 0); /* the server had closed it: a new one */
+      pthread_mutex_unlock(&mu);
+    }
     if (slot >= 0) {
       /* The daemon replaying the log: the order ring says what to read when. */
       struct conn* r = calloc(1, sizeof *r);
@@ -768,7 +831,7 @@ static int after_accept(int lfd, int fd, int flags) {
       r->fd = fd;
       r->epfd = -1;
       r->replay_slot = slot;
-      r->accept_state = 1;
+      r->accept_state = ACCEPT_COMMITTED;
       pthread_mutex_lock(&mu);
       slot_closed[slot] = 0;
       r->no = (uint32_t)next_conn_no++;
@@ -792,7 +855,7 @@ static int after_accept(int lfd, int fd, int flags) {
   uint64_t seq = submit(c, LS_SUB_ACCEPT, peer, (uint32_t)strlen(peer));
   (void)seq;
   uint64_t deadline = now_ns() + LS_ACCEPT_WAIT_NS;
-  while (c->accept_state == 0) {
+  while (c->accept_state == ACCEPT_PENDING) {
     uint64_t now = now_ns();
     if (now >= deadline) break;
     uint32_t seen = atomic_load(&hdr->done_futex);
@@ -801,7 +864,7 @@ static int after_accept(int lfd, int fd, int flags) {
     pthread_mutex_lock(&mu);
     drain_done();
   }
-  if (c->accept_state == 1) {
+  if (c->accept_state == ACCEPT_COMMITTED) {
     by_fd[fd] = c;
     c->refs--;
     pthread_mutex_unlock(&mu);
@@ -809,7 +872,7 @@ static int after_accept(int lfd, int fd, int flags) {
   }
   /* Refused (not the leader any more) or not agreed in time: the client
    * must reconnect. If the ACCEPT is agreed later, our CLOSE follows it. */
-  if (c->accept_state == 0) {
+  if (c->accept_state == ACCEPT_PENDING) {
     c->eof_submitted = 1;
     submit(c, LS_SUB_CLOSE, NULL, 0);
   }
@@ -831,6 +894,7 @@ int accept4(int lfd, struct sockaddr* addr, socklen_t* addrlen, int flags) {
       errno = saved;
       return out;
     }
+    if (out == LS_ACCEPT_NEXT) continue;
     if (fcntl(lfd, F_GETFL) & O_NONBLOCK) {
       errno = EAGAIN;
       return -1;
@@ -906,9 +970,12 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   c->epfd = epfd;
   c->events = event->events;
   c->data = event->data;
-  uint32_t kernel = event->events & ~(uint32_t)EPOLLET;
-  if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
-  struct epoll_event ev = {.events = kernel, .data.u64 = LS_CONN_TAG | (uint64_t)fd};
+  struct epoll_event ev = {.events = kernel_interest(c), .data.u64 = LS_CONN_TAG | (uint64_t)fd};
+  if (c->detached) { /* a dead restored socket stays out of the kernel's set */
+    pthread_mutex_unlock(&mu);
+    errno = saved;
+    return 0;
+  }
   pthread_mutex_unlock(&mu);
   errno = saved;
   return real_epoll_ctl(epfd, op, fd, &ev);
@@ -1007,6 +1074,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
         struct conn* c = fd < LS_MAX_FD ? by_fd[fd] : NULL;
         if (!c) continue;
         if (kernel[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) ingest(c);
+        if (c->detached) continue; /* a dead restored socket: nothing to tell */
         /* Only what the server asked for and we do not synthesise. */
         uint32_t other = kernel[i].events & c->events & ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
         if (other) n = put_event(events, n, maxevents, other, c->data);

@@ -27,6 +27,15 @@
  * that order, as it does with agreed inputs on the leader; it counts in the
  * slot what the server has read (and whether it read EOF).
  *
+ * After a restore from a checkpoint: CRIU brings the server's replay sockets
+ * back closed (their daemon ends are gone, and a TCP connection cannot be
+ * resumed from one side). The daemon opens a fresh connection per open slot
+ * from a new local port, writes that port into the slot and sets `reattach`
+ * before the restored server runs; the shim accepts it and puts it in place
+ * of the dead socket under the same fd number (dup2), re-registering the
+ * server's epoll interest, so the server never sees the swap. Byte counts
+ * (read_bytes, the shim's stream offsets) carry on from the checkpoint.
+ *
  * Sleeping: a side about to sleep announces it (server_sleepers /
  * daemon_sleeping), then re-checks its ring, then sleeps; the other side
  * writes the eventfd (and, for shim threads, FUTEX_WAKEs done_futex) only
@@ -50,7 +59,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 4u
+#define LS_SHIM_VERSION 5u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
@@ -110,6 +119,11 @@ struct ls_replay_slot {
   LS_ATOMIC(uint32_t) port;       /* local port of the daemon's end; 0: free */
   LS_ATOMIC(uint32_t) eof_read;   /* the server read EOF on it */
   LS_ATOMIC(uint64_t) read_bytes; /* bytes the server has read from it */
+  /* Set by the daemon after a restore (checkpoint/): the server's socket for
+   * this slot is a dead copy, and the connection from `port` takes its place
+   * under the same fd number. The shim clears it once done. */
+  LS_ATOMIC(uint32_t) reattach;
+  uint32_t pad;
 };
 
 struct ls_shim_header {
