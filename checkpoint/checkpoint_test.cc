@@ -1,0 +1,970 @@
+// checkpoint_test.cc — CriuJob against the real criu and a real process in
+// its own pid namespace (dump, kill, restore, resume), CriuJob's error paths
+// with a fake criu, and the checkpoint store's integrity checks on disk.
+//
+// Needs root and CRIU (scripts/setup): without them the CRIU tests fail and
+// say so rather than skip, because a skipped test would hide a broken setup.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/criu.h"
+#include "checkpoint/store.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under /tmp, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/lockstep-ckpt-XXXXXX";
+    path_ = mkdtemp(tmpl) ? tmpl : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void WriteFile(const std::string& path, const std::string& text, mode_t mode = 0644) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  chmod(path.c_str(), mode);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string ProcState(pid_t pid) {  // "T (stopped)", "S (sleeping)", ... or "" if gone
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("State:", 0) == 0) {
+      size_t at = line.find_first_not_of(" \t", 6);
+      return at == std::string::npos ? "" : line.substr(at);
+    }
+  return "";
+}
+
+pid_t ProcParent(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("PPid:", 0) == 0) return static_cast<pid_t>(std::stol(line.substr(5)));
+  return -1;
+}
+
+void FlipByte(const std::string& path, off_t at) {
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  unsigned char c;
+  ASSERT_EQ(pread(fd, &c, 1, at), 1);
+  c ^= 0x01;
+  ASSERT_EQ(pwrite(fd, &c, 1, at), 1);
+  close(fd);
+}
+
+// The names in dir (not recursive), sorted.
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path().filename());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Fails the test unless root and the installed criu are there.
+void RequireCriu() {
+  ASSERT_EQ(geteuid(), 0u) << "the CRIU tests need root (criu dumps and restores processes)";
+  ASSERT_EQ(access(DefaultCriuPath().c_str(), X_OK), 0)
+      << "criu not found at " << DefaultCriuPath() << ": run scripts/setup";
+}
+
+// ---------------------------------------------------------------------------
+// The server stand-in: python3 holding state in memory (a counter) and a
+// listening socket on 127.0.0.1; each connection gets "<tag> <count>".
+// SO_REUSEADDR as real servers set it: without it the restored listener
+// cannot bind while connections it closed linger in TIME_WAIT (criu binds
+// with the options as dumped and fails with EADDRINUSE).
+
+constexpr const char* kServerProgram = R"(
+import os, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 0))
+s.listen(16)
+with open(sys.argv[1] + '.tmp', 'w') as f:
+    f.write(str(s.getsockname()[1]))
+os.rename(sys.argv[1] + '.tmp', sys.argv[1])
+count = 0
+while True:
+    c, _ = s.accept()
+    count += 1
+    c.sendall(('%s %d\n' % (sys.argv[2], count)).encode())
+    c.close()
+)";
+
+// Started the way the daemon starts a server: pid 1 of a new pid namespace
+// (clone(CLONE_NEWPID)), session leader there, our direct child.
+class TestServer {
+ public:
+  ~TestServer() { Kill(); }
+
+  bool Start(const std::string& dir, const std::string& tag, std::string* error) {
+    port_file_ = dir + "/port";
+    std::vector<std::string> args = {"/usr/bin/python3", "-c", kServerProgram, port_file_, tag};
+    if (access(args[0].c_str(), X_OK) != 0) {
+      *error = "the test needs /usr/bin/python3";
+      return false;
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = static_cast<pid_t>(
+        syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr, nullptr, nullptr));
+    if (pid == 0) {
+      setsid();
+      int null_fd = open("/dev/null", O_RDWR);
+      dup2(null_fd, 0);
+      dup2(null_fd, 1);
+      dup2(null_fd, 2);
+      syscall(SYS_close_range, 3u, ~0u, 0u);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    if (pid < 0) {
+      *error = std::string("clone(CLONE_NEWPID): ") + strerror(errno);
+      return false;
+    }
+    pid_ = pid;
+    for (int i = 0; i < 500; i++) {
+      std::string text = ReadFile(port_file_);
+      if (!text.empty()) {
+        port_ = std::stoi(text);
+        return true;
+      }
+      int st;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = 0;
+        *error = "the test server exited at once";
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    *error = "the test server did not write its port within 5 s";
+    return false;
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    int st;
+    while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = 0;
+  }
+
+  // Takes over a restored server (our child thanks to --restore-sibling).
+  void Adopt(pid_t pid) { pid_ = pid; }
+  pid_t pid() const { return pid_; }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = 0;
+  int port_ = 0;
+  std::string port_file_;
+};
+
+// Connects to 127.0.0.1:port and returns the line the server sends ("" on failure).
+std::string Ask(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    char buf[256];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The whole path with the real criu: dump a running server into a pending
+// checkpoint, commit it, kill the server, restore it from the checkpoint.
+
+TEST(CheckpointEndToEnd, DumpCommitKillRestoreResume) {
+  RequireCriu();
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  TestServer server;
+  std::string error;
+  ASSERT_TRUE(server.Start(tmp.path(), "tag42", &error)) << error;
+  ASSERT_EQ(Ask(server.port()), "tag42 1");
+
+  CheckpointStore store;
+  ASSERT_TRUE(store.Open(tmp / "replica", &error)) << error;
+  PendingCheckpoint pending;
+  ASSERT_TRUE(store.Begin(1000, &pending, &error)) << error;
+  fs::create_directories(tmp / "data/sub");
+  WriteFile(tmp / "data/dump.rdb", "the server's data");
+  WriteFile(tmp / "data/sub/aof", "more");
+
+  CriuJob dump;
+  ASSERT_TRUE(dump.StartDump(server.pid(), pending.img_dir, CriuOptions{}, &error)) << error;
+  ASSERT_TRUE(dump.running());
+  ASSERT_GE(dump.fd(), 0);
+  CriuResult result;
+  // The pidfd becomes readable when criu exits: what the daemon's epoll waits for.
+  struct pollfd pfd = {dump.fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 30000), 1) << "criu dump did not finish within 30 s";
+  ASSERT_TRUE(dump.Poll(&result));
+  ASSERT_TRUE(result.ok) << result.error;
+  EXPECT_FALSE(dump.running());
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_GT(result.duration_us, 0);
+  EXPECT_TRUE(fs::exists(pending.img_dir + "/inventory.img"));
+  EXPECT_EQ(result.log_path, pending.img_dir + "/dump.log");
+  fprintf(stderr, "criu dump took %.1f ms\n", result.duration_us / 1000.0);
+
+  ASSERT_TRUE(store.CopyDataDir(tmp / "data", &pending, &error)) << error;
+  CheckpointMeta meta;
+  meta.replica_id = 2;
+  meta.dump_us = result.duration_us;
+  meta.extra = std::string("conn table\0\n\xff", 14);
+  CheckpointInfo info;
+  ASSERT_TRUE(store.Commit(&pending, meta, &error, &info)) << error;
+  EXPECT_FALSE(pending.active());
+
+  // --leave-running: the original serves on; the checkpoint holds count 1.
+  ASSERT_EQ(Ask(server.port()), "tag42 2");
+  server.Kill();  // the restore needs the old process dead and reaped
+
+  auto good = store.NewestGood(UINT64_MAX);
+  ASSERT_TRUE(good.has_value());
+  EXPECT_EQ(good->index, 1000u);
+  EXPECT_EQ(good->meta.extra, meta.extra);
+  ASSERT_TRUE(store.RestoreDataDir(1000, tmp / "data", &error)) << error;
+  EXPECT_EQ(ReadFile(tmp / "data/dump.rdb"), "the server's data");
+
+  CriuJob restore;
+  std::string pid_file = tmp / "restored.pid";
+  ASSERT_TRUE(restore.StartRestore(good->path + "/img", pid_file, {}, CriuOptions{}, &error))
+      << error;
+  ASSERT_TRUE(restore.Wait(&result, 30000)) << "criu restore did not finish within 30 s";
+  ASSERT_TRUE(result.ok) << result.error;
+  ASSERT_GT(result.restored_pid, 0);
+  server.Adopt(result.restored_pid);
+  fprintf(stderr, "criu restore took %.1f ms\n", result.duration_us / 1000.0);
+
+  EXPECT_EQ(ProcParent(result.restored_pid), getpid()) << "--restore-sibling makes it our child";
+  // --leave-stopped: criu queues SIGSTOP, then detaches and exits, so the
+  // stop may take effect a moment after criu is gone.
+  std::string first_state = ProcState(result.restored_pid), state = first_state;
+  for (int i = 0; i < 200 && state.substr(0, 1) != "T"; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    state = ProcState(result.restored_pid);
+  }
+  EXPECT_EQ(state.substr(0, 1), "T") << "--leave-stopped; right after criu: " << first_state;
+  if (first_state != state) fprintf(stderr, "right after criu: %s\n", first_state.c_str());
+  ASSERT_EQ(kill(result.restored_pid, SIGCONT), 0);
+  // The restored memory says one connection was served; the same socket listens.
+  EXPECT_EQ(Ask(server.port()), "tag42 2");
+  EXPECT_EQ(Ask(server.port()), "tag42 3");
+  EXPECT_NE(ProcState(result.restored_pid).substr(0, 1), "T");
+
+  // The restore wrote its log into img/ without spoiling the checkpoint.
+  EXPECT_TRUE(fs::exists(good->path + "/img/restore.log"));
+  EXPECT_TRUE(store.Verify(1000, &error)) << error;
+  server.Kill();
+}
+
+TEST(CheckpointEndToEnd, RestoreFailsWithCriusReasonWhileThePortIsTaken) {
+  RequireCriu();
+  TempDir tmp;
+  TestServer server;
+  std::string error;
+  ASSERT_TRUE(server.Start(tmp.path(), "busy", &error)) << error;
+  fs::create_directories(tmp / "img");
+  CriuJob dump;
+  ASSERT_TRUE(dump.StartDump(server.pid(), tmp / "img", CriuOptions{}, &error)) << error;
+  CriuResult result;
+  ASSERT_TRUE(dump.Wait(&result, 30000));
+  ASSERT_TRUE(result.ok) << result.error;
+
+  // The original still listens on the port the images want to bind.
+  CriuJob restore;
+  ASSERT_TRUE(restore.StartRestore(tmp / "img", tmp / "pid", {}, CriuOptions{}, &error)) << error;
+  ASSERT_TRUE(restore.Wait(&result, 30000));
+  EXPECT_FALSE(result.ok);
+  EXPECT_EQ(result.restored_pid, 0);
+  EXPECT_GT(result.exit_code, 0);
+  EXPECT_EQ(result.error.rfind("criu restore failed: ", 0), 0u) << result.error;
+  EXPECT_EQ(result.error.find("(criu/"), std::string::npos) << result.error;
+  EXPECT_EQ(result.error.find("FAILED."), std::string::npos) << result.error;
+  EXPECT_EQ(result.error.find('\n'), std::string::npos) << result.error;
+  fprintf(stderr, "criu's reason: %s\n", result.error.c_str());
+  EXPECT_EQ(Ask(server.port()), "busy 1") << "the original is unharmed";
+}
+
+// ---------------------------------------------------------------------------
+// CriuJob's errors and plumbing.
+
+TEST(CheckpointCriuJob, DumpOfAPidThatDoesNotExistFailsClearly) {
+  RequireCriu();
+  TempDir tmp;
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  int st;
+  ASSERT_EQ(waitpid(gone, &st, 0), gone);
+  CriuJob job;
+  std::string error;
+  EXPECT_FALSE(job.StartDump(gone, tmp.path(), CriuOptions{}, &error));
+  EXPECT_EQ(error, "cannot dump pid " + std::to_string(gone) + ": no such process");
+  EXPECT_FALSE(job.running());
+  EXPECT_EQ(job.fd(), -1);
+}
+
+TEST(CheckpointCriuJob, RestoreFromAnEmptyDirFailsClearly) {
+  RequireCriu();
+  TempDir tmp;
+  CriuJob job;
+  std::string error;
+  EXPECT_FALSE(job.StartRestore(tmp.path(), tmp / "pid", {}, CriuOptions{}, &error));
+  EXPECT_EQ(error, "no criu images in " + tmp.path() + " (inventory.img is missing)");
+  EXPECT_FALSE(job.running());
+}
+
+TEST(CheckpointCriuJob, RestoreFromAnEmptyInventoryReportsCriusError) {
+  RequireCriu();
+  TempDir tmp;
+  WriteFile(tmp / "inventory.img", "");
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartRestore(tmp.path(), tmp / "pid", {}, CriuOptions{}, &error)) << error;
+  CriuResult r;
+  ASSERT_TRUE(job.Wait(&r, 30000));
+  EXPECT_FALSE(r.ok);
+  EXPECT_GT(r.exit_code, 0);
+  EXPECT_EQ(r.error.rfind("criu restore failed: ", 0), 0u) << r.error;
+  EXPECT_EQ(r.error.find("rlimit"), std::string::npos) << r.error;
+  EXPECT_EQ(r.error.find("(criu/"), std::string::npos) << r.error;
+  fprintf(stderr, "criu's reason: %s\n", r.error.c_str());
+}
+
+TEST(CheckpointCriuJob, MissingCriuSaysRunSetup) {
+  TempDir tmp;
+  CriuOptions opt;
+  opt.criu_path = tmp / "no-criu-here";
+  CriuJob job;
+  std::string error;
+  EXPECT_FALSE(job.StartDump(getpid(), tmp.path(), opt, &error));
+  EXPECT_EQ(error, "criu not found (" + opt.criu_path + "): run scripts/setup");
+}
+
+TEST(CheckpointCriuJob, EnvironmentVariableChoosesTheBinary) {
+  std::string saved = getenv("LOCKSTEP_CRIU") ? getenv("LOCKSTEP_CRIU") : "";
+  setenv("LOCKSTEP_CRIU", "/opt/elsewhere/criu", 1);
+  EXPECT_EQ(DefaultCriuPath(), "/opt/elsewhere/criu");
+  unsetenv("LOCKSTEP_CRIU");
+  EXPECT_EQ(DefaultCriuPath(), "/usr/local/sbin/criu");
+  if (!saved.empty()) setenv("LOCKSTEP_CRIU", saved.c_str(), 1);
+}
+
+// A stand-in for criu: a shell script.
+std::string FakeCriu(const TempDir& tmp, const std::string& body) {
+  std::string path = tmp / "fake-criu";
+  WriteFile(path, "#!/bin/sh\n" + body + "\n", 0755);
+  return path;
+}
+
+TEST(CheckpointCriuJob, TimeoutKillsCriuAndSaysSo) {
+  TempDir tmp;
+  CriuOptions opt;
+  opt.criu_path = FakeCriu(tmp, "exec sleep 30");
+  opt.timeout_ms = 200;
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartDump(getpid(), tmp.path(), opt, &error)) << error;
+  CriuResult r;
+  EXPECT_FALSE(job.Poll(&r));
+  int left = job.MsUntilTimeout();
+  EXPECT_GT(left, 0);
+  EXPECT_LE(left, 201);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.Wait(&r, 10000));
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.term_signal, SIGKILL);
+  EXPECT_GE(r.duration_us, 200000);
+  EXPECT_EQ(r.error.rfind("criu dump timed out after 200 ms (killed)", 0), 0u) << r.error;
+  EXPECT_EQ(job.MsUntilTimeout(), -1);
+}
+
+TEST(CheckpointCriuJob, WaitWithAShortLimitReturnsWhileCriuRuns) {
+  TempDir tmp;
+  CriuOptions opt;
+  opt.criu_path = FakeCriu(tmp, "exec sleep 30");
+  std::string error;
+  CriuResult r;
+  {
+    CriuJob job;
+    ASSERT_TRUE(job.StartDump(getpid(), tmp.path(), opt, &error)) << error;
+    EXPECT_FALSE(job.Wait(&r, 50));
+    EXPECT_TRUE(job.running());
+    EXPECT_EQ(job.MsUntilTimeout(), -1);
+    pid_t criu = job.pid();
+    ASSERT_GT(criu, 0);
+    EXPECT_EQ(kill(criu, 0), 0);
+  }  // the destructor kills and reaps it
+}
+
+TEST(CheckpointCriuJob, CriuKilledBySignalIsReported) {
+  TempDir tmp;
+  CriuOptions opt;
+  opt.criu_path = FakeCriu(tmp, "kill -SEGV $$");
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartDump(getpid(), tmp.path(), opt, &error)) << error;
+  CriuResult r;
+  ASSERT_TRUE(job.Wait(&r, 10000));
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.term_signal, SIGSEGV);
+  EXPECT_EQ(r.error.rfind("criu was killed by signal 11 (", 0), 0u) << r.error;
+}
+
+TEST(CheckpointCriuJob, FailureReportsTheCauseFromCriusLog) {
+  TempDir tmp;
+  CriuOptions opt;
+  // $5 is the images dir (dump -t PID -D DIR ...).
+  opt.criu_path =
+      FakeCriu(tmp,
+               "{ echo '(00.000100) Error (criu/util.c:1534): rlimit: Can'\\''t setup "
+               "RLIMIT_NOFILE for self: Operation not permitted'\n"
+               "  echo '(00.000200) Error (criu/sk-inet.c:10): the first reason'\n"
+               "  echo '(00.000300) 1: Error (criu/files.c:99): the last reason: EBUSY'\n"
+               "  echo '(00.000400) Error (criu/cr-dump.c:1975): Dumping FAILED.'\n"
+               "} > \"$5/dump.log\"; echo noise; exit 1");
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartDump(getpid(), tmp.path(), opt, &error)) << error;
+  CriuResult r;
+  ASSERT_TRUE(job.Wait(&r, 10000));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.error, "criu dump failed: the first reason (then: the last reason: EBUSY)");
+  EXPECT_EQ(ReadFile(tmp / "dump.out"), "noise\n") << "criu's stdout goes to dump.out";
+}
+
+TEST(CheckpointCriuJob, FailureWithoutALogQuotesStderr) {
+  TempDir tmp;
+  CriuOptions opt;
+  opt.criu_path = FakeCriu(tmp, "echo 'unknown option --frobnicate' >&2; exit 2");
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartDump(getpid(), tmp.path(), opt, &error)) << error;
+  CriuResult r;
+  ASSERT_TRUE(job.Wait(&r, 10000));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.error, "criu dump failed: unknown option --frobnicate");
+}
+
+TEST(CheckpointCriuJob, RestoreKeepsOnlyTheGivenFdsAndReadsThePidFile) {
+  TempDir tmp;
+  WriteFile(tmp / "inventory.img", "");
+  std::string pid_file = tmp / "pid";
+  WriteFile(pid_file, "999999\n");  // stale: StartRestore removes it first
+  CriuOptions opt;
+  opt.extra_args = {"--inherit-fd", "fd[40]:test"};
+  // Lists its own fds, shows its args, writes a pid file the way criu does.
+  opt.criu_path = FakeCriu(tmp,
+                           "ls /proc/$$/fd | sort -n | tr '\\n' ' '\n"
+                           "echo\necho \"$@\"\n"
+                           "while [ $# -gt 0 ]; do [ \"$1\" = --pidfile ] && "
+                           "{ [ -e \"$2\" ] && exit 3; echo 4321 > \"$2\"; }; shift; done");
+  int kept = fcntl(open("/dev/null", O_RDONLY | O_CLOEXEC), F_DUPFD_CLOEXEC, 40);
+  int leaked = fcntl(open("/dev/null", O_RDONLY), F_DUPFD, 41);  // no CLOEXEC: must still close
+  ASSERT_EQ(kept, 40);
+  ASSERT_EQ(leaked, 41);
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartRestore(tmp.path(), pid_file, {kept}, opt, &error)) << error;
+  CriuResult r;
+  ASSERT_TRUE(job.Wait(&r, 10000));
+  close(kept);
+  close(leaked);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.restored_pid, 4321);
+  std::string out = ReadFile(tmp / "restore.out");
+  std::string fds = out.substr(0, out.find('\n'));
+  // 0-2, the kept fd, and ls's own directory fd (3 or 255 for some shells... ls opens it).
+  EXPECT_NE(fds.find(" 40 "), std::string::npos) << fds;
+  EXPECT_EQ(fds.find(" 41 "), std::string::npos) << fds;
+  EXPECT_NE(out.find("restore -D " + tmp.path() +
+                     " -d --restore-sibling --tcp-close --leave-stopped --network-lock nftables "
+                     "--pidfile " +
+                     pid_file + " -o restore.log -v4 --inherit-fd fd[40]:test"),
+            std::string::npos)
+      << out;
+}
+
+TEST(CheckpointCriuJob, PassingAClosedFdIsRefused) {
+  TempDir tmp;
+  WriteFile(tmp / "inventory.img", "");
+  CriuOptions opt;
+  opt.criu_path = FakeCriu(tmp, "exit 0");
+  CriuJob job;
+  std::string error;
+  EXPECT_FALSE(job.StartRestore(tmp.path(), tmp / "pid", {1000}, opt, &error));
+  EXPECT_EQ(error, "cannot pass fd 1000 to criu: not an open fd >= 3");
+}
+
+TEST(CheckpointCriuJob, WaitsOnlyForCriuNeverForOtherChildren) {
+  TempDir tmp;
+  pid_t other = fork();
+  if (other == 0) _exit(7);
+  ASSERT_GT(other, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a zombie by now
+  CriuOptions opt;
+  opt.criu_path = FakeCriu(tmp, "exit 0");
+  CriuJob job;
+  std::string error;
+  ASSERT_TRUE(job.StartDump(getpid(), tmp.path(), opt, &error)) << error;
+  CriuResult r;
+  ASSERT_TRUE(job.Wait(&r, 10000));
+  EXPECT_TRUE(r.ok) << r.error;
+  int st = 0;
+  ASSERT_EQ(waitpid(other, &st, WNOHANG), other) << "the other child must still be unreaped";
+  EXPECT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 7);
+}
+
+TEST(CheckpointCriuJob, CriuErrorReasonGivesTheCauseAndSkipsSummariesAndNoise) {
+  const std::string rlimit =
+      "(00.029199) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: "
+      "Operation not permitted\n";
+  // What a dump of a pid that does not exist logs.
+  EXPECT_EQ(
+      CriuErrorReason(rlimit + "(00.078574) Error (compel/src/lib/infect.c:417): Unable to detach "
+                               "from 999999: No such process\n"
+                               "(00.078588) Error (criu/cr-dump.c:1975): Dumping FAILED.\n"),
+      "Unable to detach from 999999: No such process");
+  // What a restore logs when its listening port is taken.
+  EXPECT_EQ(
+      CriuErrorReason(rlimit + "(00.031273)      1: Error (criu/sk-inet.c:1059): inet: Can't bind "
+                               "inet socket (id 11): Address already in use\n"
+                               "(00.031285)      1: Error (criu/files.c:1221): Unable to open fd=3 "
+                               "id=0xb\n"
+                               "(00.032266) Error (criu/cr-restore.c:2331): Restoring FAILED.\n"),
+      "inet: Can't bind inet socket (id 11): Address already in use (then: Unable to open "
+      "fd=3 id=0xb)");
+  EXPECT_EQ(CriuErrorReason("(00.1) Error (criu/cr-restore.c:1): Restoring FAILED.\n"),
+            "Restoring FAILED.");
+  EXPECT_EQ(CriuErrorReason(rlimit + "(00.1) Warn  (criu/x.c:1): only a warning\n"), "");
+}
+
+// ---------------------------------------------------------------------------
+// The store.
+
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(tmp_.path().empty());
+    std::string error;
+    ASSERT_TRUE(store_.Open(tmp_ / "replica", &error)) << error;
+    fs::create_directories(tmp_ / "src/nested/deeper");
+    WriteFile(tmp_ / "src/dump.rdb", std::string(100000, 'r'), 0640);
+    WriteFile(tmp_ / "src/nested/deeper/a file with spaces%", "spaces");
+    WriteFile(tmp_ / "src/empty", "");
+    fs::create_directories(tmp_ / "src/empty-dir");
+    symlink("nested/deeper", (tmp_ / "src/link").c_str());
+  }
+
+  // Commits a checkpoint at `index` with an image file holding `image`.
+  void CommitOne(uint64_t index, const std::string& image, const std::string& extra = "") {
+    PendingCheckpoint p;
+    std::string error;
+    ASSERT_TRUE(store_.Begin(index, &p, &error)) << error;
+    WriteFile(p.img_dir + "/pages-1.img", image);
+    WriteFile(p.img_dir + "/inventory.img", "inv" + std::to_string(index));
+    ASSERT_TRUE(store_.CopyDataDir(tmp_ / "src", &p, &error)) << error;
+    CheckpointMeta meta;
+    meta.replica_id = 3;
+    meta.time_unix = 1700000000 + static_cast<int64_t>(index);
+    meta.dump_us = 1234;
+    meta.extra = extra;
+    ASSERT_TRUE(store_.Commit(&p, meta, &error)) << error;
+  }
+
+  std::vector<uint64_t> Indexes() {
+    std::vector<uint64_t> out;
+    for (const auto& c : store_.List()) out.push_back(c.index);
+    return out;
+  }
+
+  TempDir tmp_;
+  CheckpointStore store_;
+};
+
+TEST_F(CheckpointStoreTest, CommitListVerifyRestore) {
+  std::string extra("\0binary\n %ff\xfe table", 19);
+  CommitOne(123456, std::string(5000, 'p'), extra);
+  auto list = store_.List();
+  ASSERT_EQ(list.size(), 1u);
+  const CheckpointInfo& c = list[0];
+  EXPECT_TRUE(c.ok) << c.error;
+  EXPECT_EQ(c.index, 123456u);
+  EXPECT_EQ(c.path, tmp_.path() + "/replica/checkpoints/00000000000000123456");
+  EXPECT_EQ(c.meta.replica_id, 3u);
+  EXPECT_EQ(c.meta.time_unix, 1700000000 + 123456);
+  EXPECT_EQ(c.meta.dump_us, 1234);
+  EXPECT_EQ(c.meta.extra, extra);
+  EXPECT_EQ(c.bytes, 5000u + 9 + 100000 + 6 + 0);  // pages, inventory, dump.rdb, spaces, empty
+  EXPECT_EQ(Names(tmp_ / "replica/checkpoints"), std::vector<std::string>{"00000000000000123456"});
+  EXPECT_EQ(Names(c.path), (std::vector<std::string>{"MANIFEST", "data", "img"}));
+  std::string error;
+  EXPECT_TRUE(store_.Verify(123456, &error)) << error;
+
+  // The data dir comes back whole: contents, modes, links, empty dirs.
+  fs::create_directories(tmp_ / "live");
+  WriteFile(tmp_ / "live/stale", "gone after the restore");
+  ASSERT_TRUE(store_.RestoreDataDir(123456, tmp_ / "live", &error)) << error;
+  EXPECT_FALSE(fs::exists(tmp_ / "live/stale"));
+  EXPECT_EQ(ReadFile(tmp_ / "live/dump.rdb"), std::string(100000, 'r'));
+  EXPECT_EQ(ReadFile(tmp_ / "live/nested/deeper/a file with spaces%"), "spaces");
+  EXPECT_TRUE(fs::is_directory(tmp_ / "live/empty-dir"));
+  EXPECT_EQ(fs::read_symlink(tmp_ / "live/link"), "nested/deeper");
+  struct stat st;
+  ASSERT_EQ(stat((tmp_ / "live/dump.rdb").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(Names(tmp_.path()), (std::vector<std::string>{"live", "replica", "src"}))
+      << "no staging dir left behind";
+  // Into a dir that does not exist yet.
+  ASSERT_TRUE(store_.RestoreDataDir(123456, tmp_ / "fresh", &error)) << error;
+  EXPECT_EQ(ReadFile(tmp_ / "fresh/empty"), "");
+  EXPECT_FALSE(store_.RestoreDataDir(99, tmp_ / "fresh", &error));
+  EXPECT_NE(error.find("checkpoint 99 has no data dir"), std::string::npos) << error;
+}
+
+TEST_F(CheckpointStoreTest, FlippedByteFailsVerifyAndNewestGoodFallsBack) {
+  CommitOne(100, std::string(70000, 'a'));
+  CommitOne(200, std::string(70000, 'b'));
+  std::string error;
+  ASSERT_TRUE(store_.Verify(200, &error)) << error;
+  FlipByte(store_.PathOf(200) + "/img/pages-1.img", 65536);
+  EXPECT_FALSE(store_.Verify(200, &error));
+  EXPECT_EQ(error, "checkpoint 200: img/pages-1.img: its SHA-256 differs from the MANIFEST");
+  EXPECT_TRUE(store_.List()[0].ok) << "List reads MANIFESTs only";
+
+  std::vector<std::string> skipped;
+  auto good = store_.NewestGood(UINT64_MAX, &skipped);
+  ASSERT_TRUE(good.has_value());
+  EXPECT_EQ(good->index, 100u);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("img/pages-1.img"), std::string::npos) << skipped[0];
+
+  EXPECT_EQ(store_.NewestGood(150)->index, 100u);
+  EXPECT_FALSE(store_.NewestGood(99).has_value());
+  FlipByte(store_.PathOf(100) + "/data/dump.rdb", 0);
+  skipped.clear();
+  EXPECT_FALSE(store_.NewestGood(UINT64_MAX, &skipped).has_value());
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[1].find("data/dump.rdb"), std::string::npos) << skipped[1];
+}
+
+TEST_F(CheckpointStoreTest, TruncatedFileFailsVerifyNamingIt) {
+  CommitOne(100, "old");
+  CommitOne(200, "new");
+  ASSERT_EQ(truncate((store_.PathOf(200) + "/data/nested/deeper/a file with spaces%").c_str(), 3),
+            0);
+  std::string error;
+  EXPECT_FALSE(store_.Verify(200, &error));
+  EXPECT_EQ(error,
+            "checkpoint 200: data/nested/deeper/a file with spaces%: 3 bytes, the MANIFEST says 6");
+  EXPECT_EQ(store_.NewestGood(UINT64_MAX)->index, 100u);
+}
+
+TEST_F(CheckpointStoreTest, MissingExtraAndChangedFilesFailVerify) {
+  CommitOne(1, "x");
+  std::string error;
+  std::string path = store_.PathOf(1);
+  WriteFile(path + "/data/intruder", "?");
+  EXPECT_FALSE(store_.Verify(1, &error));
+  EXPECT_EQ(error, "checkpoint 1: data/intruder: not in the MANIFEST");
+  unlink((path + "/data/intruder").c_str());
+  ASSERT_TRUE(store_.Verify(1, &error)) << error;
+  unlink((path + "/img/inventory.img").c_str());
+  EXPECT_FALSE(store_.Verify(1, &error));
+  EXPECT_EQ(error, "checkpoint 1: img/inventory.img: missing");
+  CommitOne(2, "y");
+  path = store_.PathOf(2);
+  unlink((path + "/data/link").c_str());
+  symlink("elsewhere", (path + "/data/link").c_str());
+  EXPECT_FALSE(store_.Verify(2, &error));
+  EXPECT_EQ(error, "checkpoint 2: data/link: the symlink points to elsewhere, not nested/deeper");
+  // Files a restore leaves in img/ do not count against the checkpoint.
+  CommitOne(3, "z");
+  WriteFile(store_.PathOf(3) + "/img/restore.log", "log");
+  WriteFile(store_.PathOf(3) + "/img/restore.out", "out");
+  EXPECT_TRUE(store_.Verify(3, &error)) << error;
+}
+
+TEST_F(CheckpointStoreTest, DamagedOrTruncatedManifestIsCaught) {
+  CommitOne(5, "five");
+  CommitOne(6, "six");
+  std::string manifest = store_.PathOf(6) + "/MANIFEST";
+  std::string text = ReadFile(manifest);
+  FlipByte(manifest, static_cast<off_t>(text.find("dump_us") + 8));  // 1234 -> 0234 + 1 bit
+  auto list = store_.List();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].index, 6u);
+  EXPECT_FALSE(list[0].ok);
+  EXPECT_EQ(list[0].error, "MANIFEST: damaged (its checksum does not match)");
+  EXPECT_TRUE(list[1].ok);
+  std::string error;
+  EXPECT_FALSE(store_.Verify(6, &error));
+  EXPECT_EQ(error, "checkpoint 6: MANIFEST: damaged (its checksum does not match)");
+  // Cut before its closing line: also refused.
+  WriteFile(manifest, text.substr(0, text.rfind("end ")));
+  EXPECT_FALSE(store_.Verify(6, &error));
+  EXPECT_EQ(error, "checkpoint 6: MANIFEST: truncated (no closing line)");
+  EXPECT_EQ(store_.NewestGood(UINT64_MAX)->index, 5u);
+}
+
+TEST_F(CheckpointStoreTest, ManifestRoundTripsAnyPathAndBlob) {
+  Manifest m;
+  m.index = 42;
+  m.meta.replica_id = 7;
+  m.meta.time_unix = -5;
+  m.meta.dump_us = 99;
+  m.meta.extra = std::string("\0\r\n x", 5);
+  m.bytes = 3;
+  m.entries.push_back({false, "data/we ird\n%20name", 3, std::string(64, 'a'), ""});
+  m.entries.push_back({true, "data/l", 0, "", "tar get"});
+  Manifest back;
+  std::string error;
+  ASSERT_TRUE(DecodeManifest(EncodeManifest(m), &back, &error)) << error;
+  EXPECT_EQ(back.index, 42u);
+  EXPECT_EQ(back.meta.replica_id, 7u);
+  EXPECT_EQ(back.meta.time_unix, -5);
+  EXPECT_EQ(back.meta.extra, m.meta.extra);
+  ASSERT_EQ(back.entries.size(), 2u);
+  EXPECT_EQ(back.entries[0].path, "data/we ird\n%20name");
+  EXPECT_EQ(back.entries[1].link_target, "tar get");
+  EXPECT_TRUE(back.entries[1].is_link);
+  // An empty blob survives too.
+  m.meta.extra.clear();
+  ASSERT_TRUE(DecodeManifest(EncodeManifest(m), &back, &error)) << error;
+  EXPECT_EQ(back.meta.extra, "");
+  // A future format is refused, not misread.
+  Manifest other = m;
+  other.version = 2;
+  EXPECT_FALSE(DecodeManifest(EncodeManifest(other), &back, &error));
+  EXPECT_EQ(error, "line 1: format version 2 is not supported (this build reads 1)");
+}
+
+TEST_F(CheckpointStoreTest, PruneKeepsTheNewestGoodOnes) {
+  for (uint64_t i = 1; i <= 5; i++) CommitOne(i, "image " + std::to_string(i));
+  std::string error;
+  std::vector<std::string> removed;
+  ASSERT_TRUE(store_.Prune(2, &error, &removed)) << error;
+  EXPECT_EQ(Indexes(), (std::vector<uint64_t>{5, 4}));
+  EXPECT_EQ(removed.size(), 3u);
+  // A damaged newest one is removed, and does not count toward `keep`.
+  CommitOne(6, "image 6");
+  CommitOne(7, "image 7");
+  FlipByte(store_.PathOf(7) + "/img/pages-1.img", 0);
+  removed.clear();
+  ASSERT_TRUE(store_.Prune(2, &error, &removed)) << error;
+  EXPECT_EQ(Indexes(), (std::vector<uint64_t>{6, 5}));
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_NE(removed[0].find("checkpoint 7: img/pages-1.img"), std::string::npos) << removed[0];
+  // keep 0 still keeps the newest good one.
+  ASSERT_TRUE(store_.Prune(0, &error)) << error;
+  EXPECT_EQ(Indexes(), (std::vector<uint64_t>{6}));
+  EXPECT_EQ(Names(tmp_ / "replica/checkpoints"), std::vector<std::string>{"00000000000000000006"});
+  ASSERT_TRUE(store_.Remove(6, &error)) << error;
+  EXPECT_TRUE(Indexes().empty());
+  EXPECT_FALSE(store_.Remove(6, &error));
+  EXPECT_NE(error.find("cannot remove checkpoint 6"), std::string::npos) << error;
+}
+
+TEST_F(CheckpointStoreTest, StaleTmpDirsAreRemovedAtOpen) {
+  CommitOne(10, "ten");
+  std::string dir = tmp_ / "replica/checkpoints";
+  fs::create_directories(dir + "/tmp-00000000000000000011-deadbeef/img/sub");
+  WriteFile(dir + "/tmp-00000000000000000011-deadbeef/img/sub/pages.img", "half written");
+  PendingCheckpoint p;
+  std::string error;
+  ASSERT_TRUE(store_.Begin(12, &p, &error)) << error;  // a crash while this one is pending
+  CheckpointStore reopened;
+  ASSERT_TRUE(reopened.Open(tmp_ / "replica", &error)) << error;
+  EXPECT_EQ(Names(dir), std::vector<std::string>{"00000000000000000010"});
+  ASSERT_EQ(reopened.List().size(), 1u);
+  EXPECT_TRUE(reopened.Verify(10, &error)) << error;
+}
+
+TEST_F(CheckpointStoreTest, AbortAndFailedCopyLeaveNoTmpDir) {
+  CommitOne(1, "one");
+  std::string dir = tmp_ / "replica/checkpoints";
+  PendingCheckpoint p;
+  std::string error;
+  ASSERT_TRUE(store_.Begin(2, &p, &error)) << error;
+  EXPECT_TRUE(fs::is_directory(p.img_dir));
+  EXPECT_TRUE(fs::is_directory(p.data_dir));
+  EXPECT_EQ(Names(dir).size(), 2u);
+  store_.Abort(&p);
+  EXPECT_FALSE(p.active());
+  EXPECT_EQ(Names(dir), std::vector<std::string>{"00000000000000000001"});
+
+  ASSERT_TRUE(store_.Begin(3, &p, &error)) << error;
+  EXPECT_FALSE(store_.CopyDataDir(tmp_ / "no-such-dir", &p, &error));
+  EXPECT_NE(error.find("no-such-dir: No such file or directory"), std::string::npos) << error;
+  EXPECT_FALSE(p.active());
+  EXPECT_EQ(Names(dir), std::vector<std::string>{"00000000000000000001"});
+  EXPECT_FALSE(store_.Commit(&p, CheckpointMeta{}, &error));
+  EXPECT_EQ(error, "no checkpoint is being written");
+
+  // A data dir that holds the store would copy itself forever.
+  ASSERT_TRUE(store_.Begin(4, &p, &error)) << error;
+  EXPECT_FALSE(store_.CopyDataDir(tmp_ / "replica/..", &p, &error));
+  EXPECT_NE(error.find("the checkpoint store " + dir + " is inside it"), std::string::npos)
+      << error;
+  EXPECT_FALSE(p.active());
+  EXPECT_EQ(Names(dir), std::vector<std::string>{"00000000000000000001"});
+}
+
+TEST_F(CheckpointStoreTest, CommitOverAnExistingIndexReplacesIt) {
+  CommitOne(9, "first");
+  CommitOne(9, "second, longer");
+  std::string error;
+  ASSERT_TRUE(store_.Verify(9, &error)) << error;
+  EXPECT_EQ(ReadFile(store_.PathOf(9) + "/img/pages-1.img"), "second, longer");
+  EXPECT_EQ(Names(tmp_ / "replica/checkpoints"), std::vector<std::string>{"00000000000000000009"});
+}
+
+// A full disk, for real: a 1 MiB tmpfs in a private mount namespace of a
+// child process (so the mount cannot outlive the test). The child reports
+// "ok" or what went wrong through a pipe.
+std::string FullDiskScenario(const std::string& root, const std::string& big_src,
+                             const std::string& small_src) {
+  if (unshare(CLONE_NEWNS) != 0) return std::string("unshare(CLONE_NEWNS): ") + strerror(errno);
+  if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    return std::string("making / private: ") + strerror(errno);
+  if (mount("tmpfs", root.c_str(), "tmpfs", 0, "size=1m") != 0)
+    return std::string("mount tmpfs: ") + strerror(errno);
+  CheckpointStore store;
+  std::string error;
+  if (!store.Open(root + "/replica", &error)) return "Open: " + error;
+  PendingCheckpoint p;
+  if (!store.Begin(1, &p, &error) || !store.CopyDataDir(small_src, &p, &error) ||
+      !store.Commit(&p, CheckpointMeta{}, &error))
+    return "the first checkpoint: " + error;
+  std::string dir = root + "/replica/checkpoints";
+  auto only_the_first = [&]() -> std::string {
+    auto names = Names(dir);
+    if (names != std::vector<std::string>{"00000000000000000001"})
+      return "checkpoints/ holds " + std::to_string(names.size()) + " entries";
+    if (!store.Verify(1, &error)) return "the first checkpoint no longer verifies: " + error;
+    return "";
+  };
+  // The copy runs out of space.
+  if (!store.Begin(2, &p, &error)) return "Begin 2: " + error;
+  if (store.CopyDataDir(big_src, &p, &error)) return "copying 2 MiB into 1 MiB succeeded";
+  if (error.find("No space left on device") == std::string::npos) return "copy error: " + error;
+  if (p.active()) return "the failed copy left its checkpoint pending";
+  if (std::string why = only_the_first(); !why.empty()) return "after the copy: " + why;
+  // Commit runs out of space writing the MANIFEST: criu filled the disk.
+  if (!store.Begin(3, &p, &error)) return "Begin 3: " + error;
+  int fd = open((p.img_dir + "/pages-1.img").c_str(), O_WRONLY | O_CREAT, 0600);
+  std::string chunk(4096, 'x');
+  while (write(fd, chunk.data(), chunk.size()) > 0) {
+  }
+  close(fd);
+  if (store.Commit(&p, CheckpointMeta{}, &error)) return "Commit on a full disk succeeded";
+  if (error.find("No space left on device") == std::string::npos) return "commit error: " + error;
+  if (error.find("MANIFEST") == std::string::npos) return "commit error: " + error;
+  if (std::string why = only_the_first(); !why.empty()) return "after the commit: " + why;
+  // With the space back, the next checkpoint works.
+  if (!store.Begin(4, &p, &error) || !store.CopyDataDir(small_src, &p, &error) ||
+      !store.Commit(&p, CheckpointMeta{}, &error))
+    return "the checkpoint after: " + error;
+  return "ok";
+}
+
+TEST_F(CheckpointStoreTest, FullDiskFailsClearlyAndLeavesOlderCheckpointsIntact) {
+  ASSERT_EQ(geteuid(), 0u) << "this test mounts a tmpfs: it needs root";
+  fs::create_directories(tmp_ / "big");
+  WriteFile(tmp_ / "big/a", std::string(1 << 20, 'a'));
+  WriteFile(tmp_ / "big/b", std::string(1 << 20, 'b'));
+  fs::create_directories(tmp_ / "small");
+  WriteFile(tmp_ / "small/x", "x");
+  fs::create_directories(tmp_ / "mnt");
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(pipe_fds[0]);
+    std::string report = FullDiskScenario(tmp_ / "mnt", tmp_ / "big", tmp_ / "small");
+    ssize_t ignored = write(pipe_fds[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  close(pipe_fds[1]);
+  std::string report;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipe_fds[0], buf, sizeof buf)) > 0) report.append(buf, static_cast<size_t>(n));
+  close(pipe_fds[0]);
+  int st;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  EXPECT_EQ(report, "ok");
+  EXPECT_TRUE(Names(tmp_ / "mnt").empty()) << "the tmpfs was private to the child";
+}
+
+}  // namespace
+}  // namespace lockstep
