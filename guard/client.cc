@@ -18,8 +18,8 @@ std::unique_ptr<Client> Client::Connect(const ClusterConfig& config, int replica
     return nullptr;
   }
   const auto& r = config.replicas[replica];
-  int fd =
-      ConnectAuthenticated(r.host, r.client_port, config.secret, "client", 0, timeout_ms, error);
+  int fd = ConnectAuthenticated(r.host, r.client_port, config.secret, ConnRole::kClient, 0,
+                                timeout_ms, error);
   if (fd < 0) return nullptr;
   auto c = std::unique_ptr<Client>(new Client);
   c->fd_ = fd;
@@ -32,10 +32,7 @@ Client::~Client() {
 }
 
 bool Client::SendPropose(EntryType type, std::string_view payload, std::string* error) {
-  ByteWriter w;
-  w.u8(static_cast<uint8_t>(type));
-  w.bytes(payload);
-  return WriteFrame(fd_, FrameKind::kPropose, w.str(), error);
+  return WriteFrame(fd_, FrameKind::kPropose, EncodeProposeRequest(type, payload), error);
 }
 
 bool Client::ReadProposeReply(ProposeReply* reply, std::string* error, int timeout_ms) {
@@ -46,18 +43,9 @@ bool Client::ReadProposeReply(ProposeReply* reply, std::string* error, int timeo
     *error = "unexpected reply";
     return false;
   }
-  ByteReader r(body);
-  uint8_t ok = 0;
-  *reply = ProposeReply{};
-  if (!r.u8(&ok) || !r.u64(&reply->index) || !r.bytes(&reply->error)) {
+  if (!DecodeProposeReply(body, reply)) {
     *error = "malformed reply";
     return false;
-  }
-  reply->ok = ok != 0;
-  if (reply->ok) {
-    r.f64(&reply->commit_us);
-    r.f64(&reply->durable_us);
-    r.f64(&reply->quorum_us);
   }
   return true;
 }
@@ -77,50 +65,37 @@ bool Client::Status(std::string* json, std::string* error, int timeout_ms) {
 
 bool Client::Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
                   std::string* error, int timeout_ms) {
-  ByteWriter w;
-  w.u64(from);
-  w.u32(max);
   FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd_, FrameKind::kRead, w.str(), error) ||
+  if (!WriteFrame(fd_, FrameKind::kRead, EncodeReadRequest(ReadRequest{from, max}), error) ||
       !ReadFrame(fd_, &kind, &body, timeout_ms, error))
     return false;
-  ByteReader r(body);
-  uint32_t n = 0;
-  if (kind != FrameKind::kReadResult || !r.u64(commit_index) || !r.u32(&n)) {
+  ReadReply reply;
+  if (kind != FrameKind::kReadResult || !DecodeReadReply(body, &reply)) {
     *error = "malformed read reply";
     return false;
   }
-  entries->clear();
-  for (uint32_t i = 0; i < n; i++) {
-    Entry e;
-    uint8_t t;
-    if (!r.u64(&e.index) || !r.u64(&e.ballot) || !r.u8(&t) || !r.bytes(&e.payload)) {
-      *error = "malformed read reply";
-      return false;
-    }
-    e.type = static_cast<EntryType>(t);
-    entries->push_back(std::move(e));
-  }
+  *commit_index = reply.commit_index;
+  *entries = std::move(reply.entries);
   return true;
 }
 
 bool Client::Truncate(uint64_t below, uint64_t* first_index, std::string* error) {
-  ByteWriter w;
-  w.u64(below);
   FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd_, FrameKind::kTruncate, w.str(), error) ||
+  if (!WriteFrame(fd_, FrameKind::kTruncate, EncodeTruncateRequest(TruncateRequest{below}),
+                  error) ||
       !ReadFrame(fd_, &kind, &body, 5000, error))
     return false;
-  ByteReader r(body);
-  uint8_t ok = 0;
-  if (!r.u8(&ok) || !r.u64(first_index)) {
+  TruncateReply reply;
+  if (!DecodeTruncateReply(body, &reply)) {
     *error = "malformed reply";
     return false;
   }
-  if (!ok) *error = "cannot truncate at " + std::to_string(below) + " (beyond the commit index?)";
-  return ok;
+  *first_index = reply.first_index;
+  if (!reply.ok)
+    *error = "cannot truncate at " + std::to_string(below) + " (beyond the commit index?)";
+  return reply.ok;
 }
 
 std::string JsonEscape(const std::string& s) {

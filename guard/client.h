@@ -10,17 +10,9 @@
 
 #include "consensus/log_format.h"
 #include "guard/config.h"
+#include "guard/wire.h"
 
 namespace lockstep {
-
-struct ProposeReply {
-  bool ok = false;
-  uint64_t index = 0;
-  std::string error;
-  double commit_us = 0;   // daemon: proposal to commit
-  double durable_us = 0;  // daemon: proposal to its own durable write
-  double quorum_us = 0;   // daemon: durable write to commit (waiting for the majority)
-};
 
 class Client {
  public:

@@ -8,12 +8,21 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <new>
 
+#include "consensus/assert.h"
+
 namespace lockstep {
+
+// Records and ring sizes are multiples of 8, so every record starts 8-aligned.
+static_assert(LS_SUB_RING_BYTES % 8 == 0 && sizeof(ls_sub_record) % 8 == 0);
+constexpr uint32_t kMaxPort = 65535;
+
+void ShimChannel::Fail(const std::string& why) {
+  if (error_.empty()) error_ = why;
+}
 
 ShimChannel::~ShimChannel() {
   if (hdr_) munmap(hdr_, size_);
@@ -45,6 +54,9 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
   hdr_->max_chunk = max_chunk;
   hdr_->version = LS_SHIM_VERSION;
   hdr_->magic = LS_SHIM_MAGIC;
+  sub_bytes_ = hdr_->sub_bytes;
+  done_slots_ = hdr_->done_slots;
+  order_slots_ = hdr_->order_slots;
   sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;
   done_ring_ = reinterpret_cast<ls_done_record*>(static_cast<char*>(p) + hdr_->done_offset);
   order_ring_ = reinterpret_cast<ls_order_record*>(static_cast<char*>(p) + hdr_->order_offset);
@@ -74,29 +86,57 @@ void ShimChannel::SetLeader(bool leader) {
 }
 
 bool ShimChannel::Peek(Submission* s) {
+  if (!error_.empty()) return false;
   for (;;) {
-    uint64_t tail = hdr_->sub_tail.load(std::memory_order_relaxed);
+    LS_ASSERT(sub_tail_ % 8 == 0, "submission tail %lu not 8-aligned", (unsigned long)sub_tail_);
     uint64_t head = hdr_->sub_head.load(std::memory_order_acquire);
-    if (tail == head) return false;
-    uint64_t at = tail % hdr_->sub_bytes;
+    if (head == sub_tail_) return false;
+    // The shim publishes whole 8-aligned records, never more than the ring holds.
+    uint64_t avail = head - sub_tail_;
+    if (head % 8 != 0 || avail > sub_bytes_) {
+      Fail("submission ring: head " + std::to_string(head) + " against tail " +
+           std::to_string(sub_tail_) + " in a ring of " + std::to_string(sub_bytes_));
+      return false;
+    }
+    uint64_t at = sub_tail_ % sub_bytes_;
     const auto* r = reinterpret_cast<const ls_sub_record*>(sub_ring_ + at);
-    if (r->kind == LS_SUB_WRAP) {
-      hdr_->sub_tail.store(tail + (hdr_->sub_bytes - at), std::memory_order_release);
+    if (r->kind == LS_SUB_WRAP) {  // its kind and len fit in the 8 bytes left at least
+      uint64_t waste = sub_bytes_ - at;
+      if (waste > avail) {
+        Fail("submission ring: wrap at " + std::to_string(at) + " past the head");
+        return false;
+      }
+      sub_tail_ += waste;
+      hdr_->sub_tail.store(sub_tail_, std::memory_order_release);
       continue;
     }
-    assert(at + sizeof(ls_sub_record) + r->len <= hdr_->sub_bytes);
-    s->kind = r->kind;
-    s->conn = r->conn;
-    s->seq = r->seq;
-    s->bytes = std::string_view(reinterpret_cast<const char*>(r + 1), r->len);
-    peeked_bytes_ = (sizeof(ls_sub_record) + r->len + 7) & ~uint64_t{7};
+    // Copied once: the shim's memory may change under us, the checked length may not.
+    ls_sub_record h;
+    if (at + sizeof h > sub_bytes_) {
+      Fail("submission ring: record header at " + std::to_string(at) + " crosses the end");
+      return false;
+    }
+    memcpy(&h, r, sizeof h);
+    uint64_t size = (sizeof h + uint64_t{h.len} + 7) & ~uint64_t{7};
+    if (at + size > sub_bytes_ || size > avail) {
+      Fail("submission ring: record of " + std::to_string(h.len) + " bytes at " +
+           std::to_string(at) + " outside the ring or past the head");
+      return false;
+    }
+    s->kind = h.kind;
+    s->conn = h.conn;
+    s->seq = h.seq;
+    s->bytes = std::string_view(reinterpret_cast<const char*>(r + 1), h.len);
+    peeked_bytes_ = size;
     return true;
   }
 }
 
 void ShimChannel::Pop() {
-  uint64_t tail = hdr_->sub_tail.load(std::memory_order_relaxed);
-  hdr_->sub_tail.store(tail + peeked_bytes_, std::memory_order_release);
+  LS_ASSERT(peeked_bytes_ > 0 && peeked_bytes_ % 8 == 0, "Pop of %lu bytes without a Peek",
+            (unsigned long)peeked_bytes_);
+  sub_tail_ += peeked_bytes_;
+  hdr_->sub_tail.store(sub_tail_, std::memory_order_release);
   peeked_bytes_ = 0;
 }
 
@@ -105,27 +145,44 @@ void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn) {
 }
 
 bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len) {
+  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
-  if (order_written_ - tail >= hdr_->order_slots) return false;
-  order_ring_[order_written_ % hdr_->order_slots] =
+  if (tail > order_published_) {  // the shim took records not yet published
+    Fail("order ring: tail " + std::to_string(tail) + " past the head " +
+         std::to_string(order_published_));
+    return false;
+  }
+  if (order_written_ - tail >= order_slots_) return false;
+  order_ring_[order_written_ % order_slots_] =
       ls_order_record{static_cast<uint32_t>(slot), kind, len};
   order_written_++;
   return true;
 }
 
 bool ShimChannel::Flush() {
+  if (!error_.empty()) return false;
   size_t n = 0;
   if (!unflushed_.empty()) {
-    uint64_t head = hdr_->done_head.load(std::memory_order_relaxed);
     uint64_t tail = hdr_->done_tail.load(std::memory_order_acquire);
-    size_t room = hdr_->done_slots - (head - tail);
+    if (tail > done_head_ || done_head_ - tail > done_slots_) {
+      Fail("completion ring: tail " + std::to_string(tail) + " against the head " +
+           std::to_string(done_head_) + " in a ring of " + std::to_string(done_slots_));
+      return false;
+    }
+    size_t room = done_slots_ - (done_head_ - tail);
     n = std::min(room, unflushed_.size());
-    for (size_t i = 0; i < n; i++) done_ring_[(head + i) % hdr_->done_slots] = unflushed_[i];
+    for (size_t i = 0; i < n; i++) done_ring_[(done_head_ + i) % done_slots_] = unflushed_[i];
     unflushed_.erase(unflushed_.begin(), unflushed_.begin() + static_cast<long>(n));
-    if (n) hdr_->done_head.store(head + n, std::memory_order_seq_cst);
+    if (n) {
+      done_head_ += n;
+      hdr_->done_head.store(done_head_, std::memory_order_seq_cst);
+    }
   }
-  bool order = order_written_ != hdr_->order_head.load(std::memory_order_relaxed);
-  if (order) hdr_->order_head.store(order_written_, std::memory_order_seq_cst);
+  bool order = order_written_ != order_published_;
+  if (order) {
+    order_published_ = order_written_;
+    hdr_->order_head.store(order_written_, std::memory_order_seq_cst);
+  }
   if (n == 0 && !order) return false;
   hdr_->done_futex.fetch_add(1, std::memory_order_seq_cst);
   if (hdr_->server_sleepers.load(std::memory_order_seq_cst) > 0) {
@@ -140,10 +197,9 @@ bool ShimChannel::Flush() {
 bool ShimChannel::PrepareSleep(bool ignore_submissions, bool replay_waiting) {
   hdr_->replay_waiting.store(replay_waiting ? 1 : 0, std::memory_order_relaxed);
   hdr_->daemon_sleeping.store(1, std::memory_order_seq_cst);
-  bool submissions = hdr_->sub_head.load(std::memory_order_seq_cst) !=
-                     hdr_->sub_tail.load(std::memory_order_relaxed);
+  bool submissions = hdr_->sub_head.load(std::memory_order_seq_cst) != sub_tail_;
   if ((submissions && !ignore_submissions) || !unflushed_.empty() ||
-      order_written_ != hdr_->order_head.load(std::memory_order_relaxed)) {
+      order_written_ != order_published_) {
     hdr_->daemon_sleeping.store(0);
     return false;
   }
@@ -158,9 +214,10 @@ void ShimChannel::Awake() {
 
 int ShimChannel::ClaimReplaySlot(int port) {
   ReuseSlots();
-  if (free_slots_.empty() || port <= 0 || port > 65535) return -1;
+  if (free_slots_.empty() || port <= 0 || port > static_cast<int>(kMaxPort)) return -1;
   int slot = free_slots_.back();
   free_slots_.pop_back();
+  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   ls_replay_slot& s = hdr_->replay[slot];
   s.read_bytes.store(0);
   s.eof_read.store(0);
@@ -171,9 +228,13 @@ int ShimChannel::ClaimReplaySlot(int port) {
 
 void ShimChannel::ReleaseReplaySlot(int slot) {
   if (slot < 0) return;
+  LS_ASSERT(slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   ls_replay_slot& s = hdr_->replay[slot];
-  uint32_t port = s.port.exchange(0);
-  if (port) hdr_->replay_port_bits[port / 64].fetch_and(~(uint64_t{1} << (port % 64)));
+  uint32_t port = s.port.exchange(0);  // ours, but in memory the server can write
+  if (port > kMaxPort)
+    Fail("replay slot " + std::to_string(slot) + " holds port " + std::to_string(port));
+  else if (port)
+    hdr_->replay_port_bits[port / 64].fetch_and(~(uint64_t{1} << (port % 64)));
   // The slot is reused only once the shim has taken every order record that
   // names it, so that none of them is read as the next connection's.
   held_slots_.push_back({slot, order_written_});
@@ -182,6 +243,11 @@ void ShimChannel::ReleaseReplaySlot(int slot) {
 
 void ShimChannel::ReuseSlots() {
   uint64_t taken = hdr_->order_tail.load(std::memory_order_acquire);
+  if (taken > order_published_) {
+    Fail("order ring: tail " + std::to_string(taken) + " past the head " +
+         std::to_string(order_published_));
+    return;
+  }
   while (!held_slots_.empty() && held_slots_.front().second <= taken) {
     free_slots_.push_back(held_slots_.front().first);
     held_slots_.pop_front();
@@ -189,9 +255,11 @@ void ShimChannel::ReuseSlots() {
 }
 
 uint64_t ShimChannel::ReplayRead(int slot) const {
+  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   return hdr_->replay[slot].read_bytes.load();
 }
 bool ShimChannel::ReplayEof(int slot) const {
+  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   return hdr_->replay[slot].eof_read.load() != 0;
 }
 

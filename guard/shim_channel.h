@@ -2,6 +2,12 @@
 // preload shim inside its server (the contract is preload/shim_abi.h):
 // submissions in, outcomes out, the leader/passthrough mode, the sleep/wake
 // handshake, and the replay slots that let a backup keep the log's order.
+//
+// The region is shared with the server, whose memory a bug may corrupt: the
+// daemon keeps its own copies of the rings' geometry and of the positions it
+// publishes, and checks every position and length the shim writes before
+// using it (in release builds too). A channel found corrupt stops working
+// and says why in error().
 #pragma once
 
 #include <cstdint>
@@ -31,6 +37,10 @@ class ShimChannel {
   bool shim_attached() const;
 
   void SetLeader(bool leader);
+
+  // Non-empty once the shim wrote something impossible into the region
+  // (the channel then neither takes submissions nor publishes outcomes).
+  const std::string& error() const { return error_; }
 
   // Submissions, oldest first. The view stays valid until Pop().
   struct Submission {
@@ -68,18 +78,28 @@ class ShimChannel {
   bool ReplayEof(int slot) const;
 
  private:
+  void Fail(const std::string& why);
+  void ReuseSlots();
+
   ls_shim_header* hdr_ = nullptr;
   char* sub_ring_ = nullptr;
   ls_done_record* done_ring_ = nullptr;
   ls_order_record* order_ring_ = nullptr;
-  uint64_t order_written_ = 0;  // records written; published up to here by Flush()
+  // The rings' geometry, as created: the copies in the header are the
+  // shim's to read, not ours to trust.
+  uint64_t sub_bytes_ = 0, done_slots_ = 0, order_slots_ = 0;
+  // Positions the daemon publishes (monotonic; the header holds copies).
+  uint64_t sub_tail_ = 0;         // submission bytes consumed
+  uint64_t done_head_ = 0;        // completion records published
+  uint64_t order_written_ = 0;    // order records written; published up to here by Flush()
+  uint64_t order_published_ = 0;  // order records published
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned
   std::vector<ls_done_record> unflushed_;
   std::vector<int> free_slots_;
   std::deque<std::pair<int, uint64_t>> held_slots_;  // (slot, order records written then)
-  void ReuseSlots();
+  std::string error_;
 };
 
 }  // namespace lockstep

@@ -65,6 +65,154 @@ bool DecodeMessage(std::string_view in, Message* m) {
   return r.bytes(&m->transport) && r.done();
 }
 
+const char* ConnRoleName(ConnRole role) {
+  switch (role) {
+    case ConnRole::kPeer: return "peer";
+    case ConnRole::kOutbound: return "outbound";
+    case ConnRole::kClient: return "client";
+  }
+  return "?";
+}
+
+bool ParseHelloRole(std::string_view name, ConnRole* role) {
+  for (ConnRole r : {ConnRole::kPeer, ConnRole::kClient}) {
+    if (name == ConnRoleName(r)) {
+      *role = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string EncodeHello(ConnRole role, int from_id) {
+  ByteWriter w;
+  w.u32(kWireMagic);
+  w.u32(kWireVersion);
+  w.bytes(ConnRoleName(role));
+  w.u32(static_cast<uint32_t>(from_id));
+  return std::move(w.str());
+}
+
+bool DecodeHello(std::string_view in, Hello* hello) {
+  ByteReader r(in);
+  return r.u32(&hello->magic) && r.u32(&hello->version) && r.bytes(&hello->role) &&
+         r.u32(&hello->from);
+}
+
+// ---------------------------------------------------------------- client requests
+
+std::string EncodeProposeRequest(EntryType type, std::string_view payload) {
+  ByteWriter w;
+  w.u8(static_cast<uint8_t>(type));
+  w.bytes(payload);
+  return std::move(w.str());
+}
+
+bool DecodeProposeRequest(std::string_view in, ProposeRequest* req) {
+  ByteReader r(in);
+  uint8_t type = 0;
+  if (!r.u8(&type) || !r.bytes(&req->payload)) return false;
+  req->type = static_cast<EntryType>(type);
+  return true;
+}
+
+std::string EncodeReadRequest(const ReadRequest& req) {
+  ByteWriter w;
+  w.u64(req.from);
+  w.u32(req.max);
+  return std::move(w.str());
+}
+
+bool DecodeReadRequest(std::string_view in, ReadRequest* req) {
+  ByteReader r(in);
+  return r.u64(&req->from) && r.u32(&req->max);
+}
+
+std::string EncodeTruncateRequest(const TruncateRequest& req) {
+  ByteWriter w;
+  w.u64(req.below);
+  return std::move(w.str());
+}
+
+bool DecodeTruncateRequest(std::string_view in, TruncateRequest* req) {
+  ByteReader r(in);
+  return r.u64(&req->below);
+}
+
+// ---------------------------------------------------------------- client replies
+
+std::string EncodeProposeReply(const ProposeReply& reply) {
+  ByteWriter w;
+  w.u8(reply.ok ? 1 : 0);
+  w.u64(reply.index);
+  w.bytes(reply.error);
+  if (reply.ok) {
+    w.f64(reply.commit_us);
+    w.f64(reply.durable_us);
+    w.f64(reply.quorum_us);
+  }
+  return std::move(w.str());
+}
+
+bool DecodeProposeReply(std::string_view in, ProposeReply* reply) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  *reply = ProposeReply{};
+  if (!r.u8(&ok) || !r.u64(&reply->index) || !r.bytes(&reply->error)) return false;
+  reply->ok = ok != 0;
+  if (reply->ok) {  // timings are informative: a reply without them still counts
+    r.f64(&reply->commit_us);
+    r.f64(&reply->durable_us);
+    r.f64(&reply->quorum_us);
+  }
+  return true;
+}
+
+std::string EncodeReadReply(uint64_t commit_index, const std::vector<const Entry*>& entries) {
+  ByteWriter w;
+  w.u64(commit_index);
+  w.u32(static_cast<uint32_t>(entries.size()));
+  for (const Entry* e : entries) {
+    w.u64(e->index);
+    w.u64(e->ballot);
+    w.u8(static_cast<uint8_t>(e->type));
+    w.bytes(e->payload);
+  }
+  return std::move(w.str());
+}
+
+bool DecodeReadReply(std::string_view in, ReadReply* reply) {
+  ByteReader r(in);
+  uint32_t n = 0;
+  reply->entries.clear();
+  if (!r.u64(&reply->commit_index) || !r.u32(&n)) return false;
+  for (uint32_t i = 0; i < n; i++) {
+    Entry e;
+    uint8_t t;
+    if (!r.u64(&e.index) || !r.u64(&e.ballot) || !r.u8(&t) || !r.bytes(&e.payload)) return false;
+    e.type = static_cast<EntryType>(t);
+    reply->entries.push_back(std::move(e));
+  }
+  return true;
+}
+
+std::string EncodeTruncateReply(const TruncateReply& reply) {
+  ByteWriter w;
+  w.u8(reply.ok ? 1 : 0);
+  w.u64(reply.first_index);
+  return std::move(w.str());
+}
+
+bool DecodeTruncateReply(std::string_view in, TruncateReply* reply) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  if (!r.u8(&ok) || !r.u64(&reply->first_index)) return false;
+  reply->ok = ok != 0;
+  return true;
+}
+
+// ---------------------------------------------------------------- authentication
+
 std::string HmacSha256(const std::string& key, const std::string& data) {
   unsigned char out[32];
   unsigned int len = 0;
@@ -83,10 +231,10 @@ std::string RandomBytes(size_t n) {
   return s;
 }
 
-std::string AuthProof(const std::string& secret, const std::string& nonce, const std::string& role,
+std::string AuthProof(const std::string& secret, const std::string& nonce, ConnRole role,
                       int from_id) {
-  return HmacSha256(secret,
-                    "lockstep-auth-v1|" + role + "|" + std::to_string(from_id) + "|" + nonce);
+  return HmacSha256(secret, "lockstep-auth-v1|" + std::string(ConnRoleName(role)) + "|" +
+                                std::to_string(from_id) + "|" + nonce);
 }
 
 FrameConn::~FrameConn() {
@@ -276,17 +424,12 @@ bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::
 }
 
 int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
-                         const std::string& role, int from_id, int timeout_ms, std::string* error) {
+                         ConnRole role, int from_id, int timeout_ms, std::string* error) {
   int fd = ConnectTcp(host, port, timeout_ms, error);
   if (fd < 0) return -1;
-  ByteWriter hello;
-  hello.u32(kWireMagic);
-  hello.u32(kWireVersion);
-  hello.bytes(role);
-  hello.u32(static_cast<uint32_t>(from_id));
   FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd, FrameKind::kHello, hello.str(), error) ||
+  if (!WriteFrame(fd, FrameKind::kHello, EncodeHello(role, from_id), error) ||
       !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
     close(fd);
     return -1;

@@ -1,8 +1,9 @@
 // wire.h — bytes on the daemons' TCP channels: framing, the protocol
-// messages of consensus/core.h, the client requests, and the handshake that
-// authenticates every connection with the cluster secret (HMAC-SHA256 over a
-// fresh challenge), so a process that does not know the secret can neither
-// speak for a replica nor propose.
+// messages of consensus/core.h, the client requests and their replies (one
+// encoder and one decoder each, shared by the daemon and the command-line
+// client), and the handshake that authenticates every connection with the
+// cluster secret (HMAC-SHA256 over a fresh challenge), so a process that
+// does not know the secret can neither speak for a replica nor propose.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "consensus/core.h"
 
@@ -82,16 +84,85 @@ class ByteReader {
 std::string EncodeMessage(const Message& m);
 bool DecodeMessage(std::string_view in, Message* m);
 
+// What a connection is for, on the daemon's side: a peer or a client that
+// connected to us, or our own send-only connection to a peer.
+enum class ConnRole : uint8_t { kPeer, kOutbound, kClient };
+// "peer", "outbound", "client". "peer" and "client" are also the role
+// strings a HELLO carries on the wire (and that the proof covers): keep them.
+const char* ConnRoleName(ConnRole role);
+// The role a HELLO names; false for anything but "peer" and "client".
+bool ParseHelloRole(std::string_view name, ConnRole* role);
+
+// The connector's first frame: who it is.
+struct Hello {
+  uint32_t magic = 0;  // kWireMagic
+  uint32_t version = 0;
+  std::string role;  // as sent (see ParseHelloRole)
+  uint32_t from = 0;
+};
+std::string EncodeHello(ConnRole role, int from_id);
+bool DecodeHello(std::string_view in, Hello* hello);  // false: truncated
+
 std::string HmacSha256(const std::string& key, const std::string& data);
 std::string RandomBytes(size_t n);
 // What a connector proves: it knows the secret, and who it is.
-std::string AuthProof(const std::string& secret, const std::string& nonce, const std::string& role,
+std::string AuthProof(const std::string& secret, const std::string& nonce, ConnRole role,
                       int from_id);
+
+// Client requests (kPropose, kRead, kTruncate). Decoders check the layout
+// only; what the values mean is the daemon's to check.
+struct ProposeRequest {
+  EntryType type = EntryType::kInput;
+  std::string payload;
+};
+std::string EncodeProposeRequest(EntryType type, std::string_view payload);
+bool DecodeProposeRequest(std::string_view in, ProposeRequest* req);
+
+struct ReadRequest {
+  uint64_t from = 0;  // first index wanted
+  uint32_t max = 0;   // entries at most
+};
+std::string EncodeReadRequest(const ReadRequest& req);
+bool DecodeReadRequest(std::string_view in, ReadRequest* req);
+
+struct TruncateRequest {
+  uint64_t below = 0;
+};
+std::string EncodeTruncateRequest(const TruncateRequest& req);
+bool DecodeTruncateRequest(std::string_view in, TruncateRequest* req);
+
+// Their replies (kProposeResult, kReadResult, kTruncateResult).
+struct ProposeReply {
+  bool ok = false;
+  uint64_t index = 0;
+  std::string error;
+  // Only sent when ok:
+  double commit_us = 0;   // daemon: proposal to commit
+  double durable_us = 0;  // daemon: proposal to its own durable write
+  double quorum_us = 0;   // daemon: durable write to commit (waiting for the majority)
+};
+std::string EncodeProposeReply(const ProposeReply& reply);
+bool DecodeProposeReply(std::string_view in, ProposeReply* reply);
+
+struct ReadReply {
+  uint64_t commit_index = 0;
+  std::vector<Entry> entries;  // committed, in index order
+};
+// Encodes from pointers into the daemon's log: the payloads are not copied twice.
+std::string EncodeReadReply(uint64_t commit_index, const std::vector<const Entry*>& entries);
+bool DecodeReadReply(std::string_view in, ReadReply* reply);
+
+struct TruncateReply {
+  bool ok = false;
+  uint64_t first_index = 0;  // the log's first index after the request
+};
+std::string EncodeTruncateReply(const TruncateReply& reply);
+bool DecodeTruncateReply(std::string_view in, TruncateReply* reply);
 
 // A non-blocking TCP connection carrying frames. Owned by an event loop.
 class FrameConn {
  public:
-  explicit FrameConn(int fd) : fd_(fd) {}
+  FrameConn(int fd, ConnRole role) : role(role), fd_(fd) {}
   ~FrameConn();
   int fd() const { return fd_; }
   // Reads what the socket has; calls on_frame per complete frame. False when
@@ -105,9 +176,9 @@ class FrameConn {
   size_t queued_bytes() const { return out_.size() - out_off_; }
 
   // Connection state used by the daemon.
+  const ConnRole role;
   bool authenticated = false;
   std::string nonce;
-  std::string role;  // "peer" or "client"
   int peer_id = -1;
 
  private:
@@ -121,8 +192,8 @@ class FrameConn {
 int ConnectTcp(const std::string& host, int port, int timeout_ms, std::string* error);
 bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* error);
 bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::string* error);
-// Connects and authenticates as `role` ("client") with the cluster secret.
+// Connects and authenticates as `role` (kPeer or kClient) with the cluster secret.
 int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
-                         const std::string& role, int from_id, int timeout_ms, std::string* error);
+                         ConnRole role, int from_id, int timeout_ms, std::string* error);
 
 }  // namespace lockstep

@@ -1,0 +1,444 @@
+// front_door.cc — see front_door.h.
+#include "guard/front_door.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "consensus/assert.h"
+#include "guard/client.h"
+
+namespace lockstep {
+
+namespace {
+
+constexpr int kListenBacklog = 128;
+constexpr size_t kNonceBytes = 32;  // the handshake's challenge
+constexpr int kPeerConnectTimeoutMs = 300;
+constexpr uint64_t kPeerRetryUs = 50000;          // after a failed connection to a peer
+constexpr useconds_t kConnectorPeriodUs = 10000;  // how often the connector looks
+
+int ListenTcp(const std::string& host, int port, std::string* error) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    *error = "host '" + host + "' is not an IPv4 address";
+    return -1;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    *error = "cannot listen on " + host + ":" + std::to_string(port) + ": " + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  listen(fd, kListenBacklog);
+  return fd;
+}
+
+}  // namespace
+
+FrontDoor::FrontDoor(const ClusterConfig& config, int id, bool verbose, EventLoop& loop,
+                     Replica& core, const std::string& disk_error, Hooks hooks,
+                     const ReplicaLog& log)
+    : cfg_(config),
+      me_(config.replicas[id]),
+      n_(static_cast<int>(config.replicas.size())),
+      verbose_(verbose),
+      loop_(loop),
+      core_(core),
+      disk_error_(disk_error),
+      hooks_(std::move(hooks)),
+      log_(log) {
+  outbound_.assign(n_, nullptr);
+  outbound_connected_.reset(new std::atomic<bool>[n_]);
+  for (int r = 0; r < n_; r++) outbound_connected_[r] = false;
+}
+
+FrontDoor::~FrontDoor() {
+  StopConnector();
+  for (int fd : {peer_listen_, client_listen_, connected_efd_})
+    if (fd >= 0) close(fd);
+}
+
+bool FrontDoor::Listen() {
+  std::string err;
+  peer_listen_ = ListenTcp(me_.host, me_.peer_port, &err);
+  if (peer_listen_ < 0) {
+    log_("%s (peer_port of replica %d)", err.c_str(), me_.id);
+    return false;
+  }
+  client_listen_ = ListenTcp(me_.host, me_.client_port, &err);
+  if (client_listen_ < 0) {
+    log_("%s (client_port of replica %d)", err.c_str(), me_.id);
+    return false;
+  }
+  connected_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  loop_.Add(peer_listen_, [this](uint32_t) { return AcceptOn(peer_listen_, ConnRole::kPeer); });
+  loop_.Add(client_listen_,
+            [this](uint32_t) { return AcceptOn(client_listen_, ConnRole::kClient); });
+  loop_.Add(connected_efd_, [this](uint32_t) { return OnOutboundConnected(); });
+  return true;
+}
+
+void FrontDoor::StartConnector() {
+  connector_ = std::thread([this] { ConnectorThread(); });
+}
+
+void FrontDoor::StopConnector() {
+  stopping_ = true;
+  if (connector_.joinable()) connector_.join();
+}
+
+// Opens (and re-opens) the outbound, send-only connection to every peer.
+void FrontDoor::ConnectorThread() {
+  std::vector<uint64_t> next_try(n_, 0);
+  while (!stopping_) {
+    for (int r = 0; r < n_ && !stopping_; r++) {
+      if (r == me_.id) continue;
+      if (outbound_connected_[r].load() || NowUs() < next_try[r]) continue;
+      std::string err;
+      const auto& p = cfg_.replicas[r];
+      int fd = ConnectAuthenticated(p.host, p.peer_port, cfg_.secret, ConnRole::kPeer, me_.id,
+                                    kPeerConnectTimeoutMs, &err);
+      if (fd < 0) {
+        next_try[r] = NowUs() + kPeerRetryUs;
+        if (err.find("refused by") != std::string::npos) log_("peer %d: %s", r, err.c_str());
+        continue;
+      }
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      outbound_connected_[r] = true;
+      std::lock_guard<std::mutex> g(connected_mu_);
+      connected_.push_back({r, fd});
+      uint64_t one = 1;
+      (void)!write(connected_efd_, &one, 8);
+    }
+    usleep(kConnectorPeriodUs);
+  }
+}
+
+// ---------------------------------------------------------------- connections
+
+bool FrontDoor::OnOutboundConnected() {
+  uint64_t v;
+  (void)!read(connected_efd_, &v, 8);
+  std::vector<std::pair<int, int>> got;
+  {
+    std::lock_guard<std::mutex> g(connected_mu_);
+    got.swap(connected_);
+  }
+  for (auto [r, cfd] : got) {
+    auto c = std::make_unique<FrameConn>(cfd, ConnRole::kOutbound);
+    c->authenticated = true;  // the connector did the handshake
+    c->peer_id = r;
+    outbound_[r] = c.get();
+    AddConn(std::move(c));
+  }
+  return false;
+}
+
+bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
+  for (;;) {
+    sockaddr_storage a;
+    socklen_t len = sizeof a;
+    int fd =
+        accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return false;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    AddConn(std::make_unique<FrameConn>(fd, role));
+  }
+}
+
+void FrontDoor::AddConn(std::unique_ptr<FrameConn> c) {
+  int fd = c->fd();
+  loop_.Add(fd, [this, fd](uint32_t events) { return OnConnEvent(fd, events); });
+  conns_[fd] = std::move(c);
+}
+
+bool FrontDoor::OnConnEvent(int fd, uint32_t events) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return false;
+  FrameConn* c = it->second.get();
+  if (events & EPOLLOUT) {
+    std::string err;
+    if (!c->Flush(&err)) {
+      CloseConn(c, err);
+      return false;
+    }
+    if (!c->WantsWrite()) loop_.Watch(fd, false);
+  }
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    if (c->role == ConnRole::kOutbound) {
+      // Send-only: the peer writes nothing, so input means it closed.
+      char buf[256];
+      ssize_t r = read(fd, buf, sizeof buf);
+      if (r == 0 || (r < 0 && errno != EAGAIN)) CloseConn(c, "peer closed");
+    } else {
+      OnConnReadable(c);
+    }
+  }
+  return true;
+}
+
+void FrontDoor::CloseConn(FrameConn* c, const std::string& why) {
+  int fd = c->fd();
+  if (verbose_) log_("closing %s connection (fd %d): %s", ConnRoleName(c->role), fd, why.c_str());
+  // The leader's end of a connection closed: its process most likely died
+  // (the kernel closes a killed process's sockets at once). Elect now rather
+  // than after the election timeout, which is long here (see config.h); the
+  // pre-vote still needs a majority that lost the leader too.
+  if ((c->role == ConnRole::kPeer || c->role == ConnRole::kOutbound) && c->authenticated &&
+      c->peer_id >= 0 && core_.role() == Role::kBackup && c->peer_id == core_.leader() &&
+      core_.last_leader_contact_us() != 0) {
+    log_("connection to leader %d closed (%s): electing without waiting for the timeout",
+         c->peer_id, why.c_str());
+    core_.OnLeaderGone(NowUs());
+  }
+  for (int r = 0; r < n_; r++)
+    if (outbound_[r] == c) {
+      outbound_[r] = nullptr;
+      outbound_connected_[r] = false;
+    }
+  for (auto& w : waiters_)
+    if (w.conn == c) w.conn = nullptr;
+  loop_.Remove(fd);
+  conns_.erase(fd);
+}
+
+void FrontDoor::OnConnReadable(FrameConn* c) {
+  std::string err;
+  bool ok = c->ReadFrames([&](FrameKind k, std::string_view body) { OnFrame(c, k, body); }, &err);
+  if (!ok) {
+    CloseConn(c, err);
+    return;
+  }
+  if (!c->Flush(&err)) CloseConn(c, err);
+}
+
+void FrontDoor::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
+  if (!c->authenticated) {
+    OnHandshake(c, kind, body);
+    return;
+  }
+  if (c->role == ConnRole::kPeer) {
+    if (kind != FrameKind::kPeerMessage) return;
+    Message m;
+    if (!DecodeMessage(body, &m) || m.from != c->peer_id || m.to != me_.id) {
+      log_("malformed message from replica %d ignored", c->peer_id);
+      return;
+    }
+    if (verbose_)
+      log_("<- %s from %d ballot %s stream %lu commit %lu entries %zu", MessageTypeName(m.type),
+           m.from, BallotString(m.ballot).c_str(), (unsigned long)m.stream_id,
+           (unsigned long)m.commit_index, m.entries.size());
+    hooks_.on_peer_message(std::move(m));
+    return;
+  }
+  OnClientFrame(c, kind, body);
+}
+
+// HELLO -> CHALLENGE, AUTH -> WELCOME or REFUSED.
+void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body) {
+  if (kind == FrameKind::kHello && c->nonce.empty()) {
+    Hello hello;
+    if (!DecodeHello(body, &hello) || hello.magic != kWireMagic) {
+      c->Queue(FrameKind::kRefused, "not a lockstep handshake");
+      return;
+    }
+    if (hello.version != kWireVersion) {
+      c->Queue(FrameKind::kRefused,
+               "wire version " + std::to_string(hello.version) + " not supported");
+      return;
+    }
+    // A peer on the client port (or the reverse) is refused: the role is
+    // part of what the proof covers.
+    ConnRole role;
+    if (!ParseHelloRole(hello.role, &role) || role != c->role ||
+        (role == ConnRole::kPeer &&
+         (hello.from >= static_cast<uint32_t>(n_) || static_cast<int>(hello.from) == me_.id))) {
+      c->Queue(FrameKind::kRefused, "wrong port for role '" + hello.role + "' or bad replica id");
+      return;
+    }
+    c->peer_id = static_cast<int>(hello.from);
+    c->nonce = RandomBytes(kNonceBytes);
+    c->Queue(FrameKind::kChallenge, c->nonce);
+    return;
+  }
+  if (kind == FrameKind::kAuth && !c->nonce.empty()) {
+    std::string expect = AuthProof(cfg_.secret, c->nonce, c->role, c->peer_id);
+    if (body.size() == expect.size() &&
+        CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
+      c->authenticated = true;
+      c->Queue(FrameKind::kWelcome, "");
+      return;
+    }
+    sockaddr_storage a;
+    socklen_t len = sizeof a;
+    char host[64] = "?";
+    if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
+    log_("refused an unauthenticated %s connection from %s: it does not know the cluster secret",
+         ConnRoleName(c->role), host);
+    c->Queue(FrameKind::kRefused, "authentication failed: wrong cluster secret");
+    return;
+  }
+  c->Queue(FrameKind::kRefused, "handshake out of order");
+}
+
+void FrontDoor::SendToPeer(Message* m) {
+  if (m->to < 0 || m->to >= n_ || m->to == me_.id) return;
+  FrameConn* c = outbound_[m->to];
+  if (verbose_)
+    log_("-> %s to %d ballot %s stream %lu%s", MessageTypeName(m->type), m->to,
+         BallotString(m->ballot).c_str(), (unsigned long)m->stream_id,
+         c ? "" : " (not connected: dropped)");
+  if (!c) return;  // not connected: the protocol tolerates a lost message
+  if (!hooks_.fill_transport(m)) return;
+  c->Queue(FrameKind::kPeerMessage, EncodeMessage(*m));
+  std::string err;
+  if (!c->Flush(&err)) {
+    CloseConn(c, err);
+  } else if (c->WantsWrite()) {
+    loop_.Watch(c->fd(), true);
+  }
+}
+
+// ---------------------------------------------------------------- clients
+
+void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body) {
+  uint64_t now = NowUs();
+  switch (kind) {
+    case FrameKind::kPropose: OnPropose(c, body, now); return;
+    case FrameKind::kStatus: c->Queue(FrameKind::kStatusResult, StatusJson()); return;
+    case FrameKind::kRead: {
+      ReadRequest req;
+      if (!DecodeReadRequest(body, &req)) return;
+      uint64_t first = std::max(req.from, core_.first_index());
+      uint64_t last = std::min(core_.commit_index(), first + req.max - 1);
+      std::vector<const Entry*> entries;
+      for (uint64_t i = first; last >= first && i <= last; i++) {
+        const Entry* e = core_.At(i);
+        LS_ASSERT(e != nullptr, "committed slot %lu missing (log %lu..%lu)", (unsigned long)i,
+                  (unsigned long)core_.first_index(), (unsigned long)core_.last_index());
+        entries.push_back(e);
+      }
+      c->Queue(FrameKind::kReadResult, EncodeReadReply(core_.commit_index(), entries));
+      return;
+    }
+    case FrameKind::kTruncate: {
+      TruncateRequest req;
+      bool ok = DecodeTruncateRequest(body, &req) && core_.TruncateBelow(req.below);
+      c->Queue(FrameKind::kTruncateResult, EncodeTruncateReply({ok, core_.first_index()}));
+      return;
+    }
+    default: CloseConn(c, "unknown request");
+  }
+}
+
+void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
+  ProposeRequest req;
+  if (!DecodeProposeRequest(body, &req) || !IsSlotType(req.type)) {
+    c->Queue(FrameKind::kProposeResult, EncodeProposeReply({false, 0, "malformed proposal"}));
+    return;
+  }
+  std::string error;
+  ProposeResult pr;
+  if (!disk_error_.empty()) {
+    error = "this replica cannot write its log: " + disk_error_ + "; proposals are refused";
+  } else {
+    pr = core_.Propose(now, req.type, std::move(req.payload));
+    if (!pr.ok) error = pr.error;
+  }
+  if (!error.empty()) {
+    c->Queue(FrameKind::kProposeResult, EncodeProposeReply({false, 0, error}));
+    return;
+  }
+  waiters_.push_back(Waiter{pr.index, core_.promised(), now, 0, c});
+}
+
+std::string FrontDoor::StatusJson() {
+  ServerStatus server = hooks_.server_status();
+  std::ostringstream o;
+  o << "{\"id\":" << me_.id << ",\"pid\":" << getpid() << ",\"role\":\"" << RoleName(core_.role())
+    << "\",\"ballot\":\"" << BallotString(core_.promised()) << "\",\"leader\":" << core_.leader()
+    << ",\"commit_index\":" << core_.commit_index()
+    << ",\"durable_index\":" << core_.durable_index() << ",\"last_index\":" << core_.last_index()
+    << ",\"first_index\":" << core_.first_index() << ",\"transport\":\"" << cfg_.transport
+    << "\",\"durability\":\"" << cfg_.durability
+    << "\",\"may_vote\":" << (core_.may_vote() ? "true" : "false") << ",\"disk_error\":\""
+    << JsonEscape(disk_error_) << "\",\"applied_index\":" << server.applied_index
+    << ",\"server_pid\":" << server.server_pid << ",\"server_port\":" << me_.server_port
+    << ",\"replay_connections\":" << server.replay_connections << ",\"peers\":[";
+  for (int r = 0; r < n_; r++) {
+    if (r) o << ",";
+    o << "{\"id\":" << r << ",\"match\":" << core_.PeerMatch(r)
+      << ",\"stream\":" << (core_.PeerReady(r) ? "true" : "false") << "}";
+  }
+  o << "]}";
+  return o.str();
+}
+
+// Proposals in flight get an answer now: their outcome is unknown (they may
+// still commit later), which is what the client is told.
+void FrontDoor::FailWaiters(const std::string& why) {
+  for (auto& w : waiters_) {
+    if (!w.conn) continue;
+    w.conn->Queue(FrameKind::kProposeResult, EncodeProposeReply({false, w.index, why}));
+  }
+  waiters_.clear();
+}
+
+void FrontDoor::ReplyWaiters(uint64_t now) {
+  uint64_t durable = core_.durable_index();
+  for (auto& w : waiters_)
+    if (!w.durable_us && w.index <= durable) w.durable_us = now;
+  uint64_t commit = core_.commit_index();
+  while (!waiters_.empty() && waiters_.front().index <= commit) {
+    Waiter w = waiters_.front();
+    waiters_.pop_front();
+    if (!w.conn) continue;
+    const Entry* e = core_.At(w.index);
+    if (!e || e->ballot != w.ballot) {  // the slot was decided under another ballot
+      w.conn->Queue(FrameKind::kProposeResult,
+                    EncodeProposeReply(
+                        {false, w.index, "leadership changed before commit; outcome unknown"}));
+      continue;
+    }
+    uint64_t durable_at = w.durable_us ? w.durable_us : now;
+    ProposeReply reply{true, w.index, ""};
+    reply.commit_us = static_cast<double>(now - w.proposed_us);
+    reply.durable_us = static_cast<double>(durable_at - w.proposed_us);  // own durable write
+    reply.quorum_us = static_cast<double>(now - durable_at);             // waiting for the quorum
+    w.conn->Queue(FrameKind::kProposeResult, EncodeProposeReply(reply));
+  }
+}
+
+void FrontDoor::FlushClients() {
+  std::string err;
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    FrameConn* c = it->second.get();
+    ++it;
+    if (c->role == ConnRole::kClient && c->WantsWrite()) {
+      if (!c->Flush(&err)) {
+        CloseConn(c, err);
+      } else if (c->WantsWrite()) {
+        loop_.Watch(c->fd(), true);
+      }
+    }
+  }
+}
+
+}  // namespace lockstep

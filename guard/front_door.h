@@ -1,0 +1,115 @@
+// front_door.h — the replica's TCP side: the peer and client listeners, the
+// thread that opens (and re-opens) the send-only connection to every peer,
+// the authentication handshake every connection passes first, and then its
+// frames: protocol messages from peers, and client requests (propose,
+// status, read, truncate), whose proposals wait here until they commit.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "consensus/core.h"
+#include "guard/config.h"
+#include "guard/event_loop.h"
+#include "guard/replica_log.h"
+#include "guard/wire.h"
+
+namespace lockstep {
+
+// What the status reply says about the replicated server (zeros without one).
+struct ServerStatus {
+  uint64_t applied_index = 0;
+  int server_pid = 0;
+  size_t replay_connections = 0;
+};
+
+class FrontDoor {
+ public:
+  struct Hooks {
+    // An authenticated peer's message to this replica.
+    std::function<void(Message)> on_peer_message;
+    // Fills an outgoing message's transport blob; false: do not send it.
+    std::function<bool(Message*)> fill_transport;
+    std::function<ServerStatus()> server_status;
+  };
+
+  // disk_error: non-empty while this replica cannot write its log (then
+  // proposals are refused); owned by the caller and read on every proposal.
+  FrontDoor(const ClusterConfig& config, int id, bool verbose, EventLoop& loop, Replica& core,
+            const std::string& disk_error, Hooks hooks, const ReplicaLog& log);
+  ~FrontDoor();  // stops the connector thread
+  FrontDoor(const FrontDoor&) = delete;
+  FrontDoor& operator=(const FrontDoor&) = delete;
+
+  // Listens on the peer and client ports (false, logged, when it cannot).
+  bool Listen();
+  // Starts the thread that connects to the peers; StopConnector joins it.
+  void StartConnector();
+  void StopConnector();
+
+  // Over the outbound connection to m->to; dropped when there is none (the
+  // protocol tolerates a lost message).
+  void SendToPeer(Message* m);
+  // Answers the proposals whose index committed (or was decided otherwise).
+  void ReplyWaiters(uint64_t now);
+  // Answers every proposal in flight: outcome unknown, because `why`.
+  void FailWaiters(const std::string& why);
+  // Writes what client connections have queued.
+  void FlushClients();
+
+ private:
+  // A client's proposal, answered once its index commits.
+  struct Waiter {
+    uint64_t index;
+    Ballot ballot;
+    uint64_t proposed_us;
+    uint64_t durable_us = 0;
+    FrameConn* conn;  // null once the client left
+  };
+  void ConnectorThread();
+  bool OnOutboundConnected();
+  bool AcceptOn(int listen_fd, ConnRole role);
+  void AddConn(std::unique_ptr<FrameConn> c);
+  bool OnConnEvent(int fd, uint32_t events);
+  void OnConnReadable(FrameConn* c);
+  void CloseConn(FrameConn* c, const std::string& why);
+  void OnFrame(FrameConn* c, FrameKind kind, std::string_view body);
+  void OnHandshake(FrameConn* c, FrameKind kind, std::string_view body);
+  void OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body);
+  void OnPropose(FrameConn* c, std::string_view body, uint64_t now);
+  std::string StatusJson();
+
+  const ClusterConfig& cfg_;
+  const ReplicaConfig& me_;
+  int n_;
+  bool verbose_;
+  EventLoop& loop_;
+  Replica& core_;
+  const std::string& disk_error_;
+  Hooks hooks_;
+  const ReplicaLog& log_;
+
+  int peer_listen_ = -1, client_listen_ = -1;
+  std::map<int, std::unique_ptr<FrameConn>> conns_;  // by fd
+  std::vector<FrameConn*> outbound_;                 // by replica id
+  std::deque<Waiter> waiters_;                       // in index order
+
+  // Shared with the connector thread.
+  std::mutex connected_mu_;
+  std::vector<std::pair<int, int>> connected_;  // (replica, fd) from the connector thread
+  int connected_efd_ = -1;                      // wakes the loop to take them
+  std::unique_ptr<std::atomic<bool>[]> outbound_connected_;
+  std::atomic<bool> stopping_{false};
+  std::thread connector_;
+};
+
+}  // namespace lockstep

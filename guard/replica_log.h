@@ -1,0 +1,35 @@
+// replica_log.h — what every room of the replica daemon shares: its log line
+// ("HH:MM:SS.micros replica N: ...", which tests and eval/ scripts read), the
+// monotonic clock its timers use, and the threshold above which a step of
+// the loop is reported as slow.
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace lockstep {
+
+inline uint64_t NowUs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+// A pass of the loop normally takes microseconds; a step that takes longer
+// than this (a sleep that overslept, a slow apply, mapping a region) is
+// logged, since a few of them in a row look like a dead leader to the peers.
+inline constexpr uint64_t kSlowStepUs = 5000;
+
+// Writes one line to stderr, prefixed with the wall-clock time and the
+// replica's id. Safe from any thread (one fprintf per line).
+class ReplicaLog {
+ public:
+  explicit ReplicaLog(int id) : id_(id) {}
+  void operator()(const char* fmt, ...) const __attribute__((format(printf, 2, 3)));
+
+ private:
+  int id_;
+};
+
+}  // namespace lockstep
