@@ -31,7 +31,7 @@ void Replayer::Close(ConnKey k) {
   queue_.push_back(Step{Kind::kClose, k, {}});
 }
 
-bool Replayer::Open(ConnKey k, Conn* c) {
+bool Replayer::Open(ConnKey k, Conn* c, int slot) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -46,7 +46,8 @@ bool Replayer::Open(ConnKey k, Conn* c) {
     return false;
   }
   // The shim must know this port is ours before the server accepts it.
-  c->slot = shim_->ClaimReplaySlot(ntohs(local.sin_port));
+  c->slot = slot < 0 ? shim_->ClaimReplaySlot(ntohs(local.sin_port))
+                     : shim_->ReattachReplaySlot(slot, ntohs(local.sin_port));
   if (c->slot < 0) {
     log_("replay: more than 4096 replayed connections are open; this one is not replayed");
     close(fd);
@@ -116,6 +117,25 @@ bool Replayer::Idle() const {
   for (const auto& [k, c] : conns_)
     if (!Drained(k)) return false;
   return true;
+}
+
+std::vector<Replayer::OpenConn> Replayer::OpenConns() const {
+  std::vector<OpenConn> out;
+  for (const auto& [k, c] : conns_)
+    if (c.fd >= 0 && c.slot >= 0 && !c.server_closed)
+      out.push_back(OpenConn{k, c.slot, c.appended});
+  return out;
+}
+
+void Replayer::Reattach(const std::vector<OpenConn>& conns) {
+  for (const OpenConn& o : conns) {
+    Conn c;
+    c.appended = o.bytes;  // the shim's stream offsets carry on from the checkpoint
+    if (Open(o.key, &c, o.slot))
+      conns_[o.key] = std::move(c);
+    else
+      log_("replay: connection " + std::to_string(o.key.no) + " of the checkpoint is lost");
+  }
 }
 
 bool Replayer::Pump(uint64_t now_us) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "guard/shim_channel.h"
 
@@ -54,6 +55,21 @@ class Replayer {
   void OnEvent(int fd, uint32_t events);
   // Nothing queued, and the server has read everything handed to it.
   bool Idle() const;
+
+  // A connection the server holds, as a checkpoint records it: its replay
+  // slot and the bytes handed to it (while Idle(), all read by the server).
+  struct OpenConn {
+    ConnKey key;
+    int slot;
+    uint64_t bytes;
+  };
+  std::vector<OpenConn> OpenConns() const;
+  // After the server was restored from a checkpoint holding `conns` (their
+  // sockets dead, see preload/shim_abi.h "After a restore"): opens a fresh
+  // connection for each, which the shim puts in place of the dead one, and
+  // carries on counting bytes from where the checkpoint was. Call it on a
+  // fresh Replayer over the restored channel, before the server runs.
+  void Reattach(const std::vector<OpenConn>& conns);
   size_t open_connections() const { return conns_.size(); }
   uint64_t queued() const { return queue_.size(); }
 
@@ -74,7 +90,9 @@ class Replayer {
     bool server_closed = false;  // the server closed its end
     bool want_write = false;     // watching for EPOLLOUT (the socket was full)
   };
-  bool Open(ConnKey k, Conn* c);
+  // Connects to the server from a fresh local port; slot < 0 claims a free
+  // replay slot, slot >= 0 reuses a restored one for reattaching.
+  bool Open(ConnKey k, Conn* c, int slot = -1);
   void FlushOut(Conn* c);
   void Finish(std::map<ConnKey, Conn>::iterator it);
   bool Drained(const ConnKey& k) const;  // the server read all we gave it

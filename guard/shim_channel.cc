@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -67,6 +68,63 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
     return false;
   }
   for (int i = LS_MAX_REPLAY - 1; i >= 0; i--) free_slots_.push_back(i);
+  return true;
+}
+
+bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, std::string* error) {
+  if (server_fds.size() != 3) {
+    *error = "the checkpoint names " + std::to_string(server_fds.size()) + " channel fds, not 3";
+    return false;
+  }
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, server_pid, 0));
+  if (pidfd < 0) {
+    *error = "pidfd_open of the restored server: " + std::string(strerror(errno));
+    return false;
+  }
+  int* mine[3] = {&region_fd_, &wake_server_fd_, &wake_daemon_fd_};
+  for (int i = 0; i < 3; i++) {
+    *mine[i] = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, server_fds[i], 0));
+    if (*mine[i] < 0) {
+      *error = "cannot take fd " + std::to_string(server_fds[i]) +
+               " of the restored server: " + strerror(errno);
+      close(pidfd);
+      return false;
+    }
+  }
+  close(pidfd);
+  struct stat st;
+  if (fstat(region_fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) != ls_shim_region_bytes()) {
+    *error = "the restored server's fd " + std::to_string(server_fds[0]) +
+             " is not a shim region of this version";
+    return false;
+  }
+  size_ = ls_shim_region_bytes();
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, region_fd_, 0);
+  if (p == MAP_FAILED) {
+    *error = std::string("restored shim region mmap: ") + strerror(errno);
+    return false;
+  }
+  hdr_ = static_cast<ls_shim_header*>(p);
+  if (hdr_->magic != LS_SHIM_MAGIC || hdr_->version != LS_SHIM_VERSION || hdr_->size != size_ ||
+      hdr_->sub_bytes != LS_SUB_RING_BYTES || hdr_->done_slots != LS_DONE_RING_SLOTS ||
+      hdr_->order_slots != LS_ORDER_SLOTS) {
+    *error = "the restored shim region's header does not match this build";
+    return false;
+  }
+  sub_bytes_ = hdr_->sub_bytes;
+  done_slots_ = hdr_->done_slots;
+  order_slots_ = hdr_->order_slots;
+  sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;
+  done_ring_ = reinterpret_cast<ls_done_record*>(static_cast<char*>(p) + hdr_->done_offset);
+  order_ring_ = reinterpret_cast<ls_order_record*>(static_cast<char*>(p) + hdr_->order_offset);
+  // Our positions are the ones we had published when the dump was taken.
+  sub_tail_ = hdr_->sub_tail.load();
+  done_head_ = hdr_->done_head.load();
+  order_written_ = order_published_ = hdr_->order_head.load();
+  LS_ASSERT(sub_tail_ % 8 == 0, "restored submission tail %lu not 8-aligned",
+            (unsigned long)sub_tail_);
+  for (int i = LS_MAX_REPLAY - 1; i >= 0; i--)
+    if (hdr_->replay[i].port.load() == 0) free_slots_.push_back(i);
   return true;
 }
 
@@ -223,6 +281,20 @@ int ShimChannel::ClaimReplaySlot(int port) {
   s.eof_read.store(0);
   s.port.store(static_cast<uint32_t>(port));
   hdr_->replay_port_bits[port / 64].fetch_or(uint64_t{1} << (port % 64));
+  return slot;
+}
+
+int ShimChannel::ReattachReplaySlot(int slot, int port) {
+  if (slot < 0 || slot >= static_cast<int>(LS_MAX_REPLAY) || port <= 0 ||
+      port > static_cast<int>(kMaxPort))
+    return -1;
+  ls_replay_slot& s = hdr_->replay[slot];
+  uint32_t old = s.port.exchange(static_cast<uint32_t>(port));
+  if (old && old <= kMaxPort)
+    hdr_->replay_port_bits[old / 64].fetch_and(~(uint64_t{1} << (old % 64)));
+  hdr_->replay_port_bits[port / 64].fetch_or(uint64_t{1} << (port % 64));
+  s.reattach.store(1);
+  std::erase(free_slots_, slot);
   return slot;
 }
 

@@ -30,6 +30,12 @@ class ShimChannel {
 
   // A memfd region and two eventfds, all inheritable by the server.
   bool Create(uint32_t max_chunk, std::string* error);
+  // The channel of a server restored from a checkpoint (checkpoint/): CRIU
+  // gave it a copy of the region as it was at the dump and new eventfds, at
+  // the fd numbers `server_fds` (ServerFds() of the channel it was started
+  // with). Takes them from the stopped server (pidfd_getfd) and carries on
+  // from the positions in the restored header.
+  bool Adopt(pid_t server_pid, const std::vector<int>& server_fds, std::string* error);
   // What the server's environment needs (LOCKSTEP_SHIM_*), and which fds it keeps.
   std::vector<std::pair<std::string, std::string>> ServerEnv(int server_port) const;
   std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
@@ -74,6 +80,10 @@ class ShimChannel {
   // connecting, read the server's progress on it, release it after close.
   int ClaimReplaySlot(int port);
   void ReleaseReplaySlot(int slot);
+  // After a restore: slot (restored in use) now belongs to a fresh
+  // connection from `port`, which the shim puts in place of the dead one
+  // (preload/shim_abi.h, "After a restore"). Returns slot, or -1.
+  int ReattachReplaySlot(int slot, int port);
   uint64_t ReplayRead(int slot) const;
   bool ReplayEof(int slot) const;
 

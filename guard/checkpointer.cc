@@ -1,0 +1,160 @@
+// checkpointer.cc — see checkpointer.h.
+#include "guard/checkpointer.h"
+
+#include <time.h>
+
+#include <sstream>
+
+#include "guard/client.h"
+
+namespace lockstep {
+
+Checkpointer::Checkpointer(const CheckpointPolicy& policy, int replica_id,
+                           const std::string& replica_dir, LogFn log)
+    : policy_(policy), id_(replica_id), replica_dir_(replica_dir), log_(std::move(log)) {}
+
+Checkpointer::~Checkpointer() {
+  if (commit_thread_.joinable()) commit_thread_.join();
+  job_.reset();  // kills a dump still running
+  store_.Abort(&pending_);
+}
+
+bool Checkpointer::Open(std::string* error) {
+  if (!store_.Open(replica_dir_, error)) return false;
+  auto all = store_.List();
+  for (const auto& cp : all)
+    if (cp.ok) {
+      newest_index_ = cp.index;
+      newest_time_unix_ = cp.meta.time_unix;
+      last_index_ = cp.index;
+      break;
+    }
+  return true;
+}
+
+bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) const {
+  if (!policy_.enabled || !broken_.empty() || dumping() || commit_thread_.joinable()) return false;
+  if (applied <= last_index_ && !requested_) return false;
+  if (requested_) return true;
+  // Replicas start out staggered (an eighth of the interval per id), so that
+  // backups under the same load do not all pause their servers at once.
+  uint64_t first_offset = last_started_us_ ? 0 : policy_.every_entries * (id_ % 8) / 8;
+  if (applied - last_index_ >= policy_.every_entries + first_offset) return true;
+  if (log_bytes - last_log_bytes_ >= policy_.every_log_bytes) return true;
+  if (!last_started_us_) return false;  // the time rule counts from the first one
+  return now_us - last_started_us_ >= policy_.every_seconds * 1000000;
+}
+
+bool Checkpointer::StartDump(uint64_t index, pid_t server_pid, std::string extra, uint64_t now_us) {
+  requested_ = false;
+  last_started_us_ = now_us;
+  last_index_ = index;
+  std::string err;
+  if (!store_.Begin(index, &pending_, &err)) {
+    last_error_ = "cannot begin checkpoint " + std::to_string(index) + ": " + err;
+    log_("CHECKPOINT FAILED: " + last_error_);
+    failed_++;
+    return false;
+  }
+  CriuOptions o;
+  o.timeout_ms = static_cast<int>(policy_.timeout_ms);
+  o.leave_running = true;
+  job_ = std::make_unique<CriuJob>();
+  if (!job_->StartDump(server_pid, pending_.img_dir, o, &err)) {
+    store_.Abort(&pending_);
+    last_error_ = "cannot start criu for checkpoint " + std::to_string(index) + ": " + err;
+    log_("CHECKPOINT FAILED: " + last_error_);
+    failed_++;
+    return false;
+  }
+  pending_extra_ = std::move(extra);
+  pending_started_us_ = now_us;
+  return true;
+}
+
+void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
+  if (commit_thread_.joinable() && commit_done_.load()) FinishCommit();
+  if (!job_ || !job_->running()) return;
+  CriuResult r;
+  if (!job_->Poll(&r)) return;
+  uint64_t index = pending_.index;
+  if (!r.ok) {
+    store_.Abort(&pending_);
+    failed_++;
+    last_error_ = "criu could not dump the server at index " + std::to_string(index) + ": " +
+                  r.error + " (log: " + r.log_path + ")";
+    // A dump that fails for a reason in the server (something CRIU cannot
+    // dump) fails every time: stop trying instead of freezing it again and
+    // again. A timeout may be a passing stall: try again at the next turn.
+    if (!r.timed_out) broken_ = r.error;
+    log_("CHECKPOINT FAILED: " + last_error_ +
+         (r.timed_out ? "; will try again" : "; this replica keeps serving without checkpoints"));
+    return;
+  }
+  last_dump_us_ = r.duration_us;
+  std::string err;
+  if (!store_.CopyDataDir(data_dir, &pending_, &err)) {
+    failed_++;
+    last_error_ =
+        "cannot copy the server's data for checkpoint " + std::to_string(index) + ": " + err;
+    log_("CHECKPOINT FAILED: " + last_error_);
+    return;
+  }
+  // Hashing and fsyncing the images takes long for a big server: a thread.
+  CheckpointMeta meta;
+  meta.replica_id = static_cast<uint64_t>(id_);
+  meta.time_unix = time(nullptr);
+  meta.dump_us = r.duration_us;
+  meta.extra = std::move(pending_extra_);
+  commit_done_ = false;
+  commit_thread_ = std::thread([this, meta] {
+    commit_ok_ = store_.Commit(&pending_, meta, &commit_error_, &committed_);
+    commit_done_ = true;
+  });
+  (void)now_us;
+}
+
+void Checkpointer::FinishCommit() {
+  commit_thread_.join();
+  if (!commit_ok_) {
+    failed_++;
+    last_error_ = "cannot commit checkpoint: " + commit_error_;
+    log_("CHECKPOINT FAILED: " + last_error_ + "; older checkpoints are intact");
+    return;
+  }
+  taken_++;
+  newest_index_ = committed_.index;
+  newest_time_unix_ = committed_.meta.time_unix;
+  last_error_.clear();
+  char line[256];
+  snprintf(line, sizeof line, "checkpoint %lu taken: dump %.0f ms, %.1f MB",
+           (unsigned long)committed_.index, committed_.meta.dump_us / 1000.0,
+           committed_.bytes / 1e6);
+  log_(line);
+  std::string err;
+  std::vector<std::string> removed;
+  if (!store_.Prune(policy_.keep, &err, &removed)) log_("pruning checkpoints: " + err);
+  for (const auto& r : removed) log_("removed checkpoint " + r);
+}
+
+std::optional<CheckpointInfo> Checkpointer::NewestGood(uint64_t max_index) {
+  std::vector<std::string> skipped;
+  auto cp = store_.NewestGood(max_index, &skipped);
+  for (const auto& s : skipped) log_("refused checkpoint " + s);
+  return cp;
+}
+
+std::string Checkpointer::StatusJson(uint64_t now_us) const {
+  (void)now_us;
+  std::ostringstream o;
+  uint64_t newest = newest_index_.load();
+  o << "{\"index\":" << newest
+    << ",\"age_s\":" << (newest ? static_cast<int64_t>(time(nullptr)) - newest_time_unix_ : -1)
+    << ",\"taken\":" << taken_ << ",\"failed\":" << failed_ << ",\"restores\":" << restores_
+    << ",\"last_dump_us\":" << last_dump_us_ << ",\"dumping\":" << (dumping() ? "true" : "false")
+    << ",\"enabled\":" << (policy_.enabled && broken_.empty() ? "true" : "false") << ",\"error\":\""
+    << JsonEscape(last_error_) << "\"}";
+  return o.str();
+}
+
+}  // namespace lockstep
