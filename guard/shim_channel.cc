@@ -31,6 +31,17 @@ ShimChannel::~ShimChannel() {
     if (fd >= 0) close(fd);
 }
 
+// Our private copies of the ring geometry, taken once from the header.
+void ShimChannel::UseRings() {
+  char* base = reinterpret_cast<char*>(hdr_);
+  sub_bytes_ = hdr_->sub_bytes;
+  done_slots_ = hdr_->done_slots;
+  order_slots_ = hdr_->order_slots;
+  sub_ring_ = base + hdr_->sub_offset;
+  done_ring_ = reinterpret_cast<ls_done_record*>(base + hdr_->done_offset);
+  order_ring_ = reinterpret_cast<ls_order_record*>(base + hdr_->order_offset);
+}
+
 bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
   size_ = ls_shim_region_bytes();
   region_fd_ = memfd_create("lockstep-shim", 0);
@@ -55,12 +66,7 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
   hdr_->max_chunk = max_chunk;
   hdr_->version = LS_SHIM_VERSION;
   hdr_->magic = LS_SHIM_MAGIC;
-  sub_bytes_ = hdr_->sub_bytes;
-  done_slots_ = hdr_->done_slots;
-  order_slots_ = hdr_->order_slots;
-  sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;
-  done_ring_ = reinterpret_cast<ls_done_record*>(static_cast<char*>(p) + hdr_->done_offset);
-  order_ring_ = reinterpret_cast<ls_order_record*>(static_cast<char*>(p) + hdr_->order_offset);
+  UseRings();
   wake_server_fd_ = eventfd(0, EFD_NONBLOCK);
   wake_daemon_fd_ = eventfd(0, EFD_NONBLOCK);
   if (wake_server_fd_ < 0 || wake_daemon_fd_ < 0) {
@@ -111,12 +117,7 @@ bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, st
     *error = "the restored shim region's header does not match this build";
     return false;
   }
-  sub_bytes_ = hdr_->sub_bytes;
-  done_slots_ = hdr_->done_slots;
-  order_slots_ = hdr_->order_slots;
-  sub_ring_ = static_cast<char*>(p) + hdr_->sub_offset;
-  done_ring_ = reinterpret_cast<ls_done_record*>(static_cast<char*>(p) + hdr_->done_offset);
-  order_ring_ = reinterpret_cast<ls_order_record*>(static_cast<char*>(p) + hdr_->order_offset);
+  UseRings();
   // Our positions are the ones we had published when the dump was taken.
   sub_tail_ = hdr_->sub_tail.load();
   done_head_ = hdr_->done_head.load();

@@ -90,6 +90,7 @@ class ShimChannel {
  private:
   void Fail(const std::string& why);
   void ReuseSlots();
+  void UseRings();
 
   ls_shim_header* hdr_ = nullptr;
   char* sub_ring_ = nullptr;
