@@ -3,6 +3,7 @@
 
 #include <time.h>
 
+#include <filesystem>
 #include <sstream>
 
 #include "guard/client.h"
@@ -21,15 +22,29 @@ Checkpointer::~Checkpointer() {
 
 bool Checkpointer::Open(std::string* error) {
   if (!store_.Open(replica_dir_, error)) return false;
-  auto all = store_.List();
-  for (const auto& cp : all)
-    if (cp.ok) {
+  NoteKept();
+  last_index_ = newest_index_;
+  return true;
+}
+
+void Checkpointer::NoteKept() {
+  bool newest = true;
+  for (const auto& cp : store_.List()) {
+    if (!cp.ok) continue;
+    if (newest) {
       newest_index_ = cp.index;
       newest_time_unix_ = cp.meta.time_unix;
-      last_index_ = cp.index;
-      break;
+      newest = false;
     }
-  return true;
+    oldest_kept_index_ = cp.index;
+  }
+}
+
+void Checkpointer::Postpone(uint64_t applied, uint64_t log_bytes, uint64_t now_us) {
+  requested_ = false;
+  last_index_ = applied;
+  last_log_bytes_ = log_bytes;
+  last_started_us_ = now_us;
 }
 
 bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) const {
@@ -45,10 +60,12 @@ bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) co
   return now_us - last_started_us_ >= policy_.every_seconds * 1000000;
 }
 
-bool Checkpointer::StartDump(uint64_t index, pid_t server_pid, std::string extra, uint64_t now_us) {
+bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pid,
+                             std::string extra, uint64_t now_us) {
   requested_ = false;
   last_started_us_ = now_us;
   last_index_ = index;
+  last_log_bytes_ = log_bytes;
   std::string err;
   if (!store_.Begin(index, &pending_, &err)) {
     last_error_ = "cannot begin checkpoint " + std::to_string(index) + ": " + err;
@@ -79,10 +96,15 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
   if (!job_->Poll(&r)) return;
   uint64_t index = pending_.index;
   if (!r.ok) {
+    // criu's log goes with the aborted images: keep a copy where people look.
+    std::string kept = replica_dir_ + "/criu-dump-failed.log";
+    std::error_code ec;
+    std::filesystem::copy_file(r.log_path, kept, std::filesystem::copy_options::overwrite_existing,
+                               ec);
     store_.Abort(&pending_);
     failed_++;
     last_error_ = "criu could not dump the server at index " + std::to_string(index) + ": " +
-                  r.error + " (log: " + r.log_path + ")";
+                  r.error + " (criu's log: " + (ec ? r.log_path + ", lost" : kept) + ")";
     // A dump that fails for a reason in the server (something CRIU cannot
     // dump) fails every time: stop trying instead of freezing it again and
     // again. A timeout may be a passing stall: try again at the next turn.
@@ -107,8 +129,12 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
   meta.dump_us = r.duration_us;
   meta.extra = std::move(pending_extra_);
   commit_done_ = false;
+  // Pruning verifies the checkpoints it keeps (hashing them again): there too.
   commit_thread_ = std::thread([this, meta] {
     commit_ok_ = store_.Commit(&pending_, meta, &commit_error_, &committed_);
+    pruned_.clear();
+    prune_error_.clear();
+    if (commit_ok_) store_.Prune(policy_.keep, &prune_error_, &pruned_);
     commit_done_ = true;
   });
   (void)now_us;
@@ -131,16 +157,27 @@ void Checkpointer::FinishCommit() {
            (unsigned long)committed_.index, committed_.meta.dump_us / 1000.0,
            committed_.bytes / 1e6);
   log_(line);
-  std::string err;
-  std::vector<std::string> removed;
-  if (!store_.Prune(policy_.keep, &err, &removed)) log_("pruning checkpoints: " + err);
-  for (const auto& r : removed) log_("removed checkpoint " + r);
+  if (!prune_error_.empty()) log_("pruning checkpoints: " + prune_error_);
+  for (const auto& r : pruned_) log_("removed " + r);
+  NoteKept();
 }
 
 std::optional<CheckpointInfo> Checkpointer::NewestGood(uint64_t max_index) {
   std::vector<std::string> skipped;
   auto cp = store_.NewestGood(max_index, &skipped);
   for (const auto& s : skipped) log_("refused checkpoint " + s);
+  if (skipped.empty()) return cp;
+  // The refused ones can never be used: remove them (Prune would anyway),
+  // so that `checkpoint list` and the truncation point do not count them.
+  for (const CheckpointInfo& c : store_.List()) {
+    if (c.index > max_index || (cp && c.index <= cp->index)) continue;
+    std::string err;
+    if (store_.Remove(c.index, &err))
+      log_("removed the refused checkpoint " + std::to_string(c.index));
+    else
+      log_("cannot remove the refused checkpoint " + std::to_string(c.index) + ": " + err);
+  }
+  NoteKept();
   return cp;
 }
 

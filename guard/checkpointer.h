@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "checkpoint/criu.h"
 #include "checkpoint/store.h"
@@ -43,12 +44,16 @@ class Checkpointer {
   // makes it due at once.
   bool Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) const;
   void Request() { requested_ = true; }
+  // A due checkpoint could not be taken now (the server did not come to
+  // rest): the next one is due a full interval later, as if it was taken.
+  void Postpone(uint64_t applied, uint64_t log_bytes, uint64_t now_us);
   bool requested() const { return requested_; }
 
   // Starts the dump of the paused server at index; false (logged, and said
   // in the status) when it cannot start. Then Poll until it is no longer
   // dumping; the server may run again as soon as dumping() is false.
-  bool StartDump(uint64_t index, pid_t server_pid, std::string extra, uint64_t now_us);
+  bool StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pid, std::string extra,
+                 uint64_t now_us);
   bool dumping() const { return job_ && job_->running(); }
   // The fd to watch while dumping (readable when criu exits), or -1.
   int fd() const { return job_ && job_->running() ? job_->fd() : -1; }
@@ -60,8 +65,14 @@ class Checkpointer {
   // refused, each said in the log.
   std::optional<CheckpointInfo> NewestGood(uint64_t max_index);
 
-  // The newest committed checkpoint's index (0: none), for truncation.
+  // The newest committed checkpoint's index (0: none).
   uint64_t newest_index() const { return newest_index_.load(); }
+  // The oldest checkpoint kept that reads back (0: none): the log below it
+  // is no longer needed, since a restore uses it when every newer one is
+  // refused. Refreshed when a checkpoint is committed or pruned.
+  uint64_t oldest_kept_index() const { return oldest_kept_index_; }
+  // Every checkpoint of this replica, newest first (as CheckpointStore::List).
+  std::vector<CheckpointInfo> List() const { return store_.List(); }
   // Status JSON object: newest index and age, counts, the last error.
   std::string StatusJson(uint64_t now_us) const;
   void NoteRestore() { restores_++; }
@@ -70,6 +81,7 @@ class Checkpointer {
 
  private:
   void FinishCommit();
+  void NoteKept();  // refreshes newest/oldest kept from the store
 
   CheckpointPolicy policy_;
   int id_;
@@ -85,8 +97,11 @@ class Checkpointer {
   std::atomic<bool> commit_done_{false};
   bool commit_ok_ = false;
   std::string commit_error_;
+  std::vector<std::string> pruned_;  // what the commit thread's prune removed, and why
+  std::string prune_error_;
   CheckpointInfo committed_;
   std::atomic<uint64_t> newest_index_{0};
+  uint64_t oldest_kept_index_ = 0;
   int64_t newest_time_unix_ = 0;
   uint64_t last_index_ = 0;       // applied index of the last checkpoint started
   uint64_t last_log_bytes_ = 0;   // log bytes applied then

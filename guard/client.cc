@@ -98,6 +98,20 @@ bool Client::Truncate(uint64_t below, uint64_t* first_index, std::string* error)
   return reply.ok;
 }
 
+bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error) {
+  FrameKind kind;
+  std::string body;
+  if (!WriteFrame(fd_, FrameKind::kCheckpoint, EncodeCheckpointRequest(CheckpointRequest{op}),
+                  error) ||
+      !ReadFrame(fd_, &kind, &body, 10000, error))
+    return false;
+  if (kind != FrameKind::kCheckpointResult || !DecodeCheckpointReply(body, reply)) {
+    *error = "malformed checkpoint reply (a daemon of another version?)";
+    return false;
+  }
+  return true;
+}
+
 std::string JsonEscape(const std::string& s) {
   std::string o;
   for (char c : s) {

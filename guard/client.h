@@ -29,6 +29,8 @@ class Client {
   bool Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
             std::string* error, int timeout_ms = 10000);
   bool Truncate(uint64_t below, uint64_t* first_index, std::string* error);
+  // `lockstep checkpoint now|list`: false only when the daemon did not answer.
+  bool Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error);
 
  private:
   int fd_ = -1;

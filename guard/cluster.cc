@@ -260,6 +260,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.durability = o.durability;
   c.ring_bytes = o.ring_bytes;
   c.segment_bytes = o.segment_bytes;
+  c.checkpoint.enabled = o.checkpoints;
+  if (o.checkpoint_every_entries) c.checkpoint.every_entries = o.checkpoint_every_entries;
   if (o.spin_us >= 0) c.spin_us = static_cast<uint64_t>(o.spin_us);
   c.server = server;
   for (int i = 0; i < o.replicas; i++) {
@@ -350,6 +352,21 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.disk_error = JsonField(json, "disk_error");
       std::string applied = JsonField(json, "applied_index");
       r.applied_index = applied.empty() ? 0 : std::stoull(applied);
+      std::string first = JsonField(json, "first_index");
+      r.first_index = first.empty() ? 0 : std::stoull(first);
+      std::string spid = JsonField(json, "server_pid");
+      r.server_pid = spid.empty() ? 0 : std::stoi(spid);
+      // The checkpoint object is flat: from its brace to the next one.
+      size_t at = json.find("\"checkpoint\":{");
+      if (at != std::string::npos) {
+        size_t open = json.find('{', at);
+        r.checkpoint_json = json.substr(open, json.find('}', open) - open + 1);
+        std::string idx = JsonField(r.checkpoint_json, "index");
+        std::string age = JsonField(r.checkpoint_json, "age_s");
+        r.checkpoint_index = idx.empty() ? 0 : std::stoull(idx);
+        r.checkpoint_age_s = age.empty() ? -1 : std::stoll(age);
+        r.server_state = JsonField(r.checkpoint_json, "server_state");
+      }
       if (r.role == "leader") {
         s.leader = r.id;
         leader_commit = r.commit_index;
@@ -378,7 +395,9 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
       << ", \"last_index\": " << r.last_index << ", \"applied_index\": " << r.applied_index
       << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
       << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
-      << "\", \"server_addr\": " << str_or_null(r.server_addr) << "}";
+      << "\", \"server_addr\": " << str_or_null(r.server_addr)
+      << ", \"first_index\": " << r.first_index << ", \"server_pid\": " << r.server_pid
+      << ", \"checkpoint\": " << r.checkpoint_json << "}";
   }
   o << "]}";
   return o.str();
@@ -394,15 +413,33 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
     snprintf(col, sizeof col, "%-22s ", v.c_str());
     return std::string(col);
   };
-  snprintf(line, sizeof line, "%-4s %-10s %-8s %s%-8s %-12s %-10s %s\n", "id", "role", "pid",
-           server_col("server").c_str(), "ballot", "commit_index", "last_index", "lag");
+  // And the checkpoint column: the newest one's index and age.
+  auto checkpoint_col = [&](const ReplicaStatus* r) {
+    if (!s.has_server) return std::string();
+    std::string v = "checkpoint";
+    if (r) {
+      v = r->checkpoint_index ? std::to_string(r->checkpoint_index) + " (" +
+                                    std::to_string(r->checkpoint_age_s) + " s ago)"
+                              : "-";
+    }
+    char col[64];
+    snprintf(col, sizeof col, "%-20s ", v.c_str());
+    return std::string(col);
+  };
+  snprintf(line, sizeof line, "%-4s %-10s %-8s %s%-8s %-12s %-10s %s%s\n", "id", "role", "pid",
+           server_col("server").c_str(), "ballot", "commit_index", "last_index",
+           checkpoint_col(nullptr).c_str(), "lag");
   out += line;
   for (const auto& r : s.replicas) {
-    snprintf(line, sizeof line, "%-4d %-10s %-8s %s%-8s %-12lu %-10lu %lu%s%s\n", r.id,
+    std::string notes;
+    if (!r.disk_error.empty()) notes += "  DISK ERROR: " + r.disk_error;
+    if (!r.server_state.empty() && r.server_state != "running")
+      notes += "  SERVER: " + r.server_state;
+    snprintf(line, sizeof line, "%-4d %-10s %-8s %s%-8s %-12lu %-10lu %s%lu%s\n", r.id,
              r.role.c_str(), r.pid ? std::to_string(r.pid).c_str() : "-",
              server_col(r.server_addr).c_str(), r.ballot.empty() ? "-" : r.ballot.c_str(),
-             (unsigned long)r.commit_index, (unsigned long)r.last_index, (unsigned long)r.lag,
-             r.disk_error.empty() ? "" : "  DISK ERROR: ", r.disk_error.c_str());
+             (unsigned long)r.commit_index, (unsigned long)r.last_index, checkpoint_col(&r).c_str(),
+             (unsigned long)r.lag, notes.c_str());
     out += line;
   }
   if (s.leader < 0) {

@@ -27,6 +27,8 @@ struct ClusterUpOptions {
   std::string app;      // a profile in apps/ (apps/APP.toml), or
   std::string command;  // a server command template with {port} and {dir}; neither: no server
   uint64_t ready_timeout_ms = 0;  // 0: the profile's, else 10000
+  bool checkpoints = true;
+  uint64_t checkpoint_every_entries = 0;  // 0: the default policy's
 };
 
 // A server profile, apps/NAME.toml (see apps/README.md).
@@ -52,7 +54,16 @@ struct ReplicaStatus {
   int pid = 0;                 // 0 when not running
   uint64_t lag = 0;
   std::string disk_error;
-  std::string server_addr;  // host:server_port, "" without a server
+  std::string server_addr;   // host:server_port, "" without a server
+  uint64_t first_index = 0;  // the log's first entry (entries below were truncated)
+  int server_pid = 0;
+  // The daemon's "checkpoint" status object as is ("null": none or down),
+  // and from it: the newest checkpoint's index and age (-1: none) and the
+  // server's state ("running", or why it is not run).
+  std::string checkpoint_json = "null";
+  uint64_t checkpoint_index = 0;
+  int64_t checkpoint_age_s = -1;
+  std::string server_state;
 };
 
 struct ClusterStatus {

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -35,6 +36,9 @@
 namespace lockstep {
 
 namespace {
+
+constexpr uint64_t kTruncateCheckUs = 1000000;
+constexpr uint64_t kPeerGraceUs = 60000000;
 
 class Daemon : public EventLoop::Body {
  public:
@@ -57,6 +61,7 @@ class Daemon : public EventLoop::Body {
   bool DrainOnce(uint64_t now);
   void Persist(std::vector<PersistOp>& persists);
   void NoteRoleChange();
+  void TruncateLog(uint64_t now);
 
   DaemonOptions opt_;
   ClusterConfig cfg_;
@@ -77,6 +82,11 @@ class Daemon : public EventLoop::Body {
   std::unique_ptr<PeerLink> peer_;
   std::unique_ptr<FrontDoor> front_;
   std::unique_ptr<ServerPipeline> pipeline_;
+
+  // When each peer last had a live stream from us (leader): a peer gone
+  // longer than kPeerGraceUs no longer holds back the truncation of the log.
+  std::vector<uint64_t> peer_live_us_;
+  uint64_t next_truncate_us_ = 0;
 
   Role last_role_ = Role::kBackup;
   Ballot last_ballot_ = 0;
@@ -122,6 +132,7 @@ bool Daemon::RecoverLog(DurableState* state) {
 bool Daemon::Init() {
   EventLoop::BlockShutdownSignals();  // before any thread starts
   n_ = static_cast<int>(cfg_.replicas.size());
+  peer_live_us_.assign(n_, NowUs());
   memory_mode_ = cfg_.durability == "memory";
   if (mkdir(me_.dir.c_str(), 0755) < 0 && errno != EEXIST) {
     log_("cannot create %s: %s", me_.dir.c_str(), strerror(errno));
@@ -161,7 +172,12 @@ bool Daemon::Init() {
   hooks.fill_transport = [this](Message* m) { return peer_->FillTransport(m); };
   hooks.server_status = [this] {
     return ServerStatus{pipeline_->applied(), pipeline_->server_pid(),
-                        pipeline_->replay_connections()};
+                        pipeline_->replay_connections(), pipeline_->CheckpointStatusJson(NowUs())};
+  };
+  hooks.checkpoint = [this](CheckpointOp op) {
+    if (op == CheckpointOp::kList) return CheckpointReply{true, pipeline_->CheckpointListJson()};
+    std::string why = pipeline_->RequestCheckpoint();
+    return CheckpointReply{why.empty(), why};
   };
   front_ = std::make_unique<FrontDoor>(cfg_, me_.id, opt_.verbose, *loop_, *core_, disk_error_,
                                        std::move(hooks), log_);
@@ -212,7 +228,32 @@ PassReport Daemon::Pass(uint64_t now, uint64_t since_last_pass_us) {
     exit_code_ = 1;
     loop_->Stop();
   }
+  TruncateLog(now);
   return r;
+}
+
+// The log is kept from where this replica's server would need it after a
+// restore (its oldest kept checkpoint); a leader also keeps what a live
+// backup has yet to receive. A backup down for longer than kPeerGraceUs does
+// not hold the log: it comes back from a checkpoint.
+void Daemon::TruncateLog(uint64_t now) {
+  if (now < next_truncate_us_) return;
+  next_truncate_us_ = now + kTruncateCheckUs;
+  uint64_t below = pipeline_->log_needed_from();
+  if (below <= 1) return;  // no checkpoint (or no server): every entry is needed
+  below = std::min({below, pipeline_->applied() + 1, core_->commit_index() + 1});
+  if (core_->role() == Role::kLeader) {
+    for (int r = 0; r < n_; r++) {
+      if (r == me_.id) continue;
+      if (core_->PeerReady(r)) peer_live_us_[r] = now;
+      if (now - peer_live_us_[r] < kPeerGraceUs) below = std::min(below, core_->PeerMatch(r) + 1);
+    }
+  }
+  if (below <= core_->first_index()) return;
+  uint64_t from = core_->first_index();
+  if (core_->TruncateBelow(below))
+    log_("log truncated: entries %lu..%lu dropped (covered by checkpoint %lu)", (unsigned long)from,
+         (unsigned long)below - 1, (unsigned long)pipeline_->log_needed_from() - 1);
 }
 
 bool Daemon::PrepareSleep() {
@@ -335,6 +376,7 @@ void Daemon::NoteRoleChange() {
   }
   if (core_->role() == last_role_ && core_->promised() == last_ballot_) return;
   pipeline_->OnRoleChange();
+  if (core_->role() == Role::kLeader) peer_live_us_.assign(n_, NowUs());
   if (core_->role() == Role::kLeader)
     log_("leader of ballot %s (commit index %lu, log end %lu)",
          BallotString(core_->promised()).c_str(), (unsigned long)core_->commit_index(),

@@ -344,6 +344,13 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       c->Queue(FrameKind::kTruncateResult, EncodeTruncateReply({ok, core_.first_index()}));
       return;
     }
+    case FrameKind::kCheckpoint: {
+      CheckpointRequest req;
+      CheckpointReply reply{false, "malformed checkpoint request"};
+      if (DecodeCheckpointRequest(body, &req)) reply = hooks_.checkpoint(req.op);
+      c->Queue(FrameKind::kCheckpointResult, EncodeCheckpointReply(reply));
+      return;
+    }
     default: CloseConn(c, "unknown request");
   }
 }
@@ -381,7 +388,8 @@ std::string FrontDoor::StatusJson() {
     << "\",\"may_vote\":" << (core_.may_vote() ? "true" : "false") << ",\"disk_error\":\""
     << JsonEscape(disk_error_) << "\",\"applied_index\":" << server.applied_index
     << ",\"server_pid\":" << server.server_pid << ",\"server_port\":" << me_.server_port
-    << ",\"replay_connections\":" << server.replay_connections << ",\"peers\":[";
+    << ",\"replay_connections\":" << server.replay_connections
+    << ",\"checkpoint\":" << server.checkpoint_json << ",\"peers\":[";
   for (int r = 0; r < n_; r++) {
     if (r) o << ",";
     o << "{\"id\":" << r << ",\"match\":" << core_.PeerMatch(r)

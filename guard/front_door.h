@@ -30,6 +30,7 @@ struct ServerStatus {
   uint64_t applied_index = 0;
   int server_pid = 0;
   size_t replay_connections = 0;
+  std::string checkpoint_json = "null";  // ServerPipeline::CheckpointStatusJson
 };
 
 class FrontDoor {
@@ -40,6 +41,7 @@ class FrontDoor {
     // Fills an outgoing message's transport blob; false: do not send it.
     std::function<bool(Message*)> fill_transport;
     std::function<ServerStatus()> server_status;
+    std::function<CheckpointReply(CheckpointOp)> checkpoint;
   };
 
   // disk_error: non-empty while this replica cannot write its log (then

@@ -2,11 +2,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "consensus/sim.h"
@@ -38,6 +41,7 @@ const char* kUsage =
     "              with a replicated server: cluster up --app redis (or -- ANY COMMAND)\n"
     "  propose     agree values through the replicated log\n"
     "  log         print a replica's committed log\n"
+    "  checkpoint  take a checkpoint of a backup's server now, or list the checkpoints\n"
     "  sim         run the protocol core under the deterministic simulator\n"
     "  bench       measure: bench consensus | bench failover\n"
     "  demo        start a 3-replica cluster, commit, kill the leader, show nothing is lost\n";
@@ -73,7 +77,7 @@ int CmdReplica(int argc, char** argv) {
 
 int CmdCluster(int argc, char** argv) {
   std::string sub = argc > 2 ? argv[2] : "";
-  Args a = Parse(argc, argv, 3, {"help", "json", "quiet"});
+  Args a = Parse(argc, argv, 3, {"help", "json", "quiet", "no-checkpoints"});
   if (sub.empty() || sub == "--help" || WantsHelp(a)) {
     std::string apps;
     for (const auto& n : ListAppProfiles(AppsDir())) apps += (apps.empty() ? "" : "|") + n;
@@ -83,6 +87,7 @@ int CmdCluster(int argc, char** argv) {
         "disk|memory]\n"
         "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
         "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
+        "                      [--checkpoint-entries N] [--no-checkpoints]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
@@ -96,7 +101,9 @@ int CmdCluster(int argc, char** argv) {
         "  lockstep cluster up -- redis-server --port {port} --dir {dir} --save ''\n"
         "(one quoted argument after -- is split like a shell would). Each daemon runs its\n"
         "copy of the server under the preload shim; clients connect to the leader's, which\n"
-        "`up` prints and `status` shows (client_addr; server_addr per replica in --json).\n",
+        "`up` prints and `status` shows (client_addr; server_addr per replica in --json).\n"
+        "Backups checkpoint their server with CRIU every N applied entries (default 25000; see\n"
+        "[checkpoint] in cluster.toml); --no-checkpoints turns that off.\n",
         apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
     return sub.empty() ? 2 : 0;
   }
@@ -105,11 +112,14 @@ int CmdCluster(int argc, char** argv) {
   std::string err;
   if (sub == "up") {
     ClusterUpOptions o;
-    long long n, port, ring, segment, ready;
+    long long n, port, ring, segment, ready, every;
     if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||
         !a.GetInt("ring-bytes", 1 << 20, &ring) || !a.GetInt("segment-bytes", 64 << 20, &segment) ||
-        !a.GetInt("ready-timeout-ms", 0, &ready))
+        !a.GetInt("ready-timeout-ms", 0, &ready) || !a.GetInt("checkpoint-entries", 0, &every))
       return Fail(a.error);
+    if (every < 0) return Fail("--checkpoint-entries must be positive");
+    o.checkpoint_every_entries = static_cast<uint64_t>(every);
+    o.checkpoints = !a.Has("no-checkpoints");
     if (ring < (1 << 16) || segment < (1 << 16))
       return Fail("--ring-bytes and --segment-bytes must be at least 65536");
     if (port < 1 || port > 65535) return Fail("--base-port must be in 1..65535");
@@ -250,6 +260,112 @@ int CmdLog(int argc, char** argv) {
   }
 }
 
+// ------------------------------------------------------------------ checkpoint
+
+int CmdCheckpoint(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help", "json", "wait"});
+  std::string sub = a.positional.empty() ? "" : a.positional[0];
+  if (WantsHelp(a) || (sub != "now" && sub != "list")) {
+    printf(
+        "usage:\n"
+        "  lockstep checkpoint now --id N [--wait] [--dir DIR | --config FILE]\n"
+        "  lockstep checkpoint list [--json] [--dir DIR | --config FILE]\n\n"
+        "`now` asks backup N to checkpoint its server (CRIU) as soon as the server has read every\n"
+        "input it was given; with --wait, returns once the checkpoint is committed. The leader\n"
+        "never pauses its server for one. `list` shows every replica's checkpoints: the log index\n"
+        "each one holds, when it was taken, its size, how long the dump paused the server, and\n"
+        "whether it reads back. Policy: [checkpoint] in cluster.toml.\n");
+    return WantsHelp(a) ? 0 : 2;
+  }
+  if (!a.error.empty()) return Fail(a.error);
+  ClusterConfig c;
+  std::string err;
+  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
+  if (sub == "now") {
+    long long id;
+    if (!a.GetInt("id", -1, &id)) return Fail(a.error);
+    if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
+      return Fail("checkpoint now needs --id N, a replica of 0.." +
+                  std::to_string(c.replicas.size() - 1));
+    auto client = Client::Connect(c, static_cast<int>(id), 1000, &err);
+    if (!client) return Fail(err);
+    std::string before_json;
+    if (!client->Status(&before_json, &err)) return Fail(err);
+    CheckpointReply reply;
+    if (!client->Checkpoint(CheckpointOp::kNow, &reply, &err)) return Fail(err);
+    if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
+    if (!a.Has("wait")) {
+      printf("replica %lld will checkpoint its server as soon as it is at rest\n", id);
+      return 0;
+    }
+    auto field = [](const std::string& json, const std::string& key) {
+      size_t at = json.find("\"checkpoint\":{");
+      return at == std::string::npos ? std::string() : JsonField(json.substr(at), key);
+    };
+    std::string taken0 = field(before_json, "taken"), failed0 = field(before_json, "failed");
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(c.checkpoint.timeout_ms + 30000);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string json;
+      if (!client->Status(&json, &err)) return Fail(err);
+      if (field(json, "taken") != taken0) {
+        printf("replica %lld: checkpoint %s taken (dump %.0f ms)\n", id,
+               field(json, "index").c_str(), std::stod(field(json, "last_dump_us")) / 1000);
+        return 0;
+      }
+      if (field(json, "failed") != failed0)
+        return Fail("replica " + std::to_string(id) + ": " + field(json, "error"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return Fail("replica " + std::to_string(id) + ": no checkpoint within the timeout");
+  }
+  // list
+  std::string all = "[";
+  struct Row {
+    std::string replica, index, time, bytes, dump_us, ok, path, error;
+  };
+  std::vector<Row> rows;
+  int answered = 0;
+  for (size_t r = 0; r < c.replicas.size(); r++) {
+    auto client = Client::Connect(c, static_cast<int>(r), 1000, &err);
+    CheckpointReply reply;
+    if (!client || !client->Checkpoint(CheckpointOp::kList, &reply, &err)) {
+      fprintf(stderr, "lockstep: replica %zu did not answer: %s\n", r, err.c_str());
+      continue;
+    }
+    answered++;
+    std::string body = reply.text.substr(1, reply.text.size() - 2);
+    if (!body.empty()) all += (all.size() > 1 ? "," : "") + body;
+    // Each element is a flat object.
+    for (size_t p = 0; (p = reply.text.find('{', p)) != std::string::npos;) {
+      size_t e = reply.text.find('}', p);
+      std::string o = reply.text.substr(p, e - p + 1);
+      rows.push_back(Row{JsonField(o, "replica"), JsonField(o, "index"), JsonField(o, "time_unix"),
+                         JsonField(o, "bytes"), JsonField(o, "dump_us"), JsonField(o, "ok"),
+                         JsonField(o, "path"), JsonField(o, "error")});
+      p = e;
+    }
+  }
+  all += "]";
+  if (a.Has("json")) {
+    printf("%s\n", all.c_str());
+  } else {
+    printf("%-8s %-12s %-20s %-10s %-9s %s\n", "replica", "index", "time", "size", "dump", "state");
+    for (const Row& row : rows) {
+      time_t t = static_cast<time_t>(std::stoll(row.time));
+      char when[32];
+      strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+      char size[32], dump[32];
+      snprintf(size, sizeof size, "%.1f MB", std::stod(row.bytes) / 1e6);
+      snprintf(dump, sizeof dump, "%.0f ms", std::stod(row.dump_us) / 1000);
+      printf("%-8s %-12s %-20s %-10s %-9s %s\n", row.replica.c_str(), row.index.c_str(), when, size,
+             dump, row.ok == "true" ? "ok" : ("DAMAGED: " + row.error).c_str());
+    }
+    if (rows.empty()) printf("(no checkpoints yet)\n");
+  }
+  return answered == static_cast<int>(c.replicas.size()) ? 0 : 1;
+}
+
 // ------------------------------------------------------------------ sim
 
 int CmdSim(int argc, char** argv) {
@@ -306,6 +422,7 @@ int main(int argc, char** argv) {
   if (cmd == "cluster") return CmdCluster(argc, argv);
   if (cmd == "propose") return CmdPropose(argc, argv);
   if (cmd == "log") return CmdLog(argc, argv);
+  if (cmd == "checkpoint") return CmdCheckpoint(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
   if (cmd == "demo") return CmdDemo(argc, argv);

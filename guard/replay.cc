@@ -24,8 +24,8 @@ Replayer::~Replayer() {
 void Replayer::Accept(ConnKey k) {
   queue_.push_back(Step{Kind::kAccept, k, {}});
 }
-void Replayer::Data(ConnKey k, std::string_view bytes) {
-  queue_.push_back(Step{Kind::kData, k, std::string(bytes)});
+void Replayer::Data(ConnKey k, std::string_view bytes, uint64_t index) {
+  queue_.push_back(Step{Kind::kData, k, std::string(bytes), index});
 }
 void Replayer::Close(ConnKey k) {
   queue_.push_back(Step{Kind::kClose, k, {}});
@@ -99,8 +99,21 @@ void Replayer::Finish(std::map<ConnKey, Conn>::iterator it) {
     by_fd_.erase(c.fd);
     close(c.fd);  // also leaves our epoll set
   }
+  ForgetHanded(c.slot);
   shim_->ReleaseReplaySlot(c.slot);
   conns_.erase(it);
+}
+
+void Replayer::ForgetHanded(int slot) {
+  if (slot < 0) return;  // already forgotten when the server closed its end
+  // The slot may be reused: keep what the server had read of it.
+  uint64_t read = shim_->ReplayRead(slot);
+  read_by_gone_ += read;
+  for (Handed& h : handed_)
+    if (h.slot == slot) {
+      h.slot = -1;
+      h.read_at_release = read;
+    }
 }
 
 bool Replayer::Drained(const ConnKey& k) const {
@@ -117,6 +130,23 @@ bool Replayer::Idle() const {
   for (const auto& [k, c] : conns_)
     if (!Drained(k)) return false;
   return true;
+}
+
+uint64_t Replayer::EntryBeingRead(bool* all_read) const {
+  auto read = [this](const Handed& h) {
+    return h.slot >= 0 ? shim_->ReplayRead(h.slot) : h.read_at_release;
+  };
+  *all_read = handed_.empty() || read(handed_.back()) >= handed_.back().end;
+  for (auto it = handed_.rbegin(); it != handed_.rend(); ++it)
+    if (read(*it) > it->start) return it->index;
+  return 0;
+}
+
+uint64_t Replayer::BytesRead() const {
+  uint64_t n = read_by_gone_;
+  for (const auto& [k, c] : conns_)
+    if (c.slot >= 0) n += shim_->ReplayRead(c.slot);
+  return n;
 }
 
 std::vector<Replayer::OpenConn> Replayer::OpenConns() const {
@@ -164,6 +194,11 @@ bool Replayer::Pump(uint64_t now_us) {
       }
       case Kind::kData:
         if (!live) break;
+        if (s.index) {
+          uint64_t start = it->second.appended;
+          handed_.push_back(Handed{s.index, it->second.slot, start, start + s.bytes.size()});
+          if (handed_.size() > kHandedKept) handed_.pop_front();
+        }
         it->second.appended += s.bytes.size();
         it->second.out += s.bytes;
         FlushOut(&it->second);
@@ -205,6 +240,7 @@ void Replayer::OnEvent(int fd, uint32_t events) {
         by_fd_.erase(fd);
         close(fd);
         c.fd = -1;
+        ForgetHanded(c.slot);
         shim_->ReleaseReplaySlot(c.slot);  // its port may now be reused by a real client
         c.slot = -1;
       }

@@ -43,7 +43,8 @@ class Replayer {
   ~Replayer();
 
   void Accept(ConnKey k);
-  void Data(ConnKey k, std::string_view bytes);
+  // index: the log entry the bytes come from (named if the server dies on it).
+  void Data(ConnKey k, std::string_view bytes, uint64_t index = 0);
   void Close(ConnKey k);
 
   // Moves queued inputs into the sockets (and their order into the order
@@ -71,6 +72,12 @@ class Replayer {
   // fresh Replayer over the restored channel, before the server runs.
   void Reattach(const std::vector<OpenConn>& conns);
   size_t open_connections() const { return conns_.size(); }
+  // The newest log entry whose bytes the server had begun to read (0: none
+  // known); *all_read: it had read every byte it was handed. After the
+  // server died, the input it most likely died on.
+  uint64_t EntryBeingRead(bool* all_read) const;
+  // Bytes the server has read on all replay connections (grows while it works).
+  uint64_t BytesRead() const;
   uint64_t queued() const { return queue_.size(); }
 
  private:
@@ -79,7 +86,17 @@ class Replayer {
     Kind kind;
     ConnKey key;
     std::string bytes;
+    uint64_t index = 0;
   };
+  // A DATA input handed to a connection: where its bytes are in the stream.
+  struct Handed {
+    uint64_t index;
+    int slot;  // -1 once the connection is gone
+    uint64_t start;
+    uint64_t end;
+    uint64_t read_at_release = 0;  // what the server had read when it went
+  };
+  static constexpr size_t kHandedKept = 4096;
   struct Conn {
     int fd = -1;
     int slot = -1;
@@ -95,6 +112,7 @@ class Replayer {
   bool Open(ConnKey k, Conn* c, int slot = -1);
   void FlushOut(Conn* c);
   void Finish(std::map<ConnKey, Conn>::iterator it);
+  void ForgetHanded(int slot);           // the slot's connection is gone: its inputs were read
   bool Drained(const ConnKey& k) const;  // the server read all we gave it
 
   ShimChannel* shim_;
@@ -103,6 +121,8 @@ class Replayer {
   WatchFn watch_;
   LogFn log_;
   std::deque<Step> queue_;
+  std::deque<Handed> handed_;  // the last kHandedKept DATA inputs written
+  uint64_t read_by_gone_ = 0;  // bytes the server read on connections now gone
   std::map<ConnKey, Conn> conns_;
   std::map<int, ConnKey> by_fd_;
   bool gated_ = false;

@@ -22,7 +22,6 @@ constexpr uint64_t kApplyBytesPerPass = 4 << 20;
 constexpr int kApplyEntriesPerPass = 1024;
 constexpr uint64_t kSubmissionOverhead = 64;  // bytes a submission counts beyond its payload
 constexpr uint64_t kMaxChunk = 256 << 10;     // largest DATA payload the shim submits
-constexpr uint64_t kHealthCheckUs = 100000;   // how often the server's exit is checked
 constexpr uint64_t kInputReportUs = 10000000;
 
 // The payload of a kInput log entry: what the leader's shim saw, naming the
@@ -64,11 +63,24 @@ ServerPipeline::ServerPipeline(const ClusterConfig& config, int id, EventLoop& l
       log_(log) {}
 
 bool ServerPipeline::Start() {
+  OpenCheckpoints();
+  // A restarted replica restores its newest good checkpoint and replays only
+  // the log after it; without one, the server starts empty and the whole
+  // log is replayed.
+  if (checkpointer_ && RestoreNewest(UINT64_MAX, "restart")) return true;
   std::string err;
+  if (!LaunchServer(&err)) {
+    log_("%s", err.c_str());
+    return false;
+  }
+  return true;
+}
+
+bool ServerPipeline::LaunchServer(std::string* error) {
   uint64_t max_chunk = std::min<uint64_t>(kMaxChunk, core_.max_payload() - kInputHeader - 64);
   shim_ = std::make_unique<ShimChannel>();
-  if (!shim_->Create(static_cast<uint32_t>(max_chunk), &err)) {
-    log_("cannot set up the channel to the server's shim: %s", err.c_str());
+  if (!shim_->Create(static_cast<uint32_t>(max_chunk), error)) {
+    *error = "cannot set up the channel to the server's shim: " + *error;
     return false;
   }
   // The server starts empty and is refilled from the log, so nothing from a
@@ -78,34 +90,50 @@ bool ServerPipeline::Start() {
   std::filesystem::remove_all(dir, ec);
   // Split first, then substitute: a data directory with spaces stays one argument.
   std::vector<std::string> argv;
-  if (!SplitCommand(cfg_.server.command, &argv, &err)) {
-    log_("server command: %s", err.c_str());
+  if (!SplitCommand(cfg_.server.command, &argv, error)) {
+    *error = "server command: " + *error;
     return false;
   }
   for (auto& a : argv) a = SubstituteCommand(a, me_.server_port, dir);
   std::string cmd = JoinCommand(argv);
   server_ = std::make_unique<ServerProcess>();
+  // Pid 1 of its own pid namespace: CRIU can then restore it under the same pid.
+  server_->set_own_pid_namespace(checkpointer_ != nullptr);
+  server_fds_ = shim_->ServerFds();
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
-                      shim_->ServerFds(), &err)) {
-    log_("cannot start the server: %s", err.c_str());
+                      server_fds_, error)) {
+    *error = "cannot start the server: " + *error;
     return false;
   }
-  if (!server_->WaitReady(me_.host, me_.server_port, cfg_.server.ready_timeout_ms, &err)) {
-    log_("%s", err.c_str());
+  if (!server_->WaitReady(me_.host, me_.server_port, cfg_.server.ready_timeout_ms, error))
     return false;
-  }
   if (!shim_->shim_attached()) {
-    log_(
+    *error =
         "the preload shim did not attach to the server (a static binary, or LD_PRELOAD "
-        "removed?): its inputs would not be agreed, so this replica stops");
+        "removed?): its inputs would not be agreed, so this replica stops";
     return false;
   }
+  if (checkpointer_ && !server_->own_pid_namespace()) {
+    log_(
+        "CHECKPOINTS OFF: the server cannot have a pid namespace of its own (no "
+        "CAP_SYS_ADMIN?), which CRIU needs to restore it");
+    checkpointer_.reset();
+  }
+  applied_ = 0;
+  log_bytes_applied_ = 0;
+  ConnectServer();
+  log_("server up (pid %d) on %s:%d: %s", server_->pid(), me_.host.c_str(), me_.server_port,
+       cmd.c_str());
+  return true;
+}
+
+void ServerPipeline::ConnectServer() {
   replayer_ = std::make_unique<Replayer>(
       shim_.get(), me_.host, me_.server_port,
       [this](int fd, bool add, bool writable) {
         if (add) {
           loop_.Add(fd, [this, fd](uint32_t events) {
-            if (!replayer_->Owns(fd)) return false;  // closed; the number awaits reuse
+            if (!replayer_ || !replayer_->Owns(fd)) return false;  // closed; awaits reuse
             replayer_->OnEvent(fd, events);
             return true;
           });
@@ -114,12 +142,20 @@ bool ServerPipeline::Start() {
       },
       [this](const std::string& m) { log_("%s", m.c_str()); });
   loop_.Add(shim_->wake_daemon_fd(), [this](uint32_t) {
-    shim_->Awake();
+    if (shim_) shim_->Awake();
     return false;
   });
-  log_("server up (pid %d) on %s:%d: %s", server_->pid(), me_.host.c_str(), me_.server_port,
-       cmd.c_str());
-  return true;
+}
+
+void ServerPipeline::DropServer() {
+  replayer_.reset();
+  if (shim_) loop_.Remove(shim_->wake_daemon_fd());
+  server_.reset();  // stops it (if it still runs) and reaps it
+  shim_.reset();
+  own_pending_.clear();
+  own_conns_.clear();
+  broken_own_.clear();
+  closing_.clear();
 }
 
 void ServerPipeline::StopServer() {
@@ -135,19 +171,20 @@ size_t ServerPipeline::replay_connections() const {
 }
 
 bool ServerPipeline::Healthy(uint64_t now) {
+  if (checkpointer_ && !checkpoint_wanted_ && !checkpointer_->dumping())
+    checkpointer_->Poll(me_.dir + "/server", now);  // collects a commit that finished
   if (shim_ && !shim_->error().empty()) {
     log_("the channel to the server's shim is corrupt (%s); this replica stops",
          shim_->error().c_str());
     return false;
   }
-  if (!server_ || now < next_health_check_us_) return true;
+  if (!server_ || !server_failed_.empty() || now < next_health_check_us_) return true;
   next_health_check_us_ = now + kHealthCheckUs;
   std::string how;
-  if (server_->Exited(&how)) {
-    log_("the server %s; this replica stops (lockstep cluster restart --id %d starts it again)",
-         how.c_str(), me_.id);
-    return false;
-  }
+  if (server_->Exited(&how)) return Recover(how, now);
+  uint64_t read = replayer_ ? replayer_->BytesRead() : 0;
+  if (read != bytes_read_seen_) last_read_change_us_ = now;
+  bytes_read_seen_ = read;
   return true;
 }
 
@@ -172,8 +209,8 @@ void ServerPipeline::OnRoleChange() {
 
 // A new leader's server must first execute everything committed before its
 // election, in order, or a client would read stale data (or INCR a stale
-// counter): until then the shim's inputs wait in the ring (its accept waits
-// for the outcome). The connections of earlier leaders are closed first.
+// counter): until then the shim's inputs are refused (ProcessSubmissions).
+// The connections of earlier leaders are closed first.
 bool ServerPipeline::ReadyToServe() {
   if (serving_ballot_ == core_.promised()) return true;
   if (close_old_pending_ || applied_ < close_old_after_ || !replayer_->Idle()) return false;
@@ -185,10 +222,14 @@ bool ServerPipeline::ReadyToServe() {
 // Hands the shim's inputs to the log (leader), or refuses them.
 bool ServerPipeline::ProcessSubmissions(uint64_t now) {
   if (!shim_) return false;
-  holding_submissions_ = core_.role() == Role::kLeader && !ReadyToServe();
-  if (holding_submissions_) return false;
+  // A leader whose server is still catching up refuses its shim's inputs
+  // (clients reconnect): held, they would sit in the shim's delivery order
+  // ahead of the replayed entries the catch-up waits for, and neither would
+  // ever move.
+  bool catching_up = core_.role() == Role::kLeader && !ReadyToServe();
+  holding_submissions_ = false;
   bool did = false;
-  bool leading = core_.role() == Role::kLeader && disk_error_.empty();
+  bool leading = core_.role() == Role::kLeader && disk_error_.empty() && !catching_up;
   // Bounded per pass (heartbeats go out between passes) and in flight (a
   // client streaming megabytes must not queue the whole stream in memory).
   uint64_t budget_bytes = kSubmitBytesPerPass;
@@ -236,11 +277,23 @@ bool ServerPipeline::OwnConn(const ConnKey& k) const {
 // Hands committed entries, in log order, to the server: our own shim's
 // inputs are released to it, everyone else's are replayed over TCP.
 bool ServerPipeline::ApplyCommitted(uint64_t now) {
-  if (!shim_) return false;
+  if (!shim_ || !server_failed_.empty()) return false;
   bool did = false;
+  // A checkpoint is being prepared or dumped: the server stays at its index.
+  if (CheckpointStep(now)) {
+    did |= replayer_ && replayer_->Pump(now);
+    did |= shim_ && shim_->Flush();
+    return did;
+  }
   uint64_t commit = core_.commit_index();
-  LS_ASSERT(applied_ <= commit, "applied %lu past the commit index %lu", (unsigned long)applied_,
-            (unsigned long)commit);
+  if (applied_ > commit) {
+    // Restored from a checkpoint this replica's log does not yet know to be
+    // committed (the commit index reaches the disk lazily): it was, since
+    // only committed entries are applied. Nothing to apply until it catches up.
+    LS_ASSERT(applied_ == restored_index_, "applied %lu past the commit index %lu",
+              (unsigned long)applied_, (unsigned long)commit);
+    commit = applied_;
+  }
   // Bounded per pass, so that a replica replaying a long log (after a
   // restart) still answers heartbeats in between.
   uint64_t budget_bytes = kApplyBytesPerPass;
@@ -261,6 +314,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
       break;
     }
     budget_bytes -= std::min<uint64_t>(budget_bytes, e->payload.size());
+    log_bytes_applied_ += e->payload.size();
     Input in;
     bool is_input = e->type == EntryType::kInput && DecodeInput(e->payload, &in);
     auto pend = own_pending_.find(i);
@@ -283,7 +337,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
           if (!own) replayer_->Accept(in.key);
           break;
         case LS_SUB_DATA:
-          if (!own) replayer_->Data(in.key, in.bytes);
+          if (!own) replayer_->Data(in.key, in.bytes, i);
           break;
         case LS_SUB_CLOSE:
           open_conns_.erase(in.key);
@@ -305,8 +359,11 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
             (unsigned long)commit);
   if (close_old_pending_ && core_.role() == Role::kLeader && applied_ >= close_old_after_) {
     close_old_pending_ = false;
+    // A restored leader's own connections died with its server, too.
+    bool all = close_all_open_;
+    close_all_open_ = false;
     for (const ConnKey& k : open_conns_) {
-      if (k.ballot == core_.promised() || closing_.count(k)) continue;
+      if ((k.ballot == core_.promised() && !all) || closing_.count(k)) continue;
       if (core_.Propose(now, EntryType::kInput, EncodeInput(LS_SUB_CLOSE, k, 0, "")).ok)
         closing_.insert(k);
     }

@@ -6,6 +6,13 @@
 // leader's own inputs are released to its shim, everyone else's are replayed
 // over local TCP. A new leader first catches its server up and closes the
 // connections earlier leaders accepted.
+//
+// It is also the server's guard (server_guard.cc): a backup checkpoints its
+// server now and then (guard/checkpointer.h) at a moment when the server
+// has executed exactly the log up to an index; a restarted replica, and one
+// whose server died, restores the newest good checkpoint and replays the
+// log from there. A server that dies twice on the same entry is not
+// restored again: the replica keeps its log and says which entry.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +22,7 @@
 #include <string>
 
 #include "consensus/core.h"
+#include "guard/checkpointer.h"
 #include "guard/config.h"
 #include "guard/event_loop.h"
 #include "guard/replay.h"
@@ -56,7 +64,24 @@ class ServerPipeline {
   int server_pid() const;
   size_t replay_connections() const;
 
+  // Checkpoints (server_guard.cc). The log below this index is no longer
+  // needed by this replica's server (0: all of it is).
+  uint64_t log_needed_from() const;
+  // `lockstep checkpoint now`: "" when one will be taken, else why not.
+  std::string RequestCheckpoint();
+  // Status: {"index":..,"age_s":..,...} of Checkpointer::StatusJson, plus
+  // the server's state; "null" without a server.
+  std::string CheckpointStatusJson(uint64_t now) const;
+  // This replica's checkpoints as a JSON array (lockstep checkpoint list).
+  std::string CheckpointListJson() const;
+  // "running", or why the server is not run any more.
+  std::string server_state() const;
+
  private:
+  static constexpr uint64_t kHealthCheckUs = 100000;  // how often the server's exit is checked
+  // A server that dies this soon after reading an input is taken to die of it.
+  static constexpr uint64_t kCrashAttributionUs = 2000000;
+  static constexpr int kMaxDeathsWithoutProgress = 3;
   // One of our shim's inputs proposed to the log.
   struct OwnPending {
     uint64_t seq;
@@ -67,6 +92,31 @@ class ServerPipeline {
   bool ReadyToServe();
   bool OwnConn(const ConnKey& k) const;
   void ReportInputs(uint64_t now);
+  // Starts a fresh, empty server (the whole log is replayed into it).
+  bool LaunchServer(std::string* error);
+  // Makes the replayer for the current channel and watches the shim's wake fd.
+  void ConnectServer();
+  // Stops the server and forgets its channel and replay connections.
+  void DropServer();
+
+  // server_guard.cc
+  void OpenCheckpoints();
+  // Restores checkpoint `cp` in place of the current server (if any): the
+  // server, its channel and its replay connections, applied_ = cp.index.
+  bool RestoreServer(const CheckpointInfo& cp, std::string* error);
+  // Restores the newest good checkpoint with index <= max_index that the log
+  // can bring forward; false when there is none (or none restores).
+  bool RestoreNewest(uint64_t max_index, const char* why);
+  // The server died: restore it (or start it afresh) and replay; false
+  // when it cannot be brought back (server_failed_ says why).
+  bool Recover(const std::string& how, uint64_t now);
+  // After a new server (restored or fresh) took over: its shim's mode, and
+  // on a leader the catch-up before it serves again.
+  void ResumeRole();
+  // Backups: checkpoint when due, once the server has read all it was given.
+  // True while applying must wait (a checkpoint is being prepared or dumped).
+  bool CheckpointStep(uint64_t now);
+  void TakeCheckpoint(uint64_t now);
 
   const ClusterConfig& cfg_;
   const ReplicaConfig& me_;
@@ -80,6 +130,22 @@ class ServerPipeline {
   std::unique_ptr<ShimChannel> shim_;
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<Replayer> replayer_;
+  std::vector<int> server_fds_;  // the channel's fd numbers inside the server
+
+  std::unique_ptr<Checkpointer> checkpointer_;  // absent when disabled or unusable
+  uint64_t log_bytes_applied_ = 0;              // payload bytes applied (the byte rule)
+  bool checkpoint_wanted_ = false;              // due: applying waits until the server is at rest
+  uint64_t rest_wait_since_us_ = 0;
+  int dump_watch_fd_ = -1;         // criu's pidfd, watched by the loop while it dumps
+  uint64_t restored_index_ = 0;    // the checkpoint the server was last restored from
+  uint64_t last_crash_entry_ = 0;  // the entry the server last died on (0: none)
+  uint64_t crashes_ = 0;
+  uint64_t last_death_applied_ = 0;  // applied_ when the server last died
+  int deaths_without_progress_ = 0;
+  uint64_t bytes_read_seen_ = 0;      // Replayer::BytesRead at the last health check
+  uint64_t last_read_change_us_ = 0;  // when it last grew
+  std::string server_failed_;         // non-empty: the server is not run any more, and why
+  bool close_all_open_ = false;       // a restored leader closes every connection, its own too
 
   uint64_t applied_ = 0;                        // log entries handed to the server (or replayer)
   std::map<uint64_t, OwnPending> own_pending_;  // our shim's proposals, by log index
@@ -90,7 +156,7 @@ class ServerPipeline {
   bool close_old_pending_ = false;
   uint64_t close_old_after_ = 0;
   Ballot serving_ballot_ = 0;         // the ballot under which our server serves clients
-  bool holding_submissions_ = false;  // a new leader's server is still catching up
+  bool holding_submissions_ = false;  // too many inputs in flight: wait for commits
   bool truncated_warned_ = false;
   uint64_t next_health_check_us_ = 0;
   uint64_t inputs_committed_ = 0;  // since the last report

@@ -139,6 +139,23 @@ bool DecodeTruncateRequest(std::string_view in, TruncateRequest* req) {
   return r.u64(&req->below);
 }
 
+std::string EncodeCheckpointRequest(const CheckpointRequest& req) {
+  ByteWriter w;
+  w.u8(static_cast<uint8_t>(req.op));
+  return std::move(w.str());
+}
+
+bool DecodeCheckpointRequest(std::string_view in, CheckpointRequest* req) {
+  ByteReader r(in);
+  uint8_t op = 0;
+  if (!r.u8(&op) || !r.done()) return false;
+  if (op != static_cast<uint8_t>(CheckpointOp::kNow) &&
+      op != static_cast<uint8_t>(CheckpointOp::kList))
+    return false;
+  req->op = static_cast<CheckpointOp>(op);
+  return true;
+}
+
 // ---------------------------------------------------------------- client replies
 
 std::string EncodeProposeReply(const ProposeReply& reply) {
@@ -207,6 +224,21 @@ bool DecodeTruncateReply(std::string_view in, TruncateReply* reply) {
   ByteReader r(in);
   uint8_t ok = 0;
   if (!r.u8(&ok) || !r.u64(&reply->first_index)) return false;
+  reply->ok = ok != 0;
+  return true;
+}
+
+std::string EncodeCheckpointReply(const CheckpointReply& reply) {
+  ByteWriter w;
+  w.u8(reply.ok ? 1 : 0);
+  w.bytes(reply.text);
+  return std::move(w.str());
+}
+
+bool DecodeCheckpointReply(std::string_view in, CheckpointReply* reply) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  if (!r.u8(&ok) || !r.bytes(&reply->text)) return false;
   reply->ok = ok != 0;
   return true;
 }

@@ -33,6 +33,8 @@ enum class FrameKind : uint8_t {
   kReadResult = 25,
   kTruncate = 26,  // client -> daemon: below u64
   kTruncateResult = 27,
+  kCheckpoint = 28,  // client -> daemon: op u8 (CheckpointOp)
+  kCheckpointResult = 29,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
 inline constexpr uint32_t kWireMagic = 0x4c4b5354;  // "LKST"
@@ -131,7 +133,17 @@ struct TruncateRequest {
 std::string EncodeTruncateRequest(const TruncateRequest& req);
 bool DecodeTruncateRequest(std::string_view in, TruncateRequest* req);
 
-// Their replies (kProposeResult, kReadResult, kTruncateResult).
+enum class CheckpointOp : uint8_t {
+  kNow = 1,   // take a checkpoint as soon as the server is at rest (backups only)
+  kList = 2,  // this replica's checkpoints, as a JSON array
+};
+struct CheckpointRequest {
+  CheckpointOp op = CheckpointOp::kList;
+};
+std::string EncodeCheckpointRequest(const CheckpointRequest& req);
+bool DecodeCheckpointRequest(std::string_view in, CheckpointRequest* req);
+
+// Their replies (kProposeResult, kReadResult, kTruncateResult, kCheckpointResult).
 struct ProposeReply {
   bool ok = false;
   uint64_t index = 0;
@@ -158,6 +170,13 @@ struct TruncateReply {
 };
 std::string EncodeTruncateReply(const TruncateReply& reply);
 bool DecodeTruncateReply(std::string_view in, TruncateReply* reply);
+
+struct CheckpointReply {
+  bool ok = false;
+  std::string text;  // kList: the JSON array; otherwise why not, when !ok
+};
+std::string EncodeCheckpointReply(const CheckpointReply& reply);
+bool DecodeCheckpointReply(std::string_view in, CheckpointReply* reply);
 
 // A non-blocking TCP connection carrying frames. Owned by an event loop.
 class FrameConn {

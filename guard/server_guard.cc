@@ -1,0 +1,304 @@
+// server_guard.cc — the part of ServerPipeline that keeps the server alive
+// and bounded: checkpoints of a backup's server at a log index, restores of
+// the newest good one (at a restart, and when the server dies), and the
+// crash-loop stop. See server_pipeline.h for the class and
+// checkpoint/README.md for what a checkpoint holds and why.
+//
+// A checkpoint at index k must hold the server having executed exactly the
+// entries up to k. A backup therefore stops applying when one is due, waits
+// until the server has read everything it was handed (Replayer::Idle) and
+// then lets CRIU freeze and dump it; applying resumes once the dump is done
+// and the data directory copied. The leader never pauses its server.
+#include <signal.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "consensus/assert.h"
+#include "guard/client.h"
+#include "guard/restore_point.h"
+#include "guard/server_pipeline.h"
+
+namespace lockstep {
+
+namespace {
+// How long a due checkpoint waits for the server to read its inputs before
+// it is put off by a whole interval (a server that stopped reading one
+// connection must not stop this replica from applying).
+constexpr uint64_t kRestWaitUs = 1000000;
+}  // namespace
+
+void ServerPipeline::OpenCheckpoints() {
+  if (!cfg_.checkpoint.enabled) return;
+  checkpointer_ = std::make_unique<Checkpointer>(
+      cfg_.checkpoint, me_.id, me_.dir, [this](const std::string& m) { log_("%s", m.c_str()); });
+  std::string err;
+  if (!checkpointer_->Open(&err)) {
+    log_("CHECKPOINTS OFF: cannot open the checkpoint store in %s: %s", me_.dir.c_str(),
+         err.c_str());
+    checkpointer_.reset();
+  }
+}
+
+uint64_t ServerPipeline::log_needed_from() const {
+  if (!checkpointer_) return 0;
+  // The oldest kept checkpoint, not the newest: if the newest is found
+  // damaged at a restore, the one before it still has its log.
+  return checkpointer_->oldest_kept_index() + 1;
+}
+
+std::string ServerPipeline::server_state() const {
+  if (!cfg_.has_server()) return "none";
+  if (!server_failed_.empty()) return server_failed_;
+  return server_ ? "running" : "stopped";
+}
+
+std::string ServerPipeline::RequestCheckpoint() {
+  if (!cfg_.has_server()) return "this cluster runs no server";
+  if (!checkpointer_) return "checkpoints are off on this replica (see its log)";
+  if (checkpointer_->broken())
+    return "CRIU cannot dump this server (see `lockstep cluster status`)";
+  if (!server_failed_.empty()) return "the server is not running: " + server_failed_;
+  if (core_.role() != Role::kBackup)
+    return "replica " + std::to_string(me_.id) +
+           " is not a backup: the leader never pauses its server for a checkpoint";
+  checkpointer_->Request();
+  return "";
+}
+
+std::string ServerPipeline::CheckpointStatusJson(uint64_t now) const {
+  std::ostringstream o;
+  if (checkpointer_) {
+    std::string s = checkpointer_->StatusJson(now);
+    o << s.substr(0, s.size() - 1);  // without the closing brace
+  } else {
+    o << "{\"index\":0,\"age_s\":-1,\"enabled\":false";
+  }
+  o << ",\"server_state\":\"" << JsonEscape(server_state()) << "\",\"crashes\":" << crashes_
+    << ",\"restored_from\":" << restored_index_ << "}";
+  return o.str();
+}
+
+std::string ServerPipeline::CheckpointListJson() const {
+  std::ostringstream o;
+  o << "[";
+  if (checkpointer_) {
+    bool first = true;
+    for (const CheckpointInfo& cp : checkpointer_->List()) {
+      if (!first) o << ",";
+      first = false;
+      o << "{\"replica\":" << me_.id << ",\"index\":" << cp.index
+        << ",\"time_unix\":" << cp.meta.time_unix << ",\"bytes\":" << cp.bytes
+        << ",\"dump_us\":" << cp.meta.dump_us << ",\"ok\":" << (cp.ok ? "true" : "false")
+        << ",\"path\":\"" << JsonEscape(cp.path) << "\",\"error\":\"" << JsonEscape(cp.error)
+        << "\"}";
+    }
+  }
+  o << "]";
+  return o.str();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+bool ServerPipeline::CheckpointStep(uint64_t now) {
+  if (!checkpointer_ || !server_) return false;
+  std::string data_dir = me_.dir + "/server";
+  if (dump_watch_fd_ >= 0) {
+    checkpointer_->Poll(data_dir, now);  // copies the data directory once criu is done
+    if (checkpointer_->dumping()) return true;
+    loop_.Remove(dump_watch_fd_);
+    dump_watch_fd_ = -1;
+    return false;
+  }
+  if (core_.role() != Role::kBackup) {  // the leader never pauses its server
+    checkpoint_wanted_ = false;
+    return false;
+  }
+  if (!checkpoint_wanted_) {
+    if (!checkpointer_->Due(applied_, log_bytes_applied_, now)) return false;
+    checkpoint_wanted_ = true;
+    rest_wait_since_us_ = now;
+  }
+  bool at_rest = replayer_->Idle() && own_pending_.empty() && own_conns_.empty() &&
+                 closing_.empty() && applied_ <= core_.commit_index();
+  if (!at_rest) {
+    if (now - rest_wait_since_us_ < kRestWaitUs) return true;
+    log_("checkpoint put off: the server did not read its inputs within %lu ms (queued %lu)",
+         (unsigned long)(kRestWaitUs / 1000), (unsigned long)replayer_->queued());
+    checkpointer_->Postpone(applied_, log_bytes_applied_, now);
+    checkpoint_wanted_ = false;
+    return false;
+  }
+  checkpoint_wanted_ = false;
+  TakeCheckpoint(now);
+  return dump_watch_fd_ >= 0;
+}
+
+void ServerPipeline::TakeCheckpoint(uint64_t now) {
+  RestorePoint rp;
+  rp.server_fds = server_fds_;
+  rp.open_conns = open_conns_;
+  rp.replay_conns = replayer_->OpenConns();
+  rp.log_bytes = log_bytes_applied_;
+  if (!checkpointer_->StartDump(applied_, log_bytes_applied_, server_->pid(),
+                                EncodeRestorePoint(rp), now))
+    return;
+  dump_watch_fd_ = checkpointer_->fd();
+  LS_ASSERT(dump_watch_fd_ >= 0, "a dump runs without a pidfd");
+  loop_.Add(dump_watch_fd_, [](uint32_t) { return false; });  // wakes the loop when criu exits
+}
+
+// ---------------------------------------------------------------- restores
+
+bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error) {
+  RestorePoint rp;
+  if (!DecodeRestorePoint(cp.meta.extra, &rp)) {
+    *error = "its record of the daemon's side does not decode (written by another version?)";
+    return false;
+  }
+  DropServer();
+  uint64_t t0 = NowUs();
+  std::string dir = me_.dir + "/server";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!checkpointer_->store().RestoreDataDir(cp.index, dir, error)) return false;
+  CriuJob job;
+  CriuOptions o;
+  o.timeout_ms = static_cast<int>(cfg_.checkpoint.timeout_ms);
+  if (!job.StartRestore(cp.path + "/img", me_.dir + "/restore.pid", {}, o, error)) return false;
+  CriuResult r;
+  job.Wait(&r);
+  if (!r.ok) {
+    *error = r.error + " (criu's log: " + r.log_path + ")";
+    return false;
+  }
+  std::vector<std::string> argv;
+  std::string ignored;
+  SplitCommand(cfg_.server.command, &argv, &ignored);
+  server_ = std::make_unique<ServerProcess>();
+  server_->Adopt(r.restored_pid, argv.empty() ? "server" : argv[0], me_.dir + "/server.log");
+  shim_ = std::make_unique<ShimChannel>();
+  if (!shim_->Adopt(r.restored_pid, rp.server_fds, error)) {
+    kill(r.restored_pid, SIGKILL);
+    DropServer();
+    return false;
+  }
+  server_fds_ = rp.server_fds;
+  ConnectServer();
+  // Fresh replay connections in place of the restored (closed) ones; they
+  // connect now and the server accepts them as soon as it runs.
+  replayer_->Reattach(rp.replay_conns);
+  applied_ = cp.index;
+  restored_index_ = cp.index;
+  log_bytes_applied_ = rp.log_bytes;
+  open_conns_ = rp.open_conns;
+  truncated_warned_ = false;
+  ResumeRole();
+  bytes_read_seen_ = 0;
+  last_read_change_us_ = NowUs();  // it has the suffix to read
+  kill(r.restored_pid, SIGCONT);
+  checkpointer_->NoteRestore();
+  log_(
+      "restored checkpoint %lu in %.0f ms (server pid %d, %zu replay connections); replaying "
+      "the log from entry %lu",
+      (unsigned long)cp.index, (NowUs() - t0) / 1000.0, r.restored_pid, rp.replay_conns.size(),
+      (unsigned long)cp.index + 1);
+  return true;
+}
+
+void ServerPipeline::ResumeRole() {
+  bool leading = core_.role() == Role::kLeader;
+  shim_->SetLeader(leading);
+  if (!leading) return;
+  // Like a new leader: catch the server up, close every connection (its own
+  // clients' died with the old server, whose inputs are now replayed), then
+  // serve.
+  serving_ballot_ = 0;
+  close_old_pending_ = true;
+  close_old_after_ = core_.last_index();
+  close_all_open_ = true;
+}
+
+bool ServerPipeline::RestoreNewest(uint64_t max_index, const char* why) {
+  // The log must hold every entry after the checkpoint.
+  uint64_t oldest_usable = core_.first_index() - 1;
+  for (;;) {
+    std::optional<CheckpointInfo> cp = checkpointer_->NewestGood(max_index);
+    if (!cp) return false;
+    if (cp->index < oldest_usable) {
+      log_(
+          "checkpoint %lu is older than this replica's log, which starts at entry %lu: it "
+          "cannot be brought forward",
+          (unsigned long)cp->index, (unsigned long)core_.first_index());
+      return false;
+    }
+    std::string err;
+    if (RestoreServer(*cp, &err)) return true;
+    log_("CANNOT RESTORE checkpoint %lu (%s): %s; trying an older one", (unsigned long)cp->index,
+         why, err.c_str());
+    if (cp->index == 0) return false;
+    max_index = cp->index - 1;
+  }
+}
+
+bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
+  crashes_++;
+  // The input it died on: the newest one whose bytes it had begun to read,
+  // if it was still at work: something unread, or reading shortly before
+  // (a crash handler may take a while: redis writes a report first). A
+  // server killed while idle names no input.
+  bool all_read = true;
+  uint64_t entry = replayer_ ? replayer_->EntryBeingRead(&all_read) : 0;
+  bool working = !all_read || now - last_read_change_us_ <= kCrashAttributionUs ||
+                 (replayer_ && replayer_->BytesRead() != bytes_read_seen_);
+  if (!working) entry = 0;
+  log_("SERVER DIED: the server %s %s %lu", how.c_str(),
+       entry ? "while executing log entry" : "with the log applied up to entry",
+       (unsigned long)(entry ? entry : applied_));
+  // No crash loop: the same input twice, or three deaths in a row without
+  // the log moving on, and the server is not brought back again.
+  deaths_without_progress_ = applied_ <= last_death_applied_ ? deaths_without_progress_ + 1 : 1;
+  last_death_applied_ = applied_;
+  std::string loop;
+  if (entry && entry == last_crash_entry_)
+    loop = "the server died twice at log entry " + std::to_string(entry) + " (" + how +
+           "): an input that kills it";
+  else if (deaths_without_progress_ >= kMaxDeathsWithoutProgress)
+    loop = "the server died " + std::to_string(deaths_without_progress_) +
+           " times without getting past log entry " + std::to_string(applied_) + " (" + how + ")";
+  if (!loop.empty()) {
+    server_failed_ = loop + "; it is not restored again (lockstep cluster restart --id " +
+                     std::to_string(me_.id) + " tries again)";
+    log_("SERVER NOT RESTORED: %s. This replica keeps its log and votes.", server_failed_.c_str());
+    DropServer();
+    return true;
+  }
+  if (entry) last_crash_entry_ = entry;
+  uint64_t before = applied_;
+  if (checkpointer_ && RestoreNewest(before, "the server died")) return true;
+  if (core_.first_index() > 1) {
+    server_failed_ = "the server died and no checkpoint restores it, and the log starts at entry " +
+                     std::to_string(core_.first_index()) + ": it cannot be rebuilt here";
+    log_("SERVER NOT RESTORED: %s", server_failed_.c_str());
+    DropServer();
+    return true;
+  }
+  DropServer();
+  std::string err;
+  if (!LaunchServer(&err)) {
+    server_failed_ = "the server died and cannot be started again: " + err;
+    log_("SERVER NOT RESTORED: %s", server_failed_.c_str());
+    DropServer();
+    return true;
+  }
+  open_conns_.clear();
+  restored_index_ = 0;
+  ResumeRole();
+  bytes_read_seen_ = 0;
+  last_read_change_us_ = NowUs();
+  log_("no checkpoint to restore: started the server afresh; replaying the whole log");
+  return true;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,281 @@
+"""Checkpoints (checkpoint/, guard/server_guard.cc): backups take real CRIU
+checkpoints of their real redis at log indices; a backup whose redis is
+SIGKILLed gets it back from its newest checkpoint plus the log's suffix
+without stopping the replica; a whole replica killed and restarted does the
+same; a corrupted checkpoint is refused and an older one used; a server CRIU
+cannot dump keeps serving without checkpoints; an input that kills the
+server on every replica stops the restores instead of looping; the log on
+disk stays bounded. Every test that serves ends with the same data on every
+replica."""
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run
+from resp import Redis, RespError
+from test_redis import assert_same_data
+
+
+def checkpoints(cluster):
+    return json.loads(run("checkpoint", "list", "--json", "--dir", cluster.dir).stdout)
+
+
+def ck(status, replica):
+    """The replica's checkpoint status object ({} while it is down)."""
+    return status["replicas"][replica].get("checkpoint") or {}
+
+
+def wait_checkpoint(cluster, replica, above=0, timeout=30.0):
+    """Waits until `replica` has a good checkpoint with index > above."""
+    s = cluster.wait(
+        lambda s: ck(s, replica).get("index", 0) > above,
+        timeout,
+        f"a checkpoint of replica {replica} above {above}",
+    )
+    return ck(s, replica)["index"]
+
+
+def backups(cluster):
+    leader = cluster.leader()
+    return [r for r in range(len(cluster.status()["replicas"])) if r != leader]
+
+
+def load(client, start, count, prefix="k"):
+    """SETs keys start..start+count-1 in pipelined batches of 10 (about one
+    log entry each)."""
+    for b in range(start, start + count, 10):
+        n = min(10, start + count - b)
+        assert (
+            client.pipeline([("SET", f"{prefix}{i}", f"v{i}") for i in range(b, b + n)])
+            == ["OK"] * n
+        )
+
+
+def replica_log(cluster, r):
+    return (cluster.dir / f"replica-{r}.log").read_text()
+
+
+@pytest.fixture
+def redis_cluster(cluster):
+    cluster.up(app="redis", extra=("--checkpoint-entries", "50"))
+    return cluster
+
+
+def test_backup_server_crash_is_restored_from_its_checkpoint(redis_cluster):
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    # State held by an open connection, which the backups' replay connections
+    # hold too: SELECT 1 must survive the restore of a backup's redis.
+    assert client.call("SELECT", "1") == "OK"
+    load(client, 0, 1500)
+    b = backups(c)[0]
+    k = wait_checkpoint(c, b)
+    listed = [cp for cp in checkpoints(c) if cp["replica"] == b]
+    assert listed and listed[0]["index"] >= k and listed[0]["ok"], listed
+    assert listed[0]["bytes"] > 0 and listed[0]["dump_us"] > 0, listed
+    load(client, 1500, 500)
+    daemon = c.pid(b)
+    old = c.status()["replicas"][b]["server_pid"]
+    os.kill(old, signal.SIGKILL)
+    s = c.wait(
+        lambda s: s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1,
+        20,
+        f"replica {b}'s redis restored",
+    )
+    assert s["replicas"][b]["pid"] == daemon  # the replica itself never stopped
+    assert ck(s, b)["server_state"] == "running"
+    load(client, 2000, 300)  # the same connection, still in db 1
+    assert client.call("DBSIZE") == 2300
+    _digest, size = assert_same_data(c)
+    assert size == 0  # db 0 is empty on every replica: the SELECT held everywhere
+    log = replica_log(c, b)
+    assert "SERVER DIED" in log and "restored checkpoint" in log, log[-3000:]
+
+
+def test_restarted_replica_restores_checkpoint_and_replays_only_the_suffix(redis_cluster):
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 2000)
+    b = backups(c)[0]
+    k = wait_checkpoint(c, b, above=100)
+    os.kill(c.pid(b), signal.SIGKILL)  # the daemon; its redis dies with it
+    load(client, 2000, 1000)
+    run("cluster", "restart", "--id", b, "--dir", c.dir)
+    commit = c.status()["replicas"][c.leader()]["commit_index"]
+    c.wait(lambda s: s["replicas"][b]["applied_index"] >= commit, 30, "the restart")
+    assert_same_data(c)
+    log = replica_log(c, b)
+    tail = log[log.rfind("recovered log") :]
+    restored = [int(w.split()[0]) for w in tail.split("restored checkpoint ")[1:]]
+    assert restored and restored[0] >= k, tail[-3000:]
+    assert f"replaying the log from entry {restored[0] + 1}" in tail
+
+
+def test_corrupted_checkpoint_is_refused_and_an_older_one_used(redis_cluster):
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 800)
+    b = backups(c)[0]
+    first = wait_checkpoint(c, b)
+    load(client, 800, 800)
+    wait_checkpoint(c, b, above=first)
+    # Once the backup is at rest (no more checkpoints coming), flip one byte
+    # of its newest checkpoint's largest image file.
+    commit = c.status()["replicas"][c.leader()]["commit_index"]
+    c.wait(
+        lambda s: s["replicas"][b]["applied_index"] >= commit and not ck(s, b)["dumping"],
+        10,
+        "the backup at rest",
+    )
+    time.sleep(0.5)  # a commit in flight lands
+    cp = next(x for x in checkpoints(c) if x["replica"] == b)
+    second = cp["index"]
+    files = sorted(Path(cp["path"], "img").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    victim = files[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    old = c.status()["replicas"][b]["server_pid"]
+    os.kill(old, signal.SIGKILL)
+    s = c.wait(
+        lambda s: s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1,
+        20,
+        "the restore",
+    )
+    assert ck(s, b)["restored_from"] < second
+    load(client, 1600, 200)
+    assert_same_data(c)
+    log = replica_log(c, b)
+    assert "refused checkpoint" in log and victim.name in log, log[-3000:]
+    listed = [x for x in checkpoints(c) if x["replica"] == b]
+    assert second not in [x["index"] for x in listed], listed  # removed, never used again
+
+
+def test_checkpoint_now_and_list(redis_cluster):
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    client.pipeline([("SET", f"k{i}", "v") for i in range(100)])  # one entry: below the policy
+    b = backups(c)[0]
+    commit = c.status()["replicas"][c.leader()]["commit_index"]
+    c.wait(lambda s: s["replicas"][b]["applied_index"] >= commit, 10, "the backup applied")
+    out = run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir).stdout
+    assert "taken" in out, out
+    listed = [x for x in checkpoints(c) if x["replica"] == b]
+    assert listed and listed[0]["index"] >= commit and listed[0]["ok"], listed
+    table = run("checkpoint", "list", "--dir", c.dir).stdout
+    assert str(listed[0]["index"]) in table and "ok" in table, table
+    # The leader never pauses its server for one: a clear refusal.
+    r = run("checkpoint", "now", "--id", c.leader(), "--dir", c.dir, check=False)
+    assert r.returncode != 0 and "leader never pauses" in r.stderr, r.stderr
+    r = run("checkpoint", "now", "--id", 7, "--dir", c.dir, check=False)
+    assert r.returncode != 0 and "0..2" in r.stderr, r.stderr
+    status = run("cluster", "status", "--dir", c.dir).stdout
+    assert "checkpoint" in status and "s ago" in status, status
+
+
+def test_log_on_disk_stays_bounded(redis_cluster):
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    value = "x" * 1000
+    for round_ in range(6):
+        for i in range(100):  # 100 entries of ~1 KB
+            assert client.call("SET", f"k{round_}-{i}", value) == "OK"
+        commit = c.status()["replicas"][c.leader()]["commit_index"]
+        for b in backups(c):
+            wait_checkpoint(c, b, above=commit - 60)
+    # Each backup keeps the log from its oldest kept checkpoint (keep = 2,
+    # one every 50 entries), not the 600 entries that went through.
+    s = c.wait(
+        lambda s: all(
+            r["last_index"] - r["first_index"] < 4 * 50
+            for r in s["replicas"]
+            if r["role"] == "backup"
+        ),
+        20,
+        "the backups' logs truncated",
+    )
+    for b in backups(c):
+        assert s["replicas"][b]["first_index"] > 300, s
+        assert "log truncated" in replica_log(c, b)
+    assert_same_data(c)
+
+
+def bus_ports_free(cluster):
+    """redis in cluster mode also listens on its port + 10000."""
+    for r in range(3):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", cluster.base_port + 200 + r + 10000))
+            except OSError:
+                return False
+    return True
+
+
+def test_server_criu_cannot_dump_keeps_serving_without_checkpoints(cluster):
+    # redis in cluster mode holds a lock on nodes.conf, which CRIU refuses to
+    # dump; its cluster bus ports must be free too.
+    while not bus_ports_free(cluster):
+        cluster.base_port += 3
+    cluster.up(
+        extra=(
+            "--checkpoint-entries",
+            "50",
+            "--",
+            (
+                "redis-server --port {port} --bind 127.0.0.1 --dir {dir} --save '' "
+                "--cluster-enabled yes --cluster-config-file nodes.conf --protected-mode no"
+            ),
+        )
+    )
+    client = Redis(cluster.client_addr())
+    for i in range(300):
+        assert client.call("PING") == "PONG"
+    bs = backups(cluster)
+    s = cluster.wait(
+        lambda s: all(ck(s, b).get("failed", 0) >= 1 for b in bs), 20, "the dumps refused"
+    )
+    for b in bs:
+        assert ck(s, b)["enabled"] is False, ck(s, b)
+        assert "file locks" in ck(s, b)["error"], ck(s, b)
+        assert (cluster.dir / f"replica-{b}" / "criu-dump-failed.log").exists()
+        assert "CHECKPOINT FAILED" in replica_log(cluster, b)
+    for i in range(100):
+        assert client.call("PING") == "PONG"
+    s = cluster.status()
+    assert all(r["role"] in ("leader", "backup") for r in s["replicas"]), s
+    assert all(ck(s, b)["failed"] == 1 for b in bs), s  # tried once, not in a loop
+    for b in bs:  # nothing half-made counts
+        assert not list((cluster.dir / f"replica-{b}" / "checkpoints").glob("0*"))
+
+
+def test_input_that_kills_the_server_stops_the_restores(redis_cluster):
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 700)
+    for b in backups(c):
+        wait_checkpoint(c, b)
+    # DEBUG SEGFAULT kills redis wherever it executes, on every replica: no reply comes.
+    with pytest.raises((OSError, RespError)):
+        client.call("DEBUG", "SEGFAULT")
+    s = c.wait(
+        lambda s: all(ck(s, r).get("server_state", "running") != "running" for r in range(3)),
+        30,
+        "every replica to give up on its server",
+    )
+    entries = set()
+    for r in range(3):
+        state = ck(s, r)["server_state"]
+        assert "died twice at log entry" in state, state
+        entries.add(int(state.split("log entry ")[1].split()[0]))
+        assert s["replicas"][r]["role"] in ("leader", "backup"), s  # the daemon lives on
+    assert len(entries) == 1, s  # every replica names the same entry
+    (entry,) = entries
+    # The last input of the load ended around entry 70: DEBUG SEGFAULT is after it.
+    assert 70 < entry <= s["replicas"][c.leader()]["commit_index"], s
+    # The log itself still works.
+    c.propose("after-the-crash")
