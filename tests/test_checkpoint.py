@@ -12,10 +12,12 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import test_memcached as mc
 from conftest import run
 from resp import Redis, RespError
 from test_redis import assert_same_data
@@ -279,3 +281,83 @@ def test_input_that_kills_the_server_stops_the_restores(redis_cluster):
     assert 70 < entry <= s["replicas"][c.leader()]["commit_index"], s
     # The log itself still works.
     c.propose("after-the-crash")
+
+
+def test_backup_server_killed_under_load(redis_cluster):
+    c = redis_cluster
+    addr = c.client_addr()
+    b = backups(c)[0]
+    stop = threading.Event()
+    errors = []
+    done = [0] * 4
+
+    def writer(t):
+        try:
+            client = Redis(addr)
+            end = time.monotonic() + 30
+            while not stop.is_set() and done[t] < 5000 and time.monotonic() < end:
+                assert client.call("SET", f"w{t}:{done[t]}", "x") == "OK"
+                done[t] += 1
+        except (OSError, AssertionError) as e:
+            errors.append(f"writer {t}: {e!r}")
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_checkpoint(c, b, above=100)
+        old = c.status()["replicas"][b]["server_pid"]
+        os.kill(old, signal.SIGKILL)
+        c.wait(
+            lambda s: (
+                s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1
+            ),
+            20,
+            "the restore under load",
+        )
+        time.sleep(0.5)  # the restored server takes load again
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    _digest, size = assert_same_data(c, timeout=30)
+    assert size == sum(done)
+
+
+def test_memcached_backup_server_restored(cluster):
+    cluster.up(app="memcached", extra=("--checkpoint-entries", "50"))
+    addr = cluster.client_addr()
+
+    def run_workers():
+        errors = []
+        threads = [
+            threading.Thread(target=mc.worker, args=(addr, t, errors)) for t in range(mc.THREADS)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors[:3]
+
+    run_workers()
+    b = backups(cluster)[0]
+    wait_checkpoint(cluster, b, above=50)
+    old = cluster.status()["replicas"][b]["server_pid"]
+    os.kill(old, signal.SIGKILL)
+    cluster.wait(
+        lambda s: s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1,
+        20,
+        "memcached restored",
+    )
+    run_workers()  # the same keys again: set, incr and cas on the restored state
+    leader_view = mc.snapshot(addr)
+    end = time.monotonic() + 15
+    while True:
+        views = [mc.snapshot(cluster.server_addr(r)) for r in range(3)]
+        if all(v == leader_view for v in views):
+            break
+        assert time.monotonic() < end, [
+            {k: (v[k], leader_view[k]) for k in v if v[k] != leader_view[k]} for v in views
+        ]
+        time.sleep(0.2)
