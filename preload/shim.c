@@ -205,10 +205,12 @@ __attribute__((constructor)) static void shim_init(void) {
   done_ring = (struct ls_done_record*)((char*)p + hdr->done_offset);
   order_ring = (struct ls_order_record*)((char*)p + hdr->order_offset);
   max_chunk = hdr->max_chunk;
-  /* Our own descriptors must not leak into anything the server execs. */
-  fcntl(shm_fd, F_SETFD, FD_CLOEXEC);
-  fcntl(wake_server_fd, F_SETFD, FD_CLOEXEC);
-  fcntl(wake_daemon_fd, F_SETFD, FD_CLOEXEC);
+  /* Our descriptors stay open across exec: a server started through a
+   * wrapper that execs it (`sh -c 'exec redis-server ...'`, a language
+   * runtime re-executing itself) keeps its pid, and the shim in the new image
+   * must attach to the same region, or the server would run unreplicated
+   * while the daemon saw the wrapper attach. Children the server forks and
+   * execs get other pids and never attach (LOCKSTEP_SHIM_PID above). */
   atomic_store(&hdr->shim_attached, 1);
   active = 1;
 out:

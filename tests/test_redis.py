@@ -200,3 +200,21 @@ def test_inspection_connections_to_a_backup_are_not_replicated(redis_cluster):
     with pytest.raises(RespError):
         c.call("NOSUCHCOMMAND")
     c.close()
+
+
+def test_server_started_through_a_wrapper_that_execs_it(cluster):
+    # The shim first attaches in `sh`, which then execs redis under the same
+    # pid: the shim in redis must attach again, or redis would serve
+    # unreplicated while the daemon saw the wrapper attach.
+    cluster.up(
+        extra=(
+            "--",
+            "sh -c 'exec redis-server --port {port} --bind 127.0.0.1 --dir {dir} --save \"\" --protected-mode no --enable-debug-command local'",
+        )
+    )
+    c = Redis(cluster.client_addr())
+    assert c.pipeline([("SET", f"k{i}", i) for i in range(100)]) == ["OK"] * 100
+    s = cluster.status()
+    assert s["replicas"][s["leader"]]["commit_index"] > 0, s
+    _digest, size = assert_same_data(cluster)
+    assert size == 100
