@@ -26,6 +26,7 @@ const char* MessageTypeName(Message::Type t) {
     case Message::Type::kJoin: return "join";
     case Message::Type::kPreVote: return "pre-vote";
     case Message::Type::kPreVoteReply: return "pre-vote-reply";
+    case Message::Type::kNeedCheckpoint: return "need-checkpoint";
   }
   return "?";
 }
@@ -550,6 +551,7 @@ void Replica::OnMessage(uint64_t now_us, const Message& m) {
     case Message::Type::kJoin: HandleJoin(now_us, m); break;
     case Message::Type::kPreVote: HandlePreVote(now_us, m); break;
     case Message::Type::kPreVoteReply: HandlePreVoteReply(now_us, m); break;
+    case Message::Type::kNeedCheckpoint: HandleNeedCheckpoint(now_us, m); break;
     case Message::Type::kNack:
       max_round_seen_ = std::max(max_round_seen_, BallotRound(m.promised));
       if (m.promised > promised_ && role_ != Role::kBackup) StepDown(now_us, m.promised);
@@ -568,13 +570,54 @@ void Replica::StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit
   p.match = peer_commit;
   p.last_heard_us = now_us;
   if (p.next_put < first_index_) {
-    p.needs_snapshot = true;  // a later issue: ship a checkpoint instead
+    p.needs_snapshot = true;
+    SendNeedCheckpoint(peer);
     return;
   }
   p.ready = true;
   PutControl(peer);
   Pump(peer);
   AdvanceCommit();
+}
+
+// The peer needs entries we truncated: it must bring its state machine
+// forward from a checkpoint (its own or one fetched from a replica that
+// has it) of at least our first index - 1, then join again.
+void Replica::SendNeedCheckpoint(int peer) {
+  Message m;
+  m.type = Message::Type::kNeedCheckpoint;
+  m.from = config_.id;
+  m.to = peer;
+  m.ballot = promised_;
+  m.commit_index = first_index_ - 1;
+  ready_.messages.push_back(std::move(m));
+}
+
+void Replica::HandleNeedCheckpoint(uint64_t now_us, const Message& m) {
+  (void)now_us;
+  if (m.ballot != promised_ || role_ != Role::kBackup || m.from != BallotLeader(promised_)) return;
+  if (m.commit_index <= commit_index_) return;  // we caught up meanwhile
+  checkpoint_needed_ = std::max(checkpoint_needed_, m.commit_index);
+}
+
+bool Replica::InstallCheckpoint(uint64_t now_us, uint64_t index) {
+  if (index <= commit_index_ || role_ == Role::kLeader) return false;
+  // Every slot we hold is at or below index (we lacked entries below the
+  // leader's truncation, which is at most index), or beyond it and unknown
+  // to be chosen: drop them all; the leader streams from index + 1.
+  slots_.clear();
+  first_index_ = index + 1;
+  commit_index_ = index;
+  durable_index_ = index;
+  accepted_upto_ = index;
+  checkpoint_needed_ = 0;
+  commit_changed_ = true;
+  ClampPendingPersists(index + 1);  // writes in flight prove nothing past index
+  Persist({}, 0, {});
+  ready_.persists.back().truncate_below = index + 1;
+  if (role_ == Role::kBackup) SendJoin(now_us);
+  CheckInvariants();
+  return true;
 }
 
 void Replica::Pump(int peer) {
@@ -585,6 +628,7 @@ void Replica::Pump(int peer) {
     // it lagged): only a snapshot brings it forward, as in StartPeerStream.
     p.ready = false;
     p.needs_snapshot = true;
+    SendNeedCheckpoint(peer);
     return;
   }
   const uint64_t ring = config_.ring_bytes;

@@ -60,8 +60,10 @@ struct Message {
     kNack,
     kHeartbeat,
     kJoin,
-    kPreVote,      // "would you promise this ballot?" — changes nobody's state
-    kPreVoteReply  // granted: the sender has no live leader and would promise
+    kPreVote,        // "would you promise this ballot?" — changes nobody's state
+    kPreVoteReply,   // granted: the sender has no live leader and would promise
+    kNeedCheckpoint  // leader -> backup: I truncated what you lack; bring a
+                     // checkpoint of at least commit_index (then InstallCheckpoint)
   };
   Type type = Type::kHeartbeat;
   int from = 0;
@@ -157,6 +159,12 @@ class Replica {
   void OnLocalStall(uint64_t now_us);
   // Drops slots below index (must be <= commit_index).
   bool TruncateBelow(uint64_t index);
+  // A backup whose log lacks entries the leader truncated (kNeedCheckpoint)
+  // brought its state machine to `index` from a checkpoint: its log now
+  // starts at index + 1, everything up to index counts as committed, and it
+  // asks the leader for a stream from there. False (nothing changes) unless
+  // index is past this replica's commit index.
+  bool InstallCheckpoint(uint64_t now_us, uint64_t index);
 
   Ready TakeReady();
 
@@ -176,6 +184,9 @@ class Replica {
   uint64_t PeerMatch(int peer) const { return peers_[peer].match; }
   bool PeerReady(int peer) const { return peers_[peer].ready; }
   bool may_vote() const { return may_vote_; }
+  // Backup: non-zero when the leader said our log is behind its truncation:
+  // the lowest checkpoint index that brings us forward.
+  uint64_t checkpoint_needed() const { return checkpoint_needed_; }
   uint64_t last_leader_contact_us() const { return last_leader_contact_us_; }
 
  private:
@@ -213,6 +224,8 @@ class Replica {
   void HandlePromise(uint64_t now_us, const Message& m);
   void HandleHeartbeat(uint64_t now_us, const Message& m);
   void HandleJoin(uint64_t now_us, const Message& m);
+  void HandleNeedCheckpoint(uint64_t now_us, const Message& m);
+  void SendNeedCheckpoint(int peer);
   void SendJoin(uint64_t now_us);
   void OpenStream();
   void StartPeerStream(int peer, uint64_t stream_id, uint64_t peer_commit, uint64_t now_us);
@@ -259,6 +272,7 @@ class Replica {
   uint64_t consumed_pos_ = 0;
   uint64_t last_heartbeat_seen_ = 0;
   uint64_t last_join_us_ = 0;
+  uint64_t checkpoint_needed_ = 0;
   bool join_sent_ = false;
   uint64_t stall_check_pos_ = 0;  // leader's sent_pos at the previous heartbeat message
   bool stall_armed_ = false;

@@ -6,6 +6,8 @@
 // invariant on the disks, one leader per ballot, no replica speaking for a
 // ballot it has not durably promised, no LS_ASSERT in the core), so "no
 // violation" is part of each.
+#include "consensus/core.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "consensus/core.h"
 #include "consensus/sim.h"
 
 namespace lockstep {
@@ -225,7 +226,10 @@ TEST(Core, LeaderCrashWithEntryOnOneBackupOnly) {
     ASSERT_TRUE(r.ok);
     c.Track(l, r.index, EntryType::kInput, "maybe");
     ASSERT_TRUE(c.RunUntil(
-        [&] { return c.replica(a)->durable_index() >= r.index && c.replica(l)->durable_index() >= r.index; },
+        [&] {
+          return c.replica(a)->durable_index() >= r.index &&
+                 c.replica(l)->durable_index() >= r.index;
+        },
         100'000))
         << Report(c);
     EXPECT_LT(c.replica(l)->commit_index(), r.index);
@@ -440,7 +444,8 @@ TEST(Core, TornWriteDoesNotCommitStaleSlots) {
     last = CommitOnLeader(c, "good" + std::to_string(i));
   ASSERT_GE(last, last_stale + 2) << Report(c);
   int w = c.Leader();
-  ASSERT_TRUE(c.RunUntil([&] { return c.durable(b).promised == c.replica(w)->promised(); }, 200'000))
+  ASSERT_TRUE(
+      c.RunUntil([&] { return c.durable(b).promised == c.replica(w)->promised(); }, 200'000))
       << Report(c);
   ASSERT_EQ(c.replica(b)->last_index(), last_stale);  // the stale tail is still there
   // Now b's joins get through; its disk holds everything it writes.
@@ -642,6 +647,42 @@ TEST(Core, LeaderTruncatesPastALaggingBackup) {
   ExpectAllAgree(c);
 }
 
+// The same lagging backup is told to bring a checkpoint (kNeedCheckpoint),
+// installs one at the leader's commit index, and is streamed from there.
+TEST(Core, LaggingBackupInstallsACheckpointAndRejoins) {
+  SimCluster c(Quiet(3, 14));
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  int b = Others(c, l)[0];
+  c.SetLink(l, b, false);
+  uint64_t last = 0;
+  for (int i = 0; i < 50; i++) {
+    std::string p = "z" + std::to_string(i) + std::string(4000, 'z');
+    ProposeResult r = c.Propose(l, EntryType::kInput, p);
+    ASSERT_TRUE(r.ok);
+    c.Track(l, r.index, EntryType::kInput, p);
+    last = r.index;
+  }
+  ASSERT_TRUE(c.RunUntil([&] { return c.replica(l)->commit_index() >= last; }, 100'000));
+  ASSERT_TRUE(c.TruncateBelow(l, last));
+  c.SetLink(l, b, true);
+  ASSERT_TRUE(c.RunUntil([&] { return c.replica(b)->checkpoint_needed() > 0; }, 200'000))
+      << Report(c);
+  EXPECT_EQ(c.replica(b)->checkpoint_needed(), last - 1);
+  EXPECT_FALSE(c.replica(b)->InstallCheckpoint(c.now(), 0));  // not past its commit index
+  uint64_t k = c.replica(l)->commit_index();
+  ASSERT_TRUE(c.replica(b)->InstallCheckpoint(c.now(), k));
+  EXPECT_EQ(c.replica(b)->first_index(), k + 1);
+  EXPECT_EQ(c.replica(b)->commit_index(), k);
+  EXPECT_EQ(c.replica(b)->checkpoint_needed(), 0u);
+  uint64_t after = Commit(c, "after-the-checkpoint");
+  ASSERT_GT(after, k) << Report(c);
+  ASSERT_TRUE(c.RunUntil([&] { return c.replica(b)->commit_index() >= after; }, 200'000))
+      << Report(c);
+  ASSERT_CLEAN(c);
+  ExpectAllAgree(c);
+}
+
 // A candidate whose log holds stale entries of an old ballot at slots that a
 // promiser already committed — and truncated — must not take its own stale
 // values as the committed ones: for slots at or below the highest commit
@@ -819,14 +860,21 @@ void RunSeeds(int replicas, uint64_t first, uint64_t count, uint64_t duration_us
     }
   }
   double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  printf("%d replicas, %llu seeds: %.1f ms per seed; %llu committed, %llu elections, %llu crashes\n",
-         replicas, (unsigned long long)count, 1000 * sec / count, (unsigned long long)committed,
-         (unsigned long long)elections, (unsigned long long)crashes);
+  printf(
+      "%d replicas, %llu seeds: %.1f ms per seed; %llu committed, %llu elections, %llu crashes\n",
+      replicas, (unsigned long long)count, 1000 * sec / count, (unsigned long long)committed,
+      (unsigned long long)elections, (unsigned long long)crashes);
 }
 
-TEST(Simulation, Seeds3Replicas) { RunSeeds(3, 1, 300, 2'000'000); }
-TEST(Simulation, Seeds5Replicas) { RunSeeds(5, 1001, 80, 2'000'000); }
-TEST(Simulation, Seeds7Replicas) { RunSeeds(7, 2001, 40, 2'000'000); }
+TEST(Simulation, Seeds3Replicas) {
+  RunSeeds(3, 1, 300, 2'000'000);
+}
+TEST(Simulation, Seeds5Replicas) {
+  RunSeeds(5, 1001, 80, 2'000'000);
+}
+TEST(Simulation, Seeds7Replicas) {
+  RunSeeds(7, 2001, 40, 2'000'000);
+}
 
 // Much harsher faults: 10% message loss and duplication, lost and torn puts,
 // slow outliers, crashes, partitions and pauses several times as often.

@@ -948,6 +948,10 @@ bool DiskLog::TruncateBelow(uint64_t index, std::string* error) {
   std::string scratch;
   if (!error) error = &scratch;
   if (index <= truncated_below_) return true;
+  // Everything below index is chosen (a truncation point is at most the
+  // commit index + 1, or a checkpoint's index + 1): a recovery must not find
+  // a log that starts past its commit index.
+  max_commit_ = std::max(max_commit_, index - 1);
   std::vector<LogRecord> recs;
   recs.push_back(LogRecord{EntryType::kTruncate, 0, index, max_commit_, {}});
   // Restate the promise: the segment holding the last one may be deleted.

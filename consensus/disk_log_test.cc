@@ -764,6 +764,34 @@ TEST(DiskWriter, TruncatesAfterTheRecordsOfItsBatch) {
   ExpectSlots(r, 4, 10, 10);
 }
 
+// A backup that installed a checkpoint truncates past its last slot: the
+// log then recovers empty, starting after the checkpoint, with everything
+// below it committed (never a first index past the commit index + 1).
+TEST(DiskLog, TruncationPastTheLastSlotRecoversAsCommitted) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    DiskWriter w(log.get());
+    for (uint64_t seq = 1; seq <= 5; seq++) {
+      std::vector<OwnedRecord> batch;
+      batch.push_back(OwnedRecord{EntryType::kInput, 1, seq, 2, Payload(seq, 10)});
+      w.Submit(seq, std::move(batch), 0);
+    }
+    w.Submit(6, {}, 101);  // a checkpoint at index 100
+    EXPECT_EQ(WaitFor(&w, 6, nullptr).durable_seq, 6u);
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_EQ(r.truncated_below, 101u);
+  EXPECT_EQ(r.commit_index, 100u);
+  EXPECT_TRUE(r.slots.empty());
+}
+
 // ---------------------------------------------------------------------------
 // The durable-write floor here, both modes, as the log writes (each write
 // rounded up to the sector size, into a zero-filled preallocated file).

@@ -48,7 +48,7 @@ bool DecodeMessage(std::string_view in, Message* m) {
       !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u8(&granted) ||
       !r.u32(&n))
     return false;
-  if (type < 1 || type > 7 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
+  if (type < 1 || type > 8 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
   m->granted = granted != 0;
   m->type = static_cast<Message::Type>(type);
   m->from = static_cast<int>(from);
