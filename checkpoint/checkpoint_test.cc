@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "checkpoint/criu.h"
+#include "checkpoint/relocate.h"
 #include "checkpoint/store.h"
 
 namespace lockstep {
@@ -128,6 +129,7 @@ s.listen(16)
 with open(sys.argv[1] + '.tmp', 'w') as f:
     f.write(str(s.getsockname()[1]))
 os.rename(sys.argv[1] + '.tmp', sys.argv[1])
+held = open(sys.argv[1] + '.held', 'a')  # a file kept open, as a server keeps its log
 count = 0
 while True:
     c, _ = s.accept()
@@ -348,6 +350,70 @@ TEST(CheckpointEndToEnd, RestoreFailsWithCriusReasonWhileThePortIsTaken) {
 
 // ---------------------------------------------------------------------------
 // CriuJob's errors and plumbing.
+
+// Another replica's checkpoint, relocated: restored while the original
+// still runs and holds its port, it binds ours and opens our files.
+TEST(CheckpointEndToEnd, RelocatedImagesRestoreUnderAnotherDirAndPort) {
+  RequireCriu();
+  TempDir tmp;
+  fs::create_directories(tmp / "peer");
+  fs::create_directories(tmp / "me");
+  TestServer server;
+  std::string error;
+  ASSERT_TRUE(server.Start(tmp / "peer", "moved", &error)) << error;
+  ASSERT_EQ(Ask(server.port()), "moved 1");
+  fs::create_directories(tmp / "img");
+  CriuJob dump;
+  ASSERT_TRUE(dump.StartDump(server.pid(), tmp / "img", CriuOptions{}, &error)) << error;
+  CriuResult result;
+  ASSERT_TRUE(dump.Wait(&result, 30000));
+  ASSERT_TRUE(result.ok) << result.error;
+
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  int my_port = ntohs(a.sin_port);
+  close(probe);
+
+  Relocation r{tmp / "peer", tmp / "me", static_cast<uint32_t>(server.port()),
+               static_cast<uint32_t>(my_port)};
+  WriteFile(tmp / "me/port.held", "");
+  ASSERT_TRUE(BuildRelocatedView(tmp / "img", tmp / "view", r, &error)) << error;
+  EXPECT_TRUE(fs::is_symlink(tmp / "view/inventory.img"));
+  EXPECT_FALSE(fs::is_symlink(tmp / "view/files.img"));
+  std::string original = ReadFile(tmp / "img/files.img"), moved = ReadFile(tmp / "view/files.img");
+  std::string again;
+  int changed = 0;
+  ASSERT_TRUE(RelocateFilesImage(original, r, &again, &changed, &error)) << error;
+  EXPECT_EQ(again, moved);
+  EXPECT_GE(changed, 2) << "the listening socket and the held file";
+  EXPECT_NE(moved.find(tmp / "me/port.held"), std::string::npos);
+  EXPECT_EQ(moved.find(tmp / "peer/port.held"), std::string::npos);
+  std::string bad;
+  EXPECT_FALSE(RelocateFilesImage("not an image", r, &bad, &changed, &error));
+
+  TestServer moved_server;
+  CriuJob restore;
+  ASSERT_TRUE(restore.StartRestore(tmp / "view", tmp / "restored.pid", {}, CriuOptions{}, &error))
+      << error;
+  ASSERT_TRUE(restore.Wait(&result, 30000));
+  ASSERT_TRUE(result.ok) << result.error;
+  moved_server.Adopt(result.restored_pid);
+  ASSERT_EQ(kill(result.restored_pid, SIGCONT), 0);
+  EXPECT_EQ(Ask(my_port), "moved 2");        // the copy, on our port
+  EXPECT_EQ(Ask(server.port()), "moved 2");  // the original, untouched, on its own
+  bool holds_ours = false;
+  for (const auto& e :
+       fs::directory_iterator("/proc/" + std::to_string(result.restored_pid) + "/fd"))
+    holds_ours |= fs::read_symlink(e.path()).string() == tmp / "me/port.held";
+  EXPECT_TRUE(holds_ours);
+  moved_server.Kill();
+  server.Kill();
+}
 
 TEST(CheckpointCriuJob, DumpOfAPidThatDoesNotExistFailsClearly) {
   RequireCriu();
