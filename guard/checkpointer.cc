@@ -188,7 +188,8 @@ std::string Checkpointer::StatusJson(uint64_t now_us) const {
   o << "{\"index\":" << newest
     << ",\"age_s\":" << (newest ? static_cast<int64_t>(time(nullptr)) - newest_time_unix_ : -1)
     << ",\"taken\":" << taken_ << ",\"failed\":" << failed_ << ",\"restores\":" << restores_
-    << ",\"last_dump_us\":" << last_dump_us_ << ",\"dumping\":" << (dumping() ? "true" : "false")
+    << ",\"fetched\":" << fetched_ << ",\"last_dump_us\":" << last_dump_us_
+    << ",\"dumping\":" << (dumping() ? "true" : "false")
     << ",\"enabled\":" << (policy_.enabled && broken_.empty() ? "true" : "false") << ",\"error\":\""
     << JsonEscape(last_error_) << "\"}";
   return o.str();

@@ -76,6 +76,11 @@ class Checkpointer {
   // Status JSON object: newest index and age, counts, the last error.
   std::string StatusJson(uint64_t now_us) const;
   void NoteRestore() { restores_++; }
+  // A checkpoint was fetched from a peer into the store.
+  void NoteFetched() {
+    fetched_++;
+    NoteKept();
+  }
   // CRIU cannot dump this server: checkpoints stop until a restart.
   bool broken() const { return !broken_.empty(); }
 
@@ -106,7 +111,7 @@ class Checkpointer {
   uint64_t last_index_ = 0;       // applied index of the last checkpoint started
   uint64_t last_log_bytes_ = 0;   // log bytes applied then
   uint64_t last_started_us_ = 0;  // when
-  uint64_t taken_ = 0, failed_ = 0, restores_ = 0;
+  uint64_t taken_ = 0, failed_ = 0, restores_ = 0, fetched_ = 0;
   int64_t last_dump_us_ = 0;
   std::string last_error_;
   std::string broken_;  // why CRIU cannot dump this server

@@ -1,10 +1,13 @@
 // client.cc — blocking client of the daemon's client port.
 #include "guard/client.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "guard/wire.h"
@@ -110,6 +113,87 @@ bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* er
     return false;
   }
   return true;
+}
+
+bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, uint64_t* index,
+                             uint64_t* bytes, std::string* error) {
+  namespace fs = std::filesystem;
+  *bytes = 0;
+  std::error_code ec;
+  if (!fs::create_directories(dest_dir, ec)) {
+    *error = "cannot create " + dest_dir + ": " + (ec ? ec.message() : "it exists");
+    return false;
+  }
+  if (!WriteFrame(fd_, FrameKind::kFetchCheckpoint,
+                  EncodeFetchCheckpointRequest(FetchCheckpointRequest{min_index}), error))
+    return false;
+  int out = -1;
+  std::string open_path;
+  auto close_out = [&] {
+    if (out >= 0) close(out);
+    out = -1;
+  };
+  for (;;) {
+    FrameKind kind;
+    std::string body;
+    if (!ReadFrame(fd_, &kind, &body, 30000, error)) {
+      close_out();
+      *error = "checkpoint transfer broke off: " + *error;
+      return false;
+    }
+    if (kind == FrameKind::kCheckpointDone) {
+      close_out();
+      CheckpointDone done;
+      if (!DecodeCheckpointDone(body, &done)) {
+        *error = "malformed end of the checkpoint transfer";
+        return false;
+      }
+      if (!done.ok) *error = done.error;
+      *index = done.index;
+      return done.ok;
+    }
+    CheckpointPart part;
+    if (kind != FrameKind::kCheckpointPart || !DecodeCheckpointPart(body, &part)) {
+      close_out();
+      *error = "malformed checkpoint part";
+      return false;
+    }
+    // The peer names paths inside the checkpoint: nothing absolute, no "..".
+    fs::path rel(part.path);
+    bool safe = !part.path.empty() && rel.is_relative();
+    for (const auto& c : rel) safe &= c != ".." && c != ".";
+    if (!safe) {
+      close_out();
+      *error = "the peer sent a path outside the checkpoint: " + part.path;
+      return false;
+    }
+    fs::path dst = fs::path(dest_dir) / rel;
+    fs::create_directories(dst.parent_path(), ec);
+    if (part.symlink) {
+      fs::create_symlink(part.bytes, dst, ec);
+      if (ec) {
+        *error = "cannot create " + dst.string() + ": " + ec.message();
+        return false;
+      }
+      continue;
+    }
+    if (dst.string() != open_path) {
+      close_out();
+      out = open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      open_path = dst.string();
+      if (out < 0) {
+        *error = "cannot create " + dst.string() + ": " + strerror(errno);
+        return false;
+      }
+    }
+    if (pwrite(out, part.bytes.data(), part.bytes.size(), static_cast<off_t>(part.offset)) !=
+        static_cast<ssize_t>(part.bytes.size())) {
+      *error = "cannot write " + dst.string() + ": " + strerror(errno);
+      close_out();
+      return false;
+    }
+    *bytes += part.bytes.size();
+  }
 }
 
 std::string JsonEscape(const std::string& s) {

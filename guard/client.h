@@ -31,6 +31,12 @@ class Client {
   bool Truncate(uint64_t below, uint64_t* first_index, std::string* error);
   // `lockstep checkpoint now|list`: false only when the daemon did not answer.
   bool Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error);
+  // State transfer: receives the replica's newest checkpoint with index >=
+  // min_index into dest_dir (which must not exist): its files as they are
+  // on the replica's disk, MANIFEST included, unverified. The connection is
+  // used up. *bytes: what was received.
+  bool FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, uint64_t* index,
+                       uint64_t* bytes, std::string* error);
 
  private:
   int fd_ = -1;

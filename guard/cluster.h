@@ -29,6 +29,7 @@ struct ClusterUpOptions {
   uint64_t ready_timeout_ms = 0;  // 0: the profile's, else 10000
   bool checkpoints = true;
   uint64_t checkpoint_every_entries = 0;  // 0: the default policy's
+  uint64_t lagging_backup_grace_s = 0;    // 0: the default policy's
 };
 
 // A server profile, apps/NAME.toml (see apps/README.md).

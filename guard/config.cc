@@ -361,6 +361,9 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     v = 0;
     if (!k.TakeInt("timeout_ms", &v, false, 100, 3600000, error)) return false;
     if (v) p.timeout_ms = v;
+    v = 0;
+    if (!k.TakeInt("lagging_backup_grace_seconds", &v, false, 1, 86400 * 365, error)) return false;
+    if (v) p.lagging_backup_grace_s = v;
     if (!k.NoLeftovers(error)) return false;
     if (!c.has_server() && k.Has("enabled"))
       return fail(k.line, "[checkpoint] without a [server] section (nothing to checkpoint)");
@@ -450,7 +453,10 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       << "every_log_bytes = " << p.every_log_bytes << "\n"
       << "every_seconds = " << p.every_seconds << "\n"
       << "keep = " << p.keep << "\n"
-      << "timeout_ms = " << p.timeout_ms << "\n";
+      << "timeout_ms = " << p.timeout_ms << "\n"
+      << "# a backup silent this long no longer holds the leader's log (it comes back\n"
+      << "# from a checkpoint, fetched from a peer if need be)\n"
+      << "lagging_backup_grace_seconds = " << p.lagging_backup_grace_s << "\n";
   }
   for (const auto& r : c.replicas) {
     o << "\n[[replica]]\n"

@@ -25,6 +25,7 @@
 //   every_log_bytes = 67108864  # or this many bytes of log,
 //   every_seconds = 600     # or this long (if anything was applied), whichever first
 //   keep = 2                # good checkpoints kept per replica
+//   lagging_backup_grace_seconds = 60  # a backup silent longer no longer holds the leader's log
 //   timeout_ms = 60000      # a dump or restore taking longer is killed and reported
 //
 //   [[replica]]             # one per replica, ids 0..N-1 in order
@@ -72,6 +73,10 @@ struct CheckpointPolicy {
   uint64_t every_seconds = 600;
   uint64_t keep = 2;
   uint64_t timeout_ms = 60000;
+  // The leader keeps the log a backup still lacks while it has heard from
+  // it within this long; a backup gone longer comes back from a checkpoint
+  // (its own, or a peer's by state transfer) instead of holding the log.
+  uint64_t lagging_backup_grace_s = 60;
 };
 
 struct ClusterConfig {

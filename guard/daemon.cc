@@ -27,6 +27,7 @@
 #include "consensus/assert.h"
 #include "consensus/core.h"
 #include "consensus/disk_log.h"
+#include "guard/client.h"
 #include "guard/event_loop.h"
 #include "guard/front_door.h"
 #include "guard/peer_link.h"
@@ -38,7 +39,7 @@ namespace lockstep {
 namespace {
 
 constexpr uint64_t kTruncateCheckUs = 1000000;
-constexpr uint64_t kPeerGraceUs = 60000000;
+constexpr auto kPeerCheckpointPoll = std::chrono::seconds(2);
 
 class Daemon : public EventLoop::Body {
  public:
@@ -87,6 +88,13 @@ class Daemon : public EventLoop::Body {
   // longer than kPeerGraceUs no longer holds back the truncation of the log.
   std::vector<uint64_t> peer_live_us_;
   uint64_t next_truncate_us_ = 0;
+  // The newest checkpoint each peer holds, asked every 2 s while we lead (a
+  // thread: blocking status requests): the leader's log below one of them
+  // can go, since a backup lacking it fetches that checkpoint instead.
+  void PollPeerCheckpoints();
+  std::thread peer_poll_;
+  std::atomic<bool> leading_{false}, stop_poll_{false};
+  std::array<std::atomic<uint64_t>, kMaxReplicas> peer_checkpoint_{};
 
   Role last_role_ = Role::kBackup;
   Ballot last_ballot_ = 0;
@@ -174,6 +182,9 @@ bool Daemon::Init() {
     return ServerStatus{pipeline_->applied(), pipeline_->server_pid(),
                         pipeline_->replay_connections(), pipeline_->CheckpointStatusJson(NowUs())};
   };
+  hooks.serve_checkpoint = [this](int fd, uint64_t min_index) {
+    pipeline_->ServeCheckpoint(fd, min_index);
+  };
   hooks.checkpoint = [this](CheckpointOp op) {
     if (op == CheckpointOp::kList) return CheckpointReply{true, pipeline_->CheckpointListJson()};
     std::string why = pipeline_->RequestCheckpoint();
@@ -188,6 +199,7 @@ bool Daemon::Init() {
   pipeline_ = std::make_unique<ServerPipeline>(cfg_, me_.id, *loop_, *core_, disk_error_, log_);
   if (cfg_.has_server() && !pipeline_->Start()) return false;
   front_->StartConnector();
+  peer_poll_ = std::thread([this] { PollPeerCheckpoints(); });
   log_("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
        cfg_.transport.c_str(), cfg_.durability.c_str(),
        memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "", me_.host.c_str(),
@@ -201,6 +213,8 @@ int Daemon::Run() {
     return 1;
   }
   loop_->Run(*this);
+  stop_poll_ = true;
+  if (peer_poll_.joinable()) peer_poll_.join();
   front_->StopConnector();
   pipeline_->StopServer();
   writer_.reset();  // drains pending durable writes
@@ -233,27 +247,53 @@ PassReport Daemon::Pass(uint64_t now, uint64_t since_last_pass_us) {
 }
 
 // The log is kept from where this replica's server would need it after a
-// restore (its oldest kept checkpoint); a leader also keeps what a live
-// backup has yet to receive. A backup down for longer than kPeerGraceUs does
-// not hold the log: it comes back from a checkpoint.
+// restore (its oldest kept checkpoint, or on the leader the newest one a
+// peer holds, which a restore here would fetch); a leader also keeps what a
+// backup heard from within the grace period has yet to receive. A backup
+// gone longer does not hold the log: it comes back from a checkpoint.
 void Daemon::TruncateLog(uint64_t now) {
+  leading_ = core_->role() == Role::kLeader;
   if (now < next_truncate_us_) return;
   next_truncate_us_ = now + kTruncateCheckUs;
   uint64_t below = pipeline_->log_needed_from();
+  if (core_->role() == Role::kLeader)
+    for (int r = 0; r < n_; r++)
+      if (r != me_.id && peer_checkpoint_[r].load())
+        below = std::max(below, peer_checkpoint_[r].load() + 1);
   if (below <= 1) return;  // no checkpoint (or no server): every entry is needed
   below = std::min({below, pipeline_->applied() + 1, core_->commit_index() + 1});
   if (core_->role() == Role::kLeader) {
+    uint64_t grace_us = cfg_.checkpoint.lagging_backup_grace_s * 1000000;
     for (int r = 0; r < n_; r++) {
       if (r == me_.id) continue;
       if (core_->PeerReady(r)) peer_live_us_[r] = now;
-      if (now - peer_live_us_[r] < kPeerGraceUs) below = std::min(below, core_->PeerMatch(r) + 1);
+      if (now - peer_live_us_[r] < grace_us) below = std::min(below, core_->PeerMatch(r) + 1);
     }
   }
   if (below <= core_->first_index()) return;
   uint64_t from = core_->first_index();
   if (core_->TruncateBelow(below))
-    log_("log truncated: entries %lu..%lu dropped (covered by checkpoint %lu)", (unsigned long)from,
-         (unsigned long)below - 1, (unsigned long)pipeline_->log_needed_from() - 1);
+    log_("log truncated: entries %lu..%lu dropped (a checkpoint covers them)", (unsigned long)from,
+         (unsigned long)below - 1);
+}
+
+void Daemon::PollPeerCheckpoints() {
+  while (!stop_poll_.load()) {
+    if (leading_.load() && cfg_.has_server()) {
+      for (int r = 0; r < n_ && !stop_poll_.load(); r++) {
+        if (r == me_.id) continue;
+        std::string err, json;
+        auto c = Client::Connect(cfg_, r, 300, &err);
+        if (!c || !c->Status(&json, &err, 1000)) continue;
+        size_t at = json.find("\"checkpoint\":{");
+        std::string idx = at == std::string::npos ? "" : JsonField(json.substr(at), "index");
+        if (!idx.empty()) peer_checkpoint_[r] = std::stoull(idx);
+      }
+    }
+    for (auto t = std::chrono::steady_clock::now() + kPeerCheckpointPoll;
+         std::chrono::steady_clock::now() < t && !stop_poll_.load();)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 bool Daemon::PrepareSleep() {

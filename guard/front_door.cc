@@ -225,6 +225,12 @@ void FrontDoor::OnConnReadable(FrameConn* c) {
     CloseConn(c, err);
     return;
   }
+  // Closed here, not inside ReadFrames: the callback must not free the
+  // connection it is reading from.
+  if (!c->close_after_read.empty()) {
+    CloseConn(c, c->close_after_read);
+    return;
+  }
   if (!c->Flush(&err)) CloseConn(c, err);
 }
 
@@ -351,7 +357,23 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       c->Queue(FrameKind::kCheckpointResult, EncodeCheckpointReply(reply));
       return;
     }
-    default: CloseConn(c, "unknown request");
+    case FrameKind::kFetchCheckpoint: {
+      FetchCheckpointRequest req;
+      if (!DecodeFetchCheckpointRequest(body, &req)) {
+        c->close_after_read = "malformed checkpoint fetch";
+        return;
+      }
+      // A transfer of hundreds of MB is blocking file and socket I/O: the
+      // connection goes to a sender thread, and leaves this loop.
+      int fd = fcntl(c->fd(), F_DUPFD_CLOEXEC, 0);
+      if (fd >= 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        hooks_.serve_checkpoint(fd, req.min_index);
+      }
+      c->close_after_read = "handed to the checkpoint sender";
+      return;
+    }
+    default: c->close_after_read = "unknown request";
   }
 }
 

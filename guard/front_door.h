@@ -42,6 +42,8 @@ class FrontDoor {
     std::function<bool(Message*)> fill_transport;
     std::function<ServerStatus()> server_status;
     std::function<CheckpointReply(CheckpointOp)> checkpoint;
+    // Takes fd (blocking, authenticated; its kFetchCheckpoint read) and sends a checkpoint.
+    std::function<void(int fd, uint64_t min_index)> serve_checkpoint;
   };
 
   // disk_error: non-empty while this replica cannot write its log (then

@@ -87,7 +87,7 @@ int CmdCluster(int argc, char** argv) {
         "disk|memory]\n"
         "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
         "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
-        "                      [--checkpoint-entries N] [--no-checkpoints]\n"
+        "                      [--checkpoint-entries N] [--no-checkpoints] [--backup-grace-s S]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
@@ -103,7 +103,9 @@ int CmdCluster(int argc, char** argv) {
         "copy of the server under the preload shim; clients connect to the leader's, which\n"
         "`up` prints and `status` shows (client_addr; server_addr per replica in --json).\n"
         "Backups checkpoint their server with CRIU every N applied entries (default 25000; see\n"
-        "[checkpoint] in cluster.toml); --no-checkpoints turns that off.\n",
+        "[checkpoint] in cluster.toml); --no-checkpoints turns that off. The leader keeps the\n"
+        "log a backup lacks while it heard from it in the last S seconds (default 60); one\n"
+        "gone longer comes back from a checkpoint, fetched from a peer if need be.\n",
         apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
     return sub.empty() ? 2 : 0;
   }
@@ -112,11 +114,14 @@ int CmdCluster(int argc, char** argv) {
   std::string err;
   if (sub == "up") {
     ClusterUpOptions o;
-    long long n, port, ring, segment, ready, every;
+    long long n, port, ring, segment, ready, every, grace;
     if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||
         !a.GetInt("ring-bytes", 1 << 20, &ring) || !a.GetInt("segment-bytes", 64 << 20, &segment) ||
-        !a.GetInt("ready-timeout-ms", 0, &ready) || !a.GetInt("checkpoint-entries", 0, &every))
+        !a.GetInt("ready-timeout-ms", 0, &ready) || !a.GetInt("checkpoint-entries", 0, &every) ||
+        !a.GetInt("backup-grace-s", 0, &grace))
       return Fail(a.error);
+    if (grace < 0) return Fail("--backup-grace-s must be positive");
+    o.lagging_backup_grace_s = static_cast<uint64_t>(grace);
     if (every < 0) return Fail("--checkpoint-entries must be positive");
     o.checkpoint_every_entries = static_cast<uint64_t>(every);
     o.checkpoints = !a.Has("no-checkpoints");

@@ -121,6 +121,9 @@ bool Replayer::Drained(const ConnKey& k) const {
   if (it == conns_.end()) return true;
   const Conn& c = it->second;
   if (c.server_closed || c.fd < 0 || c.slot < 0) return true;
+  // Connected but not yet accepted: a checkpoint now would catch the
+  // connection in the server's accept queue, where CRIU does not keep it.
+  if (!shim_->ReplayAccepted(c.slot)) return false;
   if (!c.out.empty() || shim_->ReplayRead(c.slot) < c.appended) return false;
   return !c.close_requested || shim_->ReplayEof(c.slot);
 }

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "checkpoint/relocate.h"
 #include "consensus/assert.h"
 #include "guard/client.h"
 #include "guard/restore_point.h"
@@ -23,6 +24,8 @@
 namespace lockstep {
 
 namespace {
+// After a failed state transfer, the next try waits this long.
+constexpr uint64_t kFetchRetryUs = 3000000;
 // How long a due checkpoint waits for the server to read its inputs before
 // it is put off by a whole interval (a server that stopped reading one
 // connection must not stop this replica from applying).
@@ -30,6 +33,8 @@ constexpr uint64_t kRestWaitUs = 1000000;
 }  // namespace
 
 void ServerPipeline::OpenCheckpoints() {
+  senders_ =
+      std::make_unique<CheckpointSenders>([this](const std::string& m) { log_("%s", m.c_str()); });
   if (!cfg_.checkpoint.enabled) return;
   checkpointer_ = std::make_unique<Checkpointer>(
       cfg_.checkpoint, me_.id, me_.dir, [this](const std::string& m) { log_("%s", m.c_str()); });
@@ -38,7 +43,15 @@ void ServerPipeline::OpenCheckpoints() {
     log_("CHECKPOINTS OFF: cannot open the checkpoint store in %s: %s", me_.dir.c_str(),
          err.c_str());
     checkpointer_.reset();
+    return;
   }
+  fetcher_ =
+      std::make_unique<CheckpointFetcher>(cfg_, me_.id, &checkpointer_->store(),
+                                          [this](const std::string& m) { log_("%s", m.c_str()); });
+}
+
+void ServerPipeline::ServeCheckpoint(int fd, uint64_t min_index) {
+  senders_->Serve(fd, checkpointer_ ? &checkpointer_->store() : nullptr, min_index);
 }
 
 uint64_t ServerPipeline::log_needed_from() const {
@@ -163,10 +176,26 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (!checkpointer_->store().RestoreDataDir(cp.index, dir, error)) return false;
+  // Another replica's images name its files and its port: restore a view
+  // of them that names ours.
+  std::string img_dir = cp.path + "/img";
+  if (cp.meta.replica_id != static_cast<uint64_t>(me_.id)) {
+    if (cp.meta.replica_id >= cfg_.replicas.size()) {
+      *error = "it was taken by replica " + std::to_string(cp.meta.replica_id) +
+               ", which this cluster does not have";
+      return false;
+    }
+    const ReplicaConfig& from = cfg_.replicas[cp.meta.replica_id];
+    Relocation r{std::filesystem::absolute(from.dir).lexically_normal().string(),
+                 std::filesystem::absolute(me_.dir).lexically_normal().string(),
+                 static_cast<uint32_t>(from.server_port), static_cast<uint32_t>(me_.server_port)};
+    img_dir = me_.dir + "/restore-view";
+    if (!BuildRelocatedView(cp.path + "/img", img_dir, r, error)) return false;
+  }
   CriuJob job;
   CriuOptions o;
   o.timeout_ms = static_cast<int>(cfg_.checkpoint.timeout_ms);
-  if (!job.StartRestore(cp.path + "/img", me_.dir + "/restore.pid", {}, o, error)) return false;
+  if (!job.StartRestore(img_dir, me_.dir + "/restore.pid", {}, o, error)) return false;
   CriuResult r;
   job.Wait(&r);
   if (!r.ok) {
@@ -278,10 +307,21 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
   uint64_t before = applied_;
   if (checkpointer_ && RestoreNewest(before, "the server died")) return true;
   if (core_.first_index() > 1) {
+    DropServer();
+    if (fetcher_) {
+      // Nothing here brings it back: a peer's checkpoint will.
+      log_(
+          "no checkpoint here restores the server (the log starts at entry %lu): fetching one "
+          "from a peer",
+          (unsigned long)core_.first_index());
+      fetch_for_ = FetchFor::kDeadServer;
+      fetch_min_ = core_.first_index() - 1;
+      fetcher_->Start(fetch_min_);
+      return true;
+    }
     server_failed_ = "the server died and no checkpoint restores it, and the log starts at entry " +
                      std::to_string(core_.first_index()) + ": it cannot be rebuilt here";
     log_("SERVER NOT RESTORED: %s", server_failed_.c_str());
-    DropServer();
     return true;
   }
   DropServer();
@@ -299,6 +339,76 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
   last_read_change_us_ = NowUs();
   log_("no checkpoint to restore: started the server afresh; replaying the whole log");
   return true;
+}
+
+// ---------------------------------------------------------------- state transfer
+
+bool ServerPipeline::RestoreIndex(uint64_t index, std::string* error) {
+  for (const CheckpointInfo& cp : checkpointer_->List())
+    if (cp.index == index && cp.ok) return RestoreServer(cp, error);
+  *error = "checkpoint " + std::to_string(index) + " is not in the store";
+  return false;
+}
+
+void ServerPipeline::TransferStep(uint64_t now) {
+  uint64_t need = core_.checkpoint_needed();
+  if (!fetcher_) {
+    if (need && !transfer_off_warned_)
+      log_(
+          "this replica lacks entries the leader truncated (up to %lu) and has checkpoints off: "
+          "it cannot catch up (turn [checkpoint] on)",
+          (unsigned long)need);
+    transfer_off_warned_ = need != 0;
+    return;
+  }
+  if (fetcher_->active()) {
+    uint64_t index = 0;
+    std::string summary;
+    if (!fetcher_->Collect(&index, &summary)) return;  // still fetching
+    FetchFor why = fetch_for_;
+    fetch_for_ = FetchFor::kNone;
+    std::string err;
+    if (!index) {
+      log_("STATE TRANSFER FAILED: %s; trying again in %lu s", summary.c_str(),
+           (unsigned long)(kFetchRetryUs / 1000000));
+    } else if (!RestoreIndex(index, &err)) {
+      log_("STATE TRANSFER FAILED: cannot restore the fetched checkpoint %lu: %s",
+           (unsigned long)index, err.c_str());
+    } else {
+      checkpointer_->NoteFetched();
+      if (why == FetchFor::kLagging || index > core_.commit_index())
+        core_.InstallCheckpoint(now, index);
+      log_("state transfer: %s, restored; the log goes on from entry %lu", summary.c_str(),
+           (unsigned long)index + 1);
+      return;
+    }
+    next_fetch_us_ = now + kFetchRetryUs;
+    if (why == FetchFor::kDeadServer) {  // try again later, the same way
+      fetch_for_ = FetchFor::kDeadServer;
+      next_fetch_us_ = now + kFetchRetryUs;
+    }
+    return;
+  }
+  if (now < next_fetch_us_) return;
+  if (fetch_for_ == FetchFor::kDeadServer) {
+    fetcher_->Start(fetch_min_);
+    return;
+  }
+  if (!need || core_.role() != Role::kBackup) return;
+  // A checkpoint of our own may be recent enough.
+  std::optional<CheckpointInfo> own = checkpointer_->NewestGood(UINT64_MAX);
+  std::string err;
+  if (own && own->index >= need && RestoreServer(*own, &err)) {
+    core_.InstallCheckpoint(now, own->index);
+    return;
+  }
+  log_(
+      "this replica lacks entries the leader truncated (it needs a checkpoint of index >= %lu): "
+      "fetching one from a peer",
+      (unsigned long)need);
+  fetch_for_ = FetchFor::kLagging;
+  fetch_min_ = need;
+  fetcher_->Start(need);
 }
 
 }  // namespace lockstep

@@ -171,6 +171,7 @@ size_t ServerPipeline::replay_connections() const {
 }
 
 bool ServerPipeline::Healthy(uint64_t now) {
+  TransferStep(now);
   if (checkpointer_ && !checkpoint_wanted_ && !checkpointer_->dumping())
     checkpointer_->Poll(me_.dir + "/server", now);  // collects a commit that finished
   if (shim_ && !shim_->error().empty()) {

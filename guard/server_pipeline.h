@@ -22,6 +22,7 @@
 #include <string>
 
 #include "consensus/core.h"
+#include "guard/checkpoint_transfer.h"
 #include "guard/checkpointer.h"
 #include "guard/config.h"
 #include "guard/event_loop.h"
@@ -76,6 +77,9 @@ class ServerPipeline {
   std::string CheckpointListJson() const;
   // "running", or why the server is not run any more.
   std::string server_state() const;
+  // A peer asks for a checkpoint (state transfer): fd is the blocking
+  // connection its request came on; sent by a thread, then closed.
+  void ServeCheckpoint(int fd, uint64_t min_index);
 
  private:
   static constexpr uint64_t kHealthCheckUs = 100000;  // how often the server's exit is checked
@@ -117,6 +121,12 @@ class ServerPipeline {
   // True while applying must wait (a checkpoint is being prepared or dumped).
   bool CheckpointStep(uint64_t now);
   void TakeCheckpoint(uint64_t now);
+  // State transfer: fetches a peer's checkpoint when the leader says this
+  // backup lacks truncated entries (or a dead server has nothing else to
+  // come back from), restores it, and moves the log past it.
+  void TransferStep(uint64_t now);
+  // Restores checkpoint `index` of the store (just fetched or our own).
+  bool RestoreIndex(uint64_t index, std::string* error);
 
   const ClusterConfig& cfg_;
   const ReplicaConfig& me_;
@@ -146,6 +156,14 @@ class ServerPipeline {
   uint64_t last_read_change_us_ = 0;  // when it last grew
   std::string server_failed_;         // non-empty: the server is not run any more, and why
   bool close_all_open_ = false;       // a restored leader closes every connection, its own too
+
+  std::unique_ptr<CheckpointSenders> senders_;
+  std::unique_ptr<CheckpointFetcher> fetcher_;
+  enum class FetchFor : uint8_t { kNone, kLagging, kDeadServer };
+  FetchFor fetch_for_ = FetchFor::kNone;
+  uint64_t fetch_min_ = 0;
+  uint64_t next_fetch_us_ = 0;
+  bool transfer_off_warned_ = false;
 
   uint64_t applied_ = 0;                        // log entries handed to the server (or replayer)
   std::map<uint64_t, OwnPending> own_pending_;  // our shim's proposals, by log index

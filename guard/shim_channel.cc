@@ -280,6 +280,7 @@ int ShimChannel::ClaimReplaySlot(int port) {
   ls_replay_slot& s = hdr_->replay[slot];
   s.read_bytes.store(0);
   s.eof_read.store(0);
+  s.accepted.store(0);
   s.port.store(static_cast<uint32_t>(port));
   hdr_->replay_port_bits[port / 64].fetch_or(uint64_t{1} << (port % 64));
   return slot;
@@ -294,6 +295,7 @@ int ShimChannel::ReattachReplaySlot(int slot, int port) {
   if (old && old <= kMaxPort)
     hdr_->replay_port_bits[old / 64].fetch_and(~(uint64_t{1} << (old % 64)));
   hdr_->replay_port_bits[port / 64].fetch_or(uint64_t{1} << (port % 64));
+  s.accepted.store(0);
   s.reattach.store(1);
   std::erase(free_slots_, slot);
   return slot;
@@ -331,6 +333,11 @@ uint64_t ShimChannel::ReplayRead(int slot) const {
   LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   return hdr_->replay[slot].read_bytes.load();
 }
+bool ShimChannel::ReplayAccepted(int slot) const {
+  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
+  return hdr_->replay[slot].accepted.load() != 0;
+}
+
 bool ShimChannel::ReplayEof(int slot) const {
   LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   return hdr_->replay[slot].eof_read.load() != 0;

@@ -85,6 +85,8 @@ class ShimChannel {
   // (preload/shim_abi.h, "After a restore"). Returns slot, or -1.
   int ReattachReplaySlot(int slot, int port);
   uint64_t ReplayRead(int slot) const;
+  // The server has accepted the slot's connection (and the shim knows it).
+  bool ReplayAccepted(int slot) const;
   bool ReplayEof(int slot) const;
 
  private:

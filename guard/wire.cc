@@ -156,6 +156,17 @@ bool DecodeCheckpointRequest(std::string_view in, CheckpointRequest* req) {
   return true;
 }
 
+std::string EncodeFetchCheckpointRequest(const FetchCheckpointRequest& req) {
+  ByteWriter w;
+  w.u64(req.min_index);
+  return std::move(w.str());
+}
+
+bool DecodeFetchCheckpointRequest(std::string_view in, FetchCheckpointRequest* req) {
+  ByteReader r(in);
+  return r.u64(&req->min_index) && r.done();
+}
+
 // ---------------------------------------------------------------- client replies
 
 std::string EncodeProposeReply(const ProposeReply& reply) {
@@ -240,6 +251,41 @@ bool DecodeCheckpointReply(std::string_view in, CheckpointReply* reply) {
   uint8_t ok = 0;
   if (!r.u8(&ok) || !r.bytes(&reply->text)) return false;
   reply->ok = ok != 0;
+  return true;
+}
+
+std::string EncodeCheckpointPart(const CheckpointPart& part) {
+  ByteWriter w;
+  w.bytes(part.path);
+  w.u8(part.symlink ? 1 : 0);
+  w.u64(part.offset);
+  w.bytes(part.bytes);
+  return std::move(w.str());
+}
+
+bool DecodeCheckpointPart(std::string_view in, CheckpointPart* part) {
+  ByteReader r(in);
+  uint8_t link = 0;
+  if (!r.bytes(&part->path) || !r.u8(&link) || !r.u64(&part->offset) || !r.bytes(&part->bytes) ||
+      !r.done())
+    return false;
+  part->symlink = link != 0;
+  return true;
+}
+
+std::string EncodeCheckpointDone(const CheckpointDone& done) {
+  ByteWriter w;
+  w.u8(done.ok ? 1 : 0);
+  w.u64(done.index);
+  w.bytes(done.error);
+  return std::move(w.str());
+}
+
+bool DecodeCheckpointDone(std::string_view in, CheckpointDone* done) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  if (!r.u8(&ok) || !r.u64(&done->index) || !r.bytes(&done->error) || !r.done()) return false;
+  done->ok = ok != 0;
   return true;
 }
 

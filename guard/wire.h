@@ -35,6 +35,11 @@ enum class FrameKind : uint8_t {
   kTruncateResult = 27,
   kCheckpoint = 28,  // client -> daemon: op u8 (CheckpointOp)
   kCheckpointResult = 29,
+  // State transfer (guard/checkpoint_transfer.h): a replica asks a peer for
+  // a checkpoint; the peer answers with parts, then done.
+  kFetchCheckpoint = 30,  // min_index u64
+  kCheckpointPart = 31,
+  kCheckpointDone = 32,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
 inline constexpr uint32_t kWireMagic = 0x4c4b5354;  // "LKST"
@@ -143,7 +148,14 @@ struct CheckpointRequest {
 std::string EncodeCheckpointRequest(const CheckpointRequest& req);
 bool DecodeCheckpointRequest(std::string_view in, CheckpointRequest* req);
 
-// Their replies (kProposeResult, kReadResult, kTruncateResult, kCheckpointResult).
+struct FetchCheckpointRequest {
+  uint64_t min_index = 0;  // the checkpoint must hold at least the log up to here
+};
+std::string EncodeFetchCheckpointRequest(const FetchCheckpointRequest& req);
+bool DecodeFetchCheckpointRequest(std::string_view in, FetchCheckpointRequest* req);
+
+// Their replies (kProposeResult, kReadResult, kTruncateResult, kCheckpointResult,
+// and a state transfer's kCheckpointPart... kCheckpointDone).
 struct ProposeReply {
   bool ok = false;
   uint64_t index = 0;
@@ -178,6 +190,24 @@ struct CheckpointReply {
 std::string EncodeCheckpointReply(const CheckpointReply& reply);
 bool DecodeCheckpointReply(std::string_view in, CheckpointReply* reply);
 
+// One piece of a checkpoint's file (or a symlink: its target in bytes).
+struct CheckpointPart {
+  std::string path;  // relative to the checkpoint's dir ("MANIFEST", "img/pages-1.img")
+  bool symlink = false;
+  uint64_t offset = 0;
+  std::string bytes;
+};
+std::string EncodeCheckpointPart(const CheckpointPart& part);
+bool DecodeCheckpointPart(std::string_view in, CheckpointPart* part);
+
+struct CheckpointDone {
+  bool ok = false;
+  uint64_t index = 0;  // the checkpoint sent
+  std::string error;   // why not ok
+};
+std::string EncodeCheckpointDone(const CheckpointDone& done);
+bool DecodeCheckpointDone(std::string_view in, CheckpointDone* done);
+
 // A non-blocking TCP connection carrying frames. Owned by an event loop.
 class FrameConn {
  public:
@@ -196,6 +226,7 @@ class FrameConn {
 
   // Connection state used by the daemon.
   const ConnRole role;
+  std::string close_after_read;  // non-empty: close once the frames read are handled
   bool authenticated = false;
   std::string nonce;
   int peer_id = -1;

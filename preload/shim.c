@@ -127,9 +127,13 @@ static uint32_t max_chunk;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct conn* by_fd[LS_MAX_FD];
 static struct conn* by_slot[LS_MAX_REPLAY]; /* replay connections by slot */
-static uint8_t slot_closed[LS_MAX_REPLAY];  /* its connection was closed by the server */
-static uint8_t listen_kind[LS_MAX_FD];      /* 0 unknown, 1 client port, 2 other */
-static uint8_t wake_in_epfd[LS_MAX_FD];     /* the wake eventfd is registered in this epoll set */
+/* The port of the replay connection the server closed on this slot (0:
+ * none): the slot's order records are skipped while the slot still names
+ * that port, and wait (a new connection, not accepted yet) once the daemon
+ * has given the slot to another port. */
+static uint32_t slot_closed_port[LS_MAX_REPLAY];
+static uint8_t listen_kind[LS_MAX_FD];  /* 0 unknown, 1 client port, 2 other */
+static uint8_t wake_in_epfd[LS_MAX_FD]; /* the wake eventfd is registered in this epoll set */
 static struct chunk fifo[LS_FIFO_SLOTS];
 static uint64_t fifo_head_seq = 1, fifo_count; /* seqs fifo_head_seq .. +count-1 */
 static uint64_t next_conn_no = 1;
@@ -365,8 +369,10 @@ static void drain_order(void) {
     const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
     if (r->slot >= LS_MAX_REPLAY) continue;
     struct conn* c = by_slot[r->slot];
-    if (!c && slot_closed[r->slot]) continue; /* the server closed it: nothing to deliver */
-    if (!c) break;                            /* not accepted yet: it and all after it wait */
+    if (!c && slot_closed_port[r->slot] &&
+        slot_closed_port[r->slot] == atomic_load(&hdr->replay[r->slot].port))
+      continue;    /* the server closed it: nothing to deliver */
+    if (!c) break; /* not accepted yet: it and all after it wait */
     if (r->kind == LS_ORDER_DATA) {
       c->committed_end += r->len;
       push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
@@ -819,6 +825,7 @@ static int after_accept(int lfd, int fd, int flags) {
       struct conn* restored = by_slot[slot];
       if (restored && restored->fd >= 0) {
         reattach(restored, fd); /* the server keeps its fd; this one is not its business */
+        atomic_store(&hdr->replay[slot].accepted, 1);
         drain_done();
         pthread_mutex_unlock(&mu);
         return LS_ACCEPT_NEXT;
@@ -835,10 +842,11 @@ static int after_accept(int lfd, int fd, int flags) {
       r->replay_slot = slot;
       r->accept_state = ACCEPT_COMMITTED;
       pthread_mutex_lock(&mu);
-      slot_closed[slot] = 0;
+      slot_closed_port[slot] = 0;
       r->no = (uint32_t)next_conn_no++;
       by_fd[fd] = r;
       by_slot[slot] = r;
+      atomic_store(&hdr->replay[slot].accepted, 1);
       drain_done(); /* records may have waited for this connection */
       pthread_mutex_unlock(&mu);
       return fd;
@@ -921,7 +929,7 @@ int close(int fd) {
       by_fd[fd] = NULL;
       if (c->replay_slot >= 0 && by_slot[c->replay_slot] == c) {
         by_slot[c->replay_slot] = NULL;
-        slot_closed[c->replay_slot] = 1;
+        slot_closed_port[c->replay_slot] = atomic_load(&hdr->replay[c->replay_slot].port);
       }
       /* The server closed a client connection on its own: the backups'
        * copies must close theirs at the same point of the log. */

@@ -59,7 +59,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 5u
+#define LS_SHIM_VERSION 6u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
@@ -123,7 +123,11 @@ struct ls_replay_slot {
    * this slot is a dead copy, and the connection from `port` takes its place
    * under the same fd number. The shim clears it once done. */
   LS_ATOMIC(uint32_t) reattach;
-  uint32_t pad;
+  /* Set by the shim once the server accepted the connection from `port`
+   * (or, after a restore, once the fresh one took the dead one's place);
+   * cleared by the daemon when it claims the slot. Until then the daemon's
+   * end is connected while the server has not seen it: not at rest. */
+  LS_ATOMIC(uint32_t) accepted;
 };
 
 struct ls_shim_header {
