@@ -10,6 +10,7 @@ replica."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -361,3 +362,70 @@ def test_memcached_backup_server_restored(cluster):
             {k: (v[k], leader_view[k]) for k in v if v[k] != leader_view[k]} for v in views
         ]
         time.sleep(0.2)
+
+
+@pytest.fixture
+def transfer_cluster(cluster):
+    # A backup silent for 2 s no longer holds the leader's log.
+    cluster.up(app="redis", extra=("--checkpoint-entries", "50", "--backup-grace-s", "2"))
+    return cluster
+
+
+def leader_truncated_past(cluster, index, timeout=30.0):
+    cluster.wait(
+        lambda s: s["leader"] is not None and s["replicas"][s["leader"]]["first_index"] > index + 1,
+        timeout,
+        f"the leader's log truncated past entry {index}",
+    )
+
+
+def test_lagging_backup_comes_back_by_state_transfer(transfer_cluster):
+    c = transfer_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 1000)  # about 100 entries: past every backup's first checkpoint
+    b = backups(c)[0]
+    wait_checkpoint(c, b)
+    last_seen = c.status()["replicas"][b]["last_index"]
+    os.kill(c.pid(b), signal.SIGKILL)
+    load(client, 1000, 1000)  # the other backup checkpoints; the leader truncates
+    leader_truncated_past(c, last_seen)
+    run("cluster", "restart", "--id", b, "--dir", c.dir)
+    s = c.wait(
+        lambda s: (
+            ck(s, b).get("fetched", 0) >= 1
+            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
+        ),
+        30,
+        f"replica {b} back by state transfer",
+    )
+    assert s["replicas"][b]["first_index"] > last_seen + 1, s
+    load(client, 2000, 100)
+    _digest, size = assert_same_data(c)
+    assert size == 2100
+    log = replica_log(c, b)
+    assert "lacks entries the leader truncated" in log and "state transfer:" in log, log[-3000:]
+
+
+def test_wiped_backup_comes_back_by_state_transfer(transfer_cluster):
+    c = transfer_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 1500)
+    b = backups(c)[0]
+    other = next(r for r in backups(c) if r != b)
+    wait_checkpoint(c, other, above=50)
+    leader_truncated_past(c, 1)
+    os.kill(c.pid(b), signal.SIGKILL)
+    c.wait(lambda s: s["replicas"][b]["role"] == "down", 10, "the backup down")
+    shutil.rmtree(c.dir / f"replica-{b}")  # its disk is gone: log, checkpoints, data
+    run("cluster", "restart", "--id", b, "--dir", c.dir)
+    c.wait(
+        lambda s: (
+            ck(s, b).get("fetched", 0) >= 1
+            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
+        ),
+        30,
+        f"the wiped replica {b} back by state transfer",
+    )
+    load(client, 1500, 100)
+    _digest, size = assert_same_data(c)
+    assert size == 1600
