@@ -59,6 +59,18 @@ def load(client, start, count, prefix="k"):
         )
 
 
+def kill_server_and_await_restore(cluster, r):
+    """SIGKILLs replica r's server and waits until its guard restored it
+    (the first restore); returns the status then."""
+    old = cluster.status()["replicas"][r]["server_pid"]
+    os.kill(old, signal.SIGKILL)
+    return cluster.wait(
+        lambda s: s["replicas"][r]["server_pid"] not in (0, old) and ck(s, r).get("restores") == 1,
+        20,
+        f"replica {r}'s server restored",
+    )
+
+
 def replica_log(cluster, r):
     return (cluster.dir / f"replica-{r}.log").read_text()
 
@@ -83,13 +95,7 @@ def test_backup_server_crash_is_restored_from_its_checkpoint(redis_cluster):
     assert listed[0]["bytes"] > 0 and listed[0]["dump_us"] > 0, listed
     load(client, 1500, 500)
     daemon = c.pid(b)
-    old = c.status()["replicas"][b]["server_pid"]
-    os.kill(old, signal.SIGKILL)
-    s = c.wait(
-        lambda s: s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1,
-        20,
-        f"replica {b}'s redis restored",
-    )
+    s = kill_server_and_await_restore(c, b)
     assert s["replicas"][b]["pid"] == daemon  # the replica itself never stopped
     assert ck(s, b)["server_state"] == "running"
     load(client, 2000, 300)  # the same connection, still in db 1
@@ -143,13 +149,7 @@ def test_corrupted_checkpoint_is_refused_and_an_older_one_used(redis_cluster):
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x40
     victim.write_bytes(bytes(data))
-    old = c.status()["replicas"][b]["server_pid"]
-    os.kill(old, signal.SIGKILL)
-    s = c.wait(
-        lambda s: s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1,
-        20,
-        "the restore",
-    )
+    s = kill_server_and_await_restore(c, b)
     assert ck(s, b)["restored_from"] < second
     load(client, 1600, 200)
     assert_same_data(c)
@@ -307,15 +307,7 @@ def test_backup_server_killed_under_load(redis_cluster):
         t.start()
     try:
         wait_checkpoint(c, b, above=100)
-        old = c.status()["replicas"][b]["server_pid"]
-        os.kill(old, signal.SIGKILL)
-        c.wait(
-            lambda s: (
-                s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1
-            ),
-            20,
-            "the restore under load",
-        )
+        kill_server_and_await_restore(c, b)
         time.sleep(0.5)  # the restored server takes load again
     finally:
         stop.set()
@@ -344,13 +336,7 @@ def test_memcached_backup_server_restored(cluster):
     run_workers()
     b = backups(cluster)[0]
     wait_checkpoint(cluster, b, above=50)
-    old = cluster.status()["replicas"][b]["server_pid"]
-    os.kill(old, signal.SIGKILL)
-    cluster.wait(
-        lambda s: s["replicas"][b]["server_pid"] not in (0, old) and ck(s, b).get("restores") == 1,
-        20,
-        "memcached restored",
-    )
+    kill_server_and_await_restore(cluster, b)
     run_workers()  # the same keys again: set, incr and cas on the restored state
     leader_view = mc.snapshot(addr)
     end = time.monotonic() + 15
