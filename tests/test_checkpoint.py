@@ -24,8 +24,13 @@ from resp import Redis, RespError
 from test_redis import assert_same_data
 
 
-def checkpoints(cluster):
-    return json.loads(run("checkpoint", "list", "--json", "--dir", cluster.dir).stdout)
+def checkpoints(cluster, some_down=False):
+    """`lockstep checkpoint list --json`; with some_down, replicas that are
+    down are left out (the command then says so and exits 1)."""
+    r = run("checkpoint", "list", "--json", "--dir", cluster.dir, check=not some_down)
+    if some_down:
+        assert r.returncode == 1 and "did not answer" in r.stderr, r.stderr
+    return json.loads(r.stdout)
 
 
 def ck(status, replica):
@@ -415,3 +420,46 @@ def test_wiped_backup_comes_back_by_state_transfer(transfer_cluster):
     load(client, 1500, 100)
     _digest, size = assert_same_data(c)
     assert size == 1600
+
+
+def test_damaged_transfer_is_refused_and_retried(transfer_cluster):
+    c = transfer_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 1000)
+    b = backups(c)[0]
+    other = next(r for r in backups(c) if r != b)
+    wait_checkpoint(c, b)
+    last_seen = c.status()["replicas"][b]["last_index"]
+    os.kill(c.pid(b), signal.SIGKILL)
+    load(client, 1000, 1000)
+    leader_truncated_past(c, last_seen)
+    # Every checkpoint the other backup holds now is damaged on its disk: the
+    # fetched copy fails its MANIFEST, is removed, and the fetch is retried.
+    commit = c.status()["replicas"][c.leader()]["commit_index"]
+    c.wait(lambda s: s["replicas"][other]["applied_index"] >= commit, 10, "the other backup")
+    time.sleep(0.5)  # a commit in flight lands
+    for cp in checkpoints(c, some_down=True):
+        if cp["replica"] == other:
+            pages = max(Path(cp["path"], "img").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+            data = bytearray(pages.read_bytes())
+            data[len(data) // 3] ^= 0x01
+            pages.write_bytes(bytes(data))
+    run("cluster", "restart", "--id", b, "--dir", c.dir)
+    c.wait(
+        lambda s: "is damaged" in replica_log(c, b),
+        20,
+        "a damaged transfer refused",
+    )
+    assert ck(c.status(), b).get("fetched", 0) == 0
+    load(client, 2000, 1000)  # the other backup checkpoints again, undamaged
+    c.wait(
+        lambda s: (
+            ck(s, b).get("fetched", 0) >= 1
+            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
+        ),
+        40,
+        "the retried transfer",
+    )
+    _digest, size = assert_same_data(c)
+    assert size == 3000
+    assert not list((c.dir / f"replica-{b}" / "checkpoints").glob("tmp-*"))
