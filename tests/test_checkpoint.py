@@ -462,4 +462,4 @@ def test_damaged_transfer_is_refused_and_retried(transfer_cluster):
     )
     _digest, size = assert_same_data(c)
     assert size == 3000
-    assert not list((c.dir / f"replica-{b}" / "checkpoints").glob("tmp-*"))
+    assert not list((c.dir / f"replica-{b}" / "checkpoints").glob("tmp-fetch-*"))
