@@ -44,6 +44,14 @@
 //  - ucp_put_nbx can complete a put immediately only up to 127 bytes (UCX
 //    caches max_put_short in an int8_t); larger puts are copied into a pooled
 //    buffer first (over shm they then complete at once; ~0.14 us for 4 KiB).
+//  - Over shm a doorbell (an active message) takes a slot of the peer's
+//    receive FIFO (64 slots, shared by all senders, freed by the peer's
+//    Progress() in batches of 32). Never ring a peer that shows no sign of
+//    life more than a few times: once its FIFO is full, UCX 1.13 starts a
+//    wireup on the endpoint and skips its keepalive until the peer answers,
+//    so a dead peer is never reported; and sends queued towards a full FIFO
+//    never complete, not even when the endpoint is force-closed, so Arm()
+//    returns false for good (the caller spins) until the worker is destroyed.
 //  - UCX is not fork-safe: create transports after fork(), in the child.
 //  - UCX installs SIGSEGV/SIGBUS/... handlers that print a backtrace
 //    (UCX_HANDLE_ERRORS, an environment-only setting) and hooks malloc/mmap
@@ -139,6 +147,8 @@ class UcxTransport {
 
   // Doorbell: a small active message that wakes a peer sleeping in epoll on
   // its EventFd(). Carries a uint64 tag. Delivered by the peer's Progress().
+  // Over shm it occupies a slot of the peer's receive FIFO until then (see
+  // the gotchas): do not ring a peer that has stopped showing signs of life.
   bool Ring(PeerId, uint64_t tag, std::string* error);
 
   // Makes progress (drains the worker); returns true if anything happened.
@@ -148,6 +158,8 @@ class UcxTransport {
   // An epoll fd owned by UCX (do not close it); add it to your epoll set.
   int EventFd() const { return event_fd_; }
   // ucp_worker_arm. false = events are pending: call Progress() again, do not sleep.
+  // Also false, however often Progress() runs, while sends wait for room at a
+  // peer (a full shm FIFO): UCX must poll for them and does not arm.
   bool Arm();
 
   // Waits until all outstanding puts to this peer are complete at the remote.

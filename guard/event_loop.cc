@@ -82,8 +82,11 @@ void EventLoop::Add(int fd, Handler handler) {
 }
 
 void EventLoop::Watch(int fd, bool writable) {
+  auto it = handlers_.find(fd);
+  bool wake_only = it != handlers_.end() && !it->second;
   epoll_event ev{};
-  ev.events = EPOLLIN | (writable ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  ev.events = EPOLLIN | (writable ? static_cast<uint32_t>(EPOLLOUT) : 0u) |
+              (wake_only ? static_cast<uint32_t>(EPOLLET) : 0u);
   ev.data.fd = fd;
   if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) < 0) epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }

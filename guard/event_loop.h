@@ -69,8 +69,13 @@ class EventLoop {
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
 
-  // Watches fd for input; handler (may be empty: the fd only wakes the loop)
-  // runs on its events. Replaces an earlier handler of the same fd number.
+  // Watches fd for input; handler runs on its events. Replaces an earlier
+  // handler of the same fd number. An empty handler: the fd only wakes the
+  // loop, and the pass itself consumes what made it readable (the UCX
+  // worker's fd, the disk writer's completions). Such an fd is watched
+  // edge-triggered: it wakes the loop when something new arrives, and one
+  // that stays readable without news (UCX that cannot arm its fd) does not
+  // keep the loop from sleeping until the next heartbeat.
   void Add(int fd, Handler handler);
   // Watches fd for input, and for output too when writable.
   void Watch(int fd, bool writable);

@@ -18,6 +18,29 @@ constexpr size_t kSpareRegions = 2;
 constexpr size_t kKeptRegions = 3;
 constexpr uint64_t kSpareRetryUs = 1000000;  // after a failed mapping
 constexpr int kMaxRecordsPerPoll = 1024;     // then the loop serves the rest of the pass
+// Doorbells a peer gets without showing a sign of life in between (a backup:
+// a change in its ack word; the leader: a change in its control word, which
+// its heartbeat changes every millisecond). Over shared memory a doorbell is
+// an active message that takes a slot of the peer's receive FIFO (64 slots
+// in UCX 1.13, shared by every sender, freed in batches of 32) until the
+// peer's worker reads it. A peer that is dead (or stopped) reads nothing:
+// ringing it every heartbeat fills its FIFO within 64 ms, and UCX 1.13 then
+// (1) starts a wireup on the endpoint that the dead peer never answers, and
+// skips the endpoint's keepalive meanwhile, so the death is never reported;
+// (2) queues every later send in the memory transport's pending queue,
+// where it can never complete, not even after the endpoint is force-closed
+// (flushing towards a full FIFO never ends). ucp_worker_arm then returns
+// BUSY for good and the daemon never sleeps (a core at 100% for as long as
+// the process lives). Holding doorbells back keeps the FIFO far from full
+// (replicas - 1 senders x 4 slots), keepalive then reports the death, and a
+// live peer loses nothing: the doorbell held back is rung as soon as the
+// peer shows life, and a peer that is running polls its memory anyway.
+constexpr int kRingCredits = 4;
+// UCX refused every arm for this long and this many times (not a moment
+// of a busy loop): it cannot arm for now (see Arm()).
+constexpr uint64_t kStuckArmUs = 100000;
+constexpr uint64_t kStuckArmRefusals = 100;
+constexpr uint64_t kUnarmableLogIntervalUs = 10000000;  // reports of a stuck UCX, at most
 
 // What a message carries for the transport: the sender's UCX worker address
 // and, from a backup, the region it opened for (ballot, stream); from a
@@ -81,9 +104,45 @@ PeerLink::PeerLink(const Options& options, Transport transport, Replica& core,
   remote_region_.assign(n, RemoteRegion{});
   remote_ack_.assign(n, -1);
   ring_peer_.assign(n, false);
+  ring_credits_.assign(n, kRingCredits);
+  ring_owed_.assign(n, false);
   ucx_->SetPeerErrorHandler(
       [this](UcxTransport::PeerId pid, std::string why) { OnTransportError(pid, why); });
   ucx_->SetDoorbellHandler([](uint64_t) {});
+}
+
+bool PeerLink::Arm() {
+  if (ucx_->Arm()) {
+    if (unarmable_logged_)
+      log_("UCX arms its event fd again (after %lu ms)",
+           (unsigned long)((NowUs() - unarmable_since_us_) / 1000));
+    refused_arms_ = 0;
+    unarmable_logged_ = false;
+    return true;
+  }
+  // Events are pending: the pass goes round and progresses them. Over shm
+  // UCX also refuses for a moment with nothing to progress (runs of up to a
+  // few hundred us under load here, with none of our sends queued: likely a
+  // sender off the CPU half-way through a write into our FIFO), and for good
+  // while it holds sends it can only complete by polling (queued towards a
+  // peer whose FIFO is full: dead, stopped or slow). Spinning through the
+  // first keeps the commit path as fast as it was; spinning on the second
+  // holds a core for as long as the peer does not drain. So only once UCX
+  // has refused every arm for a long while does the loop sleep until the
+  // next heartbeat instead (its fd, edge-triggered, wakes it for new events
+  // only), polling 1000 times a second as an idle loop does anyway.
+  uint64_t now = NowUs();
+  if (refused_arms_++ == 0) unarmable_since_us_ = now;
+  if (refused_arms_ < kStuckArmRefusals || now - unarmable_since_us_ < kStuckArmUs) return false;
+  if (!unarmable_logged_ && now >= next_unarmable_log_us_) {
+    unarmable_logged_ = true;
+    next_unarmable_log_us_ = now + kUnarmableLogIntervalUs;
+    log_(
+        "UCX refused to arm its event fd %lu times over %lu ms (sends queued towards a peer "
+        "that does not drain them?): sleeping on the heartbeat timer until it arms again",
+        (unsigned long)refused_arms_, (unsigned long)((now - unarmable_since_us_) / 1000));
+  }
+  return true;
 }
 
 void PeerLink::OnTransportError(UcxTransport::PeerId pid, const std::string& why) {
@@ -96,6 +155,10 @@ void PeerLink::OnTransportError(UcxTransport::PeerId pid, const std::string& why
     remote_ack_[r] = -1;
     core_.OnPeerUnreachable(NowUs(), r);
   }
+  // Close the endpoint now (UCX has already failed it, so this does not
+  // wait): it releases the endpoint's remote keys and whatever it still had
+  // queued. The peer, if it comes back, announces a fresh worker.
+  ucx_->Disconnect(pid, 0);
 }
 
 int PeerLink::UcxPeer(int replica, const std::string& worker_address) {
@@ -117,6 +180,8 @@ int PeerLink::UcxPeer(int replica, const std::string& worker_address) {
   }
   ucx_peer_[replica] = pid;
   ucx_peer_addr_[replica] = worker_address;
+  ring_credits_[replica] = kRingCredits;
+  ring_owed_[replica] = false;
   if (opt_.verbose)
     log_("UCX endpoint to replica %d: %s", replica, ucx_->DescribePeer(pid).c_str());
   return pid;
@@ -242,6 +307,7 @@ bool PeerLink::PollMemory(uint64_t now) {
       if (!ReadAck(ack_region_->base + r * kAckSlotBytes, &w)) continue;
       if (memcmp(&w, &last_ack_[r], sizeof w) == 0) continue;
       last_ack_[r] = w;
+      SawLifeFrom(r);
       core_.OnAck(now, r, w);
       busy = true;
     }
@@ -253,6 +319,7 @@ bool PeerLink::PollMemory(uint64_t now) {
   ControlWord cw;
   if (ReadControl(cur.region->base, &cw) && memcmp(&cw, &last_control_, sizeof cw) != 0) {
     last_control_ = cw;
+    SawLifeFrom(BallotLeader(cur.ballot));
     core_.OnControl(now, cw);
     busy = true;
   }
@@ -302,8 +369,28 @@ void PeerLink::Put(const Ready& rd) {
   for (int r = 0; r < opt_.replicas; r++) {
     if (!ring_peer_[r]) continue;
     ring_peer_[r] = false;
-    if (ucx_peer_[r] >= 0) ucx_->Ring(ucx_peer_[r], 0, &err);
+    Ring(r);
   }
+}
+
+void PeerLink::Ring(int replica) {
+  if (ucx_peer_[replica] < 0) return;
+  if (ring_credits_[replica] == 0) {
+    ring_owed_[replica] = true;  // rung when the peer shows life (SawLifeFrom)
+    return;
+  }
+  ring_credits_[replica]--;
+  ring_owed_[replica] = false;
+  std::string err;
+  ucx_->Ring(ucx_peer_[replica], 0, &err);
+}
+
+// The peer ran since our last doorbells (it wrote to our memory): whatever
+// we rang has been read, or will be by the pass it is in.
+void PeerLink::SawLifeFrom(int replica) {
+  if (replica < 0 || replica >= opt_.replicas || replica == opt_.id) return;
+  ring_credits_[replica] = kRingCredits;
+  if (ring_owed_[replica]) Ring(replica);
 }
 
 }  // namespace lockstep

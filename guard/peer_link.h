@@ -46,10 +46,16 @@ class PeerLink {
   PeerLink& operator=(const PeerLink&) = delete;
 
   // The worker's event fd (readable when UCX has events for a sleeper).
+  // Register it with the loop as a wake-only (edge-triggered) fd: after a
+  // true Arm() that UCX could not honour, it may stay readable.
   int event_fd() const { return ucx_->EventFd(); }
   bool Progress() { return ucx_->Progress(); }
-  // Before sleeping: false if UCX has events pending.
-  bool Arm() { return ucx_->Arm(); }
+  // Before sleeping: false if UCX has events pending (go round again). True
+  // when UCX armed its fd, and also when it has refused to for a long while
+  // (sends queued towards a peer that does not drain them): then the loop
+  // sleeps on its heartbeat timer instead of spinning, and the fd wakes it
+  // only for new events.
+  bool Arm();
 
   // Acks (leader), or the control word and new records of the current
   // region (backup), handed to the core. True if anything was found.
@@ -58,7 +64,8 @@ class PeerLink {
   // only that one.
   void EnsureRegion();
   // Carries out the core's puts, control words and acks, then rings the
-  // doorbell of every peer that got one.
+  // doorbell of every peer that got one and has shown signs of life since
+  // its last few doorbells (see kRingCredits in peer_link.cc).
   void Put(const Ready& ready);
   // Idle: prepares spare regions so an election need not map one. True if
   // it tried (the loop goes round again).
@@ -83,6 +90,8 @@ class PeerLink {
     UcxTransport::LocalRegion* region;
   };
   int UcxPeer(int replica, const std::string& worker_address);
+  void Ring(int replica);
+  void SawLifeFrom(int replica);
   UcxTransport::LocalRegion* TakeSpareRegion();
   bool MapSpareRegion();
   void OnTransportError(UcxTransport::PeerId pid, const std::string& why);
@@ -99,6 +108,12 @@ class PeerLink {
   std::vector<RemoteRegion> remote_region_;  // leader: each backup's region for our stream
   std::vector<int> remote_ack_;              // backup: each leader's ack array
   std::vector<bool> ring_peer_;              // put to since the last doorbell
+  std::vector<int> ring_credits_;            // doorbells left before the peer shows life
+  std::vector<bool> ring_owed_;              // a doorbell was held back for want of credits
+  uint64_t refused_arms_ = 0;                // in a row (UCX has not armed since)
+  uint64_t unarmable_since_us_ = 0;          // the first of them
+  uint64_t next_unarmable_log_us_ = 0;
+  bool unarmable_logged_ = false;
 
   std::deque<OwnRegion> own_regions_;  // newest last; a couple kept for deferred messages
   std::deque<UcxTransport::LocalRegion*> spare_regions_;
