@@ -87,6 +87,7 @@ class Daemon : public EventLoop::Body {
   // When each peer last had a live stream from us (leader): a peer gone
   // longer than kPeerGraceUs no longer holds back the truncation of the log.
   std::vector<uint64_t> peer_live_us_;
+  std::vector<uint64_t> peer_match_seen_;
   uint64_t next_truncate_us_ = 0;
   // The newest checkpoint each peer holds, asked every 2 s while we lead (a
   // thread: blocking status requests): the leader's log below one of them
@@ -141,6 +142,7 @@ bool Daemon::Init() {
   EventLoop::BlockShutdownSignals();  // before any thread starts
   n_ = static_cast<int>(cfg_.replicas.size());
   peer_live_us_.assign(n_, NowUs());
+  peer_match_seen_.assign(n_, 0);
   memory_mode_ = cfg_.durability == "memory";
   if (mkdir(me_.dir.c_str(), 0755) < 0 && errno != EEXIST) {
     log_("cannot create %s: %s", me_.dir.c_str(), strerror(errno));
@@ -266,7 +268,11 @@ void Daemon::TruncateLog(uint64_t now) {
     uint64_t grace_us = cfg_.checkpoint.lagging_backup_grace_s * 1000000;
     for (int r = 0; r < n_; r++) {
       if (r == me_.id) continue;
-      if (core_->PeerReady(r)) peer_live_us_[r] = now;
+      // Live: it keeps up, or at least moves. A stream the transport has not
+      // yet found dead counts for nothing on its own.
+      uint64_t match = core_->PeerMatch(r);
+      if (match >= core_->commit_index() || match != peer_match_seen_[r]) peer_live_us_[r] = now;
+      peer_match_seen_[r] = match;
       if (now - peer_live_us_[r] < grace_us) below = std::min(below, core_->PeerMatch(r) + 1);
     }
   }
