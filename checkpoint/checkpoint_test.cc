@@ -209,6 +209,16 @@ class TestServer {
   std::string port_file_;
 };
 
+// criu dump of pid into dir (created), waited for; must succeed.
+void DumpInto(pid_t pid, const std::string& dir, CriuResult* result) {
+  fs::create_directories(dir);
+  std::string error;
+  CriuJob dump;
+  ASSERT_TRUE(dump.StartDump(pid, dir, CriuOptions{}, &error)) << error;
+  ASSERT_TRUE(dump.Wait(result, 30000));
+  ASSERT_TRUE(result->ok) << result->error;
+}
+
 // Connects to 127.0.0.1:port and returns the line the server sends ("" on failure).
 std::string Ask(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -326,12 +336,8 @@ TEST(CheckpointEndToEnd, RestoreFailsWithCriusReasonWhileThePortIsTaken) {
   TestServer server;
   std::string error;
   ASSERT_TRUE(server.Start(tmp.path(), "busy", &error)) << error;
-  fs::create_directories(tmp / "img");
-  CriuJob dump;
-  ASSERT_TRUE(dump.StartDump(server.pid(), tmp / "img", CriuOptions{}, &error)) << error;
   CriuResult result;
-  ASSERT_TRUE(dump.Wait(&result, 30000));
-  ASSERT_TRUE(result.ok) << result.error;
+  ASSERT_NO_FATAL_FAILURE(DumpInto(server.pid(), tmp / "img", &result));
 
   // The original still listens on the port the images want to bind.
   CriuJob restore;
@@ -362,12 +368,8 @@ TEST(CheckpointEndToEnd, RelocatedImagesRestoreUnderAnotherDirAndPort) {
   std::string error;
   ASSERT_TRUE(server.Start(tmp / "peer", "moved", &error)) << error;
   ASSERT_EQ(Ask(server.port()), "moved 1");
-  fs::create_directories(tmp / "img");
-  CriuJob dump;
-  ASSERT_TRUE(dump.StartDump(server.pid(), tmp / "img", CriuOptions{}, &error)) << error;
   CriuResult result;
-  ASSERT_TRUE(dump.Wait(&result, 30000));
-  ASSERT_TRUE(result.ok) << result.error;
+  ASSERT_NO_FATAL_FAILURE(DumpInto(server.pid(), tmp / "img", &result));
 
   int probe = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -740,23 +740,29 @@ TEST(DiskWriter, PublishesErrorsAndNeverCompletesAFailedBatch) {
   EXPECT_NE(c.error.find("out of range"), std::string::npos) << c.error;
 }
 
+// Writes entries 1..n (commit index `commit`) through a DiskWriter, one
+// batch per entry; the batch with seq `truncate_seq` also truncates below
+// `below` (a seq past n: a batch of its own with no records).
+void WriteThenTruncate(const DiskLogOptions& o, uint64_t n, uint64_t commit, uint64_t truncate_seq,
+                       uint64_t below) {
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  DiskWriter w(log.get());
+  uint64_t last = std::max(n, truncate_seq);
+  for (uint64_t seq = 1; seq <= last; seq++) {
+    std::vector<OwnedRecord> batch;
+    if (seq <= n) batch.push_back(OwnedRecord{EntryType::kInput, 1, seq, commit, Payload(seq, 10)});
+    w.Submit(seq, std::move(batch), seq == truncate_seq ? below : 0);
+  }
+  EXPECT_EQ(WaitFor(&w, last, nullptr).durable_seq, last);
+}
+
 TEST(DiskWriter, TruncatesAfterTheRecordsOfItsBatch) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
-  {
-    RecoveredLog r;
-    auto log = MustOpen(o, &r);
-    ASSERT_TRUE(log);
-    DiskWriter w(log.get());
-    for (uint64_t seq = 1; seq <= 10; seq++) {
-      std::vector<OwnedRecord> batch;
-      batch.push_back(OwnedRecord{EntryType::kInput, 1, seq, 0, Payload(seq, 10)});
-      w.Submit(seq, std::move(batch), seq == 6 ? 4 : 0);
-    }
-    DiskWriter::Completion c = WaitFor(&w, 10, nullptr);
-    EXPECT_EQ(c.durable_seq, 10u);
-  }
+  WriteThenTruncate(o, 10, 0, 6, 4);
   RecoveredLog r;
   auto log = MustOpen(o, &r);
   ASSERT_TRUE(log);
@@ -771,19 +777,7 @@ TEST(DiskLog, TruncationPastTheLastSlotRecoversAsCommitted) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
-  {
-    RecoveredLog r;
-    auto log = MustOpen(o, &r);
-    ASSERT_TRUE(log);
-    DiskWriter w(log.get());
-    for (uint64_t seq = 1; seq <= 5; seq++) {
-      std::vector<OwnedRecord> batch;
-      batch.push_back(OwnedRecord{EntryType::kInput, 1, seq, 2, Payload(seq, 10)});
-      w.Submit(seq, std::move(batch), 0);
-    }
-    w.Submit(6, {}, 101);  // a checkpoint at index 100
-    EXPECT_EQ(WaitFor(&w, 6, nullptr).durable_seq, 6u);
-  }
+  WriteThenTruncate(o, 5, 2, 6, 101);  // a checkpoint at index 100
   RecoveredLog r;
   auto log = MustOpen(o, &r);
   ASSERT_TRUE(log);
