@@ -1,0 +1,1460 @@
+#!/usr/bin/env python3
+"""Checkpoint benchmark (issue 7's targets): redis with many keys under lockstep.
+
+    scripts/bench checkpoints [--keys 1000000] [--history 10000,100000,1000000] [--quick]
+                              [--build DIR] [--phases checkpoint,restart,baseline]
+    .venv/bin/python eval/checkpoints.py [same options]
+    .venv/bin/python eval/checkpoints.py --from-json eval/out/checkpoints.json  (redraw only)
+
+Every figure is compared with a baseline measured in this run. Three clusters, one after the
+other (`lockstep cluster up --replicas 3 --app redis`), each first filled with --keys keys of
+--value-bytes bytes (key:0 .. key:N-1, pipelined through the leader's redis):
+
+  A  --checkpoint-entries 10^9: only the checkpoints this benchmark asks for.
+     1. Checkpoint of a backup's redis: `lockstep checkpoint now --id B --wait`, then
+        `checkpoint list --json` (dump_us, bytes); idle and under a light load (loadgen, 4
+        connections), where `cluster status --json` is polled to find how long the backup's
+        applied_index stood still while the leader's commit index moved (its applying paused).
+        Baseline: a plain redis-server with the same keys, its own SAVE (RDB) time and the
+        fork time of a BGSAVE (latest_fork_usec): the pause redis itself would impose.
+     2. The leader's SET p99 at 16 connections (build/bin/loadgen, --seconds long) while the
+        backups checkpoint back to back (alternating), against the same load with no
+        checkpoint, windows interleaved, --repeats times; ratio of the medians.
+     5. State transfer: a backup is SIGKILLed, its directory removed (log, checkpoints,
+        data) and `cluster restart`ed: it fetches its peer's checkpoint. Baseline: the same
+        backup restarted from its own checkpoint just before. --transfers times.
+  B  the default checkpoint policy, and  C  --no-checkpoints (the baseline: a restart replays
+     the whole log). For each history length H (log entries; loadgen's single SETs with 64
+     connections over the same keys, so the data stays --keys keys): stop the load, SIGKILL
+     a backup's daemon (its pid from `cluster status --json`), `lockstep cluster restart`,
+     and time until its applied_index reaches the leader's commit index ("applied") and
+     DEBUG DIGEST of its redis equals the leader's ("in sync"). loadgen writes one value
+     everywhere, so a marker key is written last (on one connection to the leader kept open)
+     to make the digest cover the whole log. A restart may take --replay-cap seconds, and
+     --sync-cap more from "applied" to "in sync". C gets --baseline-budget seconds for its
+     histories; a history that would not fit is not run, and the report says so.
+     3. restart time against history length, with and without checkpoints;
+     4. log disk usage (replica-N/log/seg-*: file sizes and allocated blocks) and checkpoint
+        sizes after the run, B against C.
+
+--build DIR runs DIR/bin/lockstep and DIR/bin/loadgen instead of build/ (for a clean build
+of a commit while build/ is rebuilt from sources being edited). Writes
+eval/out/checkpoints.json (every measurement, the machine, the commit, the load average at
+each phase), checkpoints.md (targets, measured, baseline, ratio, PASS/SHORT) and
+checkpoints.png (restart time against history length; p99 with and without a checkpoint).
+Progress goes to stderr; the table is printed at the end. Exit status 1 if a phase failed.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from resp import Redis, RespError  # eval/resp.py
+
+import apps  # eval/apps.py: cluster handling, ports, clean-up by pid, machine description
+from apps import LOADGEN, lockstep_run, log, split_addr
+
+ROOT = apps.ROOT
+TARGET_CHECKPOINT_MS = 300
+TARGET_P99_RATIO = 1.5
+TARGET_RESTART_S = 2.0
+TARGET_RESTART_AT = 1_000_000
+TARGET_TRANSFER_S = 3.0
+FLAT_FACTOR = 1.5  # "flat": restart at the longest history ≤ this × at the shortest
+MARKER = "lockstep-bench:marker"  # written last before a restart (see restart_once)
+HISTORY_CONNS = 64  # loadgen connections that drive the history (most entries/s here)
+
+
+class Failed(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Clusters, redis, loadgen
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cluster(ctx, name, extra):
+    """Yields the directory of a running `cluster up --app redis EXTRA`; always brings it down."""
+    d = Path(tempfile.mkdtemp(prefix=f"cluster-{name}-", dir=ctx.work))
+    try:
+        for attempt in range(3):
+            base = apps.pick_base_port()
+            cmd = ["cluster", "up", "--dir", d, "--replicas", "3", "--base-port", base]
+            cmd += ["--app", "redis", *extra]
+            log(f"{name}: lockstep {' '.join(map(str, cmd))}")
+            r = lockstep_run(cmd)
+            out = (r.stdout + r.stderr).strip()
+            if r.returncode == 0:
+                break
+            if "taken" not in out or attempt == 2:
+                raise Failed(f"lockstep cluster up failed ({r.returncode}): {out[-1500:]}")
+        apps.wait_ready("redis", apps.cluster_status(d)["client_addr"])
+        yield d
+    except BaseException:
+        keep_logs(ctx, d)
+        raise
+    finally:
+        try:
+            r = lockstep_run(["cluster", "down", "--dir", d], timeout=60)
+            if r.returncode != 0:
+                log(f"  cluster down: {(r.stdout + r.stderr).strip()[-300:]}")
+        except (OSError, subprocess.SubprocessError) as e:
+            log(f"  cluster down: {e}")
+        apps.kill_leftovers(d)  # by pid: whatever `cluster down` did not stop
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def keep_logs(ctx, d):
+    dest = ctx.failed_logs / d.name
+    for f in d.glob("*.log"):
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest / f.name)
+    for f in d.glob("replica-*/*.log"):
+        (dest / f.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest / f.parent.name / f.name)
+    if dest.exists():
+        log(f"  kept the cluster's logs in {dest}")
+
+
+def status(d):
+    return apps.cluster_status(d)
+
+
+def leader_of(st):
+    return next((r for r in st["replicas"] if r and r.get("role") == "leader"), None)
+
+
+def replica(st, rid):
+    return next((r for r in st["replicas"] if r and r.get("id") == rid), None)
+
+
+def backups(st):
+    return [r["id"] for r in st["replicas"] if r and r.get("role") == "backup"]
+
+
+def wait_quiet(d, timeout=120.0):
+    """Waits until every replica applied the leader's whole log and none is checkpointing."""
+    end, last, stable = time.monotonic() + timeout, None, 0
+    while time.monotonic() < end:
+        with contextlib.suppress(RuntimeError, json.JSONDecodeError, subprocess.SubprocessError):
+            st = status(d)
+            ld = leader_of(st)
+            reps = [r for r in st["replicas"] if r]
+            if ld and len(reps) == 3 and ld["commit_index"] == ld["last_index"]:
+                key = (ld["commit_index"], tuple(cp_field(r, "taken") for r in reps))
+                ok = all(r["applied_index"] >= ld["commit_index"] for r in reps)
+                ok = ok and not any(cp_field(r, "dumping", False) for r in reps)
+                stable = stable + 1 if ok and key == last else 0
+                last = key
+                if stable >= 3:  # ~3 polls with nothing moving: also no commit thread starting
+                    return st
+        time.sleep(0.2)
+    raise Failed(f"cluster in {d} not quiet after {timeout:.0f} s (last: {last})")
+
+
+def wait_checkpoints_settled(d, quiet_s=3.0, timeout=90.0):
+    """Waits until no checkpoint is being dumped or committed: the list of checkpoints stays
+    the same for quiet_s (a commit, hashing and fsyncing the images, shows only at its end)."""
+    end, last, since = time.monotonic() + timeout, None, time.monotonic()
+    while time.monotonic() < end:
+        cur = sorted((c["replica"], c["index"]) for c in checkpoint_list(d))
+        if cur != last:
+            last, since = cur, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return wait_quiet(d)
+        time.sleep(0.5)
+    return wait_quiet(d)
+
+
+def redis_call(addr, *args, timeout=30.0):
+    c = Redis(split_addr(addr), timeout=timeout)
+    try:
+        return c.call(*args)
+    finally:
+        c.close()
+
+
+def load_keys(addr, keys, size, batch=2000, timeout=900.0):
+    """SET key:0 .. key:<keys-1> (loadgen's value pattern), pipelined; progress on stderr."""
+    val, t0 = apps.value_bytes(size), time.monotonic()
+    end, step, shown = t0 + timeout, max(keys // 10, 1), 0
+    with socket.create_connection(split_addr(addr), timeout=60) as s:
+        for start in range(0, keys, batch):
+            if time.monotonic() > end:
+                raise Failed(f"loading {keys} keys into {addr}: only {start} after {timeout} s")
+            idx = range(start, min(keys, start + batch))
+            s.sendall(b"".join(Redis.encode("SET", f"key:{i}", val) for i in idx))
+            buf, want = b"", b"+OK\r\n" * len(idx)
+            while len(buf) < len(want):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise Failed(f"{addr} closed the connection while loading keys")
+                buf += chunk
+            if buf != want:
+                raise Failed(f"loading keys into {addr} got {buf[:80]!r}")
+            if start + len(idx) >= shown + step:
+                shown = start + len(idx)
+                log(f"  loaded {shown}/{keys} keys ({time.monotonic() - t0:.1f} s)")
+    return time.monotonic() - t0
+
+
+def loadgen_cmd(addr, conns, seconds, keys, size, ops_per_conn=0):
+    host, port = split_addr(addr)
+    cmd = [str(LOADGEN), *f"--proto redis --host {host} --port {port} --conns {conns}".split()]
+    cmd += f"--seconds {seconds:g} --op set --value-bytes {size} --keys {keys}".split()
+    if ops_per_conn:
+        cmd += ["--ops-per-conn", str(ops_per_conn)]
+    return cmd
+
+
+def start_loadgen(ctx, *args, **kw):
+    p = subprocess.Popen(
+        loadgen_cmd(*args, **kw),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    p.cmd_name, p.logpath = "loadgen", os.devnull
+    ctx.procs.procs.append(p)  # stopped by its pid if we leave early
+    return p
+
+
+def finish_loadgen(ctx, p, timeout):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        ctx.procs.stop(p)
+    lines = out.strip().splitlines()
+    if not lines:
+        raise Failed(f"loadgen printed nothing (exit {p.returncode}): {err.strip()[-300:]}")
+    res = json.loads(lines[-1])
+    if p.returncode != 0:
+        res["lost"] = err.strip()[-300:] or f"exit {p.returncode}"
+    return res
+
+
+def run_loadgen(ctx, addr, conns, seconds, keys, size, ops_per_conn=0):
+    p = start_loadgen(ctx, addr, conns, seconds, keys, size, ops_per_conn=ops_per_conn)
+    return finish_loadgen(ctx, p, seconds + 60)
+
+
+def checkpoint_now(d, bid, timeout=90.0):
+    """`checkpoint now --id B --wait`; returns {index, dump_us, bytes, wall_s} or raises.
+
+    `--wait` returns when the replica's count of checkpoints taken moves, which may be a
+    checkpoint of its own policy that was still being committed (hashed, fsynced) when this
+    one was asked for: then this waits for one at or past the index the replica had applied
+    when it was asked, which is the one asked for."""
+    rep = replica(status(d), bid) or {}
+    applied = rep.get("applied_index", 0)
+    t0 = time.monotonic()
+    try:
+        r = lockstep_run(["checkpoint", "now", "--id", bid, "--wait", "--dir", d], timeout)
+    except subprocess.TimeoutExpired as e:
+        raise Failed(f"checkpoint now --id {bid} --wait: no answer in {timeout:.0f} s") from e
+    t1 = time.monotonic()
+    out = (r.stdout + r.stderr).strip()
+    m = re.search(r"checkpoint (\d+) taken", out)
+    if r.returncode != 0 or not m:
+        raise Failed(f"checkpoint now --id {bid}: {out[-400:]}")
+    index, early = int(m.group(1)), None
+    if index < applied:
+        early = index
+        end = t0 + timeout
+        while time.monotonic() < end:
+            cps = [c for c in checkpoint_list(d) if c["replica"] == bid and c["index"] >= applied]
+            if cps:
+                index, t1 = min(c["index"] for c in cps), time.monotonic()
+                break
+            time.sleep(0.05)
+        else:
+            raise Failed(f"checkpoint now --id {bid}: none at or past {applied} in {timeout} s")
+    cp = next((c for c in checkpoint_list(d) if c["replica"] == bid and c["index"] == index), {})
+    res = {
+        "replica": bid,
+        "index": index,
+        "applied_when_asked": applied,
+        "dump_us": cp.get("dump_us"),
+        "bytes": cp.get("bytes"),
+        "ok": cp.get("ok"),
+        "wall_s": t1 - t0,
+        "t0": t0,
+        "t1": t1,
+    }
+    if early is not None:
+        res["wait_returned_older"] = early
+    return res
+
+
+def checkpoint_list(d):
+    r = lockstep_run(["checkpoint", "list", "--json", "--dir", d], timeout=60)
+    if r.returncode != 0:
+        raise Failed(f"checkpoint list: {(r.stdout + r.stderr).strip()[-300:]}")
+    return json.loads(r.stdout)
+
+
+class Poller:
+    """Samples `cluster status --json` in a thread: [(t, {id: applied}, leader commit)]."""
+
+    def __init__(self, d):
+        self.d, self.samples, self.stop_ = d, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop_.is_set():
+            t0 = time.monotonic()
+            with contextlib.suppress(Exception):
+                st = status(self.d)
+                ld = leader_of(st)
+                applied = {r["id"]: r["applied_index"] for r in st["replicas"] if r}
+                t = (t0 + time.monotonic()) / 2
+                self.samples.append((t, applied, ld["commit_index"] if ld else None))
+            self.stop_.wait(0.01)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_.set()
+        self.thread.join(30)
+
+
+def applying_pause(samples, bid, t_from, t_to):
+    """Longest time backup bid's applied_index stood still while the leader committed more,
+    between t_from and t_to: (lower bound, upper bound) in seconds from the samples' times."""
+    pts = [(t, a.get(bid), c) for t, a, c in samples if a.get(bid) is not None and c is not None]
+    best = (0.0, 0.0)
+    i = 0
+    while i < len(pts):
+        j = i
+        while j + 1 < len(pts) and pts[j + 1][1] == pts[i][1]:
+            j += 1
+        moved = pts[j][2] > pts[i][1]  # the leader had more than this backup had applied
+        overlaps = pts[i][0] <= t_to and pts[j][0] >= t_from
+        if moved and overlaps and j > i:
+            lo = pts[j][0] - pts[i][0]
+            hi = (pts[j + 1][0] if j + 1 < len(pts) else pts[j][0]) - (
+                pts[i - 1][0] if i > 0 else pts[i][0]
+            )
+            best = max(best, (lo, hi))
+        i = j + 1
+    return best
+
+
+# ---------------------------------------------------------------------------
+# Phase A: checkpoint time and the leader's p99 while a backup checkpoints
+# ---------------------------------------------------------------------------
+
+
+def plain_redis_baseline(ctx, a):
+    """A plain redis with the same keys: SAVE time, RDB size, BGSAVE fork time."""
+    p, addr = apps.start_server(ctx, "redis", "plain-redis")
+    try:
+        log(f"plain redis at {addr}: loading {a.keys} keys")
+        load_s = load_keys(addr, a.keys, a.value_bytes)
+        used = int(re.search(rb"used_memory:(\d+)", redis_call(addr, "INFO", "memory")).group(1))
+        saves = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            redis_call(addr, "SAVE", timeout=300)
+            saves.append(time.monotonic() - t0)
+        data_dir = Path(p.args[p.args.index("--dir") + 1])
+        rdb = (data_dir / "dump.rdb").stat().st_size
+        forks = []
+        for _ in range(3):
+            redis_call(addr, "BGSAVE")
+            end = time.monotonic() + 300
+            while time.monotonic() < end:
+                info = redis_call(addr, "INFO", "persistence")
+                if b"rdb_bgsave_in_progress:0" in info:
+                    break
+                time.sleep(0.05)
+            stats = redis_call(addr, "INFO", "stats")
+            forks.append(int(re.search(rb"latest_fork_usec:(\d+)", stats).group(1)))
+        res = {
+            "keys": a.keys,
+            "load_s": load_s,
+            "used_memory": used,
+            "save_s": saves,
+            "save_s_median": statistics.median(saves),
+            "rdb_bytes": rdb,
+            "bgsave_fork_us": forks,
+            "bgsave_fork_us_median": statistics.median(forks),
+        }
+        log(
+            f"  plain redis: {used / 1e6:.0f} MB used, SAVE {res['save_s_median'] * 1000:.0f} ms "
+            f"({rdb / 1e6:.0f} MB RDB), BGSAVE fork {res['bgsave_fork_us_median'] / 1000:.1f} ms"
+        )
+        return res
+    finally:
+        ctx.procs.stop(p)
+
+
+def phase_checkpoint(ctx, a, res):
+    with cluster(ctx, "A", ["--checkpoint-entries", "1000000000"]) as d:
+        st = status(d)
+        addr = st["client_addr"]
+        log(f"A: loading {a.keys} keys of {a.value_bytes} bytes into {addr}")
+        res["load_s"] = load_keys(addr, a.keys, a.value_bytes)
+        st = wait_quiet(d)
+        bs = backups(st)
+        b0 = replica(st, bs[0])
+        dbsize = redis_call(b0["server_addr"], "DBSIZE")
+        info = redis_call(b0["server_addr"], "INFO", "memory")
+        used = int(re.search(rb"used_memory:(\d+)", info).group(1))
+        res["data"] = {"keys": a.keys, "dbsize_backup": dbsize, "used_memory_backup": used}
+        res["data"]["commit_index_after_load"] = leader_of(st)["commit_index"]
+        log(f"A: backup {bs[0]}'s redis holds {dbsize} keys, {used / 1e6:.0f} MB")
+
+        # 1. checkpoint time, idle, then under a light load with the pause measured
+        wait_checkpoints_settled(d)  # the policy's checkpoints during the load (log bytes)
+        idle = []
+        for i in range(a.checkpoints):
+            cp = checkpoint_now(d, bs[i % len(bs)])
+            idle.append(cp)
+            log(
+                f"A: idle checkpoint {i + 1}/{a.checkpoints} on replica {cp['replica']}: dump "
+                f"{cp['dump_us'] / 1000:.0f} ms, {cp['bytes'] / 1e6:.0f} MB, --wait "
+                f"{cp['wall_s']:.2f} s"
+            )
+        res["idle"] = idle
+        loaded = []
+        for i in range(a.checkpoints):
+            st = wait_quiet(d)
+            bid = backups(st)[i % 2]
+            lg = start_loadgen(ctx, st["client_addr"], 4, 30, a.keys, a.value_bytes)
+            try:
+                time.sleep(1.0)
+                with Poller(d) as pol:
+                    time.sleep(0.3)
+                    cp = checkpoint_now(d, bid)
+                    time.sleep(0.5)
+            finally:
+                ctx.procs.stop(lg)  # SIGTERM by pid; its numbers are not needed here
+            lo, hi = applying_pause(pol.samples, bid, cp["t0"], cp["t1"])
+            cp.update(pause_lo_s=lo, pause_hi_s=hi, poll_samples=len(pol.samples))
+            loaded.append(cp)
+            log(
+                f"A: checkpoint under load {i + 1}/{a.checkpoints} on replica {bid}: dump "
+                f"{cp['dump_us'] / 1000:.0f} ms, applying paused {lo * 1000:.0f}–{hi * 1000:.0f}"
+                f" ms ({len(pol.samples)} status polls), --wait {cp['wall_s']:.2f} s"
+            )
+        res["loaded"] = loaded
+        res["loaded_conns"] = 4
+
+        # 2. the leader's SET p99 at 16 connections, with and without a backup checkpointing
+        windows = []
+        for rep in range(a.repeats):
+            order = ("without", "with") if rep % 2 == 0 else ("with", "without")
+            for kind in order:
+                windows.append(p99_window(ctx, d, a, kind, rep))
+        res["windows"] = windows
+
+        # 5. state transfer: a wiped backup comes back from its peer's checkpoint; the
+        # baseline is the same backup restarted from its own checkpoint right after. The
+        # peer checkpoints last, so that its checkpoint is the newest one: the leader keeps
+        # its log from the newest checkpoint any backup holds, and a backup whose own
+        # checkpoint was the newest cannot be refilled from the other's once wiped.
+        lc, transfers = LeaderConn(d), []
+        res["transfers"] = transfers  # kept whatever happens below
+        with contextlib.closing(lc):
+            for i in range(a.transfers):
+                try:
+                    transfer_pair(d, a, i, lc, transfers)
+                except Failed as e:
+                    log(f"A: state transfer {i + 1}: FAILED: {e}")
+                    transfers.append({"error": str(e)})
+                    break
+
+
+def transfer_pair(d, a, i, lc, transfers):
+    """One state transfer (a wiped backup) and its baseline (a restart of the same backup
+    from its own checkpoint), appended to transfers as they are measured."""
+    st = wait_quiet(d)
+    bid, other = backups(st)[i % 2], backups(st)[(i + 1) % 2]
+    checkpoint_now(d, bid)
+    src = checkpoint_now(d, other)
+    t = {"replica": bid, "source": other, "source_checkpoint": src}
+    transfers.append(t)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        first = leader_of(status(d))["first_index"]
+        if first > 2:
+            break
+        time.sleep(0.2)
+    t["leader_first_index"] = first
+    t["wiped"] = restart_once(d, bid, a.replay_cap, a.sync_cap, lc, wipe=True)
+    log(
+        f"A: replica {bid} wiped and restarted: {restart_text(t['wiped'])}; "
+        f"fetched {t['wiped'].get('fetched')} checkpoint(s) of "
+        f"{src['bytes'] / 1e6:.0f} MB from replica {other} (leader's log starts "
+        f"at {first})"
+    )
+    t["local"] = restart_once(d, bid, a.replay_cap, a.sync_cap, lc)
+    log(f"A: restart of replica {bid} from its own checkpoint: {restart_text(t['local'])}")
+
+
+def p99_window(ctx, d, a, kind, rep):
+    for attempt in range(3):
+        st = wait_quiet(d)
+        taken0 = {r["id"]: r["checkpoint"]["taken"] for r in st["replicas"]}
+        bs, cps, stop = backups(st), [], threading.Event()
+        errors = []
+
+        def checkpoints_back_to_back(bs=bs, cps=cps, stop=stop, errors=errors):
+            i = 0
+            while not stop.is_set() and i < 1000:
+                try:
+                    cps.append(checkpoint_now(d, bs[i % len(bs)]))
+                except Failed as e:
+                    errors.append(str(e))
+                    return
+                i += 1
+
+        t0 = time.monotonic()
+        lg = start_loadgen(ctx, st["client_addr"], 16, a.seconds, a.keys, a.value_bytes)
+        th = None
+        if kind == "with":
+            th = threading.Thread(target=checkpoints_back_to_back, daemon=True)
+            th.start()
+        try:
+            r = finish_loadgen(ctx, lg, a.seconds + 60)
+        finally:
+            stop.set()
+            if th:
+                th.join(120)
+        t1 = t0 + r["seconds"]
+        st = status(d)
+        taken1 = {x["id"]: x["checkpoint"]["taken"] for x in st["replicas"] if x}
+        stray = sum(taken1.get(k, 0) - v for k, v in taken0.items()) - len(cps)
+        cover = sum(max(0.0, min(c["t1"], t1) - max(c["t0"], t0)) for c in cps)
+        w = {
+            "kind": kind,
+            "repeat": rep,
+            "conns": 16,
+            "seconds": r["seconds"],
+            "ops_per_s": r["ops_per_s"],
+            "p50_us": r["p50_us"],
+            "p99_us": r["p99_us"],
+            "errors": r["errors"],
+            "checkpoints": [{k: v for k, v in c.items() if k not in ("t0", "t1")} for c in cps],
+            "checkpoint_cover": cover / max(r["seconds"], 1e-9),
+            "stray_checkpoints": stray,
+            "checkpoint_errors": errors,
+        }
+        if "lost" in r:
+            w["lost"] = r["lost"]
+        log(
+            f"A: p99 window {kind} checkpoint (repeat {rep + 1}/{a.repeats}): "
+            f"{r['ops_per_s']:.0f} ops/s, p50 {r['p50_us']:.0f} µs, p99 {r['p99_us']:.0f} µs; "
+            f"{len(cps)} checkpoints covering {w['checkpoint_cover'] * 100:.0f}% of the window"
+            + (f"; {stray} not ours" if stray else "")
+            + (f"; errors: {errors}" if errors else "")
+        )
+        if stray <= 0 and (kind == "without" or cps):
+            return w
+        log("  window spoiled (a checkpoint ran when none should, or none ran); again")
+    return w | {"spoiled": True}
+
+
+# ---------------------------------------------------------------------------
+# Phases B and C: restart time against history length, log and checkpoint sizes
+# ---------------------------------------------------------------------------
+
+
+def drive_to(ctx, d, a, target, deadline):
+    """Single SETs from loadgen (64 connections) until the leader's commit index ≥ target."""
+    t0 = time.monotonic()
+    for _ in range(500):
+        st = status(d)
+        ld = leader_of(st)
+        if ld is None:
+            time.sleep(0.2)
+            continue
+        commit = ld["commit_index"]
+        if commit >= target:
+            return st
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Failed(f"history of {target} entries not reached in time (commit {commit})")
+        chunk = min(target - commit, 200_000)
+        per = math.ceil(chunk / HISTORY_CONNS)
+        r = run_loadgen(
+            ctx, st["client_addr"], HISTORY_CONNS, min(left, 600), a.keys, a.value_bytes, per
+        )
+        log(
+            f"  commit {commit} → {target}: {r['ops']} SETs at {r['ops_per_s']:.0f}/s "
+            f"({time.monotonic() - t0:.0f} s)" + (f"; {r['lost']}" if "lost" in r else "")
+        )
+    raise Failed(f"history of {target} entries not reached (500 rounds)")
+
+
+def proc_dead(pid):
+    """True once every thread of pid has exited: a killed process's main thread turns zombie
+    before its other threads have let go of its files (a thread in uninterruptible I/O)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for t in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{t}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            return False
+    return True
+
+
+def alive(d, rid):
+    """Whether replica rid's daemon (its pid file in d) is running."""
+    try:
+        pid = int((d / f"replica-{rid}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return not proc_dead(pid)
+
+
+def wait_dead(pid, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc_dead(pid):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+RESTORE_RE = re.compile(r"restored checkpoint (\d+) in (\d+) ms")
+
+
+def cp_field(rep, key, default=0):
+    """A field of a replica's "checkpoint" status object (absent with --no-checkpoints)."""
+    return (rep.get("checkpoint") or {}).get(key, default)
+
+
+class LeaderConn:
+    """One connection to the leader's redis, kept open across restarts of backups: each
+    command on it is an input like any other, but no connection opens or closes around it
+    (short-lived connections lose inputs on backups with this build; see the report)."""
+
+    def __init__(self, d):
+        self.d, self.addr, self.conn = d, None, None
+
+    def call(self, st, *args, timeout=120.0):
+        """Sends one command to the leader named in st; after a failover the old leader's
+        connections are closed, so a lost connection is opened again (to the leader named by
+        a fresh status) once."""
+        for attempt in range(2):
+            addr = st["client_addr"]
+            if self.conn is None or addr != self.addr:
+                self.close()
+                self.addr, self.conn = addr, Redis(split_addr(addr), timeout=timeout)
+            self.conn.sock.settimeout(timeout)
+            try:
+                return self.conn.call(*args)
+            except (ConnectionError, BrokenPipeError):
+                self.close()
+                if attempt:
+                    raise
+                time.sleep(0.5)
+                st = status(self.d)
+        return None
+
+    def close(self):
+        if self.conn is not None:
+            with contextlib.suppress(OSError):
+                self.conn.close()
+        self.conn = None
+
+
+def restart_once(d, bid, cap, sync_cap, lc, wipe=False):
+    """SIGKILL replica bid's daemon (with wipe, then remove its directory: log, checkpoints,
+    data), `cluster restart`, time until it is in sync: its
+    applied_index reaches the leader's commit index and its DEBUG DIGEST equals the leader's.
+    Gives up cap s after the restart, or sync_cap s after applied_index got there.
+    Also keeps a timeline of (s, applied_index, DBSIZE, marker there) of the replica."""
+    st = wait_quiet(d)
+    # loadgen writes one value everywhere, so a checkpoint's data already has the digest the
+    # whole log gives: a fresh marker written last makes the digest cover the suffix too (the
+    # server executes inputs in log order, so with the marker it has executed all before it).
+    token = f"{bid}-{time.time_ns()}"
+    lc.call(st, "SET", MARKER, token)
+    digest = lc.call(st, "DEBUG", "DIGEST")
+    dbsize = lc.call(st, "DBSIZE")
+    st = wait_quiet(d)  # these went through the log too
+    ld, rep = leader_of(st), replica(st, bid)
+    target = ld["commit_index"]
+    logf = d / f"replica-{bid}.log"
+    log_from = logf.stat().st_size if logf.exists() else 0
+    res = {
+        "replica": bid,
+        "commit_index": target,
+        "first_index": rep["first_index"],
+        "newest_checkpoint": cp_field(rep, "index"),
+        "digest": digest.decode() if isinstance(digest, bytes) else str(digest),
+        "dbsize": dbsize,
+    }
+    # Was this backup's redis in sync before it was killed?
+    with contextlib.suppress(OSError, RespError):
+        before = redis_call(rep["server_addr"], "DEBUG", "DIGEST", timeout=120)
+        res["in_sync_before_kill"] = before == digest
+        if before != digest:
+            res["dbsize_before_kill"] = redis_call(rep["server_addr"], "DBSIZE")
+    os.kill(rep["pid"], signal.SIGKILL)
+    t_kill = time.monotonic()
+    if not wait_dead(rep["pid"], 10):
+        raise Failed(f"replica {bid}'s daemon (pid {rep['pid']}) alive 10 s after SIGKILL")
+    if rep.get("server_pid") and not wait_dead(rep["server_pid"], 10):
+        res["server_survived_daemon"] = True
+        log(f"  replica {bid}'s redis (pid {rep['server_pid']}) outlived its daemon; killing it")
+        with contextlib.suppress(OSError):
+            os.kill(rep["server_pid"], signal.SIGKILL)
+        wait_dead(rep["server_pid"], 10)
+    res["kill_to_dead_s"] = time.monotonic() - t_kill
+    if wipe:
+        shutil.rmtree(d / f"replica-{bid}")
+        res["wiped"] = True
+    t0 = time.monotonic()
+    r = lockstep_run(["cluster", "restart", "--id", bid, "--dir", d], timeout=60)
+    res["restart_cmd_s"] = time.monotonic() - t0
+    if r.returncode != 0:
+        raise Failed(f"cluster restart --id {bid}: {(r.stdout + r.stderr).strip()[-400:]}")
+    restart_failures, hangs = [], []
+    end, applied_s, now, timeline, last = t0 + cap, None, None, [], None
+    while time.monotonic() < min(end, t0 + (applied_s or cap) + sync_cap):
+        with contextlib.suppress(Exception):
+            now = replica(status(d), bid)
+        if now and now.get("role") == "down" and time.monotonic() - t0 > 3 and not alive(d, bid):
+            # the restarted daemon exited: say why (its log), and start it once more
+            text = logf.read_text(errors="replace")[log_from:] if logf.exists() else ""
+            lines = [ln for ln in text.splitlines() if "slept" not in ln and "slow " not in ln]
+            restart_failures.append(
+                {"after_s": round(time.monotonic() - t0, 3), "log_tail": lines[-5:]}
+            )
+            log(f"  replica {bid}'s daemon exited after `cluster restart`: {lines[-1:]}")
+            if len(restart_failures) > 1:
+                break
+            lockstep_run(["cluster", "restart", "--id", bid, "--dir", d], timeout=60)
+            continue
+        size = mark = None
+        # Its redis is asked only once the daemon has applied everything (so after any
+        # restore); short timeouts, and a call that times out is recorded.
+        if now and now["applied_index"] >= target:
+            applied_s = applied_s or time.monotonic() - t0
+            t_call = time.monotonic()
+            try:
+                size = redis_call(now["server_addr"], "DBSIZE", timeout=3)
+                mark = redis_call(now["server_addr"], "GET", MARKER, timeout=3)
+            except TimeoutError:
+                hangs.append(round(t_call - t0, 3))
+            except (OSError, RespError):
+                pass
+            if size == dbsize and mark == token.encode():
+                t_ask, got = time.monotonic() - t0, None
+                with contextlib.suppress(OSError, RespError):
+                    got = redis_call(now["server_addr"], "DEBUG", "DIGEST", timeout=120)
+                if got == digest:
+                    # in sync by the time the digest was asked for; its answer came later
+                    res["in_sync_s"], res["confirmed_s"] = t_ask, time.monotonic() - t0
+        if now:
+            point = (now["applied_index"], size, mark == token.encode(), now.get("role"))
+            if point != last:
+                timeline.append((round(time.monotonic() - t0, 3), *point))
+                last = point
+        if "in_sync_s" in res:
+            break
+        time.sleep(0.02)
+    with contextlib.suppress(Exception):
+        after = leader_of(status(d))
+        res["leader_before"], res["leader_after"] = ld["id"], after and after["id"]
+    res["applied_s"] = applied_s
+    res["capped"] = "in_sync_s" not in res
+    if restart_failures:
+        res["restart_failures"] = restart_failures
+    if hangs:
+        res["inspection_timeouts_at_s"] = hangs
+    res["cap_s"] = cap
+    res["sync_cap_s"] = sync_cap
+    res["timeline"] = timeline
+    if now:
+        res["applied_index_at_end"] = now["applied_index"]
+        res["restored_from"] = cp_field(now, "restored_from")
+        res["restores"] = cp_field(now, "restores")
+        res["fetched"] = cp_field(now, "fetched", None)
+    text = logf.read_text(errors="replace")[log_from:] if logf.exists() else ""
+    m = RESTORE_RE.search(text)
+    if m:
+        res["restored_from"], res["restore_ms"] = int(m.group(1)), int(m.group(2))
+    res["replayed"] = target - res.get("restored_from", 0)
+    keys = ("restored", "recovered", "checkpoint", "replaying", "FAIL", "NOT", "DIED", "transfer")
+    res["log_lines"] = [ln for ln in text.splitlines() if any(k in ln for k in keys)][:12]
+    return res
+
+
+def disk_usage(d):
+    out = {}
+    for rdir in sorted(d.glob("replica-*/")):
+        segs = sorted(rdir.glob("log/seg-*"))
+        sts = [s.stat() for s in segs]
+        out[rdir.name] = {
+            "segments": len(segs),
+            "log_bytes": sum(s.st_size for s in sts),
+            "log_alloc_bytes": sum(s.st_blocks * 512 for s in sts),
+        }
+    return out
+
+
+def phase_restart(ctx, a, name, extra, res, cap, budget=None):
+    with cluster(ctx, name, extra) as d, contextlib.closing(LeaderConn(d)) as lc:
+        st = status(d)
+        log(f"{name}: loading {a.keys} keys of {a.value_bytes} bytes into {st['client_addr']}")
+        res["load_s"] = load_keys(st["client_addr"], a.keys, a.value_bytes)
+        res["points"], res["not_run"] = [], []
+        t_start = time.monotonic()
+        for h in a.history:
+            if res["points"] and res["points"][-1]["restarts"][-1]["applied_s"] is None:
+                why = f"the replay of a restart at a shorter history exceeded {cap:g} s"
+                res["not_run"].append({"history": h, "why": why})
+                log(f"{name}: history {h} not run ({why})")
+                continue
+            if budget is not None and res["points"]:
+                last = res["points"][-1]
+                rate = last["driven"] / max(last["drive_s"], 1e-3)
+                est = (h - last["restarts"][-1]["commit_index"]) / max(rate, 1.0)
+                spent = time.monotonic() - t_start
+                if spent + est > budget:
+                    why = (
+                        f"driving to it would take about {est:.0f} s more at {rate:.0f} "
+                        f"entries/s, beyond this phase's budget of {budget:g} s "
+                        f"({spent:.0f} s spent; --baseline-budget)"
+                    )
+                    res["not_run"].append({"history": h, "why": why})
+                    log(f"{name}: history {h} not run ({why})")
+                    continue
+            log(f"{name}: driving the log to {h} entries")
+            commit0 = leader_of(status(d))["commit_index"]
+            t0 = time.monotonic()
+            st = drive_to(ctx, d, a, h, t0 + a.drive_limit)
+            drive_s = time.monotonic() - t0
+            restarts = []
+            for i in range(a.restarts):
+                bid = backups(wait_quiet(d))[i % 2]
+                rr = restart_once(d, bid, cap, a.sync_cap, lc)
+                restarts.append(rr)
+                log(
+                    f"{name}: history {rr['commit_index']}: replica {bid}: {restart_text(rr)} "
+                    f"(restored from {rr.get('restored_from', 0)}, replayed {rr['replayed']} "
+                    f"entries; restart command {rr['restart_cmd_s']:.2f} s"
+                    + ("" if rr.get("in_sync_before_kill", True) else "; NOT in sync before")
+                    + (
+                        ""
+                        if rr.get("leader_before") == rr.get("leader_after")
+                        else f"; LEADER CHANGED {rr.get('leader_before')}→{rr.get('leader_after')}"
+                    )
+                    + ")"
+                )
+                if rr["applied_s"] is None:
+                    break
+            driven = st and leader_of(st)["commit_index"] - commit0
+            res["points"].append(
+                {"history": h, "drive_s": drive_s, "driven": driven, "restarts": restarts}
+            )
+        st = wait_quiet(d)
+        res["elapsed_s"] = time.monotonic() - t_start
+        res["final"] = {
+            "commit_index": leader_of(st)["commit_index"],
+            "first_index": {r["id"]: r["first_index"] for r in st["replicas"]},
+            "checkpoint": {r["id"]: r["checkpoint"] for r in st["replicas"]},
+        }
+        res["disk"] = disk_usage(d)
+        res["checkpoints"] = checkpoint_list(d)
+        for k, v in res["disk"].items():
+            log(
+                f"{name}: {k}: log {v['segments']} segments, {v['log_bytes'] / 1e6:.0f} MB "
+                f"({v['log_alloc_bytes'] / 1e6:.0f} MB allocated)"
+            )
+
+
+def restart_text(r):
+    """What one restart reached: in sync after X s / applied after Y s, digest never equal."""
+    if r["applied_s"] is None:
+        return f"applied_index not at the commit index after {r['cap_s']:g} s (capped)"
+    if r["capped"]:
+        return (
+            f"applied_index there after {r['applied_s']:.2f} s, but DEBUG DIGEST not equal "
+            f"{r['sync_cap_s']:g} s later (capped)"
+        )
+    return (
+        f"in sync after {r['in_sync_s']:.2f} s (applied_index there after {r['applied_s']:.2f} s)"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def verdict(ok):
+    return {True: "PASS", False: "SHORT", None: "n/a"}[ok]
+
+
+def worst_restart(point, key="in_sync_s"):
+    """The slowest restart of a history point by key (in_sync_s or applied_s); None when one
+    of them did not get there within its cap."""
+    rs = point["restarts"]
+    if any(r.get(key) is None for r in rs):
+        return None, rs
+    return max(r[key] for r in rs), rs
+
+
+def secs(t, rs, key):
+    if t is not None:
+        return f"{t:.2f} s"
+    cap = rs[-1]["cap_s"] if key == "applied_s" or rs[-1]["applied_s"] is None else None
+    return f"> {cap:g} s" if cap else f"never (> {rs[-1].get('sync_cap_s', 0):g} s after applied)"
+
+
+def restart_summary(p):
+    t, rs = worst_restart(p)
+    ta, _ = worst_restart(p, "applied_s")
+    return t, ta, rs, f"in sync {secs(t, rs, 'in_sync_s')}, applied {secs(ta, rs, 'applied_s')}"
+
+
+def rows(res):
+    """[(target, measured, baseline, ratio, result)] from this run's numbers."""
+    out = []
+    a, plain = res.get("A", {}), res.get("plain_redis", {})
+    keys = f"{res['keys'] / 1e6:g}M" if res["keys"] >= 1e6 else f"{res['keys'] / 1e3:g}K"
+    base = "not measured"
+    if plain:
+        base = (
+            f"plain redis SAVE {plain['save_s_median'] * 1000:.0f} ms "
+            f"({plain['rdb_bytes'] / 1e6:.0f} MB RDB); BGSAVE fork "
+            f"{plain['bgsave_fork_us_median'] / 1000:.1f} ms"
+        )
+    for kind, label in (
+        ("idle", "idle"),
+        ("loaded", f"under load ({a.get('loaded_conns')} conns)"),
+    ):
+        cps = a.get(kind) or []
+        dump = med(c["dump_us"] for c in cps)
+        if dump is None:
+            out.append(
+                (f"checkpoint of a backup, {keys} keys, {label}", "not measured", base, "–", "n/a")
+            )
+            continue
+        dump_ms = dump / 1000
+        meas = (
+            f"dump {dump_ms:.0f} ms median ({min(c['dump_us'] for c in cps) / 1000:.0f}–"
+            f"{max(c['dump_us'] for c in cps) / 1000:.0f}, n={len(cps)}), "
+            f"{med(c['bytes'] for c in cps) / 1e6:.0f} MB"
+        )
+        if kind == "loaded":
+            lo, hi = med(c["pause_lo_s"] for c in cps), med(c["pause_hi_s"] for c in cps)
+            meas += f"; applying paused {lo * 1000:.0f}–{hi * 1000:.0f} ms"
+        meas += f"; `--wait` {med(c['wall_s'] for c in cps):.2f} s"
+        ratio = f"{dump_ms / (plain['save_s_median'] * 1000):.2f}× SAVE" if plain else "–"
+        out.append(
+            (
+                f"checkpoint of a backup, {keys} keys, {label}: dump ≤ {TARGET_CHECKPOINT_MS} ms",
+                meas,
+                base,
+                ratio,
+                verdict(dump_ms <= TARGET_CHECKPOINT_MS),
+            )
+        )
+    ws = [w for w in a.get("windows", []) if not w.get("spoiled")]
+    with_ = med(w["p99_us"] for w in ws if w["kind"] == "with")
+    without = med(w["p99_us"] for w in ws if w["kind"] == "without")
+    name = f"leader SET p99, 16 conns, while a backup checkpoints ≤ {TARGET_P99_RATIO} × without"
+    if with_ and without:
+        cover = med(w["checkpoint_cover"] for w in ws if w["kind"] == "with")
+        n = sum(1 for w in ws if w["kind"] == "with")
+        out.append(
+            (
+                name,
+                (
+                    f"p99 {with_ / 1000:.1f} ms (median of {n} windows of {res['seconds']:g} s, "
+                    f"checkpoints covering {cover * 100:.0f}% of each)"
+                ),
+                f"p99 {without / 1000:.1f} ms without",
+                f"{with_ / without:.2f}",
+                verdict(with_ / without <= TARGET_P99_RATIO),
+            )
+        )
+    else:
+        out.append((name, "not measured", "not measured", "–", "n/a"))
+
+    b, c = res.get("B", {}), res.get("C", {})
+    cpts = {p["history"]: p for p in c.get("points", [])}
+    cnot = {p["history"]: p["why"] for p in c.get("not_run", [])}
+    times = []
+    for p in b.get("points", []):
+        t, ta, rs, text = restart_summary(p)
+        suffix = ", ".join(f"{r['replayed']}" for r in rs)
+        meas = (
+            f"{text} (worst of {len(rs)}; commit {rs[0]['commit_index']}; entries replayed "
+            f"after the checkpoint restored: {suffix})"
+        )
+        notes = [
+            f"replica {r['replica']} was not in sync before the kill"
+            for r in rs
+            if r.get("in_sync_before_kill") is False
+        ] + [
+            f"the leader changed during the restart of replica {r['replica']}"
+            for r in rs
+            if r.get("leader_before") != r.get("leader_after")
+        ]
+        if notes:
+            meas += "; " + "; ".join(notes)
+        cp = cpts.get(p["history"])
+        cbase, ratio = "--no-checkpoints: " + cnot.get(p["history"], "not run"), "–"
+        if cp:
+            ct, cta, crs, ctext = restart_summary(cp)
+            cbase = f"--no-checkpoints: {ctext} (replayed {crs[0]['replayed']})"
+            if ct is not None and t is not None:
+                ratio = f"{t / ct:.2f}"
+            elif cta is not None and ta is not None:
+                ratio = f"applied: {ta / cta:.2f}"
+            elif ta is not None and cta is None:
+                ratio = f"applied: < {ta / crs[-1]['cap_s']:.2f}"
+        times.append((p["history"], t, ta))
+        ok = None if ta is None and t is None else (t is not None and t <= TARGET_RESTART_S)
+        out.append(
+            (
+                f"restart of a backup after {p['history']:,} inputs: in sync ≤ {TARGET_RESTART_S:g} s"
+                + (" (the target)" if p["history"] >= TARGET_RESTART_AT else ""),
+                meas,
+                cbase,
+                ratio,
+                verdict(ok),
+            )
+        )
+    if len(times) >= 2:
+        (h0, t0, ta0), (h1, t1, ta1) = times[0], times[-1]
+        ok = None if t0 is None or t1 is None else t1 <= FLAT_FACTOR * t0
+        meas = f"in sync {t1:.2f} s / {t0:.2f} s" if t0 and t1 else "in sync: not measured"
+        if ta0 and ta1:
+            meas += f"; applied {ta1:.2f} s / {ta0:.2f} s = {ta1 / ta0:.2f}"
+        cb = "–"
+        c0, c1 = cpts.get(h0), cpts.get(h1)
+        if c0 and c1 and worst_restart(c0, "applied_s")[0] and worst_restart(c1, "applied_s")[0]:
+            r = worst_restart(c1, "applied_s")[0] / worst_restart(c0, "applied_s")[0]
+            cb = f"--no-checkpoints, applied: {r:.1f}×"
+        elif c0 and worst_restart(c0, "applied_s")[0]:
+            cb = (
+                f"--no-checkpoints, applied: {worst_restart(c0, 'applied_s')[0]:.2f} s at "
+                f"{h0:,}; longer ones capped or not run"
+            )
+        out.append(
+            (
+                f"restart flat in history length: in sync at {h1:,} ≤ {FLAT_FACTOR} × at {h0:,}",
+                meas,
+                cb,
+                f"{t1 / t0:.2f}" if t0 and t1 else "–",
+                verdict(ok),
+            )
+        )
+    if not any(p["history"] >= TARGET_RESTART_AT for p in b.get("points", [])):
+        out.append(
+            (
+                f"restart after {TARGET_RESTART_AT:,} inputs ≤ {TARGET_RESTART_S:g} s",
+                f"not measured (longest history here: {max(res.get('history') or [0]):,})",
+                "–",
+                "–",
+                "n/a",
+            )
+        )
+    if b.get("disk"):
+        bl = sum(v["log_alloc_bytes"] for v in b["disk"].values())
+        per = ", ".join(f"{v['log_alloc_bytes'] / 1e6:.0f}" for v in b["disk"].values())
+        cl = sum(v["log_alloc_bytes"] for v in c.get("disk", {}).values())
+        cper = ", ".join(f"{v['log_alloc_bytes'] / 1e6:.0f}" for v in c.get("disk", {}).values())
+        out.append(
+            (
+                (
+                    f"log on disk after {b['final']['commit_index']:,} inputs, default policy "
+                    "(report only)"
+                ),
+                f"{per} MB per replica (allocated; segments are preallocated)",
+                f"--no-checkpoints after {c['final']['commit_index']:,}: {cper} MB"
+                if cl
+                else "not measured",
+                f"{bl / cl:.2f}" if cl else "–",
+                "info",
+            )
+        )
+        cps = [x for x in b.get("checkpoints", []) if x.get("ok")]
+        if cps:
+            by = {}
+            for x in cps:
+                by.setdefault(x["replica"], []).append(x["bytes"])
+            txt = "; ".join(
+                f"replica {k}: {len(v)} × {statistics.median(v) / 1e6:.0f} MB"
+                for k, v in sorted(by.items())
+            )
+            out.append(
+                (
+                    "checkpoints kept at the end, default policy (report only)",
+                    txt,
+                    f"plain redis RDB {plain['rdb_bytes'] / 1e6:.0f} MB" if plain else "–",
+                    f"{statistics.median(x['bytes'] for x in cps) / plain['rdb_bytes']:.2f}× RDB"
+                    if plain
+                    else "–",
+                    "info",
+                )
+            )
+    trs = [t for t in a.get("transfers") or [] if "wiped" in t]
+    errs = [t["error"] for t in a.get("transfers") or [] if "error" in t]
+    name = f"state transfer of a 100 MB checkpoint to an empty replica ≤ {TARGET_TRANSFER_S:g} s"
+    if not trs:
+        out.append((name, "not measured" + "".join(f"; {e}" for e in errs), "–", "–", "n/a"))
+    else:
+        ws = [t["wiped"] for t in trs]
+        ls = [t["local"] for t in trs if "local" in t]
+        mb = med(t["source_checkpoint"]["bytes"] for t in trs) / 1e6
+        tw = (
+            None if any(r.get("in_sync_s") is None for r in ws) else max(r["in_sync_s"] for r in ws)
+        )
+        tl = None
+        if ls and all(r.get("in_sync_s") is not None for r in ls):
+            tl = max(r["in_sync_s"] for r in ls)
+        meas = (
+            "; ".join(
+                f"{restart_text(r)}, fetched {r.get('fetched')} (leader's log from {t.get('leader_first_index')}, "
+                f"{t['source']}'s checkpoint {t['source_checkpoint']['index']})"
+                for t, r in zip(trs, ws, strict=True)
+            )
+            + f" (checkpoint of {mb:.0f} MB; worst of {len(ws)})"
+        )
+        if errs:
+            meas += "; then: " + "; ".join(errs)
+        base = "restart from its own checkpoint: " + (
+            "; ".join(restart_text(r) for r in ls) if ls else "not measured"
+        )
+        ratio = f"{tw / tl:.2f}" if tw and tl else "–"
+        out.append(
+            (
+                name.replace("100 MB", f"{mb:.0f} MB (target: 100 MB)"),
+                meas,
+                base,
+                ratio,
+                verdict(tw is not None and tw <= TARGET_TRANSFER_S),
+            )
+        )
+    return out
+
+
+def table(res):
+    lines = [
+        "| target | measured | baseline (same run) | ratio | result |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows(res):
+        lines.append("| " + " | ".join(str(x).replace("|", "/") for x in r) + " |")
+    text = "\n".join(lines) + "\n"
+    for f in res.get("failed", []):
+        text += f"\nFAILED: {f['phase']}: {f['reason']}"
+    for p in res.get("C", {}).get("not_run", []):
+        text += f"\n--no-checkpoints at {p['history']:,} inputs not run: {p['why']}"
+    return text + "\n"
+
+
+def plot(res, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.6))
+    series = (
+        ("B", "with checkpoints (default policy)", "C0"),
+        ("C", "--no-checkpoints (replay the whole log)", "C3"),
+    )
+    for name, label, color in series:
+        for key, style, what in (("in_sync_s", "o-", "in sync"), ("applied_s", "s--", "applied")):
+            xs, ys, cx, cy = [], [], [], []
+            for p in res.get(name, {}).get("points", []):
+                t, rs = worst_restart(p, key)
+                if t is not None:
+                    xs.append(rs[0]["commit_index"])
+                    ys.append(t)
+                else:
+                    r = rs[-1]
+                    cx.append(r["commit_index"])
+                    late = r["applied_s"] is None or key == "applied_s"
+                    cy.append(r["cap_s"] if late else r["applied_s"] + r.get("sync_cap_s", 0))
+            if xs:
+                ax.plot(xs, ys, style, color=color, label=f"{label}: {what}", alpha=0.9)
+            if cx:
+                ax.plot(
+                    cx,
+                    cy,
+                    "^",
+                    color=color,
+                    markersize=10,
+                    mfc="none",
+                    label=f"{label}: {what} not reached by then",
+                )
+    ax.axhline(
+        TARGET_RESTART_S, color="gray", ls="--", lw=1, label=f"target {TARGET_RESTART_S:g} s"
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("history length (commit index = log entries)")
+    ax.set_ylabel("s from `cluster restart` (worst of the restarts)")
+    ax.set_title(f"restart of a backup, redis with {res['keys']:,} keys")
+    ax.legend(fontsize=8)
+    ws = [w for w in res.get("A", {}).get("windows", []) if not w.get("spoiled")]
+    for kind, color, off in (("without", "C2", -0.2), ("with", "C1", 0.2)):
+        sel = [w for w in ws if w["kind"] == kind]
+        ax2.bar(
+            [w["repeat"] + off for w in sel],
+            [w["p99_us"] / 1000 for w in sel],
+            0.4,
+            color=color,
+            label=f"{kind} a backup checkpointing",
+        )
+        ax2.scatter(
+            [w["repeat"] + off for w in sel],
+            [w["p50_us"] / 1000 for w in sel],
+            marker="_",
+            s=150,
+            color="k",
+        )
+    reps = sorted({w["repeat"] for w in ws})
+    ax2.set_xticks(reps, [f"repeat {r + 1}" for r in reps])
+    ax2.set_ylabel("leader SET latency, ms (bar: p99, dash: p50)")
+    ax2.set_title("16 connections, same run")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(res, js):
+    md, png = js.with_suffix(".md"), js.with_suffix(".png")
+    js.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    m = res["machine"]
+    text = table(res)
+    head = (
+        f"# Checkpoints (issue 7 targets) — {m.get('date', '')}\n\n"
+        f"`{res.get('command', '')}` on {m.get('cores')} cores ({m.get('cpu')}), {m.get('redis')}, "
+        f"git {m.get('git')}; redis with {res['keys']:,} keys of {res['value_bytes']} bytes; "
+        f"load average {m.get('loadavg_start')} at start, {m.get('loadavg_end')} at the end; "
+        f"{res.get('elapsed_s', 0):.0f} s in all. Every baseline was measured in this run.\n\n"
+    )
+    notes = (
+        "\nNotes: a checkpoint's dump time is CRIU's (`dump_us` of `checkpoint list`); "
+        '"applying paused" is how long the backup\'s applied_index stood still under load '
+        "(from `cluster status` polls: lower–upper bound). Restart time runs from "
+        "`cluster restart` (the daemon SIGKILLed before, the load stopped) until the backup's "
+        "applied_index reaches the leader's commit index and its DEBUG DIGEST equals the "
+        "leader's, with a marker key written last so that the digest covers the whole log "
+        "(counted to when the matching digest was asked for, not to its answer). "
+        f"\"Flat\" means the longest history's restart ≤ {FLAT_FACTOR} × the shortest's.\n"
+    )
+    png_ok = True
+    try:
+        plot(res, png)
+    except Exception as e:  # noqa: BLE001 (a plot must not lose the numbers)
+        png_ok = False
+        log(f"plot failed: {e}")
+    md.write_text(head + text + notes + (f"\n![plot]({png.name})\n" if png_ok else ""))
+    print(text)
+    print(f"wrote {js}, {md}" + (f" and {png}" if png_ok else ""))
+
+
+# ---------------------------------------------------------------------------
+
+
+class Ctx:
+    def __init__(self, work, failed_logs):
+        self.work = work
+        self.failed_logs = failed_logs
+        self.procs = apps.Procs()
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--keys", type=int, default=1_000_000, help="redis keys (default 1000000)")
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument(
+        "--history",
+        type=lambda s: sorted(int(x) for x in s.split(",") if x),
+        help="history lengths (log entries) at which a restart is timed "
+        "(default 10000,100000,1000000; --quick: 10000,100000)",
+    )
+    ap.add_argument("--seconds", type=float, default=5.0, help="p99 window (default 5)")
+    ap.add_argument("--repeats", type=int, default=3, help="p99 windows of each kind")
+    ap.add_argument("--checkpoints", type=int, default=3, help="timed checkpoints, idle and loaded")
+    ap.add_argument("--transfers", type=int, default=2, help="state transfers timed")
+    ap.add_argument(
+        "--restarts", type=int, default=2, help="restarts per history, with checkpoints"
+    )
+    ap.add_argument(
+        "--replay-cap",
+        type=float,
+        default=150.0,
+        help="seconds a --no-checkpoints restart may take",
+    )
+    ap.add_argument(
+        "--sync-cap",
+        type=float,
+        default=30.0,
+        help="seconds a restarted replica may take from applied_index reaching the commit "
+        "index to an equal DEBUG DIGEST (default 30)",
+    )
+    ap.add_argument(
+        "--baseline-budget",
+        type=float,
+        default=300.0,
+        help="seconds the --no-checkpoints cluster may spend on histories; a longer history "
+        "that would not fit is not run, and the report says so (default 300)",
+    )
+    ap.add_argument("--drive-limit", type=float, default=600.0, help="seconds to reach a history")
+    ap.add_argument(
+        "--phases", default="checkpoint,restart,baseline", help="checkpoint,restart,baseline"
+    )
+    ap.add_argument("--quick", action="store_true", help="100K keys, histories 10K and 100K")
+    ap.add_argument("--json", help="output (default eval/out/checkpoints.json)")
+    ap.add_argument("--tmp", help="where the clusters' directories go")
+    ap.add_argument(
+        "--build",
+        help="build directory whose bin/lockstep and bin/loadgen to run (default build/; e.g. a "
+        "clean build of HEAD while others rebuild build/ from edited sources)",
+    )
+    ap.add_argument("--from-json", help="only redraw the table and plot of an existing JSON")
+    a = ap.parse_args()
+    js = Path(a.json) if a.json else ROOT / "eval" / "out" / "checkpoints.json"
+    js.parent.mkdir(parents=True, exist_ok=True)
+    if a.from_json:
+        report(json.loads(Path(a.from_json).read_text()), js)
+        return 0
+    if a.quick:
+        a.keys = 100_000 if a.keys == 1_000_000 else a.keys
+        a.history = a.history or [10_000, 100_000]
+        a.seconds, a.repeats, a.checkpoints, a.replay_cap = 3.0, 2, 2, min(a.replay_cap, 60.0)
+        a.transfers = 1
+    a.history = a.history or [10_000, 100_000, 1_000_000]
+    phases = set(a.phases.split(","))
+    global LOADGEN
+    if a.build:
+        apps.LOCKSTEP = Path(a.build).resolve() / "bin" / "lockstep"  # apps.lockstep_run's
+        LOADGEN = Path(a.build).resolve() / "bin" / "loadgen"
+    for exe in (apps.LOCKSTEP, LOADGEN):
+        if not exe.exists():
+            sys.exit(f"{exe} is not built (ninja -C build)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
+
+    work = Path(tempfile.mkdtemp(prefix="lockstep-ckpt-bench-", dir=a.tmp))
+    ctx = Ctx(work, js.parent / "checkpoints-failed-logs")
+    mach = apps.machine(work)
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--short", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.splitlines()
+    mach.update(git_head=head, git_dirty=dirty, lockstep_binary=str(apps.LOCKSTEP))
+    res = {
+        "command": "scripts/bench checkpoints " + " ".join(sys.argv[1:]),
+        "keys": a.keys,
+        "value_bytes": a.value_bytes,
+        "history": a.history,
+        "seconds": a.seconds,
+        "repeats": a.repeats,
+        "replay_cap_s": a.replay_cap,
+        "targets": {
+            "checkpoint_ms": TARGET_CHECKPOINT_MS,
+            "p99_ratio": TARGET_P99_RATIO,
+            "restart_s_at_1M": TARGET_RESTART_S,
+            "flat_factor": FLAT_FACTOR,
+            "state_transfer_s_100MB": TARGET_TRANSFER_S,
+        },
+        "failed": [],
+        "machine": mach,
+    }
+    log(
+        f"checkpoints: {a.keys} keys of {a.value_bytes} bytes; histories {a.history}; "
+        f"phases {','.join(sorted(phases))}; work dir {work}"
+    )
+    t0 = time.monotonic()
+    steps = [
+        ("plain_redis", "checkpoint", lambda: plain_redis_baseline(ctx, a)),
+        ("A", "checkpoint", lambda: phase_checkpoint(ctx, a, res.setdefault("A", {}))),
+        (
+            "B",
+            "restart",
+            lambda: phase_restart(ctx, a, "B", [], res.setdefault("B", {}), a.replay_cap),
+        ),
+        (
+            "C",
+            "baseline",
+            lambda: phase_restart(
+                ctx,
+                a,
+                "C",
+                ["--no-checkpoints"],
+                res.setdefault("C", {}),
+                a.replay_cap,
+                a.baseline_budget,
+            ),
+        ),
+    ]
+    try:
+        for key, phase, fn in steps:
+            if phase not in phases:
+                continue
+            res.setdefault("loadavg_at_phase_start", {})[key] = [
+                round(x, 2) for x in os.getloadavg()
+            ]
+            try:
+                out = fn()
+                if out is not None:
+                    res[key] = out
+            except Exception as e:  # noqa: BLE001 (one phase failing must not lose the others)
+                log(f"{key}: FAILED: {e}")
+                res["failed"].append({"phase": key, "reason": str(e)})
+    finally:
+        ctx.procs.stop_all()
+        apps.kill_leftovers(work)
+        shutil.rmtree(work, ignore_errors=True)
+    res["elapsed_s"] = time.monotonic() - t0
+    res["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report(res, js)
+    return 1 if res["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
