@@ -603,6 +603,8 @@ def drive_to(ctx, d, a, target, deadline):
             f"  commit {commit} → {target}: {r['ops']} SETs at {r['ops_per_s']:.0f}/s "
             f"({time.monotonic() - t0:.0f} s)" + (f"; {r['lost']}" if "lost" in r else "")
         )
+        if r["ops"] == 0:
+            time.sleep(1.0)  # a new leader refuses clients while it catches up
     raise Failed(f"history of {target} entries not reached (500 rounds)")
 
 
@@ -828,68 +830,82 @@ def phase_restart(ctx, a, name, extra, res, cap, budget=None):
         res["load_s"] = load_keys(st["client_addr"], a.keys, a.value_bytes)
         res["points"], res["not_run"] = [], []
         t_start = time.monotonic()
-        for h in a.history:
-            if res["points"] and res["points"][-1]["restarts"][-1]["applied_s"] is None:
-                why = f"the replay of a restart at a shorter history exceeded {cap:g} s"
+        try:
+            restart_points(ctx, a, name, res, cap, budget, d, lc, t_start)
+        except Exception:
+            with contextlib.suppress(Exception):  # what the run got to, before it goes
+                sizes(d, name, res, t_start)
+            raise
+
+
+def restart_points(ctx, a, name, res, cap, budget, d, lc, t_start):
+    for h in a.history:
+        if res["points"] and res["points"][-1]["restarts"][-1]["applied_s"] is None:
+            why = f"the replay of a restart at a shorter history exceeded {cap:g} s"
+            res["not_run"].append({"history": h, "why": why})
+            log(f"{name}: history {h} not run ({why})")
+            continue
+        if budget is not None and res["points"]:
+            last = res["points"][-1]
+            rate = last["driven"] / max(last["drive_s"], 1e-3)
+            est = (h - last["restarts"][-1]["commit_index"]) / max(rate, 1.0)
+            spent = time.monotonic() - t_start
+            if spent + est > budget:
+                why = (
+                    f"driving to it would take about {est:.0f} s more at {rate:.0f} "
+                    f"entries/s, beyond this phase's budget of {budget:g} s "
+                    f"({spent:.0f} s spent; --baseline-budget)"
+                )
                 res["not_run"].append({"history": h, "why": why})
                 log(f"{name}: history {h} not run ({why})")
                 continue
-            if budget is not None and res["points"]:
-                last = res["points"][-1]
-                rate = last["driven"] / max(last["drive_s"], 1e-3)
-                est = (h - last["restarts"][-1]["commit_index"]) / max(rate, 1.0)
-                spent = time.monotonic() - t_start
-                if spent + est > budget:
-                    why = (
-                        f"driving to it would take about {est:.0f} s more at {rate:.0f} "
-                        f"entries/s, beyond this phase's budget of {budget:g} s "
-                        f"({spent:.0f} s spent; --baseline-budget)"
-                    )
-                    res["not_run"].append({"history": h, "why": why})
-                    log(f"{name}: history {h} not run ({why})")
-                    continue
-            log(f"{name}: driving the log to {h} entries")
-            commit0 = leader_of(status(d))["commit_index"]
-            t0 = time.monotonic()
-            st = drive_to(ctx, d, a, h, t0 + a.drive_limit)
-            drive_s = time.monotonic() - t0
-            restarts = []
-            for i in range(a.restarts):
-                bid = backups(wait_quiet(d))[i % 2]
-                rr = restart_once(d, bid, cap, a.sync_cap, lc)
-                restarts.append(rr)
-                log(
-                    f"{name}: history {rr['commit_index']}: replica {bid}: {restart_text(rr)} "
-                    f"(restored from {rr.get('restored_from', 0)}, replayed {rr['replayed']} "
-                    f"entries; restart command {rr['restart_cmd_s']:.2f} s"
-                    + ("" if rr.get("in_sync_before_kill", True) else "; NOT in sync before")
-                    + (
-                        ""
-                        if rr.get("leader_before") == rr.get("leader_after")
-                        else f"; LEADER CHANGED {rr.get('leader_before')}→{rr.get('leader_after')}"
-                    )
-                    + ")"
-                )
-                if rr["applied_s"] is None:
-                    break
-            driven = st and leader_of(st)["commit_index"] - commit0
-            res["points"].append(
-                {"history": h, "drive_s": drive_s, "driven": driven, "restarts": restarts}
-            )
-        st = wait_quiet(d)
-        res["elapsed_s"] = time.monotonic() - t_start
-        res["final"] = {
-            "commit_index": leader_of(st)["commit_index"],
-            "first_index": {r["id"]: r["first_index"] for r in st["replicas"]},
-            "checkpoint": {r["id"]: r["checkpoint"] for r in st["replicas"]},
-        }
-        res["disk"] = disk_usage(d)
-        res["checkpoints"] = checkpoint_list(d)
-        for k, v in res["disk"].items():
+        log(f"{name}: driving the log to {h} entries")
+        commit0 = leader_of(status(d))["commit_index"]
+        t0 = time.monotonic()
+        st = drive_to(ctx, d, a, h, t0 + a.drive_limit)
+        drive_s = time.monotonic() - t0
+        restarts = []
+        for i in range(a.restarts):
+            bid = backups(wait_quiet(d))[i % 2]
+            rr = restart_once(d, bid, cap, a.sync_cap, lc)
+            restarts.append(rr)
             log(
-                f"{name}: {k}: log {v['segments']} segments, {v['log_bytes'] / 1e6:.0f} MB "
-                f"({v['log_alloc_bytes'] / 1e6:.0f} MB allocated)"
+                f"{name}: history {rr['commit_index']}: replica {bid}: {restart_text(rr)} "
+                f"(restored from {rr.get('restored_from', 0)}, replayed {rr['replayed']} "
+                f"entries; restart command {rr['restart_cmd_s']:.2f} s"
+                + ("" if rr.get("in_sync_before_kill", True) else "; NOT in sync before")
+                + (
+                    ""
+                    if rr.get("leader_before") == rr.get("leader_after")
+                    else f"; LEADER CHANGED {rr.get('leader_before')}→{rr.get('leader_after')}"
+                )
+                + ")"
             )
+            if rr["applied_s"] is None:
+                break
+        driven = st and leader_of(st)["commit_index"] - commit0
+        res["points"].append(
+            {"history": h, "drive_s": drive_s, "driven": driven, "restarts": restarts}
+        )
+    sizes(d, name, res, t_start)
+
+
+def sizes(d, name, res, t_start):
+    """Log and checkpoint sizes of the cluster in d at the end of its phase."""
+    res["elapsed_s"] = time.monotonic() - t_start
+    res["disk"] = disk_usage(d)
+    for k, v in res["disk"].items():
+        log(
+            f"{name}: {k}: log {v['segments']} segments, {v['log_bytes'] / 1e6:.0f} MB "
+            f"({v['log_alloc_bytes'] / 1e6:.0f} MB allocated)"
+        )
+    res["checkpoints"] = checkpoint_list(d)
+    st = wait_quiet(d, timeout=30)
+    res["final"] = {
+        "commit_index": leader_of(st)["commit_index"],
+        "first_index": {r["id"]: r["first_index"] for r in st["replicas"]},
+        "checkpoint": {r["id"]: r["checkpoint"] for r in st["replicas"]},
+    }
 
 
 def restart_text(r):
@@ -1081,28 +1097,35 @@ def rows(res):
         out.append(
             (
                 f"restart after {TARGET_RESTART_AT:,} inputs ≤ {TARGET_RESTART_S:g} s",
-                f"not measured (longest history here: {max(res.get('history') or [0]):,})",
+                "not measured (histories reached: "
+                + (", ".join(f"{p['history']:,}" for p in b.get("points", [])) or "none")
+                + ")",
                 "–",
                 "–",
                 "n/a",
             )
         )
-    if b.get("disk"):
-        bl = sum(v["log_alloc_bytes"] for v in b["disk"].values())
-        per = ", ".join(f"{v['log_alloc_bytes'] / 1e6:.0f}" for v in b["disk"].values())
+    if b.get("disk") or c.get("disk"):
+
+        def mb_each(x):
+            return ", ".join(f"{v['log_alloc_bytes'] / 1e6:.0f}" for v in x["disk"].values())
+
+        def after(x):
+            n = x.get("final", {}).get("commit_index")
+            return f"{n:,}" if n is not None else "the last history reached"
+
+        bl = sum(v["log_alloc_bytes"] for v in b.get("disk", {}).values())
         cl = sum(v["log_alloc_bytes"] for v in c.get("disk", {}).values())
-        cper = ", ".join(f"{v['log_alloc_bytes'] / 1e6:.0f}" for v in c.get("disk", {}).values())
         out.append(
             (
-                (
-                    f"log on disk after {b['final']['commit_index']:,} inputs, default policy "
-                    "(report only)"
-                ),
-                f"{per} MB per replica (allocated; segments are preallocated)",
-                f"--no-checkpoints after {c['final']['commit_index']:,}: {cper} MB"
-                if cl
-                else "not measured",
-                f"{bl / cl:.2f}" if cl else "–",
+                f"log on disk, default policy (report only): after {after(b)} inputs"
+                if b.get("disk")
+                else "log on disk, default policy (report only)",
+                f"{mb_each(b)} MB per replica (allocated; segments are preallocated)"
+                if b.get("disk")
+                else "not measured (the phase with checkpoints failed first)",
+                f"--no-checkpoints after {after(c)}: {mb_each(c)} MB" if cl else "not measured",
+                f"{bl / cl:.2f}" if bl and cl else "–",
                 "info",
             )
         )
@@ -1224,6 +1247,7 @@ def plot(res, path):
     )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.5, 1, 2, 5, 10, 20, 50, 100]))
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("history length (commit index = log entries)")
@@ -1265,7 +1289,7 @@ def report(res, js):
     head = (
         f"# Checkpoints (issue 7 targets) — {m.get('date', '')}\n\n"
         f"`{res.get('command', '')}` on {m.get('cores')} cores ({m.get('cpu')}), {m.get('redis')}, "
-        f"git {m.get('git')}; redis with {res['keys']:,} keys of {res['value_bytes']} bytes; "
+        f"git {m.get('git')}, binaries {m.get('lockstep_binary', 'build/bin')}; redis with {res['keys']:,} keys of {res['value_bytes']} bytes; "
         f"load average {m.get('loadavg_start')} at start, {m.get('loadavg_end')} at the end; "
         f"{res.get('elapsed_s', 0):.0f} s in all. Every baseline was measured in this run.\n\n"
     )
