@@ -8,8 +8,11 @@
 #include <stdexcept>
 
 #include "consensus/assert.h"
+#include "consensus/sim_util.h"
 
 namespace lockstep {
+
+using namespace sim_util;
 
 namespace {
 
@@ -22,18 +25,6 @@ struct CoreAssertion : std::runtime_error {
   throw CoreAssertion(message);
 }
 
-std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Format(const char* fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
-using U = unsigned long long;
-
 std::string Short(const std::string& s) {
   if (s.size() <= 24) return s;
   return s.substr(0, 20) + Format("..(%zu)", s.size());
@@ -43,21 +34,11 @@ bool SameValue(const Entry& a, const Entry& b) {
   return a.type == b.type && a.payload == b.payload;
 }
 
-// Our own draws instead of <random>'s distributions, whose algorithms differ
-// between standard libraries: a seed replays the same run everywhere.
-uint64_t Uniform(std::mt19937_64& rng, uint64_t lo, uint64_t hi) {
-  if (hi <= lo) return lo;
-  uint64_t span = hi - lo + 1;
-  return span == 0 ? rng() : lo + rng() % span;
-}
-double Unit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-bool Bernoulli(std::mt19937_64& rng, double p) { return p > 0 && Unit(rng) < p; }
-
 }  // namespace
 
-#define SIM_TRACE(...)                          \
-  do {                                          \
-    if (tracing()) Trace(Format(__VA_ARGS__));  \
+#define SIM_TRACE(...)                         \
+  do {                                         \
+    if (tracing()) Trace(Format(__VA_ARGS__)); \
   } while (0)
 
 // ---------------------------------------------------------------- setup
@@ -78,7 +59,9 @@ SimCluster::SimCluster(const SimOptions& options)
   }
 }
 
-SimCluster::~SimCluster() { SetAssertHandler(nullptr); }
+SimCluster::~SimCluster() {
+  SetAssertHandler(nullptr);
+}
 
 void SimCluster::StartReplica(int r) {
   Node& nd = nodes_[r];
@@ -171,8 +154,8 @@ bool SimCluster::RunUntil(const std::function<bool()>& pred, uint64_t max_us) {
 
 void SimCluster::Fail(const std::string& what) {
   if (!violation_.empty()) return;
-  violation_ = Format("%s (at t=%lluus, seed %llu, %d replicas)", what.c_str(), (U)now_,
-                      (U)opt_.seed, n_);
+  violation_ =
+      Format("%s (at t=%lluus, seed %llu, %d replicas)", what.c_str(), (U)now_, (U)opt_.seed, n_);
   SIM_TRACE("VIOLATION: %s", violation_.c_str());
   for (int r = 0; r < n_; r++) SIM_TRACE("  %s", Describe(r).c_str());
 }
@@ -201,10 +184,11 @@ std::string SimCluster::Describe(int r) const {
                   (U)(nd.durable.first_index + nd.durable.slots.size() - 1));
   }
   const Replica& x = *nd.rep;
-  return Format("r%d: inc %llu %s%s promised %s stream %llx commit %llu durable %llu log [%llu, %llu]",
-                r, (U)nd.incarnation, RoleName(x.role()), nd.paused ? " (paused)" : "",
-                BallotString(x.promised()).c_str(), (U)x.stream_id(), (U)x.commit_index(),
-                (U)x.durable_index(), (U)x.first_index(), (U)x.last_index());
+  return Format(
+      "r%d: inc %llu %s%s promised %s stream %llx commit %llu durable %llu log [%llu, %llu]", r,
+      (U)nd.incarnation, RoleName(x.role()), nd.paused ? " (paused)" : "",
+      BallotString(x.promised()).c_str(), (U)x.stream_id(), (U)x.commit_index(),
+      (U)x.durable_index(), (U)x.first_index(), (U)x.last_index());
 }
 
 // ---------------------------------------------------------------- events
@@ -280,8 +264,8 @@ void SimCluster::Process(Event& ev) {
       }
       memcpy(nd.acks.data() + static_cast<size_t>(ev.from) * kAckSlotBytes, &ev.ack, sizeof ev.ack);
       SIM_TRACE("r%d -> r%d: ack %s/%llx durable %llu consumed %llu echo %llu", ev.from, ev.to,
-                BallotString(ev.ack.ballot).c_str(), (U)ev.ack.stream_id,
-                (U)ev.ack.durable_index, (U)ev.ack.consumed_pos, (U)ev.ack.heartbeat_echo);
+                BallotString(ev.ack.ballot).c_str(), (U)ev.ack.stream_id, (U)ev.ack.durable_index,
+                (U)ev.ack.consumed_pos, (U)ev.ack.heartbeat_echo);
       if (nd.paused) return;
       Poll(ev.to);
       Drain(ev.to);
@@ -315,8 +299,7 @@ void SimCluster::Process(Event& ev) {
       Event restart;
       restart.kind = Ev::kRestart;
       restart.to = ev.to;
-      Schedule(now_ + Uniform(rng_, opt_.restart_min_us, opt_.restart_max_us),
-               std::move(restart));
+      Schedule(now_ + Uniform(rng_, opt_.restart_min_us, opt_.restart_max_us), std::move(restart));
       return;
     }
     case Ev::kRestart: {
@@ -403,8 +386,8 @@ void SimCluster::Poll(int r) {
     nd.reader->Consume(rec);
     SIM_TRACE("r%d: record %llu (%s, ballot %s, %s) commit %llu in %s/%llx, next pos %llu", r,
               (U)e.index, EntryTypeName(e.type), BallotString(e.ballot).c_str(),
-              Short(e.payload).c_str(), (U)rec.header.commit_index,
-              BallotString(key.first).c_str(), (U)key.second, (U)nd.reader->pos());
+              Short(e.payload).c_str(), (U)rec.header.commit_index, BallotString(key.first).c_str(),
+              (U)key.second, (U)nd.reader->pos());
     x.OnRecord(now_, key.first, key.second, e, rec.header.commit_index, nd.reader->pos());
     if (x.promised() != key.first || x.stream_id() != key.second) {
       SyncRegion(r);
@@ -501,8 +484,7 @@ void SimCluster::Drain(int r) {
     if (undurable(c.word.ballot, "control word")) return;
   for (const AckOp& a : rd.acks) {
     // An ack that claims nothing past the commit index accepts nothing new.
-    if (a.word.durable_index > nd.rep->commit_index() && undurable(a.word.ballot, "ack"))
-      return;
+    if (a.word.durable_index > nd.rep->commit_index() && undurable(a.word.ballot, "ack")) return;
   }
   for (Message& m : rd.messages) {
     if (m.to < 0 || m.to >= n_ || m.to == r || m.from != r) {
@@ -605,9 +587,10 @@ void SimCluster::Drain(int r) {
         for (const Entry& w : earlier.entries)
           if (w.index == e.index) before = &w;
       if (!before || !(*before == e)) {
-        Fail(Format("r%d: a durable write carries commit index %llu but changes slot %llu: a torn "
-                    "write would leave a stale value under that commit index",
-                    r, (U)op.commit_index, (U)e.index));
+        Fail(
+            Format("r%d: a durable write carries commit index %llu but changes slot %llu: a torn "
+                   "write would leave a stale value under that commit index",
+                   r, (U)op.commit_index, (U)e.index));
         return;
       }
     }
@@ -622,14 +605,16 @@ void SimCluster::Drain(int r) {
     }
   }
   for (PersistOp& op : rd.persists) {
-    SIM_TRACE("r%d: persist seq %llu: promise %s, %zu entries from %llu, commit %llu, truncate %llu",
-              r, (U)op.seq, BallotString(op.promise).c_str(), op.entries.size(),
-              (U)(op.entries.empty() ? 0 : op.entries.front().index), (U)op.commit_index,
-              (U)op.truncate_below);
+    SIM_TRACE(
+        "r%d: persist seq %llu: promise %s, %zu entries from %llu, commit %llu, truncate %llu", r,
+        (U)op.seq, BallotString(op.promise).c_str(), op.entries.size(),
+        (U)(op.entries.empty() ? 0 : op.entries.front().index), (U)op.commit_index,
+        (U)op.truncate_below);
     // A crash aimed at the window before this write completes.
     double aim = op.promise != 0 ? opt_.crash_on_promise_rate
-                 : nd.rep->role() == Role::kLeader && !op.entries.empty() ? opt_.crash_on_append_rate
-                                                                            : 0;
+                 : nd.rep->role() == Role::kLeader && !op.entries.empty()
+                     ? opt_.crash_on_append_rate
+                     : 0;
     if (opt_.faults && lossy_ && Chance(aim)) {
       Event ev;
       ev.kind = Ev::kCrash;
@@ -711,7 +696,8 @@ void SimCluster::CheckInvariants() {
     // One leader per ballot, and a ballot's leader is the replica it names.
     if (x.role() == Role::kLeader) {
       if (BallotLeader(x.promised()) != r) {
-        Fail(Format("r%d leads ballot %s of another replica", r, BallotString(x.promised()).c_str()));
+        Fail(Format("r%d leads ballot %s of another replica", r,
+                    BallotString(x.promised()).c_str()));
         return;
       }
       auto [it, fresh] = leaders_.emplace(x.promised(), std::make_pair(r, nd.incarnation));
@@ -756,10 +742,11 @@ void SimCluster::CheckInvariants() {
       if (i < x.first_index()) continue;
       const Entry* disk = DurableAt(r, i);
       if (!disk || !(*disk == *x.At(i))) {
-        Fail(Format("r%d: reports slot %llu durable (durable index %llu) but its disk holds %s", r,
-                    (U)i, (U)d,
-                    disk ? (Short(disk->payload) + " of ballot " + BallotString(disk->ballot)).c_str()
-                         : "nothing"));
+        Fail(Format(
+            "r%d: reports slot %llu durable (durable index %llu) but its disk holds %s", r, (U)i,
+            (U)d,
+            disk ? (Short(disk->payload) + " of ballot " + BallotString(disk->ballot)).c_str()
+                 : "nothing"));
         return;
       }
     }
@@ -1034,308 +1021,6 @@ bool SimCluster::AllCommitted(uint64_t index) const {
     if (!x || x->commit_index() < index) return false;
   }
   return true;
-}
-
-// ---------------------------------------------------------------- the randomized run
-
-namespace {
-
-// Next time of a Poisson-ish process with the given mean (0: never).
-uint64_t NextAt(std::mt19937_64& rng, uint64_t now, uint64_t mean) {
-  if (mean == 0) return UINT64_MAX;
-  return now + 1 + Uniform(rng, 0, 2 * mean);
-}
-
-std::string MakePayload(std::mt19937_64& rng, const SimOptions& opt, uint64_t n, uint64_t limit) {
-  std::string p = "s" + std::to_string(opt.seed) + "-" + std::to_string(n);
-  double x = Unit(rng);
-  size_t pad;
-  if (x < opt.huge_payload_rate) {
-    pad = limit > p.size() + 64 ? limit - p.size() - Uniform(rng, 0, 64) : 0;
-  } else if (x < opt.huge_payload_rate + opt.large_payload_rate) {
-    pad = Uniform(rng, 1000, 8000);
-  } else {
-    pad = Uniform(rng, 0, 40);
-  }
-  p.push_back(':');
-  for (size_t i = 0; i < pad; i++) p.push_back(static_cast<char>('a' + (n + i) % 26));
-  return p;
-}
-
-SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
-  SimResult res;
-  SimCluster c(opt);
-  c.KeepTrace(keep_trace);
-  std::mt19937_64& rng = c.rng();
-  const int n = opt.replicas;
-  const int tolerate = (n - 1) / 2;  // replicas that may be down at once
-  const uint64_t end = opt.duration_us;
-  const uint64_t kNever = UINT64_MAX;
-
-  uint64_t next_propose = NextAt(rng, 0, opt.propose_every_us);
-  uint64_t next_crash = opt.faults ? NextAt(rng, 0, opt.crash_every_us) : kNever;
-  uint64_t next_partition = opt.faults ? NextAt(rng, 0, opt.partition_every_us) : kNever;
-  uint64_t next_pause = opt.faults ? NextAt(rng, 0, opt.pause_every_us) : kNever;
-  uint64_t next_truncate = NextAt(rng, 0, opt.truncate_every_us);
-  uint64_t next_check = 1000;
-  uint64_t next_unreachable =
-      opt.faults ? NextAt(rng, 0, opt.spurious_unreachable_every_us) : kNever;
-  std::vector<uint64_t> restart_at(n, kNever);
-  uint64_t heal_at = kNever;
-  int paused = -1;
-  Ballot paused_ballot = 0;
-  uint64_t resume_at = kNever;
-  bool resume_soon = false;
-  uint64_t proposals = 0;
-
-  auto down = [&] {
-    int d = 0;
-    for (int r = 0; r < n; r++) d += !c.up(r) || c.paused(r);
-    return d;
-  };
-
-  while (!c.failed()) {
-    uint64_t t = std::min({end, next_propose, next_crash, next_partition, next_pause,
-                           next_truncate, next_check, next_unreachable, heal_at, resume_at});
-    for (uint64_t x : restart_at) t = std::min(t, x);
-    c.RunUntilTime(t);
-    if (c.failed() || t >= end) break;
-    for (int r = 0; r < n; r++) {
-      if (restart_at[r] == t) {
-        restart_at[r] = kNever;
-        if (c.tracing()) c.Trace("fault: restart r" + std::to_string(r));
-        c.Restart(r);
-      }
-    }
-    if (t == heal_at) {
-      heal_at = kNever;
-      if (c.tracing()) c.Trace("fault: heal");
-      c.Heal();
-    }
-    if (paused >= 0 && t == next_check && !resume_soon) {
-      // Resume the paused leader a little after another leader took over.
-      for (int r = 0; r < n; r++) {
-        const Replica* x = c.replica(r);
-        if (r != paused && x && x->role() == Role::kLeader && x->promised() > paused_ballot &&
-            !resume_soon) {
-          resume_at = std::min(resume_at, t + Uniform(rng, 1, 5000));
-          resume_soon = true;
-        }
-      }
-    }
-    if (paused >= 0 && t == resume_at) {
-      if (c.tracing()) c.Trace("fault: resume r" + std::to_string(paused));
-      c.Resume(paused);
-      paused = -1;
-      resume_at = kNever;
-    }
-    if (t == next_check) next_check = t + 1000;
-    if (t == next_crash) {
-      next_crash = NextAt(rng, t, opt.crash_every_us);
-      if (down() < tolerate) {
-        int victim = c.Leader();
-        if (victim < 0 || !Bernoulli(rng, opt.crash_leader_bias)) {
-          victim = static_cast<int>(Uniform(rng, 0, n - 1));
-        }
-        if (c.up(victim)) {
-          if (c.tracing()) c.Trace("fault: crash r" + std::to_string(victim));
-          if (victim == paused) {
-            paused = -1;
-            resume_at = kNever;
-          }
-          c.Crash(victim);
-          restart_at[victim] = t + Uniform(rng, opt.restart_min_us, opt.restart_max_us);
-        }
-      }
-    }
-    if (t == next_partition) {
-      next_partition = NextAt(rng, t, opt.partition_every_us);
-      if (heal_at == kNever) {
-        if (Bernoulli(rng, 0.3)) {  // one direction of one link
-          int a = static_cast<int>(Uniform(rng, 0, n - 1));
-          int b = static_cast<int>(Uniform(rng, 0, n - 1));
-          if (a != b) {
-            if (c.tracing()) c.Trace(Format("fault: cut r%d -> r%d", a, b));
-            c.SetLink(a, b, false);
-          }
-        } else {
-          std::set<int> side;
-          for (int r = 0; r < n; r++)
-            if (rng() & 1) side.insert(r);
-          if (!side.empty() && static_cast<int>(side.size()) < n) {
-            std::string s;
-            for (int r : side) s += " r" + std::to_string(r);
-            if (c.tracing()) c.Trace("fault: partition {" + s + " } from the rest");
-            c.Partition(side);
-          }
-        }
-        heal_at = t + Uniform(rng, opt.partition_min_us, opt.partition_max_us);
-      }
-    }
-    if (t == next_pause) {
-      next_pause = NextAt(rng, t, opt.pause_every_us);
-      // Mostly the leader; sometimes anyone (a candidate or backup that
-      // stalls with its view of the world, then carries on).
-      bool anyone = Bernoulli(rng, opt.pause_anyone_rate);
-      int target = anyone ? static_cast<int>(Uniform(rng, 0, n - 1)) : c.Leader();
-      if (paused < 0 && target >= 0 && c.up(target) && down() < tolerate) {
-        paused = target;
-        paused_ballot = c.replica(target)->promised();
-        if (c.tracing())
-          c.Trace(Format("fault: pause %s r%d", RoleName(c.replica(target)->role()), target));
-        c.Pause(target);
-        // Usually resumed after a takeover (checked every ms), sometimes
-        // before anyone noticed; at the latest after pause_max_us.
-        resume_soon = anyone || Bernoulli(rng, 0.2);
-        resume_at = t + (resume_soon ? Uniform(rng, 100, anyone ? 100'000 : 15'000)
-                                     : opt.pause_max_us);
-      }
-    }
-    if (t == next_unreachable) {
-      // The transport of one replica wrongly reports a live peer unreachable.
-      next_unreachable = NextAt(rng, t, opt.spurious_unreachable_every_us);
-      int a = static_cast<int>(Uniform(rng, 0, n - 1));
-      int b = static_cast<int>(Uniform(rng, 0, n - 1));
-      if (a != b) c.NotifyUnreachable(a, b);
-    }
-    if (t == next_truncate) {
-      next_truncate = NextAt(rng, t, opt.truncate_every_us);
-      // By default below what every replica holds durably as committed, so
-      // no replica ever needs a snapshot (checkpoints are the guard's
-      // business). With truncate_lagging, below what a majority holds: the
-      // others may need a snapshot, which the core cannot give them, but a
-      // majority can always go on.
-      std::vector<uint64_t> held;
-      for (int r = 0; r < n; r++) {
-        const DurableState& d = c.durable(r);
-        uint64_t last = d.first_index + d.slots.size() - 1;
-        held.push_back(std::min(d.commit_index, last) + 1);
-      }
-      std::sort(held.rbegin(), held.rend());
-      uint64_t limit = opt.truncate_lagging ? held[n / 2] : held.back();
-      int r = static_cast<int>(Uniform(rng, 0, n - 1));
-      const Replica* x = c.replica(r);
-      if (x && limit > x->first_index()) {
-        uint64_t below = Uniform(rng, x->first_index() + 1, limit);
-        c.TruncateBelow(r, below);
-      }
-    }
-    if (t == next_propose) {
-      next_propose = NextAt(rng, t, opt.propose_every_us);
-      int l = c.Leader();
-      if (l >= 0) {
-        const Replica* x = c.replica(l);
-        std::string p = MakePayload(rng, opt, proposals++, x->max_payload());
-        EntryType type = (rng() % 16 == 0) ? EntryType::kOutputCheck : EntryType::kInput;
-        ProposeResult pr = c.Propose(l, type, p);
-        if (pr.ok) c.Track(l, pr.index, type, p);
-      }
-    }
-  }
-
-  // The end: heal everything and require progress.
-  if (!c.failed()) {
-    if (c.tracing()) c.Trace("end of faults: heal, resume, restart");
-    c.SetLossy(false);
-    c.Heal();
-    for (int r = 0; r < n; r++) {
-      if (c.paused(r)) c.Resume(r);
-      if (!c.up(r)) c.Restart(r);
-    }
-    c.RunFor(opt.quiet_us);
-  }
-  if (!c.failed()) {
-    uint64_t deadline = c.now() + opt.progress_timeout_us;
-    int probe_at = -1;
-    uint64_t probe_inc = 0, probe_index = 0;
-    std::string probe;
-    int probes = 0;
-    bool done = false;
-    while (!c.failed() && c.now() < deadline) {
-      c.RunFor(1000);
-      if (probe_at >= 0) {
-        const Replica* x = c.replica(probe_at);
-        const Entry* e = x ? x->At(probe_index) : nullptr;
-        if (c.incarnation(probe_at) != probe_inc || !e || e->payload != probe) {
-          probe_at = -1;  // lost with its leader; propose again
-        } else if (c.AllCommitted(probe_index) ||
-                   (opt.truncate_lagging && c.MajorityCommitted(probe_index))) {
-          bool all = true;
-          for (int r = 0; r < n; r++) {
-            const Entry* f = c.replica(r)->At(probe_index);
-            if (f && c.replica(r)->commit_index() >= probe_index && f->payload != probe) all = false;
-          }
-          if (!all) {
-            c.Fail("probe committed with different values");
-            break;
-          }
-          done = true;
-          break;
-        }
-      }
-      if (probe_at < 0) {
-        int l = c.Leader();
-        if (l < 0) continue;
-        probe = "probe-" + std::to_string(opt.seed) + "-" + std::to_string(probes++);
-        ProposeResult pr = c.Propose(l, EntryType::kInput, probe);
-        if (pr.ok) {
-          probe_at = l;
-          probe_inc = c.incarnation(l);
-          probe_index = pr.index;
-          c.Track(l, pr.index, EntryType::kInput, probe);
-        }
-      }
-    }
-    if (!c.failed() && !done) {
-      std::string state;
-      for (int r = 0; r < n; r++) {
-        const Replica* x = c.replica(r);
-        state += Format(" r%d:%s/%s/c%llu/l%llu", r, x ? RoleName(x->role()) : "down",
-                        x ? BallotString(x->promised()).c_str() : "-",
-                        (U)(x ? x->commit_index() : 0), (U)(x ? x->last_index() : 0));
-      }
-      c.Fail(Format("progress: no proposal committed on %s replicas within %llums after the "
-                    "faults healed (probe %s at index %llu;%s)",
-                    opt.truncate_lagging ? "a majority of" : "all",
-                    (U)(opt.progress_timeout_us / 1000), probe.c_str(), (U)probe_index,
-                    state.c_str()));
-    }
-  }
-  if (!c.failed()) c.CheckAcknowledged();
-
-  res.ok = !c.failed();
-  res.committed = c.MaxCommitted();
-  res.acknowledged = c.acknowledged();
-  res.elections = c.elections();
-  res.crashes = c.crashes();
-  res.steps = c.steps();
-  res.summary = Format(
-      "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
-      "elections %llu, crashes %llu, steps %llu",
-      (U)opt.seed, n, (U)(c.now() / 1000), res.ok ? "ok" : "VIOLATION", (U)res.committed,
-      (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps);
-  if (!res.ok) {
-    res.violation = c.violation();
-    if (keep_trace) res.violation += "\nlast events:\n" + c.TraceTail();
-  }
-  return res;
-}
-
-}  // namespace
-
-SimResult RunSimulation(const SimOptions& options) {
-  // Tracing costs; a failing run is replayed with the trace on (deterministic).
-  bool trace = options.verbose;
-  SimResult r = RunOnce(options, trace);
-  if (!r.ok && !trace) {
-    SimResult again = RunOnce(options, true);
-    if (again.violation.compare(0, r.violation.size(), r.violation) != 0) {
-      r.violation += "\n(NONDETERMINISM: the replay found: " + again.violation + ")";
-    } else {
-      r.violation = again.violation;
-    }
-  }
-  return r;
 }
 
 }  // namespace lockstep
