@@ -365,8 +365,6 @@ void ServerPipeline::TransferStep(uint64_t now) {
     uint64_t index = 0;
     std::string summary;
     if (!fetcher_->Collect(&index, &summary)) return;  // still fetching
-    FetchFor why = fetch_for_;
-    fetch_for_ = FetchFor::kNone;
     std::string err;
     if (!index) {
       log_("STATE TRANSFER FAILED: %s; trying again in %lu s", summary.c_str(),
@@ -376,17 +374,17 @@ void ServerPipeline::TransferStep(uint64_t now) {
            (unsigned long)index, err.c_str());
     } else {
       checkpointer_->NoteFetched();
-      if (why == FetchFor::kLagging || index > core_.commit_index())
+      if (fetch_for_ == FetchFor::kLagging || index > core_.commit_index())
         core_.InstallCheckpoint(now, index);
       log_("state transfer: %s, restored; the log goes on from entry %lu", summary.c_str(),
            (unsigned long)index + 1);
+      fetch_for_ = FetchFor::kNone;
       return;
     }
+    // A lagging backup asks again from what the leader says then; a dead
+    // server's fetch is simply tried again.
+    if (fetch_for_ == FetchFor::kLagging) fetch_for_ = FetchFor::kNone;
     next_fetch_us_ = now + kFetchRetryUs;
-    if (why == FetchFor::kDeadServer) {  // try again later, the same way
-      fetch_for_ = FetchFor::kDeadServer;
-      next_fetch_us_ = now + kFetchRetryUs;
-    }
     return;
   }
   if (now < next_fetch_us_) return;
@@ -395,8 +393,11 @@ void ServerPipeline::TransferStep(uint64_t now) {
     return;
   }
   if (!need || core_.role() != Role::kBackup) return;
-  // A checkpoint of our own may be recent enough.
-  std::optional<CheckpointInfo> own = checkpointer_->NewestGood(UINT64_MAX);
+  // A checkpoint of our own may be recent enough (listed first: verifying
+  // one that is too old would hash it on every retry for nothing).
+  std::vector<CheckpointInfo> listed = checkpointer_->List();
+  std::optional<CheckpointInfo> own;
+  if (!listed.empty() && listed.front().index >= need) own = checkpointer_->NewestGood(UINT64_MAX);
   std::string err;
   if (own && own->index >= need && RestoreServer(*own, &err)) {
     core_.InstallCheckpoint(now, own->index);
