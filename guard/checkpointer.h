@@ -45,7 +45,8 @@ class Checkpointer {
   bool Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) const;
   void Request() { requested_ = true; }
   // A due checkpoint could not be taken now (the server did not come to
-  // rest): the next one is due a full interval later, as if it was taken.
+  // rest), or the server was just restored from one: the next one is due a
+  // full interval later, as if one was taken at `applied`.
   void Postpone(uint64_t applied, uint64_t log_bytes, uint64_t now_us);
   bool requested() const { return requested_; }
 

@@ -228,6 +228,9 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   last_read_change_us_ = NowUs();  // it has the suffix to read
   kill(r.restored_pid, SIGCONT);
   checkpointer_->NoteRestore();
+  // The restored checkpoint is the last one taken, for the policy: the next
+  // is due an interval (of entries, log bytes, seconds) after it.
+  checkpointer_->Postpone(cp.index, rp.log_bytes, NowUs());
   log_(
       "restored checkpoint %lu in %.0f ms (server pid %d, %zu replay connections); replaying "
       "the log from entry %lu",
