@@ -444,7 +444,13 @@ std::unique_ptr<DiskLog> DiskLog::Open(const DiskLogOptions& options, RecoveredL
     *error = "cannot open " + lock_path + ": " + ErrnoText(errno);
     return nullptr;
   }
-  if (flock(log->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  int lock_rc = flock(log->lock_fd_, LOCK_EX | LOCK_NB);
+  for (int waited_ms = 0; lock_rc != 0 && errno == EWOULDBLOCK && waited_ms < options.lock_wait_ms;
+       waited_ms += 20) {
+    usleep(20000);
+    lock_rc = flock(log->lock_fd_, LOCK_EX | LOCK_NB);
+  }
+  if (lock_rc != 0) {
     *error = errno == EWOULDBLOCK ? "disk log " + log->dir_ + " is in use by another DiskLog (" +
                                         lock_path + " is locked)"
                                   : "cannot lock " + lock_path + ": " + ErrnoText(errno);

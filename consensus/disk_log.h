@@ -93,6 +93,9 @@ struct DiskLogOptions {
   size_t sector_bytes = 0;
   bool zero_fill = true;      // fill new segments with zeros (written extents)
   bool prepare_ahead = true;  // prepare the next segment in a background thread
+  // How long Open waits for another holder of the log's LOCK to let go
+  // (a replica restarted while its SIGKILLed predecessor is still exiting).
+  int lock_wait_ms = 0;
 };
 
 struct RecoveredLog {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -172,6 +173,22 @@ bool LoadClusterDir(const std::string& dir, ClusterConfig* config, std::string* 
   return LoadClusterConfig(path, config, error);
 }
 
+namespace {
+// SIGKILLed and still exiting (unmapping a big log region can take a
+// while): gone for every purpose but its pid. A new replica may start; it
+// waits for the old one's log LOCK.
+bool Dying(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("ShdPnd:", 0) != 0 && line.rfind("SigPnd:", 0) != 0) continue;
+    unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+    if (mask & (1ULL << (SIGKILL - 1))) return true;
+  }
+  return false;
+}
+}  // namespace
+
 int ReplicaPid(const std::string& dir, int id) {
   std::ifstream f(PidPath(dir, id));
   int pid = 0;
@@ -184,6 +201,7 @@ int ReplicaPid(const std::string& dir, int id) {
   std::getline(st, s);
   size_t p = s.rfind(')');
   if (p != std::string::npos && p + 2 < s.size() && s[p + 2] == 'Z') return 0;
+  if (Dying(pid)) return 0;
   return pid;
 }
 
@@ -221,6 +239,34 @@ bool StartReplica(const std::string& dir, const ClusterConfig& config, int id, s
   }
   *error = "replica " + std::to_string(id) + " did not start; see " + log;
   return false;
+}
+
+bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id, int* pid,
+                    std::string* error) {
+  std::string log = dir + "/replica-" + std::to_string(id) + ".log";
+  std::error_code ec;
+  uint64_t log_size_before = std::filesystem::file_size(log, ec);
+  if (ec) log_size_before = 0;
+  if (!StartReplica(dir, config, id, error)) return false;
+  *pid = ReplicaPid(dir, id);
+  // It may still fail early (a log it cannot open, a port taken): wait until
+  // it answers, or until it is gone and its log says why.
+  for (int i = 0; i < 100; i++) {
+    std::string err, json;
+    auto c = Client::Connect(config, id, 300, &err);
+    if (c && c->Status(&json, &err, 1000)) return true;
+    if (!ReplicaPid(dir, id)) {
+      std::ifstream f(log);
+      f.seekg(static_cast<std::streamoff>(log_size_before));
+      std::string line, tail;
+      while (std::getline(f, line)) tail += "\n  " + line;
+      if (tail.size() > 2000) tail = "..." + tail.substr(tail.size() - 2000);
+      *error = "replica " + std::to_string(id) + " exited right after it started; its log:" + tail;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return true;  // running, still starting up (a long restore)
 }
 
 bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* error) {

@@ -87,6 +87,10 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
 // Starts replica `id` of the cluster in dir if it is not running.
 bool StartReplica(const std::string& dir, const ClusterConfig& config, int id, std::string* error);
 int ReplicaPid(const std::string& dir, int id);  // 0 if not running
+// `cluster restart`: starts replica id unless it runs, then waits until it
+// answers (true) or exits (false, with the end of its log in *error).
+bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id, int* pid,
+                    std::string* error);
 // Waits until some replica leads and every running replica has caught up.
 bool WaitForLeader(const ClusterConfig& config, int timeout_ms, int* leader);
 

@@ -108,6 +108,7 @@ bool Daemon::RecoverLog(DurableState* state) {
   DiskLogOptions dopt;
   dopt.dir = me_.dir + "/log";
   dopt.segment_bytes = cfg_.segment_bytes;
+  dopt.lock_wait_ms = 5000;  // a SIGKILLed predecessor may still be exiting
   RecoveredLog rec;
   std::string err;
   disk_ = DiskLog::Open(dopt, &rec, &err);

@@ -183,8 +183,9 @@ int CmdCluster(int argc, char** argv) {
     if (!a.GetInt("id", -1, &id)) return Fail(a.error);
     if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
       return Fail("restart needs --id N with N in 0.." + std::to_string(c.replicas.size() - 1));
-    if (!StartReplica(dir, c, static_cast<int>(id), &err)) return Fail(err);
-    printf("replica %lld running (pid %d)\n", id, ReplicaPid(dir, static_cast<int>(id)));
+    int pid = 0;
+    if (!RestartReplica(dir, c, static_cast<int>(id), &pid, &err)) return Fail(err);
+    printf("replica %lld running (pid %d)\n", id, pid);
     return 0;
   }
   return Fail("unknown cluster command '" + sub + "' (up, status, restart, down)");

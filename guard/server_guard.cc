@@ -52,6 +52,17 @@ void ServerPipeline::OpenCheckpoints() {
 
 void ServerPipeline::ServeCheckpoint(int fd, uint64_t min_index) {
   senders_->Serve(fd, checkpointer_ ? &checkpointer_->store() : nullptr, min_index);
+  // Nothing recent enough here: a backup that has executed that far takes
+  // one now, so that the peer's next try finds it. Without this, a replica
+  // whose log the leader truncated past would wait for the next checkpoint
+  // the policy makes, which never comes while the cluster is idle.
+  if (checkpointer_ && checkpointer_->newest_index() < min_index && applied_ >= min_index &&
+      core_.role() == Role::kBackup && server_ && server_failed_.empty() &&
+      !checkpointer_->requested() && !checkpointer_->dumping()) {
+    log_("a peer needs a checkpoint at index >= %lu and the newest here is %lu: taking one",
+         (unsigned long)min_index, (unsigned long)checkpointer_->newest_index());
+    checkpointer_->Request();
+  }
 }
 
 uint64_t ServerPipeline::log_needed_from() const {
@@ -222,7 +233,6 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   restored_index_ = cp.index;
   log_bytes_applied_ = rp.log_bytes;
   open_conns_ = rp.open_conns;
-  truncated_warned_ = false;
   ResumeRole();
   bytes_read_seen_ = 0;
   last_read_change_us_ = NowUs();  // it has the suffix to read
@@ -311,20 +321,7 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
   if (checkpointer_ && RestoreNewest(before, "the server died")) return true;
   if (core_.first_index() > 1) {
     DropServer();
-    if (fetcher_) {
-      // Nothing here brings it back: a peer's checkpoint will.
-      log_(
-          "no checkpoint here restores the server (the log starts at entry %lu): fetching one "
-          "from a peer",
-          (unsigned long)core_.first_index());
-      fetch_for_ = FetchFor::kDeadServer;
-      fetch_min_ = core_.first_index() - 1;
-      fetcher_->Start(fetch_min_);
-      return true;
-    }
-    server_failed_ = "the server died and no checkpoint restores it, and the log starts at entry " +
-                     std::to_string(core_.first_index()) + ": it cannot be rebuilt here";
-    log_("SERVER NOT RESTORED: %s", server_failed_.c_str());
+    RebuildFromPeer("the server died");
     return true;
   }
   DropServer();
@@ -345,6 +342,24 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
 }
 
 // ---------------------------------------------------------------- state transfer
+
+void ServerPipeline::RebuildFromPeer(const std::string& why) {
+  uint64_t need = core_.first_index() - 1;
+  LS_ASSERT(need > 0, "a log from entry 1 rebuilds any server");
+  if (!fetcher_) {
+    server_failed_ = why + ", the log starts at entry " + std::to_string(need + 1) +
+                     " and checkpoints are off here: the server cannot be rebuilt";
+    log_("SERVER NOT STARTED: %s", server_failed_.c_str());
+    return;
+  }
+  log_(
+      "%s; no checkpoint here brings the server to the log's start (entry %lu): fetching one "
+      "from a peer",
+      why.c_str(), (unsigned long)need + 1);
+  fetch_for_ = FetchFor::kNoServer;
+  fetch_min_ = need;
+  if (!fetcher_->active()) fetcher_->Start(fetch_min_);
+}
 
 bool ServerPipeline::RestoreIndex(uint64_t index, std::string* error) {
   for (const CheckpointInfo& cp : checkpointer_->List())
@@ -377,8 +392,12 @@ void ServerPipeline::TransferStep(uint64_t now) {
            (unsigned long)index, err.c_str());
     } else {
       checkpointer_->NoteFetched();
-      if (fetch_for_ == FetchFor::kLagging || index > core_.commit_index())
-        core_.InstallCheckpoint(now, index);
+      // Only a backup the leader truncated past moves its log: a server
+      // rebuilt for a log that still holds what follows the checkpoint keeps
+      // that log whole (slots past the checkpoint may hold the only other
+      // copy of a chosen entry). Restored past the commit index it knows,
+      // it applies on once the commit index passes it (ApplyCommitted).
+      if (fetch_for_ == FetchFor::kLagging) core_.InstallCheckpoint(now, index);
       log_("state transfer: %s, restored; the log goes on from entry %lu", summary.c_str(),
            (unsigned long)index + 1);
       fetch_for_ = FetchFor::kNone;
@@ -391,7 +410,7 @@ void ServerPipeline::TransferStep(uint64_t now) {
     return;
   }
   if (now < next_fetch_us_) return;
-  if (fetch_for_ == FetchFor::kDeadServer) {
+  if (fetch_for_ == FetchFor::kNoServer) {
     fetcher_->Start(fetch_min_);
     return;
   }

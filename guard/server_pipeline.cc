@@ -66,8 +66,14 @@ bool ServerPipeline::Start() {
   OpenCheckpoints();
   // A restarted replica restores its newest good checkpoint and replays only
   // the log after it; without one, the server starts empty and the whole
-  // log is replayed.
+  // log is replayed. A log that no longer starts at entry 1 (truncated
+  // below a checkpoint: a former leader's below a peer's) needs a
+  // checkpoint at its start or later: a peer's if none here.
   if (checkpointer_ && RestoreNewest(UINT64_MAX, "restart")) return true;
+  if (core_.first_index() > 1) {
+    RebuildFromPeer("at the restart");
+    return true;
+  }
   std::string err;
   if (!LaunchServer(&err)) {
     log_("%s", err.c_str());
@@ -303,14 +309,12 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
     const Entry* e = core_.At(i);
     if (!e) {
       if (i < core_.first_index()) {
-        if (!truncated_warned_)
-          log_(
-              "cannot replay entries %lu..%lu: the log was truncated; this replica's server "
-              "misses them",
-              (unsigned long)i, (unsigned long)core_.first_index() - 1);
-        truncated_warned_ = true;
-        applied_ = core_.first_index() - 1;
-        continue;
+        // Never run the server on a partial log: rebuild it from a checkpoint.
+        DropServer();
+        RebuildFromPeer("entries " + std::to_string(i) + ".." +
+                        std::to_string(core_.first_index() - 1) +
+                        " it has not executed were truncated");
+        return true;
       }
       break;
     }

@@ -125,6 +125,11 @@ class ServerPipeline {
   // backup lacks truncated entries (or a dead server has nothing else to
   // come back from), restores it, and moves the log past it.
   void TransferStep(uint64_t now);
+  // The server is down and no local checkpoint rebuilds it (the log starts
+  // at first_index > 1): fetch a peer's checkpoint at first_index - 1 or
+  // later. Without checkpoints the server stays down, said in the status;
+  // it never runs on a partial log.
+  void RebuildFromPeer(const std::string& why);
   // Restores checkpoint `index` of the store (just fetched or our own).
   bool RestoreIndex(uint64_t index, std::string* error);
 
@@ -159,7 +164,9 @@ class ServerPipeline {
 
   std::unique_ptr<CheckpointSenders> senders_;
   std::unique_ptr<CheckpointFetcher> fetcher_;
-  enum class FetchFor : uint8_t { kNone, kLagging, kDeadServer };
+  // kNoServer: the server is down (it died, or the replica restarted) and
+  // nothing here rebuilds it: the log starts past every local checkpoint.
+  enum class FetchFor : uint8_t { kNone, kLagging, kNoServer };
   FetchFor fetch_for_ = FetchFor::kNone;
   uint64_t fetch_min_ = 0;
   uint64_t next_fetch_us_ = 0;
@@ -175,7 +182,6 @@ class ServerPipeline {
   uint64_t close_old_after_ = 0;
   Ballot serving_ballot_ = 0;         // the ballot under which our server serves clients
   bool holding_submissions_ = false;  // too many inputs in flight: wait for commits
-  bool truncated_warned_ = false;
   uint64_t next_health_check_us_ = 0;
   uint64_t inputs_committed_ = 0;  // since the last report
   double input_commit_us_sum_ = 0;

@@ -461,3 +461,67 @@ def test_damaged_transfer_is_refused_and_retried(transfer_cluster):
     _digest, size = assert_same_data(c)
     assert size == 3000
     assert not list((c.dir / f"replica-{b}" / "checkpoints").glob("tmp-fetch-*"))
+
+
+def test_former_leader_with_a_truncated_log_rebuilds_from_a_peer_checkpoint(transfer_cluster):
+    # The leader takes no checkpoints and truncates its log below its
+    # backups' ones: restarted, it has nothing of its own to rebuild its
+    # server from, and replaying the truncated log would leave it without the
+    # first keys. It fetches a peer's checkpoint instead. It is restarted the
+    # moment it is SIGKILLed (the restart waits for the old process).
+    c = transfer_cluster
+    load(Redis(c.client_addr()), 0, 1500)
+    old = c.leader()
+    for b in backups(c):
+        wait_checkpoint(c, b, above=50)
+    leader_truncated_past(c, 50)
+    assert checkpoints(c) and all(cp["replica"] != old for cp in checkpoints(c))
+    os.kill(c.pid(old), signal.SIGKILL)
+    r = run("cluster", "restart", "--id", old, "--dir", c.dir)
+    assert f"replica {old} running" in r.stdout, r.stdout
+    c.wait(
+        lambda s: (
+            s["leader"] is not None
+            and ck(s, old).get("fetched", 0) >= 1
+            and s["replicas"][old]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
+        ),
+        30,
+        f"the former leader {old} rebuilt from a peer's checkpoint",
+    )
+    load(Redis(c.client_addr()), 1500, 100)
+    _digest, size = assert_same_data(c)
+    assert size == 1600
+    log = replica_log(c, old)
+    assert "fetching one from a peer" in log and "state transfer:" in log, log[-3000:]
+
+
+def test_idle_peer_checkpoints_on_demand_for_a_wiped_replica(cluster):
+    # No checkpoint is due by policy: one backup takes one by hand, and the
+    # leader truncates below it. That backup's disk is then wiped while the
+    # cluster is idle. The other backup holds no checkpoint recent enough;
+    # asked for one, it takes it, and the wiped replica comes back from it.
+    c = cluster
+    c.up(app="redis", extra=("--checkpoint-entries", "1000000", "--backup-grace-s", "2"))
+    load(Redis(c.client_addr()), 0, 500)
+    b, other = backups(c)
+    run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir)
+    index = ck(c.status(), b)["index"]
+    leader_truncated_past(c, index - 1)
+    assert ck(c.status(), other).get("index", 0) == 0
+    os.kill(c.pid(b), signal.SIGKILL)
+    c.wait(lambda s: s["replicas"][b]["role"] == "down", 10, "the backup down")
+    shutil.rmtree(c.dir / f"replica-{b}")
+    run("cluster", "restart", "--id", b, "--dir", c.dir)
+    c.wait(
+        lambda s: (
+            ck(s, b).get("fetched", 0) >= 1
+            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
+        ),
+        40,
+        f"the wiped replica {b} back from the other backup's checkpoint",
+    )
+    assert ck(c.status(), other)["index"] >= index
+    assert "a peer needs a checkpoint" in replica_log(c, other)
+    load(Redis(c.client_addr()), 500, 50)
+    _digest, size = assert_same_data(c)
+    assert size == 550
