@@ -197,7 +197,7 @@ bool CriuJob::StartDump(pid_t server_pid, const std::string& images_dir, const C
                                    images_dir,
                                    "--tcp-established",
                                    "--network-lock",
-                                   "nftables",
+                                   options.network_lock ? "nftables" : "skip",
                                    "--skip-in-flight",
                                    "-o",
                                    "dump.log",

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -983,6 +985,14 @@ bool CheckpointStore::RestoreDataDir(uint64_t index, const std::string& dst,
     return false;
   }
   return true;
+}
+
+void LowerThisThreadsPriority() {
+  // Per thread on Linux: setpriority and ioprio_set with a thread id.
+  pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+  setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 19);
+  constexpr int kIoprioWhoProcess = 1, kIoprioClassIdle = 3, kIoprioClassShift = 13;
+  syscall(SYS_ioprio_set, kIoprioWhoProcess, tid, kIoprioClassIdle << kIoprioClassShift);
 }
 
 }  // namespace lockstep

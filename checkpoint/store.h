@@ -141,4 +141,9 @@ struct Manifest {
 std::string EncodeManifest(const Manifest& m);
 bool DecodeManifest(const std::string& text, Manifest* m, std::string* error);
 
+// For threads that hash, fsync or send a checkpoint (hundreds of MB): the
+// lowest CPU and I/O priority, so that this work yields to the log's own
+// durable writes and the servers (on one machine, the leader's too).
+void LowerThisThreadsPriority();
+
 }  // namespace lockstep

@@ -434,6 +434,7 @@ void Replica::OpenStream() {
   stream_id_++;
   accepted_upto_ = commit_index_;
   consumed_pos_ = 0;
+  stall_suspect_pos_ = 0;
   last_heartbeat_seen_ = 0;
   stall_armed_ = false;
   ack_dirty_ = false;
@@ -502,12 +503,30 @@ void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
   if (role_ != Role::kBackup) return;
   NoteLeaderAlive(now_us);
   commit_index_ = std::max(commit_index_, std::min(m.commit_index, accepted_upto_));
-  bool stalled = stall_armed_ && m.stream_id == stream_id_ && consumed_pos_ < stall_check_pos_;
+  // Lost puts leave the stream short of what the leader sent. Being behind
+  // is not enough to tell: a busy backup reads its ring in bounded passes,
+  // and after it was descheduled it handles a burst of queued heartbeats
+  // before the ring. A rejoin restarts the stream from the commit index, so
+  // taking a slow backup for a stalled one makes it slower still (a
+  // livelock of rejoins under load): the suspicion is checked once the ring
+  // was read to its end (OnStreamDrained).
+  if (stall_armed_ && m.stream_id == stream_id_ && consumed_pos_ < stall_check_pos_)
+    stall_suspect_pos_ = std::max(stall_suspect_pos_, stall_check_pos_);
   bool unknown_to_leader = m.stream_id != stream_id_;
   stall_check_pos_ = m.sent_pos;
   stall_armed_ = m.stream_id == stream_id_;
-  if ((stalled || unknown_to_leader) && now_us >= last_join_us_ + 2 * config_.message_heartbeat_us)
+  if (unknown_to_leader && now_us >= last_join_us_ + 2 * config_.message_heartbeat_us)
     SendJoin(now_us);
+}
+
+void Replica::OnStreamDrained(uint64_t now_us, Ballot ballot, uint64_t stream_id) {
+  if (role_ != Role::kBackup || ballot != promised_ || stream_id != stream_id_) return;
+  if (stall_suspect_pos_ == 0) return;
+  if (consumed_pos_ >= stall_suspect_pos_) {
+    stall_suspect_pos_ = 0;  // it was only behind
+    return;
+  }
+  if (now_us >= last_join_us_ + 2 * config_.message_heartbeat_us) SendJoin(now_us);
 }
 
 void Replica::SendJoin(uint64_t now_us) {

@@ -143,6 +143,10 @@ class Replica {
   // next_pos is the reader's position after it.
   void OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const Entry& e,
                 uint64_t record_commit, uint64_t next_pos);
+  // The region reader found no further complete record in the current
+  // stream (ballot, stream_id): everything that landed has been read. A
+  // stall the heartbeat messages suggested is only acted on here.
+  void OnStreamDrained(uint64_t now_us, Ballot ballot, uint64_t stream_id);
   void OnControl(uint64_t now_us, const ControlWord& w);
   void OnAck(uint64_t now_us, int from, const AckWord& w);
   void OnPersisted(uint64_t now_us, uint64_t seq);
@@ -276,6 +280,9 @@ class Replica {
   bool join_sent_ = false;
   uint64_t stall_check_pos_ = 0;  // leader's sent_pos at the previous heartbeat message
   bool stall_armed_ = false;
+  // A heartbeat found the stream short of what the leader had sent one
+  // heartbeat earlier: a stall if the ring, read to its end, still is.
+  uint64_t stall_suspect_pos_ = 0;
   bool ack_dirty_ = false;
   uint64_t election_deadline_us_ = 0;
 

@@ -377,7 +377,12 @@ void SimCluster::Poll(int r) {
     x.OnControl(now_, cw);
   }
   DecodedRecord rec;
-  for (int i = 0; i < 4096 && nd.has_reader && nd.reader->Peek(&rec); i++) {
+  bool drained = false;
+  for (int i = 0; i < 4096 && nd.has_reader; i++) {
+    if (!nd.reader->Peek(&rec)) {
+      drained = true;
+      break;
+    }
     Entry e;
     e.index = rec.header.index;
     e.ballot = rec.header.ballot;
@@ -394,6 +399,7 @@ void SimCluster::Poll(int r) {
       break;
     }
   }
+  if (drained) x.OnStreamDrained(now_, key.first, key.second);
 }
 
 void SimCluster::ApplyDurable(int r, const PersistOp& op) {

@@ -110,6 +110,7 @@ void CheckpointSenders::Serve(int fd, const CheckpointStore* store, uint64_t min
   Reap();
   auto done = std::make_shared<std::atomic<bool>>(false);
   std::thread t([this, fd, store, min_index, done] {
+    LowerThisThreadsPriority();
     CheckpointDone result;
     const CheckpointInfo* chosen = nullptr;
     std::vector<CheckpointInfo> all;

@@ -76,6 +76,7 @@ bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pi
   CriuOptions o;
   o.timeout_ms = static_cast<int>(policy_.timeout_ms);
   o.leave_running = true;
+  o.network_lock = false;  // at rest: nothing in flight on the replay connections (criu.h)
   job_ = std::make_unique<CriuJob>();
   if (!job_->StartDump(server_pid, pending_.img_dir, o, &err)) {
     store_.Abort(&pending_);
@@ -131,6 +132,7 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
   commit_done_ = false;
   // Pruning verifies the checkpoints it keeps (hashing them again): there too.
   commit_thread_ = std::thread([this, meta] {
+    LowerThisThreadsPriority();
     commit_ok_ = store_.Commit(&pending_, meta, &commit_error_, &committed_);
     pruned_.clear();
     prune_error_.clear();

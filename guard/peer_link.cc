@@ -324,7 +324,12 @@ bool PeerLink::PollMemory(uint64_t now) {
     busy = true;
   }
   DecodedRecord rec;
-  for (int i = 0; i < kMaxRecordsPerPoll && reader_ && reader_->Peek(&rec); i++) {
+  bool drained = false;
+  for (int i = 0; i < kMaxRecordsPerPoll && reader_; i++) {
+    if (!reader_->Peek(&rec)) {
+      drained = true;
+      break;
+    }
     Entry e;
     e.index = rec.header.index;
     e.ballot = rec.header.ballot;
@@ -339,6 +344,7 @@ bool PeerLink::PollMemory(uint64_t now) {
     busy = true;
     if (core_.stream_id() != cur.stream_id) break;  // the core asked for a fresh stream
   }
+  if (drained) core_.OnStreamDrained(now, cur.ballot, cur.stream_id);
   return busy;
 }
 

@@ -135,6 +135,24 @@ bool Replayer::Idle() const {
   return true;
 }
 
+std::string Replayer::Busy() const {
+  if (!queue_.empty()) return std::to_string(queue_.size()) + " entries queued";
+  for (const auto& [k, c] : conns_) {
+    if (Drained(k)) continue;
+    std::string what =
+        "connection " + std::to_string(k.no) + " (slot " + std::to_string(c.slot) + ")";
+    if (!shim_->ReplayAccepted(c.slot)) return what + " not yet accepted by the server";
+    if (!c.out.empty())
+      return what + ": " + std::to_string(c.out.size()) + " bytes not yet written";
+    uint64_t read = shim_->ReplayRead(c.slot);
+    if (read < c.appended)
+      return what + ": the server read " + std::to_string(read) + " of " +
+             std::to_string(c.appended) + " bytes";
+    return what + ": closed, and the server has not seen the end";
+  }
+  return "";
+}
+
 uint64_t Replayer::EntryBeingRead(bool* all_read) const {
   auto read = [this](const Handed& h) {
     return h.slot >= 0 ? shim_->ReplayRead(h.slot) : h.read_at_release;

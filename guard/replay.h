@@ -56,6 +56,8 @@ class Replayer {
   void OnEvent(int fd, uint32_t events);
   // Nothing queued, and the server has read everything handed to it.
   bool Idle() const;
+  // Why not Idle(), for the log: the first connection still busy and how.
+  std::string Busy() const;
 
   // A connection the server holds, as a checkpoint records it: its replay
   // slot and the bytes handed to it (while Idle(), all read by the server).

@@ -148,8 +148,14 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
                  closing_.empty() && applied_ <= core_.commit_index();
   if (!at_rest) {
     if (now - rest_wait_since_us_ < kRestWaitUs) return true;
-    log_("checkpoint put off: the server did not read its inputs within %lu ms (queued %lu)",
-         (unsigned long)(kRestWaitUs / 1000), (unsigned long)replayer_->queued());
+    std::string busy = replayer_->Busy();
+    if (busy.empty() && !own_pending_.empty()) busy = "inputs of its own clients in flight";
+    if (busy.empty() && !own_conns_.empty())
+      busy = std::to_string(own_conns_.size()) + " connections of its own clients open";
+    if (busy.empty() && !closing_.empty()) busy = "connections being closed";
+    if (busy.empty()) busy = "applied past the commit index";
+    log_("checkpoint put off: the server did not come to rest within %lu ms (%s)",
+         (unsigned long)(kRestWaitUs / 1000), busy.c_str());
     checkpointer_->Postpone(applied_, log_bytes_applied_, now);
     checkpoint_wanted_ = false;
     return false;
