@@ -235,20 +235,17 @@ bool CriuJob::StartRestore(const std::string& images_dir, const std::string& pid
     *error = "cannot remove the old pid file " + pid_path + ": " + strerror(errno);
     return false;
   }
-  std::vector<std::string> args = {"restore",
-                                   "-D",
-                                   images_dir,
-                                   "-d",
-                                   "--restore-sibling",
-                                   "--tcp-close",
-                                   "--leave-stopped",
-                                   "--network-lock",
-                                   "nftables",
-                                   "--pidfile",
-                                   pid_path,
-                                   "-o",
-                                   "restore.log",
-                                   "-v" + std::to_string(options.log_level)};
+  std::vector<std::string> args = {"restore", "-D", images_dir, "-d", "--restore-sibling",
+                                   "--tcp-close", "--leave-stopped",
+                                   // No lock: the restored connections are
+                                   // closed (--tcp-close) and never send. A
+                                   // nftables lock here outlived the restore
+                                   // (a CRIU-* table per restore, dropping
+                                   // the dumped 4-tuples): a later connection
+                                   // that reused such a port never connected,
+                                   // and the replay stalled behind it.
+                                   "--network-lock", "skip", "--pidfile", pid_path, "-o",
+                                   "restore.log", "-v" + std::to_string(options.log_level)};
   pid_file_ = pid_path;
   return Spawn(Kind::kRestore, args, images_dir, keep_fds, options, error);
 }

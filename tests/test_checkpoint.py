@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -109,6 +110,63 @@ def test_backup_server_crash_is_restored_from_its_checkpoint(redis_cluster):
     assert size == 0  # db 0 is empty on every replica: the SELECT held everywhere
     log = replica_log(c, b)
     assert "SERVER DIED" in log and "restored checkpoint" in log, log[-3000:]
+
+
+def criu_nft_tables():
+    """The nftables tables CRIU made for its network locks (CRIU-*)."""
+    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in out.stdout.splitlines() if "CRIU" in line}
+
+
+def test_restores_leave_no_network_lock_behind(redis_cluster):
+    # A network lock that outlived a restore dropped every packet of the
+    # dumped connections' address and port pairs: a later replay connection
+    # that drew one of those local ports never connected, and the backup's
+    # replay (and, once it led, the whole cluster) stalled behind it. Many
+    # connections, a checkpoint, a replica killed mid-dump, a restore; then
+    # fresh connections, which must all be replayed; and no CRIU-* table may
+    # be left.
+    c = redis_cluster
+    before = criu_nft_tables()
+    clients = [Redis(c.client_addr()) for _ in range(20)]
+    for i, cl in enumerate(clients):
+        load(cl, i * 100, 100, prefix=f"a{i}-")
+    b = backups(c)[0]
+    wait_checkpoint(c, b, above=100)
+    # The replica killed while CRIU dumps its server: a lock taken for that
+    # dump would never be released.
+    run("checkpoint", "now", "--id", b, "--dir", c.dir)
+    c.wait(lambda s: ck(s, b).get("dumping"), 20, f"replica {b} dumping")
+    os.kill(c.pid(b), signal.SIGKILL)
+    c.wait(lambda s: s["replicas"][b]["role"] == "down", 10, "the backup down")
+    run("cluster", "restart", "--id", b, "--dir", c.dir)
+    old = c.wait(lambda s: s["replicas"][b]["server_pid"], 20, "the server back")
+    old = old["replicas"][b]["server_pid"]
+    os.kill(old, signal.SIGKILL)  # and a restore with the replica running
+    c.wait(
+        lambda s: (
+            s["replicas"][b]["server_pid"] not in (0, old)
+            and ck(s, b).get("server_state") == "running"
+        ),
+        20,
+        f"replica {b}'s server restored",
+    )
+    for cl in clients:
+        cl.close()
+    fresh = [Redis(c.client_addr()) for _ in range(40)]
+    for i, cl in enumerate(fresh):
+        load(cl, i * 20, 20, prefix=f"b{i}-")
+    commit = c.status()["replicas"][c.leader()]["commit_index"]
+    c.wait(lambda s: s["replicas"][b]["applied_index"] >= commit, 20, "the restored backup")
+    _digest, size = assert_same_data(c)
+    assert size == 2000 + 800
+    assert criu_nft_tables() <= before, criu_nft_tables() - before
+    # Neither the dumps nor the restores lock the network at all (a lock
+    # left behind by a CRIU that died with its replica is never released).
+    logs = list(c.dir.glob("replica-*/checkpoints/*/img/*.log"))
+    assert any(p.name == "dump.log" for p in logs), logs
+    for p in logs:
+        assert "Running nftables" not in p.read_text(errors="replace"), p
 
 
 def test_restarted_replica_restores_checkpoint_and_replays_only_the_suffix(redis_cluster):
