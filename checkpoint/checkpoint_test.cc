@@ -29,6 +29,7 @@
 
 #include "checkpoint/criu.h"
 #include "checkpoint/relocate.h"
+#include "checkpoint/spawn.h"
 #include "checkpoint/store.h"
 
 namespace lockstep {
@@ -612,7 +613,7 @@ TEST(CheckpointCriuJob, RestoreKeepsOnlyTheGivenFdsAndReadsThePidFile) {
   EXPECT_NE(fds.find(" 40 "), std::string::npos) << fds;
   EXPECT_EQ(fds.find(" 41 "), std::string::npos) << fds;
   EXPECT_NE(out.find("restore -D " + tmp.path() +
-                     " -d --restore-sibling --tcp-close --leave-stopped --network-lock nftables "
+                     " -d --restore-sibling --tcp-close --leave-stopped --network-lock skip "
                      "--pidfile " +
                      pid_file + " -o restore.log -v4 --inherit-fd fd[40]:test"),
             std::string::npos)
@@ -648,6 +649,77 @@ TEST(CheckpointCriuJob, WaitsOnlyForCriuNeverForOtherChildren) {
   ASSERT_EQ(waitpid(other, &st, WNOHANG), other) << "the other child must still be unreaped";
   EXPECT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 7);
+}
+
+// A dump's criu dies with the thread that started it (the daemon's death
+// kills its server anyway, and a criu whose target dies at the wrong moment
+// waits for ever); a restore's criu does not.
+TEST(CheckpointCriuJob, OnlyADumpsCriuDiesWithTheThreadThatStartedIt) {
+  RequireCriu();
+  TempDir tmp;
+  TestServer server;
+  std::string error;
+  ASSERT_TRUE(server.Start(tmp.path(), "tag7", &error)) << error;
+  fs::create_directories(tmp / "img");
+  CriuJob dump;
+  bool started = false;
+  std::thread([&] {
+    started = dump.StartDump(server.pid(), tmp / "img", CriuOptions{}, &error);
+  }).join();  // the thread is gone before criu can have dumped anything
+  ASSERT_TRUE(started) << error;
+  CriuResult r;
+  ASSERT_TRUE(dump.Wait(&r, 30000));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.term_signal, SIGKILL) << r.error;
+  server.Kill();
+
+  WriteFile(tmp / "inventory.img", "");  // criu refuses it: a quick, real failure
+  CriuJob restore;
+  std::thread([&] {
+    started = restore.StartRestore(tmp.path(), tmp / "pid", {}, CriuOptions{}, &error);
+  }).join();
+  ASSERT_TRUE(started) << error;
+  ASSERT_TRUE(restore.Wait(&r, 30000));
+  EXPECT_EQ(r.term_signal, 0) << r.error;
+  EXPECT_GT(r.exit_code, 0) << r.error;
+}
+
+// Two real criu processes (page servers, which wait for a client), one
+// naming a dir under a replica's store, one elsewhere: only the first is
+// killed.
+TEST(CheckpointCriuJob, KillStrayCriuKillsOnlyCriuNamingTheDir) {
+  RequireCriu();
+  TempDir tmp;
+  fs::create_directories(tmp / "replica/checkpoints/tmp-7/img");
+  fs::create_directories(tmp / "replica/checkpoints-other/img");
+  auto page_server = [&](const std::string& dir) {
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // a free port, for a moment
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(s);
+    SpawnOptions o;
+    o.exe = DefaultCriuPath();
+    o.argv = {o.exe,       "page-server", "-D",     dir,
+              "--address", "127.0.0.1",   "--port", std::to_string(ntohs(addr.sin_port))};
+    o.out_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    return Spawn(o).pid;
+  };
+  pid_t stray = page_server(tmp / "replica/checkpoints/tmp-7/img");
+  pid_t other = page_server(tmp / "replica/checkpoints-other/img");
+  ASSERT_GT(stray, 0);
+  ASSERT_GT(other, 0);
+  std::vector<pid_t> killed = KillStrayCriu(tmp / "replica/checkpoints/");
+  EXPECT_EQ(killed, std::vector<pid_t>{stray});
+  int st = 0;
+  ASSERT_EQ(waitpid(stray, &st, 0), stray);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+  EXPECT_EQ(waitpid(other, &st, WNOHANG), 0) << "the other criu must still run";
+  kill(other, SIGKILL);
+  waitpid(other, &st, 0);
 }
 
 TEST(CheckpointCriuJob, CriuErrorReasonGivesTheCauseAndSkipsSummariesAndNoise) {

@@ -1,9 +1,9 @@
 // criu.cc — one CRIU dump or restore as a watched child process (see criu.h).
 #include "checkpoint/criu.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,94 +18,13 @@
 #include <fstream>
 #include <sstream>
 
-extern char** environ;
+#include "checkpoint/spawn.h"
 
 namespace lockstep {
 namespace {
 
 constexpr const char* kInstalledCriu = "/usr/local/sbin/criu";
 constexpr size_t kMaxLogBytes = 64 << 20;  // a -v4 log of a big dump is a few MB
-
-// What the child reports through the CLOEXEC pipe when it cannot exec.
-struct ChildFailure {
-  int stage;
-  int err;
-};
-enum Stage { kNetns = 1, kStdio, kKeepFd, kExec };
-
-// Closes every fd in [lo, hi]; async-signal-safe.
-void CloseRange(int lo, long hi) {
-  if (lo > hi) return;
-  unsigned int top = hi >= static_cast<long>(~0U) ? ~0U : static_cast<unsigned int>(hi);
-#ifdef SYS_close_range
-  if (syscall(SYS_close_range, static_cast<unsigned int>(lo), top, 0) == 0) return;
-#endif
-  long max = sysconf(_SC_OPEN_MAX);
-  if (max < 0 || max > (1 << 20)) max = 1 << 20;
-  for (long fd = lo; fd <= std::min<long>(top, max); fd++) close(static_cast<int>(fd));
-}
-
-// Everything the child needs, prepared before fork: the daemon has other
-// threads, so after fork the child may only make async-signal-safe calls.
-struct ChildPlan {
-  const char* exe;
-  char* const* argv;
-  char* const* envp;
-  int netns_fd;
-  int null_fd, out_fd, report_fd;
-  const int* keep;  // >= 3: clear FD_CLOEXEC, keep the number
-  size_t n_keep;
-  const int* skip;  // sorted: keep plus report_fd, not to be closed
-  size_t n_skip;
-};
-
-[[noreturn]] void RunChild(const ChildPlan& p) {
-  auto fail = [&](int stage) {
-    ChildFailure f{stage, errno};
-    ssize_t ignored = write(p.report_fd, &f, sizeof f);
-    (void)ignored;
-    _exit(127);
-  };
-  // criu inherits neither the daemon's blocked signals nor its handlers.
-  sigset_t all;
-  sigfillset(&all);
-  sigprocmask(SIG_SETMASK, &all, nullptr);
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
-  // No PR_SET_PDEATHSIG on purpose: if the daemon dies mid-dump, criu should
-  // finish and let the server go, rather than die with its parasite inside it.
-  if (p.netns_fd >= 0 && setns(p.netns_fd, CLONE_NEWNET) != 0) fail(kNetns);
-  if (dup2(p.null_fd, 0) < 0 || dup2(p.out_fd, 1) < 0 || dup2(p.out_fd, 2) < 0) fail(kStdio);
-  for (size_t i = 0; i < p.n_keep; i++) {
-    int flags = fcntl(p.keep[i], F_GETFD);
-    if (flags < 0 || fcntl(p.keep[i], F_SETFD, flags & ~FD_CLOEXEC) < 0) fail(kKeepFd);
-  }
-  int lo = 3;
-  for (size_t i = 0; i < p.n_skip; i++) {
-    CloseRange(lo, p.skip[i] - 1);
-    lo = p.skip[i] + 1;
-  }
-  CloseRange(lo, ~0U);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  execve(p.exe, p.argv, p.envp);
-  fail(kExec);
-  _exit(127);
-}
-
-// fd moved to >= 3 with CLOEXEC, so that dup2 onto 0..2 in the child cannot clobber it.
-int High(int fd) {
-  if (fd < 0 || fd >= 3) return fd;
-  int h = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-  int saved = errno;
-  close(fd);
-  errno = saved;
-  return h;
-}
 
 bool ReadSmallFile(const std::string& path, std::string* out, size_t cap) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -176,7 +95,7 @@ std::string CriuErrorReason(const std::string& log_text) {
 
 CriuJob::~CriuJob() {
   if (pid_ > 0) {
-    kill(pid_, SIGKILL);
+    KillCriu();
     int st;
     while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
     }
@@ -282,69 +201,46 @@ bool CriuJob::Spawn(Kind kind, const std::vector<std::string>& args, const std::
   std::vector<std::string> argv_strings = {exe};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   argv_strings.insert(argv_strings.end(), options.extra_args.begin(), options.extra_args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
 
-  int out_fd = High(open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out_fd < 0) {
     *error = "cannot create " + out_path + ": " + strerror(errno);
     return false;
   }
-  int null_fd = High(open("/dev/null", O_RDONLY | O_CLOEXEC));
-  int pipe_fds[2] = {-1, -1};
-  if (null_fd < 0 || pipe2(pipe_fds, O_CLOEXEC) != 0 || (pipe_fds[0] = High(pipe_fds[0])) < 0 ||
-      (pipe_fds[1] = High(pipe_fds[1])) < 0) {
-    int saved = errno;
-    for (int fd : {out_fd, null_fd, pipe_fds[0], pipe_fds[1]})
-      if (fd >= 0) close(fd);
-    *error = std::string("cannot prepare to run criu: ") + strerror(saved);
-    return false;
-  }
-  std::vector<int> skip = keep_fds;
-  skip.push_back(pipe_fds[1]);
-  std::sort(skip.begin(), skip.end());
-  skip.erase(std::unique(skip.begin(), skip.end()), skip.end());
-  ChildPlan plan{exe.c_str(),     argv.data(), environ,     options.netns_fd,
-                 null_fd,         out_fd,      pipe_fds[1], keep_fds.data(),
-                 keep_fds.size(), skip.data(), skip.size()};
+  SpawnOptions so;
+  so.exe = exe;
+  so.argv = std::move(argv_strings);
+  so.out_fd = out_fd;  // Spawn closes it
+  so.keep_fds = keep_fds;
+  so.netns_fd = options.netns_fd;
+  // A dump's criu dies with the daemon (criu.h says why) and leads its own
+  // process group (its helpers are killed with it). A restore's is left to
+  // finish, as before: killed midway, criu could not take down the
+  // half-restored tasks it had made (not tested either way).
+  so.die_with_parent = kind == Kind::kDump;
+  so.own_process_group = kind == Kind::kDump;
   auto start = std::chrono::steady_clock::now();
-  pid_t pid = fork();
-  if (pid == 0) RunChild(plan);
-  int fork_errno = errno;
-  close(pipe_fds[1]);
-  close(out_fd);
-  close(null_fd);
-  if (pid < 0) {
-    close(pipe_fds[0]);
-    *error = std::string("cannot fork criu: ") + strerror(fork_errno);
+  SpawnResult sr = lockstep::Spawn(so);  // the free function, not this member
+  if (!sr.ok()) {
+    const char* why = strerror(sr.err);
+    switch (sr.failed) {
+      case SpawnStage::kPrepare: *error = std::string("cannot prepare to run criu: ") + why; break;
+      case SpawnStage::kFork: *error = std::string("cannot fork criu: ") + why; break;
+      case SpawnStage::kNetns:
+        *error = std::string("cannot enter the server's network namespace: ") + why;
+        break;
+      case SpawnStage::kStdio: *error = std::string("cannot set up criu's stdio: ") + why; break;
+      case SpawnStage::kKeepFd: *error = std::string("cannot pass an fd to criu: ") + why; break;
+      default: *error = "cannot run criu (" + exe + "): " + why; break;
+    }
     return false;
   }
-  // EOF once exec succeeded (the pipe is CLOEXEC): a short wait, bounded by exec.
-  ChildFailure f{};
-  ssize_t n;
-  do {
-    n = read(pipe_fds[0], &f, sizeof f);
-  } while (n < 0 && errno == EINTR);
-  close(pipe_fds[0]);
+  pid_t pid = sr.pid;
   auto reap = [&] {
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
   };
-  if (n == static_cast<ssize_t>(sizeof f)) {
-    reap();
-    const char* why = strerror(f.err);
-    switch (f.stage) {
-      case kNetns:
-        *error = std::string("cannot enter the server's network namespace: ") + why;
-        break;
-      case kStdio: *error = std::string("cannot set up criu's stdio: ") + why; break;
-      case kKeepFd: *error = std::string("cannot pass an fd to criu: ") + why; break;
-      default: *error = "cannot run criu (" + exe + "): " + why; break;
-    }
-    return false;
-  }
   // pidfd_open on our own unreaped child cannot name another process: only
   // this job ever waits for this pid.
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
@@ -368,6 +264,47 @@ bool CriuJob::Spawn(Kind kind, const std::vector<std::string>& args, const std::
   return true;
 }
 
+void CriuJob::KillCriu() {
+  // A dump's criu leads its own group (its helpers are in it); criu is not
+  // reaped yet, so the group id cannot have been reused.
+  if (kind_ == Kind::kDump) kill(-pid_, SIGKILL);
+  kill(pid_, SIGKILL);
+}
+
+std::vector<pid_t> KillStrayCriu(const std::string& dir) {
+  std::vector<pid_t> killed;
+  std::string prefix = dir;
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+  prefix += '/';
+  DIR* proc = opendir("/proc");
+  if (!proc) return killed;
+  while (struct dirent* e = readdir(proc)) {
+    char* end = nullptr;
+    long pid = strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end || pid == getpid()) continue;
+    std::string cmdline;
+    if (!ReadSmallFile("/proc/" + std::string(e->d_name) + "/cmdline", &cmdline, 1 << 16) ||
+        cmdline.empty())
+      continue;
+    std::vector<std::string> args;
+    for (size_t at = 0; at < cmdline.size();) {
+      size_t nul = cmdline.find('\0', at);
+      if (nul == std::string::npos) nul = cmdline.size();
+      args.push_back(cmdline.substr(at, nul - at));
+      at = nul + 1;
+    }
+    const std::string& exe = args[0];
+    size_t slash = exe.rfind('/');
+    if ((slash == std::string::npos ? exe : exe.substr(slash + 1)) != "criu") continue;
+    bool ours = false;
+    for (size_t i = 1; i < args.size() && !ours; i++) ours = args[i].rfind(prefix, 0) == 0;
+    if (ours && kill(static_cast<pid_t>(pid), SIGKILL) == 0)
+      killed.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(proc);
+  return killed;
+}
+
 int CriuJob::MsUntilTimeout() const {
   if (pid_ <= 0 || timeout_ms_ <= 0) return -1;
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -385,7 +322,7 @@ bool CriuJob::Poll(CriuResult* result) {
     r = waitpid(pid_, &st, WNOHANG);
   } while (r < 0 && errno == EINTR);
   if (r == 0 && timeout_ms_ > 0 && std::chrono::steady_clock::now() >= deadline_) {
-    kill(pid_, SIGKILL);
+    KillCriu();
     killed_for_timeout_ = true;
     do {
       r = waitpid(pid_, &st, 0);

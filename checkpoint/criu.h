@@ -13,6 +13,18 @@
 //
 // Only criu's own pid is ever waited for: the caller is also the parent of
 // the server (and of a restored server), which it reaps itself.
+//
+// A dump's criu dies with the thread that started it (PR_SET_PDEATHSIG): the
+// daemon's server dies with the daemon anyway, and a criu whose target is
+// killed while it waits for it to run injected code waits for ever (seen
+// with criu 4.2.1: blocked in wait4 on the server's main thread, which
+// itself waits in the pid namespace's teardown for threads only criu can
+// reap). Start dumps from a thread that outlives them. A dump's criu also
+// leads its own process group, so that when this job kills it (timeout,
+// destructor: the daemon's shutdown) the helpers it forks and stops to
+// probe the kernel die too. One killed by the daemon's death may still
+// leave such a helper stopped: KillStrayCriu, when the replica starts
+// again, ends it.
 #pragma once
 
 #include <sys/types.h>
@@ -118,6 +130,7 @@ class CriuJob {
   bool Spawn(Kind kind, const std::vector<std::string>& args, const std::string& images_dir,
              const std::vector<int>& keep_fds, const CriuOptions& options, std::string* error);
   void Finish(int wait_status, CriuResult* result);
+  void KillCriu();  // SIGKILL to criu (and, for a dump, to the helpers it forked)
 
   Kind kind_ = Kind::kDump;
   pid_t pid_ = 0;
@@ -130,6 +143,11 @@ class CriuJob {
   std::string out_path_;
   std::string pid_file_;
 };
+
+// SIGKILLs every criu process (criu itself or a helper it forked) whose
+// command line names a path under dir, e.g. a replica's checkpoint store:
+// what a daemon that died mid-dump may have left. Returns their pids.
+std::vector<pid_t> KillStrayCriu(const std::string& dir);
 
 // The reason criu gives for a failure in its log, from its "Error (...)"
 // lines without their time stamps and source locations. criu logs a cascade

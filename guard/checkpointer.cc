@@ -1,8 +1,11 @@
 // checkpointer.cc — see checkpointer.h.
 #include "guard/checkpointer.h"
 
+#include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <sstream>
 
@@ -21,6 +24,11 @@ Checkpointer::~Checkpointer() {
 }
 
 bool Checkpointer::Open(std::string* error) {
+  // A daemon killed mid-dump takes its criu along (PDEATHSIG), but not
+  // always a helper criu had forked and stopped: nothing else ends those.
+  for (pid_t pid : KillStrayCriu(replica_dir_ + "/checkpoints"))
+    log_("killed criu process " + std::to_string(pid) +
+         ", left dumping into this replica's checkpoints by its previous run");
   if (!store_.Open(replica_dir_, error)) return false;
   NoteKept();
   last_index_ = newest_index_;
@@ -102,16 +110,31 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
     std::error_code ec;
     std::filesystem::copy_file(r.log_path, kept, std::filesystem::copy_options::overwrite_existing,
                                ec);
+    // Out of space: criu says so, unless its own log could not take it
+    // either; then the file system, still holding the images, tells.
+    bool no_space = r.error.find(strerror(ENOSPC)) != std::string::npos ||
+                    r.error.find(strerror(EDQUOT)) != std::string::npos;
+    struct statvfs vfs;
+    if (!no_space && statvfs(pending_.img_dir.c_str(), &vfs) == 0 &&
+        static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < (1u << 20)) {
+      no_space = true;
+      r.error += " (" + std::string(strerror(ENOSPC)) + ": less than 1 MiB is free)";
+    }
     store_.Abort(&pending_);
     failed_++;
     last_error_ = "criu could not dump the server at index " + std::to_string(index) + ": " +
                   r.error + " (criu's log: " + (ec ? r.log_path + ", lost" : kept) + ")";
     // A dump that fails for a reason in the server (something CRIU cannot
     // dump) fails every time: stop trying instead of freezing it again and
-    // again. A timeout may be a passing stall: try again at the next turn.
-    if (!r.timed_out) broken_ = r.error;
+    // again. A timeout may be a passing stall, and a full file system may
+    // get space back: try again at the next turn.
+    bool passing = r.timed_out || no_space;
+    if (!passing) broken_ = r.error;
     log_("CHECKPOINT FAILED: " + last_error_ +
-         (r.timed_out ? "; will try again" : "; this replica keeps serving without checkpoints"));
+         (no_space ? "; the checkpoints' file system (" + store_.dir() +
+                         ") is full: will try again at the next turn"
+          : passing ? "; will try again"
+                    : "; this replica keeps serving without checkpoints"));
     return;
   }
   last_dump_us_ = r.duration_us;

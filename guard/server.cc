@@ -5,13 +5,9 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +18,8 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+
+#include "checkpoint/spawn.h"
 
 extern char** environ;
 
@@ -92,106 +90,6 @@ std::string Tail(const std::string& path, int lines) {
   std::string s;
   for (auto it = out.rbegin(); it != out.rend(); ++it) s += "\n  " + *it;
   return s;
-}
-
-// What the child reports through the CLOEXEC pipe when it cannot exec.
-struct ChildFailure {
-  int stage;
-  int err;
-};
-enum Stage { kChdir = 1, kStdio, kKeepFd, kExec };
-
-// Closes every fd in [lo, hi]; async-signal-safe.
-void CloseRange(int lo, long hi) {
-  if (lo > hi) return;
-  unsigned int top = hi >= static_cast<long>(~0U) ? ~0U : static_cast<unsigned int>(hi);
-#ifdef SYS_close_range
-  if (syscall(SYS_close_range, static_cast<unsigned int>(lo), top, 0) == 0) return;
-#endif
-  long max = sysconf(_SC_OPEN_MAX);
-  if (max < 0 || max > (1 << 20)) max = 1 << 20;
-  for (long fd = lo; fd <= std::min<long>(top, max); fd++) close(static_cast<int>(fd));
-}
-
-// Everything the child needs, prepared before fork: after fork it may only
-// make async-signal-safe calls (the daemon has other threads), so no
-// allocation from here on.
-struct ChildPlan {
-  const char* exe;
-  char* const* argv;
-  char* const* envp;
-  char* pid_digits;  // inside envp's LOCKSTEP_SHIM_PID= entry, room for 20 digits
-  const char* dir;
-  int log_fd, null_fd, report_fd;
-  const int* keep;  // >= 3: clear FD_CLOEXEC
-  size_t n_keep;
-  const int* skip;  // sorted, >= 3: keep plus report_fd, not to be closed
-  size_t n_skip;
-  pid_t parent;
-  bool own_pid_namespace;  // the child is pid 1 of a new pid namespace
-};
-
-[[noreturn]] void RunChild(const ChildPlan& p) {
-  auto fail = [&](int stage) {
-    ChildFailure f{stage, errno};
-    ssize_t ignored = write(p.report_fd, &f, sizeof f);
-    (void)ignored;
-    _exit(127);
-  };
-  sigset_t all;
-  sigfillset(&all);
-  sigprocmask(SIG_SETMASK, &all, nullptr);
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
-  // A session leader (and so a group leader): CRIU dumps a pid namespace
-  // only when its init leads its own session there.
-  if (p.own_pid_namespace)
-    setsid();
-  else
-    setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  // The parent died before prctl took effect. (In a new pid namespace the
-  // parent is outside it and getppid() says 0: that race is not caught.)
-  if (!p.own_pid_namespace && getppid() != p.parent) _exit(127);
-  if (chdir(p.dir) != 0) fail(kChdir);
-  if (dup2(p.null_fd, 0) < 0 || dup2(p.log_fd, 1) < 0 || dup2(p.log_fd, 2) < 0) fail(kStdio);
-  for (size_t i = 0; i < p.n_keep; i++) {
-    int flags = fcntl(p.keep[i], F_GETFD);
-    if (flags < 0 || fcntl(p.keep[i], F_SETFD, flags & ~FD_CLOEXEC) < 0) fail(kKeepFd);
-  }
-  // Close every fd >= 3 but the kept ones and the report pipe (CLOEXEC: exec closes it).
-  int lo = 3;
-  for (size_t i = 0; i < p.n_skip; i++) {
-    CloseRange(lo, p.skip[i] - 1);
-    lo = p.skip[i] + 1;
-  }
-  CloseRange(lo, ~0U);
-  // LOCKSTEP_SHIM_PID=<our pid>.
-  char digits[24];
-  int n = 0;
-  for (unsigned long v = static_cast<unsigned long>(getpid()); n == 0 || v; v /= 10)
-    digits[n++] = static_cast<char>('0' + v % 10);
-  for (int i = 0; i < n; i++) p.pid_digits[i] = digits[n - 1 - i];
-  p.pid_digits[n] = '\0';
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  execve(p.exe, p.argv, p.envp);
-  fail(kExec);
-  _exit(127);
-}
-
-// fd moved to >= 3 with CLOEXEC, so that dup2 onto 0..2 in the child cannot clobber it.
-int High(int fd) {
-  if (fd < 0 || fd >= 3) return fd;
-  int h = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-  int saved = errno;
-  close(fd);
-  errno = saved;
-  return h;
 }
 
 }  // namespace
@@ -388,7 +286,8 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
     return false;
   }
 
-  // The environment: ours, LD_PRELOAD with the shim appended, `env`, and a slot for the pid.
+  // The environment: ours, LD_PRELOAD with the shim appended, `env`, and
+  // (Spawn appends it) LOCKSTEP_SHIM_PID = the server's own pid.
   std::vector<std::pair<std::string, std::string>> vars;
   auto set = [&vars](const std::string& k, const std::string& v) {
     for (auto& kv : vars)
@@ -407,92 +306,53 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
     if (kv.first == "LD_PRELOAD") ld_preload = kv.second;
   set("LD_PRELOAD", ld_preload.empty() ? preload : ld_preload + ":" + preload);
   for (const auto& kv : env) set(kv.first, kv.second);
+  const std::string kPidVar = "LOCKSTEP_SHIM_PID";
   std::vector<std::string> env_strings;
   for (const auto& kv : vars)
-    if (kv.first != "LOCKSTEP_SHIM_PID") env_strings.push_back(kv.first + "=" + kv.second);
-  const std::string kPidVar = "LOCKSTEP_SHIM_PID=";
-  env_strings.push_back(kPidVar + std::string(24, '\0'));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = argv;
-  std::vector<char*> argp;
-  for (auto& s : args) argp.push_back(s.data());
-  argp.push_back(nullptr);
+    if (kv.first != kPidVar) env_strings.push_back(kv.first + "=" + kv.second);
 
-  int log_fd = High(open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  int log_fd =
+      MoveAboveStdio(open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (log_fd < 0) {
     *error = "cannot open the server's log " + log_path + ": " + strerror(errno);
     return false;
   }
-  int null_fd = High(open("/dev/null", O_RDONLY | O_CLOEXEC));
-  int pipe_fds[2] = {-1, -1};
-  if (null_fd < 0 || pipe2(pipe_fds, O_CLOEXEC) != 0 || (pipe_fds[0] = High(pipe_fds[0])) < 0 ||
-      (pipe_fds[1] = High(pipe_fds[1])) < 0) {
-    int saved = errno;
-    for (int fd : {log_fd, null_fd, pipe_fds[0], pipe_fds[1]})
-      if (fd >= 0) close(fd);
-    *error = std::string("cannot prepare to start the server: ") + strerror(saved);
-    errno = saved;
-    return false;
-  }
-  std::vector<int> skip = keep;
-  skip.push_back(pipe_fds[1]);
-  std::sort(skip.begin(), skip.end());
-  ChildPlan plan{exe.c_str(), argp.data(),
-                 envp.data(), env_strings.back().data() + kPidVar.size(),
-                 dir.c_str(), log_fd,
-                 null_fd,     pipe_fds[1],
-                 keep.data(), keep.size(),
-                 skip.data(), skip.size(),
-                 getpid(),    own_pid_namespace_};
-  // clone() with CLONE_NEWPID and no new stack behaves as fork(); without
-  // the privilege for it (not root) the server runs in our namespace.
-  pid_t pid = -1;
-  if (own_pid_namespace_) {
-    pid = static_cast<pid_t>(syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0));
-    if (pid < 0 && (errno == EPERM || errno == EINVAL)) {
-      own_pid_namespace_ = false;
-      plan.own_pid_namespace = false;
-    }
-  }
-  if (!own_pid_namespace_) pid = fork();
-  if (pid == 0) RunChild(plan);
-  int fork_errno = errno;
-  close(pipe_fds[1]);
-  close(log_fd);
-  close(null_fd);
-  if (pid < 0) {
-    close(pipe_fds[0]);
-    *error = std::string("cannot fork the server: ") + strerror(fork_errno);
-    errno = fork_errno;
-    return false;
-  }
-  // Also done by the child; whichever comes first (EACCES after exec: fine).
-  // Not for a namespace init: it calls setsid(), which a group leader may not.
-  if (!own_pid_namespace_) setpgid(pid, pid);
-  ChildFailure f{};
-  ssize_t n;
-  do {
-    n = read(pipe_fds[0], &f, sizeof f);
-  } while (n < 0 && errno == EINTR);
-  close(pipe_fds[0]);
-  if (n == static_cast<ssize_t>(sizeof f)) {  // the child could not exec: nothing runs
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    const char* why = strerror(f.err);
-    switch (f.stage) {
-      case kChdir: *error = "cannot enter the server's directory " + dir + ": " + why; break;
-      case kStdio:
+  SpawnOptions so;
+  so.exe = exe;
+  so.argv = argv;
+  so.env = std::move(env_strings);
+  so.pid_env = kPidVar;
+  so.dir = dir;
+  so.out_fd = log_fd;  // Spawn closes it
+  so.keep_fds = keep;
+  so.new_pid_namespace = own_pid_namespace_;
+  so.own_process_group = true;
+  so.die_with_parent = true;
+  SpawnResult r = Spawn(so);
+  // Without the privilege for a pid namespace (not root) the server runs in ours.
+  own_pid_namespace_ = r.new_pid_namespace;
+  if (!r.ok()) {
+    const char* why = strerror(r.err);
+    switch (r.failed) {
+      case SpawnStage::kPrepare:
+        *error = std::string("cannot prepare to start the server: ") + why;
+        break;
+      case SpawnStage::kFork: *error = std::string("cannot fork the server: ") + why; break;
+      case SpawnStage::kChdir:
+        *error = "cannot enter the server's directory " + dir + ": " + why;
+        break;
+      case SpawnStage::kStdio:
         *error = "cannot set up the server's stdin/stdout/stderr: " + std::string(why);
         break;
-      case kKeepFd: *error = "cannot pass an fd to the server: " + std::string(why); break;
+      case SpawnStage::kKeepFd:
+        *error = "cannot pass an fd to the server: " + std::string(why);
+        break;
       default: *error = "cannot run " + exe + ": " + why; break;
     }
-    errno = f.err;
+    errno = r.err;
     return false;
   }
+  pid_t pid = r.pid;
   pid_ = pid;
   name_ = argv[0];
   log_path_ = log_path;

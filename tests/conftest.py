@@ -19,7 +19,10 @@ ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR / "eval"))  # eval/resp.py: the redis and memcached clients
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
+# $LOCKSTEP_BUILD names another build directory (e.g. one engineer's own,
+# so as not to share build/ with another's); build/ by default.
+BUILD_DIR = Path(os.environ.get("LOCKSTEP_BUILD") or ROOT / "build")
+LOCKSTEP = BUILD_DIR / "bin" / "lockstep"
 _ports = itertools.count(0)
 
 

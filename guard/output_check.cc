@@ -1,0 +1,155 @@
+// output_check.cc — see output_check.h.
+#include "guard/output_check.h"
+
+#include "consensus/assert.h"
+
+namespace lockstep {
+
+OutputChecker::OutputChecker(int replicas, int leader) : replicas_(replicas), leader_(leader) {
+  LS_ASSERT(replicas >= 1 && replicas <= 32 && leader >= 0 && leader < replicas,
+            "output checker for replica %d of %d", leader, replicas);
+}
+
+void OutputChecker::OnLeaderPoint(const OutputPoint& p) {
+  auto& points = leader_points_[p.key];
+  points[p.offset] = LeaderRec{p.digest, p.applied, 0};
+  while (points.size() > kPointsPerConn) points.erase(points.begin());
+}
+
+void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
+  if (replica < 0 || replica >= replicas_ || replica == leader_ || suspended(replica)) return;
+  if (Compare(replica, p, now_us)) return;
+  if (pending_.size() >= kMaxPending) {
+    pending_.pop_front();
+    unchecked_++;
+  }
+  pending_.push_back(Pending{replica, p, now_us});
+}
+
+bool OutputChecker::Compare(int replica, const OutputPoint& p, uint64_t now_us) {
+  auto conn = leader_points_.find(p.key);
+  if (conn == leader_points_.end()) return false;
+  auto at = conn->second.find(p.offset);
+  if (at == conn->second.end()) return false;
+  LeaderRec& ref = at->second;
+  checks_++;
+  Place place{p.key, p.offset};
+  if (p.digest == ref.digest) {
+    ref.agreed_mask |= 1u << replica;
+    auto& agreed = agreed_[{replica, p.key}];
+    if (p.offset >= agreed.first) agreed = {p.offset, ref.applied};
+    return true;
+  }
+  Dispute& d = disputes_[place];
+  if (d.digests.empty()) {
+    d.leader_digest = ref.digest;
+    d.leader_applied = ref.applied;
+    d.since_us = now_us;
+  }
+  d.digests[replica] = p.digest;
+  return true;
+}
+
+void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out) {
+  uint32_t mask = 0;
+  auto conn = leader_points_.find(at.first);
+  if (conn != leader_points_.end()) {
+    auto rec = conn->second.find(at.second);
+    if (rec != conn->second.end()) mask = rec->second.agreed_mask;
+  }
+  std::vector<int> agreeing;
+  for (int r = 0; r < replicas_; r++)
+    if (mask & (1u << r)) agreeing.push_back(r);
+  auto make = [&](int replica, uint64_t digest) {
+    Divergence v;
+    v.replica = replica;
+    v.key = at.first;
+    v.offset = at.second;
+    v.leader_digest = d.leader_digest;
+    v.replica_digest = digest;
+    v.differ_applied = d.leader_applied;
+    auto a = agreed_.find({replica, at.first});
+    if (a != agreed_.end() && a->second.first < at.second) {
+      v.agreed_offset = a->second.first;
+      v.agreed_applied = a->second.second;
+    }
+    return v;
+  };
+  // The leader is outvoted only by a majority of the cluster that agrees
+  // with itself: backups enough to elect a leader without it, all with one
+  // digest, and none on its side.
+  size_t majority = static_cast<size_t>(replicas_ / 2 + 1);
+  if (agreeing.empty() && d.digests.size() >= majority) {
+    uint64_t first = d.digests.begin()->second;
+    bool one_voice = true;
+    for (const auto& [r, digest] : d.digests) one_voice &= digest == first;
+    if (one_voice) {
+      Divergence v = make(leader_, d.leader_digest);
+      v.replica_digest = first;
+      v.agreed_offset = v.agreed_applied = 0;  // no agreed point of the leader's own
+      for (const auto& [r, digest] : d.digests) v.agreeing.push_back(r);
+      suspended_.insert(leader_);
+      out->push_back(std::move(v));
+      return;
+    }
+  }
+  for (const auto& [r, digest] : d.digests) {
+    if (suspended(r)) continue;
+    Divergence v = make(r, digest);
+    v.agreeing = agreeing;
+    suspended_.insert(r);
+    out->push_back(std::move(v));
+  }
+}
+
+std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
+  // Backup points that came before the leader's.
+  for (size_t n = pending_.size(); n > 0; n--) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    if (suspended(p.replica)) continue;
+    if (Compare(p.replica, p.p, now_us)) continue;
+    if (now_us - p.since_us >= kPendingUs) {
+      unchecked_++;  // the leader never had a point there (its writes ended elsewhere)
+      continue;
+    }
+    pending_.push_back(std::move(p));
+  }
+  std::vector<Divergence> out;
+  for (auto it = disputes_.begin(); it != disputes_.end();) {
+    const Dispute& d = it->second;
+    size_t backups = 0, heard = 0;
+    uint32_t mask = 0;
+    auto conn = leader_points_.find(it->first.first);
+    if (conn != leader_points_.end()) {
+      auto rec = conn->second.find(it->first.second);
+      if (rec != conn->second.end()) mask = rec->second.agreed_mask;
+    }
+    for (int r = 0; r < replicas_; r++) {
+      if (r == leader_ || suspended(r)) continue;
+      backups++;
+      if (d.digests.count(r) || (mask & (1u << r))) heard++;
+    }
+    if (heard < backups && now_us - d.since_us < kVerdictWaitUs) {
+      ++it;
+      continue;
+    }
+    Judge(it->first, d, &out);
+    it = disputes_.erase(it);
+  }
+  return out;
+}
+
+void OutputChecker::ForgetConn(const ConnKey& key) {
+  leader_points_.erase(key);
+  for (auto it = agreed_.begin(); it != agreed_.end();)
+    it = it->first.second == key ? agreed_.erase(it) : std::next(it);
+}
+
+void OutputChecker::Resume(int replica) {
+  suspended_.erase(replica);
+  for (auto it = agreed_.begin(); it != agreed_.end();)
+    it = it->first.first == replica ? agreed_.erase(it) : std::next(it);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,119 @@
+// output_check_test.cc — the leader's judge of output digests
+// (guard/output_check.h): who diverged, from what, and when it cannot tell.
+#include "guard/output_check.h"
+
+#include <gtest/gtest.h>
+
+namespace lockstep {
+namespace {
+
+constexpr int kLeader = 0;
+const ConnKey kConn{7, 3};
+
+OutputPoint Pt(uint64_t offset, uint64_t digest, uint64_t applied = 0, ConnKey key = kConn) {
+  return OutputPoint{key, offset, digest, applied};
+}
+
+TEST(OutputCheck, EqualDigestsAgree) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnBackupPoint(1, Pt(100, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(100, 0xaa), 0);
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.checks(), 2u);
+  EXPECT_EQ(c.unchecked(), 0u);
+}
+
+TEST(OutputCheck, TheBackupThatDiffersAloneDiverged) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnLeaderPoint(Pt(250, 0xbb, 14));
+  c.OnBackupPoint(1, Pt(100, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(100, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(250, 0xcc), 0);
+  EXPECT_TRUE(c.Poll(1).empty());  // backup 1 has not spoken at 250 yet
+  c.OnBackupPoint(1, Pt(250, 0xbb), 2);
+  std::vector<Divergence> v = c.Poll(3);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 2);
+  EXPECT_EQ(v[0].key, kConn);
+  EXPECT_EQ(v[0].offset, 250u);
+  EXPECT_EQ(v[0].leader_digest, 0xbbu);
+  EXPECT_EQ(v[0].replica_digest, 0xccu);
+  EXPECT_EQ(v[0].agreed_offset, 100u);  // where it last agreed: the log window 10..14
+  EXPECT_EQ(v[0].agreed_applied, 10u);
+  EXPECT_EQ(v[0].differ_applied, 14u);
+  EXPECT_EQ(v[0].agreeing, std::vector<int>{1});
+  EXPECT_TRUE(c.suspended(2));
+  // Suspended until repaired: its points are not judged again meanwhile.
+  c.OnLeaderPoint(Pt(300, 0xdd));
+  c.OnBackupPoint(2, Pt(300, 0xee), 4);
+  EXPECT_TRUE(c.Poll(5).empty());
+  c.Resume(2);
+  c.OnBackupPoint(2, Pt(300, 0xdd), 6);
+  EXPECT_TRUE(c.Poll(7).empty());
+}
+
+TEST(OutputCheck, BackupsThatAgreeWithEachOtherOutvoteTheLeader) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(64, 0x11, 5));
+  c.OnBackupPoint(1, Pt(64, 0x22), 0);
+  c.OnBackupPoint(2, Pt(64, 0x22), 0);
+  std::vector<Divergence> v = c.Poll(1);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, kLeader);
+  EXPECT_EQ(v[0].replica_digest, 0x22u);
+  EXPECT_EQ(v[0].agreeing, (std::vector<int>{1, 2}));
+}
+
+TEST(OutputCheck, BackupsThatDisagreeAmongThemselvesDoNotOutvoteTheLeader) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(64, 0x11));
+  c.OnBackupPoint(1, Pt(64, 0x22), 0);
+  c.OnBackupPoint(2, Pt(64, 0x33), 0);
+  std::vector<Divergence> v = c.Poll(1);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_EQ(v[1].replica, 2);
+}
+
+TEST(OutputCheck, ASilentBackupIsWaitedForThenTheLeaderStands) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(64, 0x11));
+  c.OnBackupPoint(1, Pt(64, 0x22), 1000);
+  EXPECT_TRUE(c.Poll(1000 + OutputChecker::kVerdictWaitUs - 1).empty());
+  std::vector<Divergence> v = c.Poll(1000 + OutputChecker::kVerdictWaitUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_TRUE(v[0].agreeing.empty());
+}
+
+TEST(OutputCheck, ABackupAheadOfTheLeaderWaitsForItsPoint) {
+  OutputChecker c(3, kLeader);
+  c.OnBackupPoint(1, Pt(64, 0x22), 0);  // the leader's record not read yet
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.checks(), 0u);
+  c.OnLeaderPoint(Pt(64, 0x22));
+  EXPECT_TRUE(c.Poll(2).empty());
+  EXPECT_EQ(c.checks(), 1u);
+  // A point the leader never has (its writes ended at other offsets) is
+  // given up after a while and counted, never judged.
+  c.OnBackupPoint(2, Pt(65, 0x99), 10);
+  EXPECT_TRUE(c.Poll(10 + OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(c.unchecked(), 1u);
+}
+
+TEST(OutputCheck, PointsOfAForgottenConnectionAreNotCompared) {
+  OutputChecker c(3, kLeader);
+  ConnKey other{7, 4};
+  c.OnLeaderPoint(Pt(10, 0x1));
+  c.OnLeaderPoint(Pt(10, 0x5, 0, other));
+  c.ForgetConn(kConn);
+  c.OnBackupPoint(1, Pt(10, 0x2), 0);
+  c.OnBackupPoint(1, Pt(10, 0x5, 0, other), 0);
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.checks(), 1u);
+}
+
+}  // namespace
+}  // namespace lockstep
