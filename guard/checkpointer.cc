@@ -13,9 +13,13 @@
 
 namespace lockstep {
 
-Checkpointer::Checkpointer(const CheckpointPolicy& policy, int replica_id,
+Checkpointer::Checkpointer(const CheckpointPolicy& policy, int replica_id, int replicas,
                            const std::string& replica_dir, LogFn log)
-    : policy_(policy), id_(replica_id), replica_dir_(replica_dir), log_(std::move(log)) {}
+    : policy_(policy),
+      id_(replica_id),
+      replicas_(replicas > 0 ? replicas : 1),
+      replica_dir_(replica_dir),
+      log_(std::move(log)) {}
 
 Checkpointer::~Checkpointer() {
   if (commit_thread_.joinable()) commit_thread_.join();
@@ -59,11 +63,20 @@ bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) co
   if (!policy_.enabled || !broken_.empty() || dumping() || commit_thread_.joinable()) return false;
   if (applied <= last_index_ && !requested_) return false;
   if (requested_) return true;
-  // Replicas start out staggered (an eighth of the interval per id), so that
-  // backups under the same load do not all pause their servers at once.
-  uint64_t first_offset = last_started_us_ ? 0 : policy_.every_entries * (id_ % 8) / 8;
-  if (applied - last_index_ >= policy_.every_entries + first_offset) return true;
-  if (log_bytes - last_log_bytes_ >= policy_.every_log_bytes) return true;
+  // Turns by log position: replica i's checkpoints fall due at the indices
+  // k * E + i * E / n (E entries apart, n replicas), and likewise by bytes
+  // of log. Every backup applies the same log, so two backups keeping up
+  // never pause their servers together: they reach their turns E / n
+  // entries apart. A restore or a put-off checkpoint moves to the next
+  // turn, not off the schedule.
+  auto due = [&](uint64_t now_at, uint64_t last_at, uint64_t every) {
+    if (every == 0) return false;
+    uint64_t turn = every * static_cast<uint64_t>(id_ % replicas_) / replicas_;
+    uint64_t next = last_at < turn ? turn : ((last_at - turn) / every + 1) * every + turn;
+    return now_at >= next;
+  };
+  if (due(applied, last_index_, policy_.every_entries)) return true;
+  if (due(log_bytes, last_log_bytes_, policy_.every_log_bytes)) return true;
   if (!last_started_us_) return false;  // the time rule counts from the first one
   return now_us - last_started_us_ >= policy_.every_seconds * 1000000;
 }

@@ -30,8 +30,9 @@ namespace lockstep {
 class Checkpointer {
  public:
   using LogFn = std::function<void(const std::string&)>;
-  Checkpointer(const CheckpointPolicy& policy, int replica_id, const std::string& replica_dir,
-               LogFn log);
+  // replicas: the cluster's size, for the backups' turns (Due).
+  Checkpointer(const CheckpointPolicy& policy, int replica_id, int replicas,
+               const std::string& replica_dir, LogFn log);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -91,6 +92,7 @@ class Checkpointer {
 
   CheckpointPolicy policy_;
   int id_;
+  int replicas_;
   std::string replica_dir_;
   LogFn log_;
   CheckpointStore store_;

@@ -37,7 +37,8 @@ void ServerPipeline::OpenCheckpoints() {
       std::make_unique<CheckpointSenders>([this](const std::string& m) { log_("%s", m.c_str()); });
   if (!cfg_.checkpoint.enabled) return;
   checkpointer_ = std::make_unique<Checkpointer>(
-      cfg_.checkpoint, me_.id, me_.dir, [this](const std::string& m) { log_("%s", m.c_str()); });
+      cfg_.checkpoint, me_.id, static_cast<int>(cfg_.replicas.size()), me_.dir,
+      [this](const std::string& m) { log_("%s", m.c_str()); });
   std::string err;
   if (!checkpointer_->Open(&err)) {
     log_("CHECKPOINTS OFF: cannot open the checkpoint store in %s: %s", me_.dir.c_str(),
