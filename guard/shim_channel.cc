@@ -9,9 +9,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #include "consensus/assert.h"
 
@@ -20,6 +22,26 @@ namespace lockstep {
 // Records and ring sizes are multiples of 8, so every record starts 8-aligned.
 static_assert(LS_SUB_RING_BYTES % 8 == 0 && sizeof(ls_sub_record) % 8 == 0);
 constexpr uint32_t kMaxPort = 65535;
+static_assert(sizeof(ls_out_record) == 32 && sizeof(ls_out_slot) == 64);
+// Output records consumed before the tail is published to the shim (and
+// always when the ring is found empty): one cache-line transfer per batch.
+constexpr uint64_t kOutputTailBatch = 64;
+
+// Where each part of the region lies, as this build creates it.
+struct RegionLayout {
+  uint64_t header = (sizeof(ls_shim_header) + 4095) & ~uint64_t{4095};
+  uint64_t sub = header;
+  uint64_t done = sub + LS_SUB_RING_BYTES;
+  uint64_t order = done + uint64_t{LS_DONE_RING_SLOTS} * sizeof(ls_done_record);
+  uint64_t out = order + uint64_t{LS_ORDER_SLOTS} * sizeof(ls_order_record);
+  uint64_t win = out + uint64_t{LS_OUT_RING_SLOTS} * sizeof(ls_out_record);
+  uint64_t win_bytes = win + uint64_t{LS_OUT_SLOTS} * sizeof(ls_out_slot);
+  uint64_t end = win_bytes + uint64_t{LS_OUT_SLOTS} * LS_OUT_WINDOW;
+};
+
+static bool ValidOutputRing(uint64_t records) {
+  return records > 0 && records <= LS_OUT_RING_SLOTS && (records & (records - 1)) == 0;
+}
 
 void ShimChannel::Fail(const std::string& why) {
   if (error_.empty()) error_ = why;
@@ -37,12 +59,21 @@ void ShimChannel::UseRings() {
   sub_bytes_ = hdr_->sub_bytes;
   done_slots_ = hdr_->done_slots;
   order_slots_ = hdr_->order_slots;
+  out_slots_ = hdr_->out_slots;
   sub_ring_ = base + hdr_->sub_offset;
   done_ring_ = reinterpret_cast<ls_done_record*>(base + hdr_->done_offset);
   order_ring_ = reinterpret_cast<ls_order_record*>(base + hdr_->order_offset);
+  out_ring_ = reinterpret_cast<const ls_out_record*>(base + hdr_->out_offset);
+  out_win_ = reinterpret_cast<const ls_out_slot*>(base + hdr_->win_offset);
+  out_bytes_ = base + hdr_->win_bytes_offset;
 }
 
-bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
+bool ShimChannel::Create(uint32_t max_chunk, std::string* error, uint32_t output_ring_records) {
+  if (!ValidOutputRing(output_ring_records)) {
+    *error = "output ring of " + std::to_string(output_ring_records) +
+             " records: not a power of two up to " + std::to_string(LS_OUT_RING_SLOTS);
+    return false;
+  }
   size_ = ls_shim_region_bytes();
   region_fd_ = memfd_create("lockstep-shim", 0);
   if (region_fd_ < 0 || ftruncate(region_fd_, static_cast<off_t>(size_)) != 0) {
@@ -55,14 +86,21 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error) {
     return false;
   }
   hdr_ = new (p) ls_shim_header();  // the memfd is zero-filled; this sets up the atomics
-  uint64_t header_bytes = (sizeof(ls_shim_header) + 4095) & ~uint64_t{4095};
+  RegionLayout layout;
+  LS_ASSERT(layout.end == size_, "region layout ends at %lu, not %lu", (unsigned long)layout.end,
+            (unsigned long)size_);
   hdr_->size = size_;
-  hdr_->sub_offset = header_bytes;
+  hdr_->sub_offset = layout.sub;
   hdr_->sub_bytes = LS_SUB_RING_BYTES;
-  hdr_->done_offset = header_bytes + LS_SUB_RING_BYTES;
+  hdr_->done_offset = layout.done;
   hdr_->done_slots = LS_DONE_RING_SLOTS;
-  hdr_->order_offset = hdr_->done_offset + uint64_t{LS_DONE_RING_SLOTS} * sizeof(ls_done_record);
+  hdr_->order_offset = layout.order;
   hdr_->order_slots = LS_ORDER_SLOTS;
+  hdr_->out_offset = layout.out;
+  hdr_->out_slots = output_ring_records;
+  hdr_->win_offset = layout.win;
+  hdr_->win_bytes_offset = layout.win_bytes;
+  hdr_->out_mark_bytes = LS_OUT_MARK_BYTES;
   hdr_->max_chunk = max_chunk;
   hdr_->version = LS_SHIM_VERSION;
   hdr_->magic = LS_SHIM_MAGIC;
@@ -111,9 +149,13 @@ bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, st
     return false;
   }
   hdr_ = static_cast<ls_shim_header*>(p);
+  RegionLayout layout;
   if (hdr_->magic != LS_SHIM_MAGIC || hdr_->version != LS_SHIM_VERSION || hdr_->size != size_ ||
       hdr_->sub_bytes != LS_SUB_RING_BYTES || hdr_->done_slots != LS_DONE_RING_SLOTS ||
-      hdr_->order_slots != LS_ORDER_SLOTS) {
+      hdr_->order_slots != LS_ORDER_SLOTS || hdr_->sub_offset != layout.sub ||
+      hdr_->done_offset != layout.done || hdr_->order_offset != layout.order ||
+      hdr_->out_offset != layout.out || !ValidOutputRing(hdr_->out_slots) ||
+      hdr_->win_offset != layout.win || hdr_->win_bytes_offset != layout.win_bytes) {
     *error = "the restored shim region's header does not match this build";
     return false;
   }
@@ -122,6 +164,9 @@ bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, st
   sub_tail_ = hdr_->sub_tail.load();
   done_head_ = hdr_->done_head.load();
   order_written_ = order_published_ = hdr_->order_head.load();
+  // Output records published before the dump are history: not delivered again.
+  out_tail_ = hdr_->out_head.load();
+  hdr_->out_tail.store(out_tail_);
   LS_ASSERT(sub_tail_ % 8 == 0, "restored submission tail %lu not 8-aligned",
             (unsigned long)sub_tail_);
   for (int i = LS_MAX_REPLAY - 1; i >= 0; i--)
@@ -130,10 +175,14 @@ bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, st
 }
 
 std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int server_port) const {
-  return {{"LOCKSTEP_SHIM_FD", std::to_string(region_fd_)},
-          {"LOCKSTEP_SHIM_WAKE_SERVER", std::to_string(wake_server_fd_)},
-          {"LOCKSTEP_SHIM_WAKE_DAEMON", std::to_string(wake_daemon_fd_)},
-          {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)}};
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"LOCKSTEP_SHIM_FD", std::to_string(region_fd_)},
+      {"LOCKSTEP_SHIM_WAKE_SERVER", std::to_string(wake_server_fd_)},
+      {"LOCKSTEP_SHIM_WAKE_DAEMON", std::to_string(wake_daemon_fd_)},
+      {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)}};
+  if (!output_digests_env_.empty())
+    env.push_back({"LOCKSTEP_SHIM_OUTPUT_DIGESTS", output_digests_env_});
+  return env;
 }
 
 bool ShimChannel::shim_attached() const {
@@ -219,6 +268,12 @@ bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len) {
 }
 
 bool ShimChannel::Flush() {
+  if (!error_.empty()) return false;
+  uint64_t out_head;
+  if (!output_consumer_ && TakeOutputHead(&out_head) && out_head != out_tail_) {
+    out_tail_ = out_head;  // nobody compares outputs: leave the shim room
+    hdr_->out_tail.store(out_tail_, std::memory_order_release);
+  }
   if (!error_.empty()) return false;
   size_t n = 0;
   if (!unflushed_.empty()) {
@@ -341,6 +396,100 @@ bool ShimChannel::ReplayAccepted(int slot) const {
 bool ShimChannel::ReplayEof(int slot) const {
   LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   return hdr_->replay[slot].eof_read.load() != 0;
+}
+
+uint32_t ShimChannel::ReplayConn(int slot) const {
+  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
+  return hdr_->replay[slot].conn.load();
+}
+
+// The shim's output head, checked against our tail: it publishes whole
+// records, never more than the ring holds.
+bool ShimChannel::TakeOutputHead(uint64_t* head) {
+  *head = hdr_->out_head.load(std::memory_order_acquire);
+  if (*head - out_tail_ > out_slots_) {  // also a head behind the tail
+    Fail("output ring: head " + std::to_string(*head) + " against tail " +
+         std::to_string(out_tail_) + " in a ring of " + std::to_string(out_slots_));
+    return false;
+  }
+  return true;
+}
+
+bool ShimChannel::PollOutput(OutputDigest* d) {
+  if (!error_.empty() || !hdr_) return false;
+  output_consumer_ = true;
+  uint64_t head;
+  if (!TakeOutputHead(&head)) return false;
+  if (head == out_tail_) {
+    if (hdr_->out_tail.load(std::memory_order_relaxed) != out_tail_)
+      hdr_->out_tail.store(out_tail_, std::memory_order_release);
+    return false;
+  }
+  // Copied once: the shim's memory may change under us, the checked copy may not.
+  ls_out_record r;
+  memcpy(&r, &out_ring_[out_tail_ % out_slots_], sizeof r);
+  out_tail_++;
+  if (out_tail_ % kOutputTailBatch == 0) hdr_->out_tail.store(out_tail_, std::memory_order_release);
+  constexpr uint32_t kFlags = LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST;
+  if ((r.replay_slot != LS_OUT_NONE && r.replay_slot >= LS_MAX_REPLAY) ||
+      (r.out_slot != LS_OUT_NONE && r.out_slot >= LS_OUT_SLOTS) || (r.flags & ~kFlags) != 0) {
+    Fail("output ring: record " + std::to_string(out_tail_ - 1) + " names replay slot " +
+         std::to_string(r.replay_slot) + ", output slot " + std::to_string(r.out_slot) +
+         ", flags " + std::to_string(r.flags));
+    return false;
+  }
+  d->conn = r.conn;
+  d->replay_slot = r.replay_slot == LS_OUT_NONE ? -1 : r.replay_slot;
+  d->out_slot = r.out_slot == LS_OUT_NONE ? -1 : r.out_slot;
+  d->offset = r.offset;
+  d->digest = r.digest;
+  d->flags = r.flags;
+  return true;
+}
+
+bool ShimChannel::RecentOutput(int out_slot, uint32_t conn, OutputWindow* w) const {
+  if (!hdr_ || out_slot < 0 || out_slot >= static_cast<int>(LS_OUT_SLOTS)) return false;
+  const ls_out_slot& s = out_win_[out_slot];
+  const char* bytes = out_bytes_ + static_cast<size_t>(out_slot) * LS_OUT_WINDOW;
+  // A seqlock: the shim may be writing it right now; retry until a read
+  // falls between two of its writes.
+  for (int attempt = 0; attempt < 1000; attempt++) {
+    if (attempt >= 16) std::this_thread::yield();
+    uint32_t seq = s.seq.load(std::memory_order_acquire);
+    if (seq & 1) continue;
+    uint32_t state = s.state.load(std::memory_order_relaxed);
+    uint32_t holder = s.conn.load(std::memory_order_relaxed);
+    uint64_t end = s.end.load(std::memory_order_relaxed);
+    size_t n = static_cast<size_t>(std::min<uint64_t>(end, LS_OUT_WINDOW));
+    uint64_t start = end - n;
+    size_t at = static_cast<size_t>(start % LS_OUT_WINDOW);
+    size_t first = std::min<size_t>(n, LS_OUT_WINDOW - at);
+    w->bytes.resize(n);
+    memcpy(w->bytes.data(), bytes + at, first);
+    memcpy(w->bytes.data() + first, bytes, n - first);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != seq) continue;
+    if (state == LS_OUT_FREE || holder != conn) break;
+    w->start = start;
+    w->ended = state == LS_OUT_ENDED || state == LS_OUT_GONE;
+    w->closed = state == LS_OUT_GONE;
+    return true;
+  }
+  w->bytes.clear();
+  return false;
+}
+
+ShimChannel::OutputStats ShimChannel::GetOutputStats() const {
+  OutputStats st;
+  if (!hdr_) return st;
+  st.enabled = hdr_->out_enabled.load() != 0;
+  st.published = hdr_->out_head.load();
+  st.consumed = out_tail_;
+  st.dropped_full = hdr_->out_dropped_full.load();
+  st.dropped_busy = hdr_->out_dropped_busy.load();
+  st.unhashed = hdr_->out_unhashed.load();
+  st.unslotted = hdr_->out_unslotted.load();
+  return st;
 }
 
 }  // namespace lockstep

@@ -1,7 +1,9 @@
 // shim_channel.h — the daemon's end of the shared-memory channel to the
 // preload shim inside its server (the contract is preload/shim_abi.h):
 // submissions in, outcomes out, the leader/passthrough mode, the sleep/wake
-// handshake, and the replay slots that let a backup keep the log's order.
+// handshake, the replay slots that let a backup keep the log's order, and
+// the digests and recent bytes of what the server sent (PollOutput,
+// RecentOutput).
 //
 // The region is shared with the server, whose memory a bug may corrupt: the
 // daemon keeps its own copies of the rings' geometry and of the positions it
@@ -29,7 +31,10 @@ class ShimChannel {
   ShimChannel& operator=(const ShimChannel&) = delete;
 
   // A memfd region and two eventfds, all inheritable by the server.
-  bool Create(uint32_t max_chunk, std::string* error);
+  // output_ring_records: how many output records the ring holds, a power of
+  // two up to LS_OUT_RING_SLOTS (smaller only to test a full ring).
+  bool Create(uint32_t max_chunk, std::string* error,
+              uint32_t output_ring_records = LS_OUT_RING_SLOTS);
   // The channel of a server restored from a checkpoint (checkpoint/): CRIU
   // gave it a copy of the region as it was at the dump and new eventfds, at
   // the fd numbers `server_fds` (ServerFds() of the channel it was started
@@ -37,7 +42,10 @@ class ShimChannel {
   // from the positions in the restored header.
   bool Adopt(pid_t server_pid, const std::vector<int>& server_fds, std::string* error);
   // What the server's environment needs (LOCKSTEP_SHIM_*), and which fds it keeps.
+  // With set_output_digests() called before, it also sets
+  // LOCKSTEP_SHIM_OUTPUT_DIGESTS (else the server inherits ours, if any).
   std::vector<std::pair<std::string, std::string>> ServerEnv(int server_port) const;
+  void set_output_digests(bool on) { output_digests_env_ = on ? "1" : "0"; }
   std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
   int wake_daemon_fd() const { return wake_daemon_fd_; }
   bool shim_attached() const;
@@ -88,24 +96,84 @@ class ShimChannel {
   // The server has accepted the slot's connection (and the shim knows it).
   bool ReplayAccepted(int slot) const;
   bool ReplayEof(int slot) const;
+  // The shim's number of the connection accepted on the slot (the `conn` of
+  // its output digests); valid once ReplayAccepted(slot).
+  uint32_t ReplayConn(int slot) const;
+
+  // ---- What the server sent (preload/shim_abi.h, "Output").
+  // The shim hashes each tracked connection's output stream by byte offset
+  // and publishes a digest at the end of every send that advanced it, plus
+  // one wherever the stream crosses a multiple of kOutputMarkBytes inside a
+  // send (every replica has those, however its server chunked its writes).
+  // It never waits for the daemon: records past a full ring are dropped and
+  // counted. A dropped record is a skipped check, never a wrong one.
+  static constexpr uint64_t kOutputMarkBytes = LS_OUT_MARK_BYTES;
+  struct OutputDigest {
+    // The connection: the shim's number for it. On the leader that is the
+    // `conn` of its ACCEPT submission (ConnKey::no under the ballot that
+    // accepted it); for a replay connection, see ReplayConn(replay_slot).
+    uint32_t conn = 0;
+    int replay_slot = -1;  // >= 0: a replay connection (this slot); -1: a client's
+    int out_slot = -1;     // where RecentOutput finds its last bytes; -1: nowhere
+    uint64_t offset = 0;   // the digest covers the stream's bytes [0, offset)
+    uint64_t digest = 0;   // XXH64 (seed 0) of them: preload/stream_hash.h
+    uint32_t flags = 0;    // LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST
+    // LS_OUT_LOST: the shim missed some of this stream; this digest and all
+    // later ones of the connection mean nothing (skip, never compare them).
+    bool usable() const { return (flags & LS_OUT_LOST) == 0; }
+  };
+  // The next digest, oldest first; false when there is none (or the channel
+  // failed: see error()). One connection's digests come in stream order.
+  // The shim never wakes the daemon for them: call it on every pass.
+  // Until the first call, Flush() discards what the shim published (so that
+  // a daemon that does not compare outputs leaves the ring room).
+  bool PollOutput(OutputDigest* d);
+  // The latest bytes a connection sent, up to LS_OUT_WINDOW of them:
+  // `bytes` are the stream's bytes [start, start + bytes.size()). False if
+  // out_slot no longer holds connection `conn` (a closed connection's window
+  // lasts until its slot is reused) or the shim kept changing it.
+  struct OutputWindow {
+    uint64_t start = 0;
+    std::string bytes;
+    bool ended = false;  // the server shut it down for writing, or closed it
+    bool closed = false;
+  };
+  bool RecentOutput(int out_slot, uint32_t conn, OutputWindow* w) const;
+  struct OutputStats {
+    bool enabled = false;       // the shim hashes outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS)
+    uint64_t published = 0;     // records the shim put into the ring
+    uint64_t consumed = 0;      // records taken by PollOutput or discarded by Flush
+    uint64_t dropped_full = 0;  // records dropped: the ring was full
+    uint64_t dropped_busy = 0;  // records dropped: another thread was publishing
+    uint64_t unhashed = 0;      // sends the shim could not hash (their streams are LOST)
+    uint64_t unslotted = 0;     // connections without an output slot (no digests at all)
+  };
+  OutputStats GetOutputStats() const;
 
  private:
   void Fail(const std::string& why);
   void ReuseSlots();
   void UseRings();
+  bool TakeOutputHead(uint64_t* head);
 
   ls_shim_header* hdr_ = nullptr;
   char* sub_ring_ = nullptr;
   ls_done_record* done_ring_ = nullptr;
   ls_order_record* order_ring_ = nullptr;
+  const ls_out_record* out_ring_ = nullptr;
+  const ls_out_slot* out_win_ = nullptr;
+  const char* out_bytes_ = nullptr;
   // The rings' geometry, as created: the copies in the header are the
   // shim's to read, not ours to trust.
-  uint64_t sub_bytes_ = 0, done_slots_ = 0, order_slots_ = 0;
+  uint64_t sub_bytes_ = 0, done_slots_ = 0, order_slots_ = 0, out_slots_ = 0;
   // Positions the daemon publishes (monotonic; the header holds copies).
   uint64_t sub_tail_ = 0;         // submission bytes consumed
   uint64_t done_head_ = 0;        // completion records published
   uint64_t order_written_ = 0;    // order records written; published up to here by Flush()
   uint64_t order_published_ = 0;  // order records published
+  uint64_t out_tail_ = 0;         // output records consumed (published every so often)
+  bool output_consumer_ = false;  // PollOutput was called: Flush() leaves records alone
+  std::string output_digests_env_;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned

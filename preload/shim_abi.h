@@ -1,5 +1,6 @@
 /* shim_abi.h — the contract between the preload shim (inside the server) and
- * its replica daemon: a shared-memory region with two rings and a few words.
+ * its replica daemon: a shared-memory region with its rings, the replay
+ * slots, the output windows and a few words.
  * Plain C11, included by both sides (guard/ compiles it as C++).
  *
  * The daemon creates the region (a memfd) and two eventfds, and starts the
@@ -11,6 +12,9 @@
  *                              (an exec'd child) passes everything through
  *   LOCKSTEP_SHIM_PORT         the server's client port: only connections
  *                              accepted on a socket bound to it are touched
+ *   LOCKSTEP_SHIM_OUTPUT_DIGESTS  "0": the shim does not hash what the server
+ *                              sends (see "Output" below); anything else or
+ *                              unset: it does
  *
  * Flow on the leader:
  *   shim  --submission ring-->  daemon   ACCEPT / DATA / CLOSE, each with a seq
@@ -36,6 +40,35 @@
  * server's epoll interest, so the server never sees the swap. Byte counts
  * (read_bytes, the shim's stream offsets) carry on from the checkpoint.
  *
+ * Output (every replica): the shim hashes what the server sends on the
+ * connections it tracks (client connections on the leader, replay
+ * connections everywhere): write, send, sendto, sendmsg, sendmmsg, writev
+ * and sendfile, counting only the bytes the kernel accepted. Each
+ * connection's output is one stream of bytes, and its digest at stream
+ * offset o is XXH64 (seed 0) of the bytes [0, o): it does not depend on how
+ * the server chunked its writes. At the end of every output call that
+ * advanced a stream, and where a stream crosses a multiple of
+ * `out_mark_bytes` inside a call, the shim publishes an ls_out_record into
+ * the output ring. The ring has a single producer as the daemon sees it
+ * (one head, every record below it complete): the server's threads take
+ * turns through a producer lock held only to copy one record, never across
+ * a call, and a thread that cannot have it after a short spin (or a signal
+ * handler that interrupted its own thread's copy) drops its record
+ * (out_dropped_busy) rather than wait. Per-connection latest-record slots
+ * would need no lock, but a slot keeps only the newest digest, and the
+ * comparison needs the digest at given offsets. A full ring is never
+ * waited for either: the record is dropped and counted (out_dropped_full).
+ * A dropped record is a skipped check: the next record of the stream is
+ * complete on its own. The shim never wakes the daemon for records: the
+ * daemon reads them when it runs.
+ * Each tracked connection also gets an output slot (while there are free
+ * ones): its last LS_OUT_WINDOW bytes, the byte at stream offset o at
+ * bytes[o % LS_OUT_WINDOW], under a seqlock. A closed connection's window
+ * stays readable until its slot is reused (least recently freed first).
+ * Shutdown for writing and close end the stream (LS_OUT_SHUT,
+ * LS_OUT_CLOSED records). After a restore the streams carry on from the
+ * checkpoint's offsets and digests (they live in the server's memory).
+ *
  * Sleeping: a side about to sleep announces it (server_sleepers /
  * daemon_sleeping), then re-checks its ring, then sleeps; the other side
  * writes the eventfd (and, for shim threads, FUTEX_WAKEs done_futex) only
@@ -59,12 +92,17 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 6u
+#define LS_SHIM_VERSION 7u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
 #define LS_MAX_REPLAY 4096u           /* replay connections open at once */
 #define LS_ORDER_SLOTS (1u << 16)     /* replay order: fixed 16-byte slots */
+#define LS_OUT_RING_SLOTS (1u << 16)  /* output records: fixed 32-byte slots (at most) */
+#define LS_OUT_SLOTS 4096u            /* connections with an output window at once */
+#define LS_OUT_WINDOW 4096u           /* recent output bytes kept per connection */
+#define LS_OUT_MARK_BYTES (64u << 10) /* default mark interval (daemon may choose) */
+#define LS_OUT_NONE 0xffffu           /* ls_out_record: no replay slot / no out slot */
 
 /* Daemon -> shim: what a newly accepted client connection is. */
 enum ls_mode {
@@ -115,6 +153,44 @@ struct ls_order_record {
   uint64_t len;
 };
 
+/* Output record flags (shim -> daemon). */
+enum ls_out_flag {
+  /* `offset` is a positive multiple of out_mark_bytes: every replica has a
+   * record there (unless dropped), however its server chunked the stream. */
+  LS_OUT_MARK = 1,
+  LS_OUT_SHUT = 2,   /* the server shut the connection down for writing: the stream ends */
+  LS_OUT_CLOSED = 4, /* the server closed the connection: the stream ends, the slot is freed */
+  /* Some output of this connection could not be hashed (a signal handler
+   * sent on it while the interrupted thread was hashing it, or a sendfile
+   * source could not be read back): this digest and every later one of the
+   * connection mean nothing. Skip them. */
+  LS_OUT_LOST = 8
+};
+
+/* One digest of one connection's output stream. */
+struct ls_out_record {
+  uint64_t offset;      /* stream offset: the digest covers the bytes [0, offset) */
+  uint64_t digest;      /* XXH64, seed 0, of those bytes */
+  uint32_t conn;        /* the shim's connection number (the leader's ACCEPT `conn`) */
+  uint16_t replay_slot; /* the replay slot of a replay connection; LS_OUT_NONE: a client's */
+  uint16_t out_slot;    /* the connection's output window; LS_OUT_NONE: it has none */
+  uint32_t flags;       /* ls_out_flag bits */
+  uint32_t pad;
+};
+
+/* An output window's header (the bytes are in a separate array, see
+ * win_bytes_offset). Written by the shim under a seqlock: `seq` is odd while
+ * it writes; read seq, then the rest, then seq again, and retry if it moved. */
+enum ls_out_state { LS_OUT_FREE = 0, LS_OUT_LIVE = 1, LS_OUT_ENDED = 2, LS_OUT_GONE = 3 };
+struct ls_out_slot {
+  LS_ATOMIC(uint32_t) seq;
+  LS_ATOMIC(uint32_t) state;       /* ls_out_state: ENDED after shutdown, GONE after close */
+  LS_ATOMIC(uint32_t) conn;        /* the shim's connection number */
+  LS_ATOMIC(uint32_t) replay_slot; /* or LS_OUT_NONE */
+  LS_ATOMIC(uint64_t) end;         /* stream offset just past the newest byte */
+  uint64_t pad[5];
+};
+
 struct ls_replay_slot {
   LS_ATOMIC(uint32_t) port;       /* local port of the daemon's end; 0: free */
   LS_ATOMIC(uint32_t) eof_read;   /* the server read EOF on it */
@@ -128,6 +204,9 @@ struct ls_replay_slot {
    * cleared by the daemon when it claims the slot. Until then the daemon's
    * end is connected while the server has not seen it: not at rest. */
   LS_ATOMIC(uint32_t) accepted;
+  /* The shim's number of the connection (the `conn` of its output records),
+   * set before `accepted`. */
+  LS_ATOMIC(uint32_t) conn;
 };
 
 struct ls_shim_header {
@@ -140,8 +219,12 @@ struct ls_shim_header {
   uint64_t done_slots;
   uint64_t order_offset; /* replay order ring: offset, slot count */
   uint64_t order_slots;
-  uint32_t max_chunk; /* largest DATA payload the daemon accepts */
-  uint32_t pad0;
+  uint32_t max_chunk;      /* largest DATA payload the daemon accepts */
+  uint32_t out_mark_bytes; /* mark interval of output records: a power of two, or 0 (none) */
+  uint64_t out_offset;     /* output ring: offset, slot count (a power of two) */
+  uint64_t out_slots;
+  uint64_t win_offset;       /* output windows: LS_OUT_SLOTS ls_out_slot headers */
+  uint64_t win_bytes_offset; /* and LS_OUT_SLOTS * LS_OUT_WINDOW bytes */
 
   /* Written by the daemon. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) mode;
@@ -152,6 +235,7 @@ struct ls_shim_header {
   /* Written by the shim. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) server_sleepers;
   LS_ATOMIC(uint32_t) shim_attached; /* the shim in the server mapped the region */
+  LS_ATOMIC(uint32_t) out_enabled;   /* the shim hashes outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS) */
 
   /* Submission ring positions (monotonic byte counts). */
   LS_ALIGN64 LS_ATOMIC(uint64_t) sub_head; /* shim: bytes published */
@@ -162,6 +246,14 @@ struct ls_shim_header {
   /* Replay order ring positions (monotonic record counts). */
   LS_ALIGN64 LS_ATOMIC(uint64_t) order_head; /* daemon: records published */
   LS_ALIGN64 LS_ATOMIC(uint64_t) order_tail; /* shim: records taken */
+  /* Output ring positions (monotonic record counts). */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) out_head; /* shim: records published */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) out_tail; /* daemon: records consumed */
+  /* Output counters (shim; monotonic). */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) out_dropped_full; /* records dropped: the ring was full */
+  LS_ATOMIC(uint64_t) out_dropped_busy;            /* records dropped: producer lock busy */
+  LS_ATOMIC(uint64_t) out_unhashed;  /* output calls whose bytes could not be hashed */
+  LS_ATOMIC(uint64_t) out_unslotted; /* tracked connections that got no output slot */
 
   LS_ALIGN64 LS_ATOMIC(uint64_t) replay_port_bits[65536 / 64];
   struct ls_replay_slot replay[LS_MAX_REPLAY];
@@ -170,7 +262,10 @@ struct ls_shim_header {
 static inline uint64_t ls_shim_region_bytes(void) {
   uint64_t h = (sizeof(struct ls_shim_header) + 4095) & ~(uint64_t)4095;
   return h + LS_SUB_RING_BYTES + (uint64_t)LS_DONE_RING_SLOTS * sizeof(struct ls_done_record) +
-         (uint64_t)LS_ORDER_SLOTS * sizeof(struct ls_order_record);
+         (uint64_t)LS_ORDER_SLOTS * sizeof(struct ls_order_record) +
+         (uint64_t)LS_OUT_RING_SLOTS * sizeof(struct ls_out_record) +
+         (uint64_t)LS_OUT_SLOTS * sizeof(struct ls_out_slot) +
+         (uint64_t)LS_OUT_SLOTS * LS_OUT_WINDOW;
 }
 
 #endif
