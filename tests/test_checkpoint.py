@@ -426,6 +426,20 @@ def leader_truncated_past(cluster, index, timeout=30.0):
     )
 
 
+def wait_back_by_transfer(cluster, r, timeout, what):
+    """Waits until replica r fetched a peer's checkpoint and caught up with
+    the leader's commit index; returns the status then."""
+    return cluster.wait(
+        lambda s: (
+            s["leader"] is not None
+            and ck(s, r).get("fetched", 0) >= 1
+            and s["replicas"][r]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
+        ),
+        timeout,
+        what,
+    )
+
+
 def test_lagging_backup_comes_back_by_state_transfer(transfer_cluster):
     c = transfer_cluster
     client = Redis(c.client_addr())
@@ -437,14 +451,7 @@ def test_lagging_backup_comes_back_by_state_transfer(transfer_cluster):
     load(client, 1000, 1000)  # the other backup checkpoints; the leader truncates
     leader_truncated_past(c, last_seen)
     run("cluster", "restart", "--id", b, "--dir", c.dir)
-    s = c.wait(
-        lambda s: (
-            ck(s, b).get("fetched", 0) >= 1
-            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
-        ),
-        30,
-        f"replica {b} back by state transfer",
-    )
+    s = wait_back_by_transfer(c, b, 30, f"replica {b} back by state transfer")
     assert s["replicas"][b]["first_index"] > last_seen + 1, s
     load(client, 2000, 100)
     _digest, size = assert_same_data(c)
@@ -465,14 +472,7 @@ def test_wiped_backup_comes_back_by_state_transfer(transfer_cluster):
     c.wait(lambda s: s["replicas"][b]["role"] == "down", 10, "the backup down")
     shutil.rmtree(c.dir / f"replica-{b}")  # its disk is gone: log, checkpoints, data
     run("cluster", "restart", "--id", b, "--dir", c.dir)
-    c.wait(
-        lambda s: (
-            ck(s, b).get("fetched", 0) >= 1
-            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
-        ),
-        30,
-        f"the wiped replica {b} back by state transfer",
-    )
+    wait_back_by_transfer(c, b, 30, f"the wiped replica {b} back by state transfer")
     load(client, 1500, 100)
     _digest, size = assert_same_data(c)
     assert size == 1600
@@ -508,14 +508,7 @@ def test_damaged_transfer_is_refused_and_retried(transfer_cluster):
     )
     assert ck(c.status(), b).get("fetched", 0) == 0
     load(client, 2000, 1000)  # the other backup checkpoints again, undamaged
-    c.wait(
-        lambda s: (
-            ck(s, b).get("fetched", 0) >= 1
-            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
-        ),
-        40,
-        "the retried transfer",
-    )
+    wait_back_by_transfer(c, b, 40, "the retried transfer")
     _digest, size = assert_same_data(c)
     assert size == 3000
     assert not list((c.dir / f"replica-{b}" / "checkpoints").glob("tmp-fetch-*"))
@@ -537,15 +530,7 @@ def test_former_leader_with_a_truncated_log_rebuilds_from_a_peer_checkpoint(tran
     os.kill(c.pid(old), signal.SIGKILL)
     r = run("cluster", "restart", "--id", old, "--dir", c.dir)
     assert f"replica {old} running" in r.stdout, r.stdout
-    c.wait(
-        lambda s: (
-            s["leader"] is not None
-            and ck(s, old).get("fetched", 0) >= 1
-            and s["replicas"][old]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
-        ),
-        30,
-        f"the former leader {old} rebuilt from a peer's checkpoint",
-    )
+    wait_back_by_transfer(c, old, 30, f"the former leader {old} rebuilt from a peer's checkpoint")
     load(Redis(c.client_addr()), 1500, 100)
     _digest, size = assert_same_data(c)
     assert size == 1600
@@ -570,13 +555,8 @@ def test_idle_peer_checkpoints_on_demand_for_a_wiped_replica(cluster):
     c.wait(lambda s: s["replicas"][b]["role"] == "down", 10, "the backup down")
     shutil.rmtree(c.dir / f"replica-{b}")
     run("cluster", "restart", "--id", b, "--dir", c.dir)
-    c.wait(
-        lambda s: (
-            ck(s, b).get("fetched", 0) >= 1
-            and s["replicas"][b]["applied_index"] >= s["replicas"][s["leader"]]["commit_index"]
-        ),
-        40,
-        f"the wiped replica {b} back from the other backup's checkpoint",
+    wait_back_by_transfer(
+        c, b, 40, f"the wiped replica {b} back from the other backup's checkpoint"
     )
     assert ck(c.status(), other)["index"] >= index
     assert "a peer needs a checkpoint" in replica_log(c, other)
