@@ -52,6 +52,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -124,9 +125,10 @@ struct conn {
   int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
   int eof_read;        /* the server has read EOF */
   int broken;          /* an input was dropped: nothing past it is delivered */
-  int replay_slot;     /* >= 0: the daemon's replay connection (order from the order ring) */
-  int detached;        /* a dead restored socket, taken out of the kernel's epoll set */
-  char* inbox;         /* stream bytes from inbox_base on */
+  int gap;         /* client bytes were discarded (not the leader): none past them is submitted */
+  int replay_slot; /* >= 0: the daemon's replay connection (order from the order ring) */
+  int detached;    /* a dead restored socket, taken out of the kernel's epoll set */
+  char* inbox;     /* stream bytes from inbox_base on */
   uint64_t inbox_base, inbox_cap;
   uint64_t received;      /* stream bytes taken from the kernel */
   uint64_t committed_end; /* stream bytes agreed (contiguous) */
@@ -164,6 +166,21 @@ static uint64_t head_seen_seq;
 static uint32_t head_reports;             /* times the server was told the head is readable */
 static struct conn* log_closed_list[256]; /* closed by the log, EOF not yet read */
 static int log_closed_n;
+
+/* Inspection connections: client connections the server accepted while this
+ * replica was not the leader. They pass straight through (a backup's server
+ * answers them: DEBUG DIGEST, DBSIZE), so nothing they send is ever agreed.
+ * Such a connection must never be served by a leader: a replica that became
+ * the leader while one was open used to go on executing what its client sent
+ * (SETs acknowledged at unreplicated speed, absent from the log and from
+ * every other replica). So once the shim sees this replica lead, the
+ * connection is dead for good: its reads return EOF (the server closes it,
+ * the client reconnects). inspect_ino holds the socket's inode + 1 (0: not
+ * an inspection connection), so that a stale entry (an fd the server closed
+ * without our close(), a restored image's closed socket) never touches
+ * another file under the same number. */
+static _Atomic(uint64_t) inspect_ino[LS_MAX_FD];
+static _Atomic(uint8_t) inspect_dead[LS_MAX_FD];
 
 /* Output hashing (see "output" below). The hashing state of a connection
  * lives in a static table indexed by its output slot, never freed, so that a
@@ -585,13 +602,21 @@ static void ingest(struct conn* c) {
     }
     return;
   }
-  int discard = c->broken || c->log_closed || atomic_load(&hdr->mode) != LS_MODE_LEADER;
+  int discard = c->broken || c->gap || c->log_closed || atomic_load(&hdr->mode) != LS_MODE_LEADER;
   for (int round = 0; round < 8; round++) {
     if (!inbox_reserve(c, max_chunk)) return;
     char* tail = c->inbox + (c->received - c->inbox_base);
     ssize_t n = real_recv(c->fd, tail, max_chunk, MSG_DONTWAIT);
     if (n > 0) {
-      if (discard) continue; /* not the leader any more: these bytes are never agreed */
+      if (discard) {
+        /* Not the leader any more: these bytes are never agreed, and the
+         * stream has a hole from here on: nothing after it may be submitted
+         * either (this replica may lead again before the log closes it).
+         * Not `broken`: inputs submitted before the hole may still commit,
+         * and then this server must read them as the backups do. */
+        c->gap = 1;
+        continue;
+      }
       c->received += (uint64_t)n;
       submit(c, LS_SUB_DATA, tail, (uint32_t)n);
       if ((uint64_t)n < max_chunk) return;
@@ -703,6 +728,26 @@ static struct conn* tracked(int fd) {
   return by_fd[fd];
 }
 
+/* 1 when fd is an inspection connection this replica has led since it was
+ * accepted: the server must read EOF from it, never its client's bytes. */
+static int inspection_closed(int fd) {
+  if (!active || fd < 0 || fd >= LS_MAX_FD) return 0;
+  uint64_t ino = atomic_load_explicit(&inspect_ino[fd], memory_order_acquire);
+  if (!ino) return 0;
+  if (!atomic_load(&inspect_dead[fd]) && atomic_load(&hdr->mode) != LS_MODE_LEADER) return 0;
+  int saved = errno;
+  struct stat st;
+  int same = fstat(fd, &st) == 0 && (uint64_t)st.st_ino + 1 == ino;
+  errno = saved;
+  if (!same) { /* not the socket we saw accepted any more */
+    atomic_store(&inspect_ino[fd], 0);
+    atomic_store(&inspect_dead[fd], 0);
+    return 0;
+  }
+  atomic_store(&inspect_dead[fd], 1);
+  return 1;
+}
+
 /* The server read n bytes (0: EOF) of a replay connection: the daemon
  * knows from these counts when its server has caught up (a new leader waits
  * for that before it serves clients). */
@@ -788,6 +833,7 @@ ssize_t read(int fd, void* buf, size_t len) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, 0);
   }
+  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
   return real_read(fd, buf, len);
 }
 
@@ -797,6 +843,7 @@ ssize_t recv(int fd, void* buf, size_t len, int flags) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, flags);
   }
+  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
   return real_recv(fd, buf, len, flags);
 }
 
@@ -809,6 +856,7 @@ ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr
     if (n >= 0 && addr && addrlen) *addrlen = 0; /* connected TCP: no address, as the kernel */
     return n;
   }
+  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
   return real_recvfrom(fd, buf, len, flags, addr, addrlen);
 }
 
@@ -823,12 +871,14 @@ ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return n;
   }
+  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
   return real_recvmsg(fd, msg, flags);
 }
 
 ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
   struct conn* c = tracked(fd);
   if (c) return read_tracked(c, iov, iovcnt, 0);
+  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
   return real_readv(fd, iov, iovcnt);
 }
 
@@ -1276,6 +1326,8 @@ static int after_accept(int lfd, int fd, int flags) {
   char peer[80];
   int port = peer_port_of(fd, peer, sizeof peer);
   by_fd[fd] = NULL;
+  atomic_store(&inspect_ino[fd], 0);
+  atomic_store(&inspect_dead[fd], 0);
   out_end(fd, LS_OUT_CLOSED); /* a stale stream under this fd number (closed unseen) */
   if (port > 0 && (atomic_load(&hdr->replay_port_bits[port / 64]) >> (port % 64)) & 1) {
     int slot = find_replay_slot(port);
@@ -1313,10 +1365,20 @@ static int after_accept(int lfd, int fd, int flags) {
       return fd;
     }
   }
-  if (atomic_load(&hdr->mode) != LS_MODE_LEADER) return fd; /* inspection only */
+  if (atomic_load(&hdr->mode) != LS_MODE_LEADER) {
+    /* Inspection only, and only while this replica does not lead (see
+     * inspect_ino). Should it lead already, the first read says EOF. */
+    struct stat st;
+    if (fstat(fd, &st) == 0) atomic_store(&inspect_ino[fd], (uint64_t)st.st_ino + 1);
+    return fd;
+  }
 
   struct conn* c = calloc(1, sizeof *c);
-  if (!c) return fd;
+  if (!c) { /* untracked on a leader would be served unagreed: refuse it */
+    real_close(fd);
+    errno = EAGAIN;
+    return -1;
+  }
   c->fd = fd;
   c->epfd = -1;
   c->replay_slot = -1;
@@ -1411,6 +1473,8 @@ int close(int fd) {
     }
     listen_kind[fd] = 0;
     wake_in_epfd[fd] = 0;
+    atomic_store(&inspect_ino[fd], 0);
+    atomic_store(&inspect_dead[fd], 0);
     errno = saved;
   }
   return real_close(fd);

@@ -1,0 +1,318 @@
+"""No client is served without consensus: a write a client got "OK" for is in
+the log and on every replica, around leader changes and restores too.
+
+A backup's redis answers inspection connections (DEBUG DIGEST, DBSIZE: the
+tests' own checks use them), which pass straight through its shim and are
+never agreed. The bug found here: such a connection stayed open and kept
+being served when its replica became the leader, so a client that had
+connected to a backup (or to a leader address that went stale) had its
+SETs executed and acknowledged at unreplicated speed, in no log and on no
+other replica. The shim now gives such a connection EOF once its replica
+leads. Writes sent to a replica while it is a backup are still executed
+there (xfail below): that is the inspection design, not fixed here.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import run
+from resp import Redis, RespError
+from test_redis import assert_same_data, digests
+
+
+def keys_everywhere(cluster, keys):
+    """{replica: keys it lacks}, empty when every replica holds every key."""
+    missing = {}
+    for r in range(len(cluster.status()["replicas"])):
+        c = Redis(cluster.server_addr(r))
+        try:
+            lack = [k for k in keys if c.call("EXISTS", k) != 1]
+        finally:
+            c.close()
+        if lack:
+            missing[r] = lack
+    return missing
+
+
+def on_no_replica(cluster, key):
+    """True when no replica's redis holds key."""
+    for r in range(len(cluster.status()["replicas"])):
+        c = Redis(cluster.server_addr(r))
+        try:
+            if c.call("EXISTS", key) != 0:
+                return False
+        finally:
+            c.close()
+    return True
+
+
+def tracked_client(cluster, timeout=15.0):
+    """A connection to the leader's redis that the leader accepted as the
+    leader: the leader and its ballot are the same before the connection
+    and after a first reply on it (the reply means it was accepted and its
+    input agreed). Retries (bounded) otherwise."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = cluster.status()
+        if s["leader"] is None:
+            time.sleep(0.05)
+            continue
+        leader, ballot = s["leader"], s["replicas"][s["leader"]]["ballot"]
+        try:
+            c = Redis(cluster.server_addr(leader), timeout=5)
+            if c.call("PING") != "PONG":
+                c.close()
+                continue
+        except (OSError, RespError):
+            time.sleep(0.05)
+            continue
+        s = cluster.status()
+        if s["leader"] == leader and s["replicas"][leader]["ballot"] == ballot:
+            return c, leader
+        c.close()
+    raise AssertionError(f"no stable leader to connect to: {cluster.status()}")
+
+
+def refused(conn, *command, wait=2.0):
+    """True when `command` on conn gets no reply (EOF, reset or silence)."""
+    try:
+        conn.sock.sendall(Redis.encode(*command))
+        r = conn.reply(deadline=time.monotonic() + wait)
+    except (OSError, TimeoutError, ConnectionError):
+        return True
+    return r is None
+
+
+def wait_serving(cluster, timeout=15.0):
+    """Waits until the leader serves clients (a SET through it succeeds)."""
+    c, leader = tracked_client(cluster, timeout)
+    assert c.call("SET", f"serving-{time.monotonic_ns()}", "1") == "OK"
+    c.close()
+    return leader
+
+
+def kill_daemon(cluster, replica):
+    os.kill(cluster.pid(replica), signal.SIGKILL)
+
+
+def new_leader(cluster, old):
+    return cluster.wait(
+        lambda s: s["leader"] is not None and s["leader"] != old, 15, "a new leader"
+    )["leader"]
+
+
+@pytest.fixture
+def redis_cluster(cluster):
+    cluster.up(app="redis")
+    return cluster
+
+
+def test_connection_accepted_by_a_backup_is_not_served_once_it_leads(redis_cluster):
+    c = redis_cluster
+    client, leader = tracked_client(c)
+    assert client.call("SET", "before", "1") == "OK"
+    client.close()
+    backups = [r for r in range(3) if r != leader]
+    inspect = {b: Redis(c.server_addr(b), timeout=5) for b in backups}
+    for b in backups:  # inspection still works on a backup
+        assert inspect[b].call("EXISTS", "before") in (0, 1)
+    kill_daemon(c, leader)
+    now = new_leader(c, leader)
+    wait_serving(c)
+    # The connection its redis accepted as a backup must not be served now:
+    # before the fix this SET answered OK in ~0.5 ms, and the key was on the
+    # new leader only, never in the log.
+    assert refused(inspect[now], "SET", "unagreed", "x"), "a leader served an inspection connection"
+    other = next(b for b in backups if b != now)
+    assert inspect[other].call("EXISTS", "before") == 1  # a backup's still is
+    for conn in inspect.values():
+        conn.close()
+    run("cluster", "restart", "--dir", c.dir, "--id", leader)
+    client, _ = tracked_client(c)
+    assert client.call("SET", "after", "1") == "OK"
+    assert client.call("EXISTS", "unagreed") == 0
+    client.close()
+    assert_same_data(c, timeout=30)
+    assert not keys_everywhere(c, ["before", "after"])
+    assert on_no_replica(c, "unagreed")
+
+
+def test_acknowledged_writes_survive_leader_changes(redis_cluster):
+    """Writers keep sending unique SETs through leader kills and restarts,
+    to the leader and to the old leader's port, and open connections to
+    every replica before each change; every OK must be a write that every
+    replica holds at the end, and the replicas must agree."""
+    c = redis_cluster
+    acked, lock, stop = [], threading.Lock(), threading.Event()
+    errors = []
+    target = {"port_of": None}  # the old leader's server address, during a change
+    # Set by the stubborn client while it holds no connection and waits: the
+    # old leader is restarted (as a backup, whose redis answers inspection
+    # connections unreplicated, by design) only then.
+    idle = threading.Event()
+
+    def writer(name):
+        conn, n = None, 0
+        end = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < end:
+            try:
+                if conn is None:
+                    conn, _ = tracked_client(c, timeout=10)
+                key = f"{name}-{n}"
+                n += 1
+                conn.sock.sendall(Redis.encode("SET", key, "v"))
+                if conn.reply(deadline=time.monotonic() + 5) == "OK":
+                    with lock:
+                        acked.append(key)
+            except (OSError, TimeoutError, ConnectionError, RespError, AssertionError) as e:
+                if isinstance(e, AssertionError):
+                    errors.append(str(e))
+                if conn:
+                    conn.close()
+                conn = None
+                time.sleep(0.01)
+        if conn:
+            conn.close()
+
+    def stubborn():
+        """Connects to the old leader's port while it is down, keeps sending."""
+        n = 0
+        end = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < end:
+            addr = target["port_of"]
+            if addr is None:
+                idle.set()
+                time.sleep(0.005)
+                continue
+            idle.clear()
+            try:
+                conn = Redis(addr, timeout=1)
+                for _ in range(50):
+                    if target["port_of"] is None:
+                        break
+                    key = f"stubborn-{n}"
+                    n += 1
+                    conn.sock.sendall(Redis.encode("SET", key, "v"))
+                    if conn.reply(deadline=time.monotonic() + 1) == "OK":
+                        with lock:
+                            acked.append(f"{key} (port {addr[1]})")
+                conn.close()
+            except (OSError, TimeoutError, ConnectionError, RespError):
+                time.sleep(0.005)
+
+    threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(2)]
+    threads.append(threading.Thread(target=stubborn))
+    for t in threads:
+        t.start()
+    try:
+        for _round in range(3):
+            time.sleep(0.7)
+            leader = c.leader()
+            backups = [r for r in range(3) if r != leader]
+            inspect = {b: Redis(c.server_addr(b), timeout=5) for b in backups}
+            addr = c.server_addr(leader)
+            kill_daemon(c, leader)
+            target["port_of"] = addr  # its redis dies with its daemon: nothing may answer
+            now = new_leader(c, leader)
+            wait_serving(c)
+            assert refused(inspect[now], "SET", f"unagreed-{_round}", "x")
+            for conn in inspect.values():
+                conn.close()
+            target["port_of"] = None  # the old leader comes back as a backup
+            idle.clear()
+            assert idle.wait(10), "the stubborn client did not let go"
+            run("cluster", "restart", "--dir", c.dir, "--id", leader)
+        time.sleep(0.7)
+    finally:
+        stop.set()
+        target["port_of"] = None
+        for t in threads:
+            t.join(90)
+    assert not errors, errors[:3]
+    assert len(acked) > 50, len(acked)
+    assert_same_data(c, timeout=30)
+    stubborn_acks = [k for k in acked if k.startswith("stubborn")]
+    assert not stubborn_acks, f"the dead old leader's port answered: {stubborn_acks[:5]}"
+    missing = keys_everywhere(c, acked)
+    assert not missing, (
+        {r: (len(k), k[:5]) for r, k in missing.items()},
+        digests(c),
+        c.status(),
+    )
+    # Backups get inputs only from the log: a key on every replica is in it.
+    assert all(on_no_replica(c, f"unagreed-{i}") for i in range(3))
+
+
+@pytest.fixture
+def checkpoint_cluster(cluster):
+    cluster.up(app="redis", extra=("--checkpoint-entries", "50"))
+    return cluster
+
+
+def test_backup_restored_from_a_checkpoint_then_leading(checkpoint_cluster):
+    c = checkpoint_cluster
+    client, leader = tracked_client(c)
+    for b in range(0, 300, 10):
+        assert client.pipeline([("SET", f"k{i}", i) for i in range(b, b + 10)]) == ["OK"] * 10
+    client.close()
+    b = next(r for r in range(3) if r != leader)
+    run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir)
+    old = c.status()["replicas"][b]["server_pid"]
+    os.kill(old, signal.SIGKILL)
+    c.wait(
+        lambda s: (
+            s["replicas"][b]["server_pid"] not in (0, old)
+            and (s["replicas"][b].get("checkpoint") or {}).get("restores") == 1
+        ),
+        20,
+        f"replica {b}'s server restored",
+    )
+    # Make b the leader: kill whoever leads until b does (bounded).
+    inspect = None
+    for _ in range(10):
+        leader = c.leader()
+        if leader == b:
+            break
+        if inspect:
+            inspect.close()
+        inspect = Redis(c.server_addr(b), timeout=5)  # accepted while b is a backup
+        assert inspect.call("DBSIZE") >= 300
+        kill_daemon(c, leader)
+        new_leader(c, leader)
+        run("cluster", "restart", "--dir", c.dir, "--id", leader)
+    assert c.leader() == b, "replica b never led in 10 leader changes"
+    wait_serving(c)
+    assert refused(inspect, "SET", "unagreed", "x")
+    inspect.close()
+    before = c.status()["replicas"][b]["commit_index"]
+    client, now = tracked_client(c)
+    assert now == b
+    assert client.call("SET", "restored-leader", "yes") == "OK"
+    client.close()
+    assert c.status()["replicas"][b]["commit_index"] > before
+    assert_same_data(c, timeout=30)
+    assert not keys_everywhere(c, ["restored-leader", "k0", "k299"])
+    assert on_no_replica(c, "unagreed")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="by design a backup's redis executes what an inspection connection sends "
+    "(test_redis.py::test_inspection_connections_to_a_backup_are_not_replicated and "
+    "every digests() check rely on it); a SET sent there is acknowledged and not replicated",
+)
+def test_a_write_sent_to_a_backup_is_not_executed(redis_cluster):
+    c = redis_cluster
+    wait_serving(c)
+    s = c.status()
+    b = next(r for r in range(3) if r != s["leader"])
+    conn = Redis(c.server_addr(b), timeout=3)
+    try:
+        acked = conn.call("SET", "sent-to-a-backup", "1") == "OK"
+    except (OSError, RespError, TimeoutError):
+        acked = False
+    conn.close()
+    assert not acked or not keys_everywhere(c, ["sent-to-a-backup"]), digests(c)
