@@ -19,6 +19,7 @@
 #include "guard/cluster.h"
 #include "guard/config.h"
 #include "guard/daemon.h"
+#include "guard/log_input.h"
 #include "guard/server.h"
 
 using namespace lockstep;
@@ -257,8 +258,13 @@ int CmdLog(int argc, char** argv) {
     std::vector<Entry> es;
     if (!client->Read(next, 4096, &commit, &es, &err)) return Fail(err);
     for (const auto& e : es) {
+      // A server's input is shown decoded; anything else (lockstep propose) as it is.
+      Input in;
+      std::string shown = e.type == EntryType::kInput && DecodeInput(e.payload, &in)
+                              ? DescribeInput(in)
+                              : e.payload;
       printf("%lu\t%s\t%s\t%s\n", (unsigned long)e.index, BallotString(e.ballot).c_str(),
-             EntryTypeName(e.type), e.payload.c_str());
+             EntryTypeName(e.type), shown.c_str());
       next = e.index + 1;
       if (++printed >= max) return 0;
     }

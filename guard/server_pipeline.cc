@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "consensus/assert.h"
+#include "guard/log_input.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -23,33 +24,6 @@ constexpr int kApplyEntriesPerPass = 1024;
 constexpr uint64_t kSubmissionOverhead = 64;  // bytes a submission counts beyond its payload
 constexpr uint64_t kMaxChunk = 256 << 10;     // largest DATA payload the shim submits
 constexpr uint64_t kInputReportUs = 10000000;
-
-// The payload of a kInput log entry: what the leader's shim saw, naming the
-// connection by the ballot that accepted it. seq is the shim's submission
-// number (0: a CLOSE the daemon itself proposed).
-struct Input {
-  uint8_t kind = 0;  // LS_SUB_ACCEPT / DATA / CLOSE
-  ConnKey key;
-  uint64_t seq = 0;
-  std::string bytes;
-};
-constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4;
-
-std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes) {
-  ByteWriter w;
-  w.u8(kind);
-  w.u64(key.ballot);
-  w.u32(key.no);
-  w.u64(seq);
-  w.bytes(bytes);
-  return std::move(w.str());
-}
-
-bool DecodeInput(std::string_view payload, Input* in) {
-  ByteReader r(payload);
-  return r.u8(&in->kind) && r.u64(&in->key.ballot) && r.u32(&in->key.no) && r.u64(&in->seq) &&
-         r.bytes(&in->bytes) && r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
-}
 
 }  // namespace
 

@@ -1,0 +1,56 @@
+// log_input.cc — see log_input.h.
+#include "guard/log_input.h"
+
+#include <cstdio>
+
+#include "consensus/log_format.h"  // BallotString
+#include "guard/wire.h"
+#include "preload/shim_abi.h"
+
+namespace lockstep {
+
+std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes) {
+  ByteWriter w;
+  w.u8(kind);
+  w.u64(key.ballot);
+  w.u32(key.no);
+  w.u64(seq);
+  w.bytes(bytes);
+  return std::move(w.str());
+}
+
+bool DecodeInput(std::string_view payload, Input* in) {
+  ByteReader r(payload);
+  return r.u8(&in->kind) && r.u64(&in->key.ballot) && r.u32(&in->key.no) && r.u64(&in->seq) &&
+         r.bytes(&in->bytes) && r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
+}
+
+std::string DescribeInput(const Input& in, size_t max_bytes) {
+  const char* kind = in.kind == LS_SUB_ACCEPT ? "ACCEPT"
+                     : in.kind == LS_SUB_DATA ? "DATA"
+                                              : "CLOSE";
+  std::string out =
+      std::string(kind) + " " + BallotString(in.key.ballot) + "/" + std::to_string(in.key.no);
+  if (in.kind == LS_SUB_CLOSE) return out;
+  out += in.kind == LS_SUB_ACCEPT ? " from " : " " + std::to_string(in.bytes.size()) + " bytes: ";
+  for (size_t i = 0; i < in.bytes.size() && i < max_bytes; i++) {
+    unsigned char ch = static_cast<unsigned char>(in.bytes[i]);
+    if (ch == '\r') {
+      out += "\\r";
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\\') {
+      out += "\\\\";
+    } else if (ch < 0x20 || ch >= 0x7f) {
+      char hex[8];
+      snprintf(hex, sizeof hex, "\\x%02x", ch);
+      out += hex;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  if (in.bytes.size() > max_bytes) out += "...";
+  return out;
+}
+
+}  // namespace lockstep

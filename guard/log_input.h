@@ -1,0 +1,30 @@
+// log_input.h — the payload of a kInput log entry: what the leader's shim
+// saw (an accepted connection, bytes a client sent, a close), naming the
+// connection by the ballot that accepted it. One encoder and one decoder,
+// used by the server pipeline (which proposes and applies inputs) and by
+// `lockstep log` (which shows them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "guard/replay.h"  // ConnKey
+
+namespace lockstep {
+
+struct Input {
+  uint8_t kind = 0;  // LS_SUB_ACCEPT / DATA / CLOSE
+  ConnKey key;
+  uint64_t seq = 0;  // the shim's submission number (0: a CLOSE the daemon proposed)
+  std::string bytes;
+};
+constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4;
+
+std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes);
+bool DecodeInput(std::string_view payload, Input* in);
+// One line for people: "DATA 3.1/7 38 bytes: *3\r\n$3\r\nSET..." (escaped, at
+// most max_bytes of the input shown).
+std::string DescribeInput(const Input& in, size_t max_bytes = 80);
+
+}  // namespace lockstep
