@@ -23,8 +23,8 @@
  * recognises them by their port, passes them through, and counts what the
  * server read from each so the daemon can keep the same order.
  *
- * On every replica it hashes what the server sends on those connections (see
- * "output" below and shim_abi.h, "Output"): per connection, by stream
+ * On every replica it hashes what the server sends on those connections
+ * (shim_output.c and shim_abi.h, "Output"): per connection, by stream
  * offset, published as digest records plus a window of the latest bytes.
  *
  * Everything else (files, pipes, the server's outbound connections,
@@ -59,9 +59,8 @@
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
-#include "preload/stream_hash.h"
+#include "preload/shim_internal.h"
 
-#define LS_MAX_FD 65536
 #define LS_FIFO_SLOTS (1u << 16)
 #define LS_GATE_BYPASS_REPORTS 16u        /* told this often it may read, and did not */
 #define LS_GATE_BYPASS_NS 1000000000ull   /* or 1 s without progress */
@@ -83,22 +82,6 @@ static int (*real_close)(int);
 static int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
 static int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
 static int (*real_poll)(struct pollfd*, nfds_t, int);
-static ssize_t (*real_write)(int, const void*, size_t);
-static ssize_t (*real_send)(int, const void*, size_t, int);
-static ssize_t (*real_sendto)(int, const void*, size_t, int, const struct sockaddr*, socklen_t);
-static ssize_t (*real_sendmsg)(int, const struct msghdr*, int);
-static int (*real_sendmmsg)(int, struct mmsghdr*, unsigned int, int);
-static ssize_t (*real_writev)(int, const struct iovec*, int);
-static ssize_t (*real_sendfile)(int, int, off_t*, size_t);
-static ssize_t (*real_sendfile64)(int, int, off64_t*, size_t);
-static int (*real_shutdown)(int, int);
-
-/* The output calls may run before our constructor did (another library's
- * constructor writing to stderr): they look their real call up themselves. */
-#define LS_REAL(fn)                                                         \
-  do {                                                                      \
-    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
-  } while (0)
 
 /* ------------------------------------------------------------ state */
 
@@ -140,7 +123,7 @@ struct conn {
 };
 
 static int active;
-static struct ls_shim_header* hdr;
+struct ls_shim_header* hdr; /* shim_internal.h */
 static char* sub_ring;
 static struct ls_done_record* done_ring;
 static struct ls_order_record* order_ring;
@@ -148,7 +131,7 @@ static int wake_server_fd = -1, wake_daemon_fd = -1;
 static int client_port;
 static uint32_t max_chunk;
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* shim_internal.h */
 static struct conn* by_fd[LS_MAX_FD];
 static struct conn* by_slot[LS_MAX_REPLAY]; /* replay connections by slot */
 /* The port of the replay connection the server closed on this slot (0:
@@ -182,40 +165,13 @@ static int log_closed_n;
 static _Atomic(uint64_t) inspect_ino[LS_MAX_FD];
 static _Atomic(uint8_t) inspect_dead[LS_MAX_FD];
 
-/* Output hashing (see "output" below). The hashing state of a connection
- * lives in a static table indexed by its output slot, never freed, so that a
- * send racing with a close can never touch freed memory. */
-struct out_state {
-  _Atomic(uintptr_t) owner; /* pthread_self() of the thread hashing it; 0: nobody */
-  _Atomic(int) lost;        /* some output went unhashed: its digests mean nothing */
-  int fd;                   /* the connection's fd; -1: the slot is not in use */
-  uint32_t conn;            /* its number (the records' `conn`) */
-  uint16_t replay_slot;     /* or LS_OUT_NONE */
-  uint64_t next_mark;       /* stream offset of the next mark record */
-  struct ls_stream_hash h;  /* h.total is the stream offset */
-};
-static int out_on;        /* hashing outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS) */
-static uint64_t out_cap;  /* output ring slots, a power of two */
-static uint64_t out_mark; /* mark interval, a power of two, or 0 */
-static struct ls_out_record* out_ring;
-static struct ls_out_slot* out_win;       /* window headers */
-static char* out_bytes;                   /* window bytes, LS_OUT_WINDOW per slot */
-static _Atomic(uintptr_t) out_ring_owner; /* the output ring's producer lock */
-static struct out_state out_st[LS_OUT_SLOTS];
-static _Atomic(uint16_t) out_of_fd[LS_MAX_FD]; /* output slot + 1; 0: not hashed */
-/* Free output slots, least recently freed first (a closed connection's
- * window stays readable as long as possible). Under mu. */
-static uint16_t out_free[LS_OUT_SLOTS];
-static uint32_t out_free_head, out_free_count;
-static void out_init(char* base);
-
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void shim_log(const char* fmt, ...) {
+void shim_log(const char* fmt, ...) {
   char buf[512];
   int n = snprintf(buf, sizeof buf, "lockstep shim[%d]: ", (int)getpid());
   va_list ap;
@@ -290,7 +246,7 @@ out:
 
 static void in_child_after_fork(void) {
   active = 0;
-  out_on = 0;
+  out_after_fork();
 }
 __attribute__((constructor)) static void shim_init_fork(void) {
   pthread_atfork(NULL, NULL, in_child_after_fork);
@@ -880,413 +836,6 @@ ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
   if (c) return read_tracked(c, iov, iovcnt, 0);
   if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
   return real_readv(fd, iov, iovcnt);
-}
-
-/* ------------------------------------------------------------ output */
-
-/* What the server sends on a tracked connection is one stream per
- * connection. After each output call the kernel accepted bytes of, the shim
- * feeds exactly those bytes (the call's return value: a partial write
- * counts what was taken, EAGAIN and errors nothing) to the connection's
- * stream hash, copies the last of them into its window, and publishes a
- * record (offset, digest) into the output ring (shim_abi.h, "Output").
- *
- * This path runs in the server's threads, maybe in a signal handler: it
- * takes neither `mu` nor anything a signal handler could wait on forever,
- * allocates nothing and keeps errno. A connection's state is held by one
- * thread at a time (owner = pthread_self(): a server sending on one
- * connection from two threads without a lock of its own waits here for the
- * other's hashing; a signal handler that sends on the connection its own
- * thread is hashing cannot, and its bytes go unhashed: LS_OUT_LOST). The
- * ring's producer lock is held only to copy one record; a thread that
- * cannot have it after a short spin drops its record (out_dropped_busy).
- * Both locks are taken while the send returns, after the kernel ordered the
- * bytes; a server that serializes its sends (as any must, or its output is
- * interleaved at random) serializes the hashing with them. */
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-static void out_init(char* base) {
-  /* The region's geometry is the daemon's: hash only if it is sane. */
-  uint64_t cap = hdr->out_slots, mark = hdr->out_mark_bytes;
-  uint64_t end_bytes = hdr->win_bytes_offset + (uint64_t)LS_OUT_SLOTS * LS_OUT_WINDOW;
-  int sane = cap && cap <= LS_OUT_RING_SLOTS && !(cap & (cap - 1)) && !(mark & (mark - 1)) &&
-             hdr->out_offset + cap * sizeof(struct ls_out_record) <= hdr->size &&
-             hdr->win_offset + (uint64_t)LS_OUT_SLOTS * sizeof(struct ls_out_slot) <= hdr->size &&
-             end_bytes <= hdr->size;
-  const char* env = getenv("LOCKSTEP_SHIM_OUTPUT_DIGESTS");
-  if (!sane) shim_log("output ring geometry is not sane; outputs are not hashed");
-  out_on = sane && !(env && strcmp(env, "0") == 0);
-  if (out_on) {
-    out_cap = cap;
-    out_mark = mark;
-    out_ring = (struct ls_out_record*)(base + hdr->out_offset);
-    out_win = (struct ls_out_slot*)(base + hdr->win_offset);
-    out_bytes = base + hdr->win_bytes_offset;
-    for (uint32_t i = 0; i < LS_OUT_SLOTS; i++) {
-      out_free[i] = (uint16_t)i;
-      out_st[i].fd = -1;
-    }
-    out_free_head = 0;
-    out_free_count = LS_OUT_SLOTS;
-    /* An image exec'd in place of the one that attached first (same pid):
-     * the old one's connections are not ours. */
-    if (atomic_load(&hdr->shim_attached))
-      for (uint32_t i = 0; i < LS_OUT_SLOTS; i++)
-        if (atomic_load(&out_win[i].state) != LS_OUT_FREE)
-          atomic_store(&out_win[i].state, LS_OUT_GONE);
-  }
-  atomic_store(&hdr->out_enabled, (uint32_t)out_on);
-}
-
-/* The output slot of fd, or -1 when its output is not hashed. */
-static inline int out_slot_of(int fd) {
-  if (!out_on || fd < 0 || fd >= LS_MAX_FD) return -1;
-  return (int)atomic_load_explicit(&out_of_fd[fd], memory_order_acquire) - 1;
-}
-
-/* Takes st for this thread. 0: it cannot be had (this thread holds it: a
- * signal handler interrupted the thread's own hashing; or its holder did not
- * let go within ~0.1 s). */
-static int out_lock(struct out_state* st) {
-  uintptr_t me = (uintptr_t)pthread_self(), cur = 0;
-  if (atomic_compare_exchange_strong_explicit(&st->owner, &cur, me, memory_order_acquire,
-                                              memory_order_relaxed))
-    return 1;
-  if (cur == me) return 0;
-  for (uint32_t i = 0; i < 100000; i++) {
-    if (i < 128)
-      cpu_relax();
-    else
-      sched_yield(); /* the holder was descheduled in its few hundred ns */
-    cur = 0;
-    if (atomic_compare_exchange_weak_explicit(&st->owner, &cur, me, memory_order_acquire,
-                                              memory_order_relaxed))
-      return 1;
-  }
-  return 0;
-}
-
-static void out_unlock(struct out_state* st) {
-  atomic_store_explicit(&st->owner, 0, memory_order_release);
-}
-
-/* Output that could not be hashed: the connection's digests mean nothing
- * from now on. */
-static void out_lose(struct out_state* st) {
-  atomic_store(&st->lost, 1);
-  atomic_fetch_add_explicit(&hdr->out_unhashed, 1, memory_order_relaxed);
-}
-
-/* Publishes st's digest at its current offset. Called with st held, so one
- * connection's records enter the ring in stream order. */
-static void out_push(struct out_state* st, int slot, uint32_t flags) {
-  struct ls_out_record r = {.offset = st->h.total,
-                            .digest = ls_stream_hash_digest(&st->h),
-                            .conn = st->conn,
-                            .replay_slot = st->replay_slot,
-                            .out_slot = (uint16_t)slot,
-                            .flags = flags};
-  if (out_mark && r.offset && !(r.offset & (out_mark - 1))) r.flags |= LS_OUT_MARK;
-  if (atomic_load_explicit(&st->lost, memory_order_relaxed)) r.flags |= LS_OUT_LOST;
-  uintptr_t me = (uintptr_t)pthread_self(), cur = 0;
-  int got = atomic_compare_exchange_strong_explicit(&out_ring_owner, &cur, me, memory_order_acquire,
-                                                    memory_order_relaxed);
-  for (uint32_t i = 0; !got && cur != me && i < 256; i++) {
-    cpu_relax();
-    cur = 0;
-    got = atomic_compare_exchange_weak_explicit(&out_ring_owner, &cur, me, memory_order_acquire,
-                                                memory_order_relaxed);
-  }
-  if (!got) {
-    atomic_fetch_add_explicit(&hdr->out_dropped_busy, 1, memory_order_relaxed);
-    return;
-  }
-  uint64_t head = atomic_load_explicit(&hdr->out_head, memory_order_relaxed);
-  uint64_t tail = atomic_load_explicit(&hdr->out_tail, memory_order_acquire);
-  if (head - tail >= out_cap) { /* full (or a tail past the head): never wait */
-    atomic_fetch_add_explicit(&hdr->out_dropped_full, 1, memory_order_relaxed);
-  } else {
-    out_ring[head & (out_cap - 1)] = r;
-    atomic_store_explicit(&hdr->out_head, head + 1, memory_order_release);
-  }
-  atomic_store_explicit(&out_ring_owner, 0, memory_order_release);
-}
-
-/* The window's seqlock: odd while it changes. */
-static void win_begin(struct ls_out_slot* w) {
-  uint32_t seq = atomic_load_explicit(&w->seq, memory_order_relaxed);
-  atomic_store_explicit(&w->seq, seq + 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-}
-
-static void win_end(struct ls_out_slot* w, uint64_t end) {
-  atomic_store_explicit(&w->end, end, memory_order_relaxed);
-  uint32_t seq = atomic_load_explicit(&w->seq, memory_order_relaxed);
-  atomic_store_explicit(&w->seq, seq + 1, memory_order_release);
-}
-
-/* Feeds n sent bytes to st's stream: the hash, the window (only the bytes
- * at stream offsets >= keep_from, the call's last LS_OUT_WINDOW), and a
- * mark record wherever the stream crosses a mark before the call's end. */
-static void out_feed(struct out_state* st, int slot, uint64_t keep_from, const char* p, size_t n) {
-  char* win = out_bytes + (size_t)slot * LS_OUT_WINDOW;
-  while (n > 0) {
-    size_t take = n;
-    if (out_mark && st->next_mark - st->h.total < take) take = st->next_mark - st->h.total;
-    uint64_t off = st->h.total;
-    if (off + take > keep_from) {
-      uint64_t from = off > keep_from ? off : keep_from;
-      size_t len = (size_t)(off + take - from), at = (size_t)(from % LS_OUT_WINDOW);
-      size_t first = len < LS_OUT_WINDOW - at ? len : LS_OUT_WINDOW - at;
-      memcpy(win + at, p + (from - off), first);
-      memcpy(win, p + (from - off) + first, len - first);
-    }
-    ls_stream_hash_update(&st->h, p, take);
-    p += take;
-    n -= take;
-    if (out_mark && st->h.total == st->next_mark) {
-      st->next_mark += out_mark;
-      if (n > 0) out_push(st, slot, 0); /* the call's end has its own record */
-    }
-  }
-}
-
-/* The kernel took the first n (> 0) bytes of iov on fd, output slot slot. */
-static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, size_t n) {
-  struct out_state* st = &out_st[slot];
-  if (!out_lock(st)) {
-    out_lose(st);
-    return;
-  }
-  if (st->fd == fd) { /* else it was closed meanwhile */
-    uint64_t end = st->h.total + n;
-    uint64_t keep_from = end > LS_OUT_WINDOW ? end - LS_OUT_WINDOW : 0;
-    win_begin(&out_win[slot]);
-    for (size_t i = 0; i < iovcnt && n > 0; i++) {
-      size_t k = iov[i].iov_len < n ? iov[i].iov_len : n;
-      out_feed(st, slot, keep_from, (const char*)iov[i].iov_base, k);
-      n -= k;
-    }
-    win_end(&out_win[slot], st->h.total);
-    out_push(st, slot, 0);
-  }
-  out_unlock(st);
-}
-
-/* sendfile took n (> 0) bytes of in_fd from offset `from`: they are read
- * back to be hashed (a file changed in between would be hashed as it is
- * now; one that cannot be read back loses the connection's digests). */
-static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
-  struct out_state* st = &out_st[slot];
-  if (!out_lock(st)) {
-    out_lose(st);
-    return;
-  }
-  if (st->fd == fd) {
-    uint64_t end = st->h.total + n;
-    uint64_t keep_from = end > LS_OUT_WINDOW ? end - LS_OUT_WINDOW : 0;
-    char buf[4096];
-    win_begin(&out_win[slot]);
-    while (n > 0) {
-      ssize_t k = pread64(in_fd, buf, n < sizeof buf ? n : sizeof buf, from);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) {
-        out_lose(st);
-        break;
-      }
-      out_feed(st, slot, keep_from, buf, (size_t)k);
-      from += k;
-      n -= (size_t)k;
-    }
-    win_end(&out_win[slot], st->h.total);
-    out_push(st, slot, 0);
-  }
-  out_unlock(st);
-}
-
-/* The stream of fd ends: shut down for writing (LS_OUT_SHUT), or closed
- * (LS_OUT_CLOSED: the slot is freed, its window kept until reused). */
-static void out_end(int fd, uint32_t flag) {
-  int slot = out_slot_of(fd);
-  if (slot < 0) return;
-  struct out_state* st = &out_st[slot];
-  if (flag == LS_OUT_CLOSED) atomic_store_explicit(&out_of_fd[fd], 0, memory_order_release);
-  if (!out_lock(st)) return; /* a signal handler closing what its thread sends on: leaked */
-  int freed = 0;
-  if (st->fd == fd) {
-    atomic_store(&out_win[slot].state, flag == LS_OUT_CLOSED ? LS_OUT_GONE : LS_OUT_ENDED);
-    out_push(st, slot, flag);
-    if (flag == LS_OUT_CLOSED) {
-      st->fd = -1;
-      freed = 1;
-    }
-  }
-  out_unlock(st);
-  if (freed) {
-    pthread_mutex_lock(&mu);
-    out_free[(out_free_head + out_free_count) % LS_OUT_SLOTS] = (uint16_t)slot;
-    out_free_count++;
-    pthread_mutex_unlock(&mu);
-  }
-}
-
-/* A connection becomes tracked under fd: give it an output slot and a fresh
- * stream. Called with mu held. */
-static void out_open(int fd, uint32_t conn, int replay_slot) {
-  if (!out_on || fd < 0 || fd >= LS_MAX_FD) return;
-  if (!out_free_count) {
-    atomic_fetch_add_explicit(&hdr->out_unslotted, 1, memory_order_relaxed);
-    return;
-  }
-  int slot = out_free[out_free_head];
-  struct out_state* st = &out_st[slot];
-  if (!out_lock(st)) { /* a late sender of its old connection holds it: wait no longer */
-    atomic_fetch_add_explicit(&hdr->out_unslotted, 1, memory_order_relaxed);
-    return;
-  }
-  out_free_head = (out_free_head + 1) % LS_OUT_SLOTS;
-  out_free_count--;
-  st->fd = fd;
-  st->conn = conn;
-  st->replay_slot = replay_slot >= 0 ? (uint16_t)replay_slot : LS_OUT_NONE;
-  atomic_store(&st->lost, 0);
-  st->next_mark = out_mark;
-  ls_stream_hash_init(&st->h);
-  struct ls_out_slot* w = &out_win[slot];
-  win_begin(w);
-  atomic_store_explicit(&w->state, LS_OUT_LIVE, memory_order_relaxed);
-  atomic_store_explicit(&w->conn, conn, memory_order_relaxed);
-  atomic_store_explicit(&w->replay_slot, st->replay_slot, memory_order_relaxed);
-  win_end(w, 0);
-  out_unlock(st);
-  atomic_store_explicit(&out_of_fd[fd], (uint16_t)(slot + 1), memory_order_release);
-}
-
-ssize_t write(int fd, const void* buf, size_t len) {
-  LS_REAL(write);
-  int slot = out_slot_of(fd);
-  ssize_t n = real_write(fd, buf, len);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  struct iovec v = {(void*)buf, (size_t)n};
-  out_sent(fd, slot, &v, 1, (size_t)n);
-  errno = saved;
-  return n;
-}
-
-ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  LS_REAL(send);
-  int slot = out_slot_of(fd);
-  ssize_t n = real_send(fd, buf, len, flags);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  struct iovec v = {(void*)buf, (size_t)n};
-  out_sent(fd, slot, &v, 1, (size_t)n);
-  errno = saved;
-  return n;
-}
-
-ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
-               socklen_t addrlen) {
-  LS_REAL(sendto);
-  int slot = out_slot_of(fd);
-  ssize_t n = real_sendto(fd, buf, len, flags, addr, addrlen);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  struct iovec v = {(void*)buf, (size_t)n};
-  out_sent(fd, slot, &v, 1, (size_t)n);
-  errno = saved;
-  return n;
-}
-
-ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
-  LS_REAL(sendmsg);
-  int slot = out_slot_of(fd);
-  ssize_t n = real_sendmsg(fd, msg, flags);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  out_sent(fd, slot, msg->msg_iov, msg->msg_iovlen, (size_t)n);
-  errno = saved;
-  return n;
-}
-
-int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
-  LS_REAL(sendmmsg);
-  int slot = out_slot_of(fd);
-  int r = real_sendmmsg(fd, vec, vlen, flags);
-  if (slot < 0 || r <= 0) return r;
-  int saved = errno;
-  for (int i = 0; i < r; i++)
-    if (vec[i].msg_len > 0)
-      out_sent(fd, slot, vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen, vec[i].msg_len);
-  errno = saved;
-  return r;
-}
-
-ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
-  LS_REAL(writev);
-  int slot = out_slot_of(fd);
-  ssize_t n = real_writev(fd, iov, iovcnt);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  out_sent(fd, slot, iov, (size_t)iovcnt, (size_t)n);
-  errno = saved;
-  return n;
-}
-
-/* Where sendfile reads from: *offset, or in_fd's file position (which the
- * call advances). -1 if unknown (the bytes then go unhashed). */
-static off64_t sendfile_start(int slot, int in_fd, const off64_t* offset) {
-  if (slot < 0) return -1;
-  int saved = errno;
-  off64_t from = offset ? *offset : lseek64(in_fd, 0, SEEK_CUR);
-  errno = saved;
-  return from;
-}
-
-static void sendfile_done(int fd, int slot, int in_fd, off64_t from, ssize_t n) {
-  int saved = errno;
-  if (from >= 0)
-    out_sent_file(fd, slot, in_fd, from, (size_t)n);
-  else
-    out_lose(&out_st[slot]);
-  errno = saved;
-}
-
-ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
-  LS_REAL(sendfile);
-  int slot = out_slot_of(out_fd);
-  off64_t from = sendfile_start(slot, in_fd, offset ? &(off64_t){*offset} : NULL);
-  ssize_t n = real_sendfile(out_fd, in_fd, offset, count);
-  if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, in_fd, from, n);
-  return n;
-}
-
-ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
-  LS_REAL(sendfile64);
-  int slot = out_slot_of(out_fd);
-  off64_t from = sendfile_start(slot, in_fd, offset);
-  ssize_t n = real_sendfile64(out_fd, in_fd, offset, count);
-  if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, in_fd, from, n);
-  return n;
-}
-
-int shutdown(int fd, int how) {
-  LS_REAL(shutdown);
-  int r = real_shutdown(fd, how);
-  if (r == 0 && (how == SHUT_WR || how == SHUT_RDWR) && out_slot_of(fd) >= 0) {
-    int saved = errno;
-    out_end(fd, LS_OUT_SHUT);
-    errno = saved;
-  }
-  return r;
 }
 
 /* ------------------------------------------------------------ accept */

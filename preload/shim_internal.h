@@ -1,0 +1,32 @@
+/* shim_internal.h — what the shim's own files (shim.c, shim_output.c) share.
+ * Nothing here is exported from the library: the server and its other
+ * libraries never see these names. */
+#ifndef LOCKSTEP_SHIM_INTERNAL_H
+#define LOCKSTEP_SHIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "preload/shim_abi.h"
+
+#define LS_MAX_FD 65536
+#define LS_HIDDEN __attribute__((visibility("hidden")))
+
+/* shim.c */
+LS_HIDDEN extern struct ls_shim_header* hdr; /* the daemon's region; NULL: not attached */
+LS_HIDDEN extern pthread_mutex_t mu;         /* the connection table's lock */
+LS_HIDDEN void shim_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* shim_output.c */
+/* The region is mapped at base: hash outputs if its geometry is sane and
+ * LOCKSTEP_SHIM_OUTPUT_DIGESTS allows. */
+LS_HIDDEN void out_init(char* base);
+/* A connection becomes tracked under fd: give it an output slot and a fresh
+ * stream. Called with mu held. */
+LS_HIDDEN void out_open(int fd, uint32_t conn, int replay_slot);
+/* The stream under fd ends (LS_OUT_SHUT or LS_OUT_CLOSED). */
+LS_HIDDEN void out_end(int fd, uint32_t flag);
+/* In a forked child: nothing is hashed any more. */
+LS_HIDDEN void out_after_fork(void);
+
+#endif
