@@ -311,6 +311,18 @@ def procs_naming(d):
     return found
 
 
+def tear_down_cluster(d):
+    """`lockstep cluster down`, then by pid whatever it did not stop, then the directory."""
+    try:
+        r = lockstep_run(["cluster", "down", "--dir", d], timeout=60)
+        if r.returncode != 0:
+            log(f"  cluster down: {(r.stdout + r.stderr).strip()[-300:]}")
+    except (OSError, subprocess.SubprocessError) as e:
+        log(f"  cluster down: {e}")
+    kill_leftovers(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def kill_leftovers(d):
     for pid in procs_naming(d):
         with contextlib.suppress(OSError):
@@ -359,14 +371,7 @@ def lockstep_cluster(ctx, app, durability, replicas=3):
         keep_logs(ctx, d)
         raise
     finally:
-        try:
-            r = lockstep_run(["cluster", "down", "--dir", d], timeout=60)
-            if r.returncode != 0:
-                log(f"  cluster down: {(r.stdout + r.stderr).strip()[-300:]}")
-        except (OSError, subprocess.SubprocessError) as e:
-            log(f"  cluster down: {e}")
-        kill_leftovers(d)  # whatever `cluster down` did not stop
-        shutil.rmtree(d, ignore_errors=True)
+        tear_down_cluster(d)
 
 
 def mode_replicated(durability):

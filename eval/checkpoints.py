@@ -112,14 +112,7 @@ def cluster(ctx, name, extra):
         keep_logs(ctx, d)
         raise
     finally:
-        try:
-            r = lockstep_run(["cluster", "down", "--dir", d], timeout=60)
-            if r.returncode != 0:
-                log(f"  cluster down: {(r.stdout + r.stderr).strip()[-300:]}")
-        except (OSError, subprocess.SubprocessError) as e:
-            log(f"  cluster down: {e}")
-        apps.kill_leftovers(d)  # by pid: whatever `cluster down` did not stop
-        shutil.rmtree(d, ignore_errors=True)
+        apps.tear_down_cluster(d)
 
 
 def keep_logs(ctx, d):
