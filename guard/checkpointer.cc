@@ -111,6 +111,13 @@ bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pi
   return true;
 }
 
+void Checkpointer::AbandonDump(const std::string& why) {
+  if (!job_ || !job_->running()) return;
+  job_.reset();  // kills criu
+  store_.Abort(&pending_);
+  log_("checkpoint " + std::to_string(last_index_) + " abandoned: " + why);
+}
+
 void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
   if (commit_thread_.joinable() && commit_done_.load()) FinishCommit();
   if (!job_ || !job_->running()) return;

@@ -59,6 +59,9 @@ class Checkpointer {
   bool dumping() const { return job_ && job_->running(); }
   // The fd to watch while dumping (readable when criu exits), or -1.
   int fd() const { return job_ && job_->running() ? job_->fd() : -1; }
+  // Kills a dump in flight and drops its images (the server it was dumping
+  // is about to be replaced: its data directory no longer matches them).
+  void AbandonDump(const std::string& why);
   // Collects a finished dump: copies data_dir (the server is still paused)
   // and starts the commit thread. Collects a finished commit too.
   void Poll(const std::string& data_dir, uint64_t now_us);

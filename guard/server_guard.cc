@@ -188,6 +188,12 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
     *error = "its record of the daemon's side does not decode (written by another version?)";
     return false;
   }
+  if (dump_watch_fd_ >= 0) {
+    loop_.Remove(dump_watch_fd_);
+    dump_watch_fd_ = -1;
+    checkpointer_->AbandonDump("the server is replaced from checkpoint " +
+                               std::to_string(cp.index));
+  }
   DropServer();
   uint64_t t0 = NowUs();
   std::string dir = me_.dir + "/server";
@@ -386,6 +392,9 @@ void ServerPipeline::TransferStep(uint64_t now) {
     transfer_off_warned_ = need != 0;
     return;
   }
+  // A dump in flight finishes first: a restore now would swap the data
+  // directory under it (dumps are short; a fetch waits for them).
+  if (checkpointer_->dumping()) return;
   if (fetcher_->active()) {
     uint64_t index = 0;
     std::string summary;
@@ -422,15 +431,30 @@ void ServerPipeline::TransferStep(uint64_t now) {
     return;
   }
   if (!need || core_.role() != Role::kBackup) return;
+  std::vector<CheckpointInfo> listed = checkpointer_->List();
+  // Restarted from its own checkpoint, the server may already be where the
+  // leader's log begins: the commit index it told the leader lagged what it
+  // had applied (the checkpoint proves those entries chosen). Nothing to
+  // restore; a checkpoint at that index keeps a restart local.
+  if (server_ && applied_ >= need && !listed.empty() && listed.front().index == applied_ &&
+      listed.front().ok) {
+    log_("the leader's log begins past this replica's commit index; the server is already at %lu",
+         (unsigned long)applied_);
+    core_.InstallCheckpoint(now, applied_);
+    return;
+  }
   // A checkpoint of our own may be recent enough (listed first: verifying
   // one that is too old would hash it on every retry for nothing).
-  std::vector<CheckpointInfo> listed = checkpointer_->List();
   std::optional<CheckpointInfo> own;
   if (!listed.empty() && listed.front().index >= need) own = checkpointer_->NewestGood(UINT64_MAX);
   std::string err;
-  if (own && own->index >= need && RestoreServer(*own, &err)) {
-    core_.InstallCheckpoint(now, own->index);
-    return;
+  if (own && own->index >= need) {
+    if (RestoreServer(*own, &err)) {
+      core_.InstallCheckpoint(now, own->index);
+      return;
+    }
+    log_("cannot restore this replica's checkpoint %lu: %s", (unsigned long)own->index,
+         err.c_str());
   }
   log_(
       "this replica lacks entries the leader truncated (it needs a checkpoint of index >= %lu): "

@@ -141,3 +141,18 @@ def cluster(tmp_path):
 @pytest.fixture(scope="session", autouse=True)
 def built():
     assert LOCKSTEP.exists(), f"{LOCKSTEP} missing: run scripts/setup"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # A failure's report carries the end of every replica's log: on CI that is
+    # all anyone gets to see of a run that went wrong.
+    outcome = yield
+    report = outcome.get_result()
+    tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if not report.failed or tmp is None:
+        return
+    for log in sorted(Path(tmp).glob("*/replica-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        shown = [line for line in lines if " slow " not in line][-40:]
+        report.sections.append((f"end of {log.parent.name}/{log.name}", "\n".join(shown)))

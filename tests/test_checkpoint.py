@@ -177,6 +177,10 @@ def test_restarted_replica_restores_checkpoint_and_replays_only_the_suffix(redis
     k = wait_checkpoint(c, b, above=100)
     os.kill(c.pid(b), signal.SIGKILL)  # the daemon; its redis dies with it
     load(client, 2000, 1000)
+    # The leader drops what the dead backup received (it keeps a live
+    # backup's suffix, and this one may have received more than it knew
+    # committed): the replica comes back below the leader's log.
+    c.wait(lambda s: s["replicas"][c.leader()]["first_index"] > k, 30, "the leader's truncation")
     run("cluster", "restart", "--id", b, "--dir", c.dir)
     commit = c.status()["replicas"][c.leader()]["commit_index"]
     c.wait(lambda s: s["replicas"][b]["applied_index"] >= commit, 30, "the restart")

@@ -333,10 +333,12 @@ def test_checkpoint_that_does_not_fit_on_disk(cluster, small_disk):
     b = backups(c)[0]
     store = c.dir / f"replica-{b}" / "checkpoints"
     assert not list(store.iterdir())  # no checkpoint yet
-    # 24 MB: an idle redis's checkpoint (about 4 MB) fits; one of a redis
-    # holding 40 MB more does not. (40 MB of log stays below the policy's
-    # 64 MB rule: no checkpoint but the ones asked for.)
-    small_disk(store, "24m")
+    # 16 MB: an idle redis's checkpoint (about 4 MB) fits; one of a redis
+    # holding 15 MB more does not. (15 MB of log comes before any backup's
+    # first turn of the policy's 64 MB rule, which for replica i of 3 falls
+    # at i * 64 / 3 MB past the last one (1: at 21 MB; 0: at 64 MB): no
+    # checkpoint but the ones asked for.)
+    small_disk(store, "16m")
     try:
         client = Redis(c.client_addr())
         load_keys(client, 0, 1000, "v")
@@ -346,7 +348,7 @@ def test_checkpoint_that_does_not_fit_on_disk(cluster, small_disk):
         assert good > 0
         assert [cp["index"] for cp in checkpoints(c) if cp["replica"] == b] == [good]
 
-        load_keys(client, 1000, 400, "y" * 100_000, batch=20)  # 40 MB
+        load_keys(client, 1000, 400, "y" * 37_500, batch=20)  # 15 MB
         wait_caught_up(c, b, timeout=120)
         before = ck(c.status(), b)
         r = run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir, check=False)
