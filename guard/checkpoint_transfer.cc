@@ -149,16 +149,22 @@ CheckpointFetcher::~CheckpointFetcher() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CheckpointFetcher::Start(uint64_t min_index) {
+void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first) {
   if (thread_.joinable()) thread_.join();
   done_ = false;
   ok_ = false;
   summary_.clear();
-  thread_ = std::thread([this, min_index] {
+  int n = static_cast<int>(cfg_.replicas.size());
+  std::vector<int> order;
+  for (int r : first)
+    if (r >= 0 && r < n && r != id_) order.push_back(r);
+  for (int k = 1; k < n; k++)
+    if (std::find(order.begin(), order.end(), (id_ + k) % n) == order.end())
+      order.push_back((id_ + k) % n);
+  thread_ = std::thread([this, min_index, order] {
     std::string why;
-    int n = static_cast<int>(cfg_.replicas.size());
-    for (int k = 1; k < n && !ok_; k++) {
-      int peer = (id_ + k) % n;
+    for (size_t k = 0; k < order.size() && !ok_; k++) {
+      int peer = order[k];
       uint64_t index = 0;
       std::string err;
       auto t0 = std::chrono::steady_clock::now();

@@ -54,8 +54,9 @@ class CheckpointFetcher {
       : cfg_(config), id_(id), store_(store), log_(std::move(log)) {}
   ~CheckpointFetcher();  // waits for a fetch in flight
 
-  // Asks each peer in turn for a checkpoint with index >= min_index.
-  void Start(uint64_t min_index);
+  // Asks each peer in turn for a checkpoint with index >= min_index; the
+  // replicas in `first` before the others.
+  void Start(uint64_t min_index, const std::vector<int>& first = {});
   bool running() const { return thread_.joinable() && !done_.load(); }
   bool active() const { return thread_.joinable(); }
   // Once the fetch is over: true with the checkpoint's index and where it

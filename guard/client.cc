@@ -115,6 +115,18 @@ bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* er
   return true;
 }
 
+bool Client::Divergence(const DivergenceRequest& req, std::string* json, std::string* error) {
+  FrameKind kind;
+  if (!WriteFrame(fd_, FrameKind::kDivergence, EncodeDivergenceRequest(req), error) ||
+      !ReadFrame(fd_, &kind, json, 10000, error))
+    return false;
+  if (kind != FrameKind::kDivergenceResult) {
+    *error = "malformed divergence reply (a daemon of another version?)";
+    return false;
+  }
+  return true;
+}
+
 bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, uint64_t* index,
                              uint64_t* bytes, std::string* error) {
   namespace fs = std::filesystem;

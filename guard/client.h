@@ -31,6 +31,8 @@ class Client {
   bool Truncate(uint64_t below, uint64_t* first_index, std::string* error);
   // `lockstep checkpoint now|list`: false only when the daemon did not answer.
   bool Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error);
+  // `lockstep divergence list|show`: the daemon's JSON; false only when it did not answer.
+  bool Divergence(const DivergenceRequest& req, std::string* json, std::string* error);
   // State transfer: receives the replica's newest checkpoint with index >=
   // min_index into dest_dir (which must not exist): its files as they are
   // on the replica's disk, MANIFEST included, unverified. The connection is

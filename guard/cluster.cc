@@ -414,6 +414,13 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
         r.checkpoint_age_s = age.empty() ? -1 : std::stoll(age);
         r.server_state = JsonField(r.checkpoint_json, "server_state");
       }
+      at = json.find("\"output\":{");
+      if (at != std::string::npos) {
+        size_t open = json.find('{', at);
+        r.output_json = json.substr(open, json.find('}', open) - open + 1);
+        std::string reports = JsonField(r.output_json, "reports");
+        r.divergence_reports = reports.empty() ? 0 : std::stoull(reports);
+      }
       if (r.role == "leader") {
         s.leader = r.id;
         leader_commit = r.commit_index;
@@ -444,7 +451,7 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
       << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
       << "\", \"server_addr\": " << str_or_null(r.server_addr)
       << ", \"first_index\": " << r.first_index << ", \"server_pid\": " << r.server_pid
-      << ", \"checkpoint\": " << r.checkpoint_json << "}";
+      << ", \"checkpoint\": " << r.checkpoint_json << ", \"output\": " << r.output_json << "}";
   }
   o << "]}";
   return o.str();
@@ -489,6 +496,11 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
              (unsigned long)r.lag, notes.c_str());
     out += line;
   }
+  uint64_t reports = 0;
+  for (const auto& r : s.replicas) reports += r.divergence_reports;
+  if (reports)
+    out += std::to_string(reports) + " divergence report" + (reports == 1 ? "" : "s") +
+           ": lockstep divergence list\n";
   if (s.leader < 0) {
     out += "no leader at the moment\n";
   } else if (s.has_server) {

@@ -65,6 +65,10 @@ struct ReplicaStatus {
   uint64_t checkpoint_index = 0;
   int64_t checkpoint_age_s = -1;
   std::string server_state;
+  // The daemon's "output" status object (output checking) as is ("null":
+  // none), and from it the divergence reports this replica holds.
+  std::string output_json = "null";
+  uint64_t divergence_reports = 0;
 };
 
 struct ClusterStatus {

@@ -14,6 +14,7 @@
 #include "guard/daemon.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include "guard/client.h"
 #include "guard/event_loop.h"
 #include "guard/front_door.h"
+#include "guard/output_guard.h"
 #include "guard/peer_link.h"
 #include "guard/replica_log.h"
 #include "guard/server_pipeline.h"
@@ -83,6 +85,7 @@ class Daemon : public EventLoop::Body {
   std::unique_ptr<PeerLink> peer_;
   std::unique_ptr<FrontDoor> front_;
   std::unique_ptr<ServerPipeline> pipeline_;
+  std::unique_ptr<OutputGuard> output_;  // with a server only
 
   // When each peer last had a live stream from us (leader): a peer gone
   // longer than kPeerGraceUs no longer holds back the truncation of the log.
@@ -102,6 +105,38 @@ class Daemon : public EventLoop::Body {
   uint64_t last_stream_ = 0;
   int exit_code_ = 0;
 };
+
+// Stream ids must grow across restarts of a replica: the leader ignores a
+// join whose stream id is not above the last one it saw from that replica,
+// and a restarted backup would ask for a stream forever. The incarnation
+// (the ids' upper half) is the larger of a quarter-second clock (it covers
+// a replica whose directory was wiped) and one past the last run's, kept in
+// DIR/incarnation (it covers restarts within the same quarter second; a
+// clock at (time(nullptr) << 8 | microseconds) did not: two starts in one
+// second went down half the time).
+uint64_t NextIncarnation(const std::string& dir) {
+  constexpr uint64_t kEpoch = 1700000000;  // 2023: the clock part lasts past 2090 in 32 bits
+  uint64_t clock = (static_cast<uint64_t>(time(nullptr)) - kEpoch) * 4 +
+                   static_cast<uint64_t>(NowUs() % 1000000) / 250000;
+  uint64_t last = 0;
+  std::string path = dir + "/incarnation";
+  if (FILE* f = fopen(path.c_str(), "r")) {
+    unsigned long long v = 0;
+    if (fscanf(f, "%llu", &v) == 1) last = v;
+    fclose(f);
+  }
+  uint64_t next = std::max(clock, last + 1) & 0xffffffffull;
+  std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    std::string text = std::to_string(next) + "\n";
+    bool ok =
+        write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
+    close(fd);
+    if (ok) rename(tmp.c_str(), path.c_str());
+  }
+  return next;
+}
 
 bool Daemon::RecoverLog(DurableState* state) {
   if (memory_mode_) return true;
@@ -169,7 +204,7 @@ bool Daemon::Init() {
   cc.election_timeout_min_us = cfg_.election_timeout_min_us;
   cc.election_timeout_max_us = cfg_.election_timeout_max_us;
   cc.seed = static_cast<uint64_t>(getpid()) ^ NowUs();
-  cc.incarnation = (static_cast<uint64_t>(time(nullptr)) << 8 | (NowUs() & 0xff)) & 0xffffffffull;
+  cc.incarnation = NextIncarnation(me_.dir);
   core_ = std::make_unique<Replica>(cc, std::move(state), NowUs());
   peer_ = std::make_unique<PeerLink>(popt, std::move(transport), *core_, log_);
 
@@ -183,7 +218,15 @@ bool Daemon::Init() {
   hooks.fill_transport = [this](Message* m) { return peer_->FillTransport(m); };
   hooks.server_status = [this] {
     return ServerStatus{pipeline_->applied(), pipeline_->server_pid(),
-                        pipeline_->replay_connections(), pipeline_->CheckpointStatusJson(NowUs())};
+                        pipeline_->replay_connections(), pipeline_->CheckpointStatusJson(NowUs()),
+                        output_ ? output_->StatusJson() : "null"};
+  };
+  hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {
+    if (output_) output_->OnPeerFrame(from, kind, body, NowUs());
+  };
+  hooks.divergence = [this](const DivergenceRequest& req) {
+    return output_ ? output_->Divergence(req)
+                   : std::string(req.op == DivergenceOp::kList ? "[]" : "");
   };
   hooks.serve_checkpoint = [this](int fd, uint64_t min_index) {
     pipeline_->ServeCheckpoint(fd, min_index);
@@ -201,6 +244,12 @@ bool Daemon::Init() {
   if (writer_) loop_->Add(writer_->EventFd(), nullptr);
   pipeline_ = std::make_unique<ServerPipeline>(cfg_, me_.id, *loop_, *core_, disk_error_, log_);
   if (cfg_.has_server() && !pipeline_->Start()) return false;
+  if (cfg_.has_server())
+    output_ =
+        std::make_unique<OutputGuard>(cfg_, me_.id, *core_, *pipeline_, log_,
+                                      [this](int to, FrameKind kind, const std::string& body) {
+                                        return front_->SendFrameToPeer(to, kind, body);
+                                      });
   front_->StartConnector();
   peer_poll_ = std::thread([this] { PollPeerCheckpoints(); });
   log_("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
@@ -240,6 +289,7 @@ PassReport Daemon::Pass(uint64_t now, uint64_t since_last_pass_us) {
   r.drained = Drain(now);
   r.t_drained = NowUs();
   r.applied = pipeline_->ApplyCommitted(now);
+  if (output_) output_->Step(now);
   r.t_applied = NowUs();
   if (!pipeline_->Healthy(now)) {
     exit_code_ = 1;

@@ -240,6 +240,11 @@ void FrontDoor::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
     return;
   }
   if (c->role == ConnRole::kPeer) {
+    if (kind == FrameKind::kOutputReport || kind == FrameKind::kRepairOrder ||
+        kind == FrameKind::kRepairResult) {
+      if (hooks_.on_peer_frame) hooks_.on_peer_frame(c->peer_id, kind, body);
+      return;
+    }
     if (kind != FrameKind::kPeerMessage) return;
     Message m;
     if (!DecodeMessage(body, &m) || m.from != c->peer_id || m.to != me_.id) {
@@ -322,6 +327,19 @@ void FrontDoor::SendToPeer(Message* m) {
   }
 }
 
+bool FrontDoor::SendFrameToPeer(int to, FrameKind kind, std::string_view body) {
+  if (to < 0 || to >= n_ || to == me_.id || !outbound_[to]) return false;
+  FrameConn* c = outbound_[to];
+  c->Queue(kind, body);
+  std::string err;
+  if (!c->Flush(&err)) {
+    CloseConn(c, err);
+    return false;
+  }
+  if (c->WantsWrite()) loop_.Watch(c->fd(), true);
+  return true;
+}
+
 // ---------------------------------------------------------------- clients
 
 void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body) {
@@ -373,6 +391,15 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       c->close_after_read = "handed to the checkpoint sender";
       return;
     }
+    case FrameKind::kDivergence: {
+      DivergenceRequest req;
+      if (!DecodeDivergenceRequest(body, &req) || !hooks_.divergence) {
+        c->close_after_read = "malformed divergence request";
+        return;
+      }
+      c->Queue(FrameKind::kDivergenceResult, hooks_.divergence(req));
+      return;
+    }
     default: c->close_after_read = "unknown request";
   }
 }
@@ -411,7 +438,8 @@ std::string FrontDoor::StatusJson() {
     << JsonEscape(disk_error_) << "\",\"applied_index\":" << server.applied_index
     << ",\"server_pid\":" << server.server_pid << ",\"server_port\":" << me_.server_port
     << ",\"replay_connections\":" << server.replay_connections
-    << ",\"checkpoint\":" << server.checkpoint_json << ",\"peers\":[";
+    << ",\"checkpoint\":" << server.checkpoint_json << ",\"output\":" << server.output_json
+    << ",\"peers\":[";
   for (int r = 0; r < n_; r++) {
     if (r) o << ",";
     o << "{\"id\":" << r << ",\"match\":" << core_.PeerMatch(r)

@@ -31,6 +31,7 @@ struct ServerStatus {
   int server_pid = 0;
   size_t replay_connections = 0;
   std::string checkpoint_json = "null";  // ServerPipeline::CheckpointStatusJson
+  std::string output_json = "null";      // OutputGuard::StatusJson
 };
 
 class FrontDoor {
@@ -44,6 +45,11 @@ class FrontDoor {
     std::function<CheckpointReply(CheckpointOp)> checkpoint;
     // Takes fd (blocking, authenticated; its kFetchCheckpoint read) and sends a checkpoint.
     std::function<void(int fd, uint64_t min_index)> serve_checkpoint;
+    // An authenticated peer's frame of another kind than a protocol message
+    // (output checking: kOutputReport, kRepairOrder, kRepairResult).
+    std::function<void(int from, FrameKind kind, std::string_view body)> on_peer_frame;
+    // kDivergence: the reply's JSON ("" when a report asked for is not here).
+    std::function<std::string(const DivergenceRequest&)> divergence;
   };
 
   // disk_error: non-empty while this replica cannot write its log (then
@@ -63,6 +69,8 @@ class FrontDoor {
   // Over the outbound connection to m->to; dropped when there is none (the
   // protocol tolerates a lost message).
   void SendToPeer(Message* m);
+  // Any other frame to a peer, the same way (false: not connected).
+  bool SendFrameToPeer(int to, FrameKind kind, std::string_view body);
   // Answers the proposals whose index committed (or was decided otherwise).
   void ReplyWaiters(uint64_t now);
   // Answers every proposal in flight: outcome unknown, because `why`.

@@ -25,16 +25,9 @@ bool DecodeInput(std::string_view payload, Input* in) {
          r.bytes(&in->bytes) && r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
 }
 
-std::string DescribeInput(const Input& in, size_t max_bytes) {
-  const char* kind = in.kind == LS_SUB_ACCEPT ? "ACCEPT"
-                     : in.kind == LS_SUB_DATA ? "DATA"
-                                              : "CLOSE";
-  std::string out =
-      std::string(kind) + " " + BallotString(in.key.ballot) + "/" + std::to_string(in.key.no);
-  if (in.kind == LS_SUB_CLOSE) return out;
-  out += in.kind == LS_SUB_ACCEPT ? " from " : " " + std::to_string(in.bytes.size()) + " bytes: ";
-  for (size_t i = 0; i < in.bytes.size() && i < max_bytes; i++) {
-    unsigned char ch = static_cast<unsigned char>(in.bytes[i]);
+std::string EscapeBytes(std::string_view bytes) {
+  std::string out;
+  for (unsigned char ch : bytes) {
     if (ch == '\r') {
       out += "\\r";
     } else if (ch == '\n') {
@@ -49,6 +42,18 @@ std::string DescribeInput(const Input& in, size_t max_bytes) {
       out += static_cast<char>(ch);
     }
   }
+  return out;
+}
+
+std::string DescribeInput(const Input& in, size_t max_bytes) {
+  const char* kind = in.kind == LS_SUB_ACCEPT ? "ACCEPT"
+                     : in.kind == LS_SUB_DATA ? "DATA"
+                                              : "CLOSE";
+  std::string out =
+      std::string(kind) + " " + BallotString(in.key.ballot) + "/" + std::to_string(in.key.no);
+  if (in.kind == LS_SUB_CLOSE) return out;
+  out += in.kind == LS_SUB_ACCEPT ? " from " : " " + std::to_string(in.bytes.size()) + " bytes: ";
+  out += EscapeBytes(std::string_view(in.bytes).substr(0, max_bytes));
   if (in.bytes.size() > max_bytes) out += "...";
   return out;
 }

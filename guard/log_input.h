@@ -25,6 +25,8 @@ std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_vie
 bool DecodeInput(std::string_view payload, Input* in);
 // One line for people: "DATA 3.1/7 38 bytes: *3\r\n$3\r\nSET..." (escaped, at
 // most max_bytes of the input shown).
+// Bytes for people: printable ASCII as is, \r \n \\ and \xNN for the rest.
+std::string EscapeBytes(std::string_view bytes);
 std::string DescribeInput(const Input& in, size_t max_bytes = 80);
 
 }  // namespace lockstep

@@ -11,9 +11,20 @@ OutputChecker::OutputChecker(int replicas, int leader) : replicas_(replicas), le
 }
 
 void OutputChecker::OnLeaderPoint(const OutputPoint& p) {
-  auto& points = leader_points_[p.key];
+  ConnPoints& c = leader_points_[p.key];
+  auto& points = p.mark ? c.marks : c.recent;
   points[p.offset] = LeaderRec{p.digest, p.applied, 0};
-  while (points.size() > kPointsPerConn) points.erase(points.begin());
+  while (points.size() > (p.mark ? kMarksPerConn : kPointsPerConn)) points.erase(points.begin());
+}
+
+OutputChecker::LeaderRec* OutputChecker::FindLeader(const ConnKey& key, uint64_t offset) {
+  auto conn = leader_points_.find(key);
+  if (conn == leader_points_.end()) return nullptr;
+  for (auto* points : {&conn->second.recent, &conn->second.marks}) {
+    auto at = points->find(offset);
+    if (at != points->end()) return &at->second;
+  }
+  return nullptr;
 }
 
 void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
@@ -27,11 +38,9 @@ void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t no
 }
 
 bool OutputChecker::Compare(int replica, const OutputPoint& p, uint64_t now_us) {
-  auto conn = leader_points_.find(p.key);
-  if (conn == leader_points_.end()) return false;
-  auto at = conn->second.find(p.offset);
-  if (at == conn->second.end()) return false;
-  LeaderRec& ref = at->second;
+  LeaderRec* found = FindLeader(p.key, p.offset);
+  if (!found) return false;
+  LeaderRec& ref = *found;
   checks_++;
   Place place{p.key, p.offset};
   if (p.digest == ref.digest) {
@@ -51,12 +60,8 @@ bool OutputChecker::Compare(int replica, const OutputPoint& p, uint64_t now_us) 
 }
 
 void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out) {
-  uint32_t mask = 0;
-  auto conn = leader_points_.find(at.first);
-  if (conn != leader_points_.end()) {
-    auto rec = conn->second.find(at.second);
-    if (rec != conn->second.end()) mask = rec->second.agreed_mask;
-  }
+  const LeaderRec* rec = FindLeader(at.first, at.second);
+  uint32_t mask = rec ? rec->agreed_mask : 0;
   std::vector<int> agreeing;
   for (int r = 0; r < replicas_; r++)
     if (mask & (1u << r)) agreeing.push_back(r);
@@ -119,12 +124,8 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
   for (auto it = disputes_.begin(); it != disputes_.end();) {
     const Dispute& d = it->second;
     size_t backups = 0, heard = 0;
-    uint32_t mask = 0;
-    auto conn = leader_points_.find(it->first.first);
-    if (conn != leader_points_.end()) {
-      auto rec = conn->second.find(it->first.second);
-      if (rec != conn->second.end()) mask = rec->second.agreed_mask;
-    }
+    const LeaderRec* rec = FindLeader(it->first.first, it->first.second);
+    uint32_t mask = rec ? rec->agreed_mask : 0;
     for (int r = 0; r < replicas_; r++) {
       if (r == leader_ || suspended(r)) continue;
       backups++;

@@ -29,6 +29,7 @@ struct OutputPoint {
   uint64_t offset = 0;   // the digest covers the stream bytes [0, offset)
   uint64_t digest = 0;   // XXH64 of those bytes
   uint64_t applied = 0;  // log entries handed to that replica's server when it was seen
+  bool mark = false;     // at a multiple of the shim's mark interval (kept longer)
 };
 
 struct Divergence {
@@ -52,6 +53,7 @@ class OutputChecker {
   // (the leader's own records may be read later than a fast backup's).
   static constexpr uint64_t kPendingUs = 2000000;
   static constexpr size_t kPointsPerConn = 512;  // leader points kept per connection
+  static constexpr size_t kMarksPerConn = 64;    // and mark points besides (a slow backup's)
   static constexpr size_t kMaxPending = 65536;
 
   OutputChecker(int replicas, int leader);
@@ -89,13 +91,17 @@ class OutputChecker {
     uint64_t since_us = 0;
   };
   using Place = std::pair<ConnKey, uint64_t>;
+  struct ConnPoints {
+    std::map<uint64_t, LeaderRec> recent, marks;
+  };
+  LeaderRec* FindLeader(const ConnKey& key, uint64_t offset);
 
   // Compares one backup point with the leader's; false: no leader point yet.
   bool Compare(int replica, const OutputPoint& p, uint64_t now_us);
   void Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out);
 
   int replicas_, leader_;
-  std::map<ConnKey, std::map<uint64_t, LeaderRec>> leader_points_;
+  std::map<ConnKey, ConnPoints> leader_points_;
   std::map<std::pair<int, ConnKey>, std::pair<uint64_t, uint64_t>> agreed_;  // offset, applied
   std::deque<Pending> pending_;
   std::map<Place, Dispute> disputes_;

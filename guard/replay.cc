@@ -100,8 +100,28 @@ void Replayer::Finish(std::map<ConnKey, Conn>::iterator it) {
     close(c.fd);  // also leaves our epoll set
   }
   ForgetHanded(c.slot);
+  NoteGone(it->first, c.slot);
   shim_->ReleaseReplaySlot(c.slot);
   conns_.erase(it);
+}
+
+void Replayer::NoteGone(const ConnKey& k, int slot) {
+  if (slot < 0 || !shim_->ReplayAccepted(slot)) return;
+  gone_[shim_->ReplayConn(slot)] = k;
+  while (gone_.size() > kGoneKept) gone_.erase(gone_.begin());  // numbers grow: the oldest
+}
+
+bool Replayer::KeyOfOutput(int slot, uint32_t shim_conn, ConnKey* key) const {
+  for (const auto& [k, c] : conns_) {
+    if (c.slot != slot || !shim_->ReplayAccepted(slot) || shim_->ReplayConn(slot) != shim_conn)
+      continue;
+    *key = k;
+    return true;
+  }
+  auto g = gone_.find(shim_conn);
+  if (g == gone_.end()) return false;
+  *key = g->second;
+  return true;
 }
 
 void Replayer::ForgetHanded(int slot) {
@@ -262,6 +282,7 @@ void Replayer::OnEvent(int fd, uint32_t events) {
         close(fd);
         c.fd = -1;
         ForgetHanded(c.slot);
+        NoteGone(it->first, c.slot);
         shim_->ReleaseReplaySlot(c.slot);  // its port may now be reused by a real client
         c.slot = -1;
       }

@@ -81,6 +81,11 @@ class Replayer {
   // Bytes the server has read on all replay connections (grows while it works).
   uint64_t BytesRead() const;
   uint64_t queued() const { return queue_.size(); }
+  // The log's name for the connection the shim numbers shim_conn in replay
+  // slot `slot` (its output records say both); false if unknown. A
+  // connection that ended is still found for a while (its last records are
+  // often read after it ended).
+  bool KeyOfOutput(int slot, uint32_t shim_conn, ConnKey* key) const;
 
  private:
   enum class Kind : uint8_t { kAccept, kData, kClose };
@@ -114,8 +119,9 @@ class Replayer {
   bool Open(ConnKey k, Conn* c, int slot = -1);
   void FlushOut(Conn* c);
   void Finish(std::map<ConnKey, Conn>::iterator it);
-  void ForgetHanded(int slot);           // the slot's connection is gone: its inputs were read
-  bool Drained(const ConnKey& k) const;  // the server read all we gave it
+  void ForgetHanded(int slot);                // the slot's connection is gone: its inputs were read
+  void NoteGone(const ConnKey& k, int slot);  // before its slot is released (KeyOfOutput)
+  bool Drained(const ConnKey& k) const;       // the server read all we gave it
 
   ShimChannel* shim_;
   std::string host_;
@@ -127,6 +133,8 @@ class Replayer {
   uint64_t read_by_gone_ = 0;  // bytes the server read on connections now gone
   std::map<ConnKey, Conn> conns_;
   std::map<int, ConnKey> by_fd_;
+  static constexpr size_t kGoneKept = 4096;
+  std::map<uint32_t, ConnKey> gone_;  // shim connection number -> key, for ended ones
   bool gated_ = false;
 };
 

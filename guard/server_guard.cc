@@ -416,6 +416,18 @@ void ServerPipeline::TransferStep(uint64_t now) {
       if (fetch_for_ == FetchFor::kLagging) core_.InstallCheckpoint(now, index);
       log_("state transfer: %s, restored; the log goes on from entry %lu", summary.c_str(),
            (unsigned long)index + 1);
+      if (fetch_for_ == FetchFor::kRepair) {
+        repair_transfer_ = RepairTransfer::kDone;
+        repair_transfer_index_ = index;
+      }
+      fetch_for_ = FetchFor::kNone;
+      return;
+    }
+    if (fetch_for_ == FetchFor::kRepair && ++repair_fetch_failures_ >= kRepairFetchTries) {
+      repair_transfer_ = RepairTransfer::kFailed;
+      repair_transfer_error_ =
+          index ? "the fetched checkpoint " + std::to_string(index) + " does not restore: " + err
+                : summary;
       fetch_for_ = FetchFor::kNone;
       return;
     }
@@ -426,7 +438,7 @@ void ServerPipeline::TransferStep(uint64_t now) {
     return;
   }
   if (now < next_fetch_us_) return;
-  if (fetch_for_ == FetchFor::kNoServer) {
+  if (fetch_for_ == FetchFor::kNoServer || fetch_for_ == FetchFor::kRepair) {
     fetcher_->Start(fetch_min_);
     return;
   }

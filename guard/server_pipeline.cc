@@ -2,6 +2,8 @@
 #include "guard/server_pipeline.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string_view>
 #include <vector>
@@ -107,7 +109,25 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   return true;
 }
 
+// Failpoint for the tests of output checking: LOCKSTEP_FAILPOINT=
+// flip-input:MARKER makes this replica's server receive the first input it
+// replays that contains MARKER with the byte after MARKER changed, once per
+// daemon. Nothing else reads it.
+void ServerPipeline::MaybeFlipInput(std::string* bytes, uint64_t index) {
+  static const char* spec = getenv("LOCKSTEP_FAILPOINT");
+  static bool fired = false;
+  if (!spec || fired || strncmp(spec, "flip-input:", 11) != 0) return;
+  size_t at = bytes->find(spec + 11);
+  if (at == std::string::npos || at + strlen(spec + 11) >= bytes->size()) return;
+  fired = true;
+  (*bytes)[at + strlen(spec + 11)] ^= 0x01;
+  log_("FAILPOINT: flipped a byte of log entry %lu as replayed to this server",
+       (unsigned long)index);
+}
+
 void ServerPipeline::ConnectServer() {
+  server_id_++;
+  output_names_.clear();
   replayer_ = std::make_unique<Replayer>(
       shim_.get(), me_.host, me_.server_port,
       [this](int fd, bool add, bool writable) {
@@ -316,7 +336,10 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
           if (!own) replayer_->Accept(in.key);
           break;
         case LS_SUB_DATA:
-          if (!own) replayer_->Data(in.key, in.bytes, i);
+          if (!own) {
+            MaybeFlipInput(&in.bytes, i);
+            replayer_->Data(in.key, in.bytes, i);
+          }
           break;
         case LS_SUB_CLOSE:
           open_conns_.erase(in.key);

@@ -26,6 +26,7 @@
 #include "guard/checkpointer.h"
 #include "guard/config.h"
 #include "guard/event_loop.h"
+#include "guard/output_check.h"
 #include "guard/replay.h"
 #include "guard/replica_log.h"
 #include "guard/server.h"
@@ -81,6 +82,33 @@ class ServerPipeline {
   // connection its request came on; sent by a thread, then closed.
   void ServeCheckpoint(int fd, uint64_t min_index);
 
+  // ---- What the server sent (server_output.cc; output_guard.h judges it).
+  // The next digest of the server's output, its connection named as the
+  // log names it (applied: entries handed to the server so far); false when
+  // there is none. Records the pipeline cannot name, and those of streams
+  // the shim lost track of, are skipped (counted in unnamed_outputs()).
+  bool PollOutput(OutputPoint* p, uint32_t* flags);
+  // The server's latest output on connection `key`; false: not kept.
+  bool RecentOutput(const ConnKey& key, ShimChannel::OutputWindow* w) const;
+  uint64_t unnamed_outputs() const { return unnamed_outputs_; }
+  // Counts the servers this replica ran (launched or restored): a restored
+  // server sends again what its checkpoint had not yet sent.
+  uint64_t server_id() const { return server_id_; }
+  // Repair of a divergent server: back to the newest good checkpoint at or
+  // below max_index, and the log replays the rest. False (error) if there
+  // is none the log can bring forward, or it does not restore.
+  bool RollBack(uint64_t max_index, uint64_t* restored, std::string* error);
+  // Repair by state transfer: fetches a checkpoint the log can bring
+  // forward from a peer (those in `first` asked first), restores it and
+  // replays. Asynchronous: repair_transfer() says where it is.
+  void StartRepairTransfer(const std::vector<int>& first);
+  enum class RepairTransfer : uint8_t { kNone, kRunning, kDone, kFailed };
+  RepairTransfer repair_transfer() const { return repair_transfer_; }
+  // kDone: the checkpoint restored; kFailed: why.
+  uint64_t repair_transfer_index() const { return repair_transfer_index_; }
+  const std::string& repair_transfer_error() const { return repair_transfer_error_; }
+  void ClearRepairTransfer() { repair_transfer_ = RepairTransfer::kNone; }
+
  private:
   static constexpr uint64_t kHealthCheckUs = 100000;  // how often the server's exit is checked
   // A server that dies this soon after reading an input is taken to die of it.
@@ -98,6 +126,7 @@ class ServerPipeline {
   void ReportInputs(uint64_t now);
   // Starts a fresh, empty server (the whole log is replayed into it).
   bool LaunchServer(std::string* error);
+  void MaybeFlipInput(std::string* bytes, uint64_t index);  // a test failpoint
   // Makes the replayer for the current channel and watches the shim's wake fd.
   void ConnectServer();
   // Stops the server and forgets its channel and replay connections.
@@ -166,11 +195,28 @@ class ServerPipeline {
   std::unique_ptr<CheckpointFetcher> fetcher_;
   // kNoServer: the server is down (it died, or the replica restarted) and
   // nothing here rebuilds it: the log starts past every local checkpoint.
-  enum class FetchFor : uint8_t { kNone, kLagging, kNoServer };
+  // kRepair: the server runs but diverged (StartRepairTransfer).
+  enum class FetchFor : uint8_t { kNone, kLagging, kNoServer, kRepair };
   FetchFor fetch_for_ = FetchFor::kNone;
   uint64_t fetch_min_ = 0;
   uint64_t next_fetch_us_ = 0;
   bool transfer_off_warned_ = false;
+
+  // Output (server_output.cc): the shim's connection numbers named as the
+  // log names them, with their output windows. Numbers restart with each
+  // server, so this does too.
+  struct OutputName {
+    ConnKey key;
+    int out_slot = -1;
+  };
+  std::map<uint32_t, OutputName> output_names_;
+  uint64_t unnamed_outputs_ = 0;
+  uint64_t server_id_ = 0;
+  RepairTransfer repair_transfer_ = RepairTransfer::kNone;
+  uint64_t repair_transfer_index_ = 0;
+  std::string repair_transfer_error_;
+  int repair_fetch_failures_ = 0;
+  static constexpr int kRepairFetchTries = 4;  // a peer asked takes a checkpoint for the next
 
   uint64_t applied_ = 0;                        // log entries handed to the server (or replayer)
   std::map<uint64_t, OwnPending> own_pending_;  // our shim's proposals, by log index

@@ -289,6 +289,136 @@ bool DecodeCheckpointDone(std::string_view in, CheckpointDone* done) {
   return true;
 }
 
+// ---------------------------------------------------------------- output checking
+
+namespace {
+constexpr uint32_t kMaxReportPoints = 1u << 20;
+void PutKey(ByteWriter* w, const ConnKey& k) {
+  w->u64(k.ballot);
+  w->u32(k.no);
+}
+bool GetKey(ByteReader* r, ConnKey* k) {
+  return r->u64(&k->ballot) && r->u32(&k->no);
+}
+}  // namespace
+
+std::string EncodeOutputReport(const OutputReport& report) {
+  ByteWriter w;
+  w.u64(report.ballot);
+  w.u64(report.daemon_pid);
+  w.u32(static_cast<uint32_t>(report.points.size()));
+  for (const OutputPoint& p : report.points) {
+    PutKey(&w, p.key);
+    w.u64(p.offset);
+    w.u64(p.digest);
+    w.u64(p.applied);
+    w.u8(p.mark ? 1 : 0);
+  }
+  return std::move(w.str());
+}
+
+bool DecodeOutputReport(std::string_view in, OutputReport* report) {
+  ByteReader r(in);
+  uint32_t n = 0;
+  if (!r.u64(&report->ballot) || !r.u64(&report->daemon_pid) || !r.u32(&n) || n > kMaxReportPoints)
+    return false;
+  report->points.clear();
+  for (uint32_t i = 0; i < n; i++) {
+    OutputPoint p;
+    uint8_t mark = 0;
+    if (!GetKey(&r, &p.key) || !r.u64(&p.offset) || !r.u64(&p.digest) || !r.u64(&p.applied) ||
+        !r.u8(&mark))
+      return false;
+    p.mark = mark != 0;
+    report->points.push_back(p);
+  }
+  return r.done();
+}
+
+const char* RepairHowName(RepairHow how) {
+  return how == RepairHow::kTransfer ? "transfer" : "rollback";
+}
+
+std::string EncodeRepairOrder(const RepairOrder& order) {
+  ByteWriter w;
+  w.u64(order.ballot);
+  w.bytes(order.id);
+  w.u8(static_cast<uint8_t>(order.how));
+  w.u64(order.max_index);
+  PutKey(&w, order.key);
+  w.u64(order.offset);
+  w.u32(static_cast<uint32_t>(order.agreeing.size()));
+  for (int r : order.agreeing) w.u32(static_cast<uint32_t>(r));
+  return std::move(w.str());
+}
+
+bool DecodeRepairOrder(std::string_view in, RepairOrder* order) {
+  ByteReader r(in);
+  uint8_t how = 0;
+  uint32_t n = 0;
+  if (!r.u64(&order->ballot) || !r.bytes(&order->id) || !r.u8(&how) || !r.u64(&order->max_index) ||
+      !GetKey(&r, &order->key) || !r.u64(&order->offset) || !r.u32(&n) ||
+      n > static_cast<uint32_t>(kMaxReplicas))
+    return false;
+  if (how != static_cast<uint8_t>(RepairHow::kRollback) &&
+      how != static_cast<uint8_t>(RepairHow::kTransfer))
+    return false;
+  order->how = static_cast<RepairHow>(how);
+  order->agreeing.clear();
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t v = 0;
+    if (!r.u32(&v) || v >= static_cast<uint32_t>(kMaxReplicas)) return false;
+    order->agreeing.push_back(static_cast<int>(v));
+  }
+  return r.done();
+}
+
+std::string EncodeRepairResult(const RepairResult& result) {
+  ByteWriter w;
+  w.bytes(result.id);
+  w.u8(result.ok ? 1 : 0);
+  w.bytes(result.action);
+  w.bytes(result.error);
+  w.u64(result.restored_index);
+  w.u64(result.restore_us);
+  w.u64(result.total_us);
+  w.u64(result.window_start);
+  w.u8(result.have_window ? 1 : 0);
+  w.bytes(result.window);
+  return std::move(w.str());
+}
+
+bool DecodeRepairResult(std::string_view in, RepairResult* result) {
+  ByteReader r(in);
+  uint8_t ok = 0, have = 0;
+  if (!r.bytes(&result->id) || !r.u8(&ok) || !r.bytes(&result->action) ||
+      !r.bytes(&result->error) || !r.u64(&result->restored_index) || !r.u64(&result->restore_us) ||
+      !r.u64(&result->total_us) || !r.u64(&result->window_start) || !r.u8(&have) ||
+      !r.bytes(&result->window) || !r.done())
+    return false;
+  result->ok = ok != 0;
+  result->have_window = have != 0;
+  return true;
+}
+
+std::string EncodeDivergenceRequest(const DivergenceRequest& req) {
+  ByteWriter w;
+  w.u8(static_cast<uint8_t>(req.op));
+  w.bytes(req.id);
+  return std::move(w.str());
+}
+
+bool DecodeDivergenceRequest(std::string_view in, DivergenceRequest* req) {
+  ByteReader r(in);
+  uint8_t op = 0;
+  if (!r.u8(&op) || !r.bytes(&req->id) || !r.done()) return false;
+  if (op != static_cast<uint8_t>(DivergenceOp::kList) &&
+      op != static_cast<uint8_t>(DivergenceOp::kShow))
+    return false;
+  req->op = static_cast<DivergenceOp>(op);
+  return true;
+}
+
 // ---------------------------------------------------------------- authentication
 
 std::string HmacSha256(const std::string& key, const std::string& data) {

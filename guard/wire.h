@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "consensus/core.h"
+#include "guard/output_check.h"  // OutputPoint
 
 namespace lockstep {
 
@@ -40,6 +41,13 @@ enum class FrameKind : uint8_t {
   kFetchCheckpoint = 30,  // min_index u64
   kCheckpointPart = 31,
   kCheckpointDone = 32,
+  // Output checking (guard/output_guard.h), on the peers' connections.
+  kOutputReport = 33,  // backup -> leader: digests of its server's output
+  kRepairOrder = 34,   // leader -> a divergent backup: roll back (or fetch) and replay
+  kRepairResult = 35,  // that backup -> leader: what the repair did
+  // client -> daemon: the divergence reports this replica wrote.
+  kDivergence = 36,  // op u8 (DivergenceOp), id
+  kDivergenceResult = 37,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
 inline constexpr uint32_t kWireMagic = 0x4c4b5354;  // "LKST"
@@ -207,6 +215,61 @@ struct CheckpointDone {
 };
 std::string EncodeCheckpointDone(const CheckpointDone& done);
 bool DecodeCheckpointDone(std::string_view in, CheckpointDone* done);
+
+// ---- Output checking: a backup's digests, the leader's repair order, and
+// the backup's answer (guard/output_guard.h).
+struct OutputReport {
+  Ballot ballot = 0;        // the ballot of the leader it reports to
+  uint64_t daemon_pid = 0;  // which run of the reporting daemon (a restart: another)
+  std::vector<OutputPoint> points;
+};
+std::string EncodeOutputReport(const OutputReport& report);
+bool DecodeOutputReport(std::string_view in, OutputReport* report);
+
+enum class RepairHow : uint8_t {
+  kRollback = 1,  // restore the newest own checkpoint at or below max_index, replay
+  kTransfer = 2,  // fetch a checkpoint from a peer that agrees, replay
+};
+const char* RepairHowName(RepairHow how);  // "rollback", "transfer"
+struct RepairOrder {
+  Ballot ballot = 0;
+  std::string id;  // the divergence report's id
+  RepairHow how = RepairHow::kRollback;
+  uint64_t max_index = 0;  // kRollback: the newest checkpoint allowed
+  ConnKey key;             // where it diverged: the backup keeps its output there
+  uint64_t offset = 0;
+  std::vector<int> agreeing;  // replicas that agreed with the leader there (kTransfer asks them)
+};
+std::string EncodeRepairOrder(const RepairOrder& order);
+bool DecodeRepairOrder(std::string_view in, RepairOrder* order);
+
+struct RepairResult {
+  std::string id;
+  bool ok = false;
+  std::string action;  // what was done, for people ("rolled back to checkpoint 40, ...")
+  std::string error;   // why not ok
+  uint64_t restored_index = 0;
+  uint64_t restore_us = 0;  // taking the checkpoint back (and fetching it)
+  uint64_t total_us = 0;    // from the order to the server in sync again
+  // Its server's latest output on the connection, from the stream's byte
+  // window_start on (taken before the repair).
+  uint64_t window_start = 0;
+  bool have_window = false;
+  std::string window;
+};
+std::string EncodeRepairResult(const RepairResult& result);
+bool DecodeRepairResult(std::string_view in, RepairResult* result);
+
+enum class DivergenceOp : uint8_t {
+  kList = 1,  // reply: a JSON array of report summaries
+  kShow = 2,  // reply: the report as JSON ("" when this replica has no such report)
+};
+struct DivergenceRequest {
+  DivergenceOp op = DivergenceOp::kList;
+  std::string id;
+};
+std::string EncodeDivergenceRequest(const DivergenceRequest& req);
+bool DecodeDivergenceRequest(std::string_view in, DivergenceRequest* req);
 
 // A non-blocking TCP connection carrying frames. Owned by an event loop.
 class FrameConn {

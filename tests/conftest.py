@@ -154,5 +154,6 @@ def pytest_runtest_makereport(item, call):
         return
     for log in sorted(Path(tmp).glob("*/replica-*.log")):
         lines = log.read_text(errors="replace").splitlines()
-        shown = [line for line in lines if " slow " not in line][-40:]
+        noise = (" slow ", " slept ", "not scheduled for")
+        shown = [line for line in lines if not any(n in line for n in noise)][-40:]
         report.sections.append((f"end of {log.parent.name}/{log.name}", "\n".join(shown)))
