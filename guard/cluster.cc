@@ -83,6 +83,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->command = p.command;
     server->app = p.name;
     server->ready_timeout_ms = p.ready_timeout_ms;
+    server->same_random = p.same_random;
   } else if (!o.command.empty()) {
     server->command = o.command;
   } else {
@@ -148,7 +149,8 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
   if (!t.TakeString("command", &p.command, true, error) ||
       !t.TakeString("description", &p.description, false, error) ||
       !t.TakeString("bench", &p.bench, false, error) ||
-      !t.TakeInt("ready_timeout_ms", &timeout, false, 100, 3600000, error) || !t.NoLeftovers(error))
+      !t.TakeInt("ready_timeout_ms", &timeout, false, 100, 3600000, error) ||
+      !t.TakeBool("same_random", &p.same_random, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
   std::vector<std::string> argv;

@@ -37,8 +37,9 @@ struct AppProfile {
   std::string name;     // NAME
   std::string command;  // template: {port} and {dir} are replaced per replica
   uint64_t ready_timeout_ms = 10000;
-  std::string description;  // one line for people
-  std::string bench;        // how to benchmark it (free text)
+  bool same_random = false;  // the server's randomness is the same on every replica
+  std::string description;   // one line for people
+  std::string bench;         // how to benchmark it (free text)
   std::string path;
 };
 std::vector<std::string> ListAppProfiles(const std::string& apps_dir);  // sorted names

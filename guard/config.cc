@@ -2,6 +2,8 @@
 // profiles use, and cluster.toml itself.
 #include "guard/config.h"
 
+#include <openssl/evp.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -339,6 +341,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     n = 0;
     if (!s.TakeInt("ready_timeout_ms", &n, false, 100, 3600000, error)) return false;
     if (n) c.server.ready_timeout_ms = n;
+    if (!s.TakeBool("same_random", &c.server.same_random, error)) return false;
     if (!s.NoLeftovers(error)) return false;
   }
 
@@ -443,6 +446,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       << "command = " << TomlQuote(c.server.command) << "\n";
     if (!c.server.app.empty()) o << "app = " << TomlQuote(c.server.app) << "\n";
     o << "ready_timeout_ms = " << c.server.ready_timeout_ms << "\n";
+    if (c.server.same_random)
+      o << "# the server's randomness is the same on every replica (preload/shim_random.c)\n"
+        << "same_random = true\n";
     const CheckpointPolicy& p = c.checkpoint;
     o << "\n# CRIU checkpoints of each backup's server (checkpoint/README.md): after\n"
       << "# every_entries applied entries, every_log_bytes of log or every_seconds,\n"
@@ -469,6 +475,22 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (!r.netns.empty()) o << "netns = " << TomlQuote(r.netns) << "\n";
   }
   return o.str();
+}
+
+std::string ServerRandomSeed(const ClusterConfig& c) {
+  if (!c.server.same_random) return "";
+  const std::string data = "lockstep same_random seed v1\n" + c.secret;
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) || len != 32)
+    return "";  // the shim then changes nothing (and the replicas may diverge)
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < len; i++) {
+    hex += kHex[md[i] >> 4];
+    hex += kHex[md[i] & 15];
+  }
+  return hex;
 }
 
 }  // namespace lockstep

@@ -18,6 +18,8 @@
 //                           # shell would ('...', "...", backslash), run without a shell
 //   app = "redis"           # optional: the apps/ profile it came from (informational)
 //   ready_timeout_ms = 10000  # optional: how long the server may take to listen
+//   same_random = true      # optional (false): the server's randomness is the same on every
+//                           # replica (preload/shim_random.c), seeded from the secret
 //
 //   [checkpoint]            # optional, with [server]: CRIU checkpoints of backups' servers
 //   enabled = true
@@ -107,6 +109,11 @@ struct ClusterConfig {
     std::string command;  // template: {port} and {dir} are replaced per replica
     std::string app;      // the apps/ profile it came from, if any
     uint64_t ready_timeout_ms = 10000;
+    // Every replica's server draws the same random numbers (getrandom,
+    // /dev/urandom, the libc generators' seeds: preload/shim_random.c), so
+    // that commands picking at random (redis SPOP, SRANDMEMBER, RANDOMKEY)
+    // pick the same on every replica. From the app profile's `same_random`.
+    bool same_random = false;
   } server;
   bool has_server() const { return !server.command.empty(); }
   CheckpointPolicy checkpoint;
@@ -118,6 +125,12 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                         std::string* error);
 bool LoadClusterConfig(const std::string& path, ClusterConfig* out, std::string* error);
 std::string FormatClusterConfig(const ClusterConfig& c);
+// The seed of the server's randomness (LOCKSTEP_SHIM_RANDOM_SEED, 64 hex
+// digits) when c.server.same_random, else "": SHA-256 of the cluster's
+// secret under a label, so the same on every replica and in every run of
+// the cluster, and the secret cannot be read back from the server's
+// environment.
+std::string ServerRandomSeed(const ClusterConfig& c);
 
 // ------------------------------------------------------------ the TOML subset
 // `field = value` lines (values: "string", 'literal string', integer with

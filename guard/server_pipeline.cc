@@ -82,6 +82,7 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   // Pid 1 of its own pid namespace: CRIU can then restore it under the same pid.
   server_->set_own_pid_namespace(checkpointer_ != nullptr);
   server_fds_ = shim_->ServerFds();
+  shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
                       server_fds_, error)) {
     *error = "cannot start the server: " + *error;

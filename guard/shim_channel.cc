@@ -179,7 +179,8 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_FD", std::to_string(region_fd_)},
       {"LOCKSTEP_SHIM_WAKE_SERVER", std::to_string(wake_server_fd_)},
       {"LOCKSTEP_SHIM_WAKE_DAEMON", std::to_string(wake_daemon_fd_)},
-      {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)}};
+      {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)},
+      {"LOCKSTEP_SHIM_RANDOM_SEED", random_seed_env_}};
   if (!output_digests_env_.empty())
     env.push_back({"LOCKSTEP_SHIM_OUTPUT_DIGESTS", output_digests_env_});
   return env;

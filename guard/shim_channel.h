@@ -46,6 +46,10 @@ class ShimChannel {
   // LOCKSTEP_SHIM_OUTPUT_DIGESTS (else the server inherits ours, if any).
   std::vector<std::pair<std::string, std::string>> ServerEnv(int server_port) const;
   void set_output_digests(bool on) { output_digests_env_ = on ? "1" : "0"; }
+  // LOCKSTEP_SHIM_RANDOM_SEED for the server (64 hex digits: its randomness
+  // is the same on every replica, preload/shim_random.c), or "": off. Always
+  // set, so that the server never inherits one from our environment.
+  void set_random_seed(const std::string& hex) { random_seed_env_ = hex; }
   std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
   int wake_daemon_fd() const { return wake_daemon_fd_; }
   bool shim_attached() const;
@@ -174,6 +178,7 @@ class ShimChannel {
   uint64_t out_tail_ = 0;         // output records consumed (published every so often)
   bool output_consumer_ = false;  // PollOutput was called: Flush() leaves records alone
   std::string output_digests_env_;
+  std::string random_seed_env_;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned

@@ -27,6 +27,10 @@
  * (shim_output.c and shim_abi.h, "Output"): per connection, by stream
  * offset, published as digest records plus a window of the latest bytes.
  *
+ * With LOCKSTEP_SHIM_RANDOM_SEED set, shim_random.c makes the server's
+ * randomness the same on every replica; its reads of /dev/urandom come
+ * through read/readv here (rnd_tracked), and close forgets them.
+ *
  * Everything else (files, pipes, the server's outbound connections,
  * connections accepted while this replica is not the leader, and anything a
  * forked or exec'd child does) passes straight through.
@@ -790,6 +794,11 @@ ssize_t read(int fd, void* buf, size_t len) {
     return read_tracked(c, &v, 1, 0);
   }
   if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  /* A random device (shim_random.c). */
+  if (rnd_tracked(fd)) {
+    struct iovec v = {buf, len};
+    return rnd_readv(fd, &v, 1);
+  }
   return real_read(fd, buf, len);
 }
 
@@ -835,6 +844,8 @@ ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
   struct conn* c = tracked(fd);
   if (c) return read_tracked(c, iov, iovcnt, 0);
   if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  /* A random device (shim_random.c). */
+  if (rnd_tracked(fd)) return rnd_readv(fd, iov, iovcnt);
   return real_readv(fd, iov, iovcnt);
 }
 
@@ -994,6 +1005,7 @@ int accept(int lfd, struct sockaddr* addr, socklen_t* addrlen) {
 /* ------------------------------------------------------------ close */
 
 int close(int fd) {
+  rnd_forget(fd); /* shim_random.c: a random device's stream (errno untouched) */
   if (active && fd >= 0 && fd < LS_MAX_FD) {
     int saved = errno;
     out_end(fd, LS_OUT_CLOSED);

@@ -15,6 +15,9 @@
  *   LOCKSTEP_SHIM_OUTPUT_DIGESTS  "0": the shim does not hash what the server
  *                              sends (see "Output" below); anything else or
  *                              unset: it does
+ *   LOCKSTEP_SHIM_RANDOM_SEED  64 hex digits, the same on every replica: the
+ *                              server's randomness comes from them
+ *                              (shim_random.c); empty or unset: untouched
  *
  * Flow on the leader:
  *   shim  --submission ring-->  daemon   ACCEPT / DATA / CLOSE, each with a seq
