@@ -27,6 +27,7 @@ const char* MessageTypeName(Message::Type t) {
     case Message::Type::kPreVote: return "pre-vote";
     case Message::Type::kPreVoteReply: return "pre-vote-reply";
     case Message::Type::kNeedCheckpoint: return "need-checkpoint";
+    case Message::Type::kTakeOver: return "take-over";
   }
   return "?";
 }
@@ -116,12 +117,16 @@ void Replica::Tick(uint64_t now_us) {
     return;
   }
   if (now_us >= election_deadline_us_) {
-    if (may_vote_ && commit_index_ >= lead_after_commit_) {
+    if (MayStand(now_us)) {
       StartPreVote(now_us);
     } else {
       ResetElectionTimer(now_us);
     }
   }
+}
+
+bool Replica::MayStand(uint64_t now_us) const {
+  return may_vote_ && commit_index_ >= lead_after_commit_ && now_us >= election_hold_until_us_;
 }
 
 void Replica::OnLeaderGone(uint64_t now_us) {
@@ -429,6 +434,42 @@ void Replica::StepDown(uint64_t now_us, Ballot seen) {
   ResetElectionTimer(now_us);
 }
 
+bool Replica::HandOver(uint64_t now_us, int successor, uint64_t hold_us) {
+  if (role_ != Role::kLeader || successor < 0 || successor >= config_.replicas ||
+      successor == config_.id)
+    return false;
+  // Only leading changes: the promise, the log, the commit index and what
+  // is durable stay as they are, so this is the step-down a leader cut off
+  // from a majority takes (Tick), plus a hold on our own candidacy. Paxos'
+  // safety does not depend on who runs or when; the hold only keeps this
+  // replica from winning its leadership straight back.
+  Ballot ballot = promised_;
+  StepDown(now_us, ballot);
+  election_hold_until_us_ = now_us + hold_us;
+  Message m;
+  m.type = Message::Type::kTakeOver;
+  m.from = config_.id;
+  m.to = successor;
+  m.ballot = ballot;
+  m.commit_index = commit_index_;
+  ready_.messages.push_back(std::move(m));
+  LS_ASSERT(role_ == Role::kBackup && promised_ == ballot && leader() < 0,
+            "handed over, yet role %s, ballot %s", RoleName(role_),
+            BallotString(promised_).c_str());
+  CheckInvariants();
+  return true;
+}
+
+// The leader we promised stepped down for us: run now. No pre-vote (it
+// protects a live leader from a replica that merely lost touch, and this
+// one gave up), but the same conditions as any candidacy: phase 1 itself
+// is what keeps every committed value.
+void Replica::HandleTakeOver(uint64_t now_us, const Message& m) {
+  if (role_ != Role::kBackup || m.ballot != promised_ || m.from != BallotLeader(promised_)) return;
+  if (!MayStand(now_us)) return;
+  StartElection(now_us);
+}
+
 void Replica::OpenStream() {
   // A fresh region: whatever anyone writes into an older one is never read.
   stream_id_++;
@@ -571,6 +612,7 @@ void Replica::OnMessage(uint64_t now_us, const Message& m) {
     case Message::Type::kPreVote: HandlePreVote(now_us, m); break;
     case Message::Type::kPreVoteReply: HandlePreVoteReply(now_us, m); break;
     case Message::Type::kNeedCheckpoint: HandleNeedCheckpoint(now_us, m); break;
+    case Message::Type::kTakeOver: HandleTakeOver(now_us, m); break;
     case Message::Type::kNack:
       max_round_seen_ = std::max(max_round_seen_, BallotRound(m.promised));
       if (m.promised > promised_ && role_ != Role::kBackup) StepDown(now_us, m.promised);

@@ -21,6 +21,10 @@
 //    highest-ballot value per index and re-proposes it under its ballot.
 //  - A backup whose stream broke (restart, partition, lost puts) asks for a
 //    fresh one with JOIN; the leader restarts it at the backup's commit + 1.
+//  - A leader the daemon finds unfit to lead (its server diverged) hands
+//    over: it becomes a backup, stands for no election for a while, and
+//    tells a named backup to run at once (TAKE-OVER), which then runs an
+//    ordinary phase 1 (HandOver).
 #pragma once
 
 #include <cstdint>
@@ -60,11 +64,14 @@ struct Message {
     kNack,
     kHeartbeat,
     kJoin,
-    kPreVote,        // "would you promise this ballot?" — changes nobody's state
-    kPreVoteReply,   // granted: the sender has no live leader and would promise
-    kNeedCheckpoint  // leader -> backup: I truncated what you lack; bring a
-                     // checkpoint of at least commit_index (then InstallCheckpoint)
+    kPreVote,         // "would you promise this ballot?" — changes nobody's state
+    kPreVoteReply,    // granted: the sender has no live leader and would promise
+    kNeedCheckpoint,  // leader -> backup: I truncated what you lack; bring a
+                      // checkpoint of at least commit_index (then InstallCheckpoint)
+    kTakeOver,        // leader of `ballot` -> backup: I stepped down (HandOver); run
+                      // for the next ballot now, without a pre-vote
   };
+  static constexpr int kTypes = 10;  // one past the highest type
   Type type = Type::kHeartbeat;
   int from = 0;
   int to = 0;
@@ -77,6 +84,8 @@ struct Message {
   std::vector<Entry> entries;  // promise: sender's slots past the candidate's commit
   std::string transport;       // opaque, filled and read by the transport adapter
 };
+static_assert(static_cast<int>(Message::Type::kTakeOver) + 1 == Message::kTypes,
+              "kTypes is one past the highest message type");
 const char* MessageTypeName(Message::Type t);
 
 // Bytes to put into peer `to`'s region for (ballot, stream_id), at `offset`
@@ -169,6 +178,23 @@ class Replica {
   // asks the leader for a stream from there. False (nothing changes) unless
   // index is past this replica's commit index.
   bool InstallCheckpoint(uint64_t now_us, uint64_t index);
+  // Leader only: gives up leading so that another replica leads, e.g. one
+  // whose server agrees when this one's diverged. This replica becomes a
+  // backup at once (its proposals not yet committed have an unknown
+  // outcome: Ready::lost_leadership), stands for no election until now_us +
+  // hold_us (it still promises and grants pre-votes, so the others elect
+  // one of themselves), and tells `successor` to run for the next ballot
+  // now (kTakeOver). The successor runs an ordinary phase 1, so nothing
+  // committed is lost and no value changes; if the message is lost or the
+  // successor cannot win, the remaining backups elect a leader after their
+  // election timeout, as when a leader dies. False (nothing changes) unless
+  // this replica leads and successor is another replica.
+  bool HandOver(uint64_t now_us, int successor, uint64_t hold_us);
+  // Stands for no election (no pre-vote, no take-over) before until_us; 0
+  // lifts the hold. It still votes. A replica whose server is known to be
+  // wrong holds off until it is repaired (HandOver sets the first hold).
+  void HoldCandidacy(uint64_t until_us) { election_hold_until_us_ = until_us; }
+  uint64_t election_hold_until_us() const { return election_hold_until_us_; }
 
   Ready TakeReady();
 
@@ -229,6 +255,8 @@ class Replica {
   void HandleHeartbeat(uint64_t now_us, const Message& m);
   void HandleJoin(uint64_t now_us, const Message& m);
   void HandleNeedCheckpoint(uint64_t now_us, const Message& m);
+  void HandleTakeOver(uint64_t now_us, const Message& m);
+  bool MayStand(uint64_t now_us) const;  // may start a pre-vote or election now
   void SendNeedCheckpoint(int peer);
   void SendJoin(uint64_t now_us);
   void OpenStream();
@@ -260,6 +288,7 @@ class Replica {
   uint64_t last_leader_contact_us_ = 0;
   uint64_t catch_up_target_ = 0;    // damaged log: may vote again past this commit
   uint64_t lead_after_commit_ = 0;  // lacks truncated committed slots: no elections before this
+  uint64_t election_hold_until_us_ = 0;  // handed leadership over: no elections before this
 
   uint64_t first_index_ = 1;
   std::deque<Entry> slots_;

@@ -746,6 +746,86 @@ TEST(Core, ElectionAfterTruncationKeepsCommittedValues) {
   ExpectAllAgree(c);
 }
 
+// ---------------------------------------------------------------- handing over
+
+// A leader hands over to a live backup (its server diverged, say): the
+// successor runs at once, well within an election timeout, wins the next
+// ballot, and every entry the old leader had committed stays; the old
+// leader follows it and does not run while held.
+TEST(Core, HandOverElectsTheSuccessorAndKeepsCommittedEntries) {
+  SimOptions o = Quiet(3, 31);
+  SimCluster c(o);
+  for (int i = 0; i < 10; i++) ASSERT_GT(Commit(c, "a" + std::to_string(i)), 0u) << Report(c);
+  int l = c.Leader();
+  int s = Others(c, l)[1];
+  Ballot before = c.replica(l)->promised();
+  // One more entry in flight: proposed, not yet known committed.
+  ProposeResult last = c.Propose(l, EntryType::kInput, "in-flight");
+  ASSERT_TRUE(last.ok);
+  EXPECT_FALSE(c.HandOver(s, l, 1000)) << "only the leader hands over";
+  EXPECT_FALSE(c.HandOver(l, l, 1000)) << "not to itself";
+  uint64_t t0 = c.now();
+  uint64_t prevotes = c.sent(Message::Type::kPreVote);
+  ASSERT_TRUE(c.HandOver(l, s, 1'000'000));
+  EXPECT_EQ(c.replica(l)->role(), Role::kBackup);
+  EXPECT_EQ(c.replica(l)->leader(), -1);
+  EXPECT_EQ(c.replica(l)->election_hold_until_us(), t0 + 1'000'000);
+  EXPECT_FALSE(c.replica(l)->Propose(c.now(), EntryType::kInput, "late").ok);
+  ASSERT_TRUE(c.RunUntil([&] { return c.Leader() == s; }, o.election_timeout_min_us)) << Report(c);
+  EXPECT_GT(c.replica(s)->promised(), before);
+  EXPECT_EQ(c.sent(Message::Type::kTakeOver), 1u);
+  EXPECT_EQ(c.sent(Message::Type::kPreVote), prevotes) << "the successor runs without a pre-vote";
+  // The old leader promised the new ballot and follows; the in-flight entry
+  // was in its promise, so the new leader re-proposed it.
+  ASSERT_TRUE(c.RunUntil([&] { return c.replica(l)->leader() == s; }, 100'000)) << Report(c);
+  for (int i = 0; i < 5; i++) ASSERT_GT(Commit(c, "b" + std::to_string(i)), 0u) << Report(c);
+  EXPECT_EQ(c.committed().at(last.index).payload, "in-flight");
+  EXPECT_EQ(c.Leader(), s);
+  EXPECT_EQ(c.elections(), 2u);
+  ExpectAllAgree(c);
+}
+
+// The successor is down: the take-over message goes nowhere, and the
+// remaining backup is elected after its election timeout. The old leader,
+// held, grants its pre-vote and promises, but does not run itself.
+TEST(Core, HandOverToADeadSuccessorElectsTheOtherBackup) {
+  SimOptions o = Quiet(3, 32);
+  SimCluster c(o);
+  for (int i = 0; i < 5; i++) ASSERT_GT(Commit(c, "a" + std::to_string(i)), 0u) << Report(c);
+  int l = c.Leader();
+  int dead = Others(c, l)[0], b = Others(c, l)[1];
+  c.Crash(dead);
+  ASSERT_TRUE(c.HandOver(l, dead, 10 * o.election_timeout_max_us));
+  ASSERT_TRUE(c.RunUntil([&] { return c.Leader() >= 0; }, 5 * o.election_timeout_max_us))
+      << Report(c);
+  EXPECT_EQ(c.Leader(), b);
+  ASSERT_GT(Commit(c, "after"), 0u) << Report(c);
+  // The hold ends; the new leader keeps leading (the old one has a live leader).
+  c.RunFor(10 * o.election_timeout_max_us);
+  EXPECT_EQ(c.Leader(), b);
+  c.Restart(dead);
+  ASSERT_GT(Commit(c, "all back"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
+// Without a hold, and with the successor cut off from everyone, the old
+// leader may lead again under a new ballot: handing over never costs more
+// than an election.
+TEST(Core, HandOverToACutOffSuccessorWithoutHoldStillMakesProgress) {
+  SimOptions o = Quiet(3, 33);
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  int s = Others(c, l)[0];
+  c.Partition({s});
+  ASSERT_TRUE(c.HandOver(l, s, 0));
+  ASSERT_TRUE(c.RunUntil([&] { return c.Leader() >= 0 && c.Leader() != s; }, 500'000)) << Report(c);
+  ASSERT_GT(CommitOnLeader(c, "after"), 0u) << Report(c);
+  c.Heal();
+  ASSERT_GT(Commit(c, "healed"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
 // ---------------------------------------------------------------- the checker itself
 
 // LS_ASSERT inside the core becomes a reported violation, with the seed.

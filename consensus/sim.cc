@@ -501,7 +501,9 @@ void SimCluster::Drain(int r) {
     SIM_TRACE("r%d sends r%d: %s ballot %s stream %llx commit %llu promised %s entries %zu", r,
               m.to, MessageTypeName(m.type), BallotString(m.ballot).c_str(), (U)m.stream_id,
               (U)m.commit_index, BallotString(m.promised).c_str(), m.entries.size());
-    sent_[static_cast<int>(m.type) & 7]++;
+    LS_ASSERT(static_cast<int>(m.type) < Message::kTypes, "message type %d",
+              static_cast<int>(m.type));
+    sent_[static_cast<int>(m.type)]++;
     if (lossy_ && Chance(opt_.drop_rate)) {
       SIM_TRACE("  (dropped)");
       continue;
@@ -972,6 +974,22 @@ ProposeResult SimCluster::Propose(int r, EntryType type, std::string payload) {
     Fail(std::string("core: ") + e.what());
   }
   return res;
+}
+
+bool SimCluster::HandOver(int r, int successor, uint64_t hold_us) {
+  Node& nd = nodes_[r];
+  if (!nd.rep || nd.paused) return false;
+  bool ok = false;
+  try {
+    ok = nd.rep->HandOver(now_, successor, hold_us);
+    SIM_TRACE("r%d: hand over to r%d, hold %llu us -> %s", r, successor, (U)hold_us,
+              ok ? "done" : "refused");
+    Drain(r);
+    CheckInvariants();
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+  return ok;
 }
 
 void SimCluster::Track(int r, uint64_t index, EntryType type, const std::string& payload) {

@@ -17,7 +17,8 @@
 //    restart from their durable state with a new incarnation; crashes are
 //    also aimed at the windows right after a promise or a new entry was
 //    issued; partitions (whole or one direction of one link) come and heal; a
-//    leader pauses and resumes after someone else was elected.
+//    leader pauses and resumes after someone else was elected; a leader
+//    hands over to another replica (Replica::HandOver), live or not.
 // After every event it checks: agreement (a committed slot never changes
 // value, on any replica), durability (an acknowledged proposal stays
 // committed at its index; a replica's durable index, which it acks and counts
@@ -109,6 +110,11 @@ struct SimOptions {
   double pause_anyone_rate = 0.3;      // share of pauses aimed at any replica, not the leader
   uint64_t spurious_unreachable_every_us = 100'000;  // transport wrongly reports a live peer lost
   uint64_t truncate_every_us = 100'000;
+  // A leader hands over (Replica::HandOver) to a random other replica, which
+  // may be down, partitioned or paused, and holds back its own candidacy
+  // for up to handover_hold_max_us.
+  uint64_t handover_every_us = 150'000;
+  uint64_t handover_hold_max_us = 100'000;
   // Truncate below what a majority (not every replica) holds: lagging
   // replicas then need a snapshot and progress is required of a majority.
   bool truncate_lagging = false;
@@ -200,6 +206,8 @@ class SimCluster {
   void Track(int r, uint64_t index, EntryType type, const std::string& payload);
   // Truncates r's log below `index` (as the daemon does after a checkpoint).
   bool TruncateBelow(int r, uint64_t index);
+  // Leader r hands leadership over to `successor` (Replica::HandOver).
+  bool HandOver(int r, int successor, uint64_t hold_us);
 
   // Queries.
   Replica* replica(int r) { return nodes_[r].rep.get(); }
@@ -339,7 +347,7 @@ class SimCluster {
   std::vector<Tracked> acked_;
   uint64_t crashes_ = 0;
   uint64_t steps_ = 0;
-  uint64_t sent_[8] = {};
+  uint64_t sent_[Message::kTypes] = {};
   uint64_t stale_region_puts_ = 0;
   uint64_t put_bytes_ = 0;
   std::string violation_;

@@ -53,6 +53,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
   uint64_t next_partition = opt.faults ? NextAt(rng, 0, opt.partition_every_us) : kNever;
   uint64_t next_pause = opt.faults ? NextAt(rng, 0, opt.pause_every_us) : kNever;
   uint64_t next_truncate = NextAt(rng, 0, opt.truncate_every_us);
+  uint64_t next_handover = opt.faults ? NextAt(rng, 0, opt.handover_every_us) : kNever;
   uint64_t next_check = 1000;
   uint64_t next_unreachable =
       opt.faults ? NextAt(rng, 0, opt.spurious_unreachable_every_us) : kNever;
@@ -72,7 +73,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
 
   while (!c.failed()) {
     uint64_t t = std::min({end, next_propose, next_crash, next_partition, next_pause, next_truncate,
-                           next_check, next_unreachable, heal_at, resume_at});
+                           next_check, next_unreachable, next_handover, heal_at, resume_at});
     for (uint64_t x : restart_at) t = std::min(t, x);
     c.RunUntilTime(t);
     if (c.failed() || t >= end) break;
@@ -173,6 +174,18 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
       int a = static_cast<int>(Uniform(rng, 0, n - 1));
       int b = static_cast<int>(Uniform(rng, 0, n - 1));
       if (a != b) c.NotifyUnreachable(a, b);
+    }
+    if (t == next_handover) {
+      // The leader gives up leading (its server diverged, say) to anyone
+      // else: a live backup, or one that is down, cut off or paused.
+      next_handover = NextAt(rng, t, opt.handover_every_us);
+      int l = c.Leader();
+      int to = static_cast<int>(Uniform(rng, 0, n - 1));
+      uint64_t hold = Uniform(rng, 0, opt.handover_hold_max_us);
+      if (l >= 0 && to != l) {
+        if (c.tracing()) c.Trace(Format("fault: r%d hands over to r%d", l, to));
+        c.HandOver(l, to, hold);
+      }
     }
     if (t == next_truncate) {
       next_truncate = NextAt(rng, t, opt.truncate_every_us);

@@ -330,6 +330,31 @@ def kill_leftovers(d):
             log(f"  killed leftover pid {pid}")
 
 
+def run_phases(ctx, work, res, steps):
+    """Runs a benchmark's phases, `steps` as (key, fn): each one's load average
+    at its start goes into res, its result (unless None) into res[key]; a phase
+    that raises is listed in res["failed"] and the others still run. Then every
+    process the context started is stopped, leftovers naming `work` are killed
+    by pid, and `work` is removed."""
+    try:
+        for key, fn in steps:
+            res.setdefault("loadavg_at_phase_start", {})[key] = [
+                round(x, 2) for x in os.getloadavg()
+            ]
+            try:
+                out = fn()
+                if out is not None:
+                    res[key] = out
+            except Exception as e:  # noqa: BLE001 (one phase failing must not lose the others)
+                log(f"{key}: FAILED: {e}")
+                res["failed"].append({"phase": key, "reason": str(e)})
+    finally:
+        ctx.procs.stop_all()
+        kill_leftovers(work)
+        shutil.rmtree(work, ignore_errors=True)
+    res["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+
+
 def keep_logs(ctx, d):
     """Copies the cluster's logs (daemons', servers') out of d, which is about to go."""
     if not ctx.keep_logs:

@@ -1052,26 +1052,9 @@ def main():
             ),
         ),
     ]
-    try:
-        for key, phase, fn in steps:
-            if phase not in phases:
-                continue
-            res.setdefault("loadavg_at_phase_start", {})[key] = [
-                round(x, 2) for x in os.getloadavg()
-            ]
-            try:
-                out = fn()
-                if out is not None:
-                    res[key] = out
-            except Exception as e:  # noqa: BLE001 (one phase failing must not lose the others)
-                log(f"{key}: FAILED: {e}")
-                res["failed"].append({"phase": key, "reason": str(e)})
-    finally:
-        ctx.procs.stop_all()
-        apps.kill_leftovers(work)
-        shutil.rmtree(work, ignore_errors=True)
+    t_phases = [(key, fn) for key, phase, fn in steps if phase in phases]
+    apps.run_phases(ctx, work, res, t_phases)
     res["elapsed_s"] = time.monotonic() - t0
-    res["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     report(res, js)
     return 1 if res["failed"] else 0
 

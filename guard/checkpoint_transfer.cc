@@ -149,7 +149,7 @@ CheckpointFetcher::~CheckpointFetcher() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first) {
+void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first, bool only_first) {
   if (thread_.joinable()) thread_.join();
   done_ = false;
   ok_ = false;
@@ -158,7 +158,7 @@ void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first)
   std::vector<int> order;
   for (int r : first)
     if (r >= 0 && r < n && r != id_) order.push_back(r);
-  for (int k = 1; k < n; k++)
+  for (int k = 1; k < n && !only_first; k++)
     if (std::find(order.begin(), order.end(), (id_ + k) % n) == order.end())
       order.push_back((id_ + k) % n);
   thread_ = std::thread([this, min_index, order] {
@@ -182,7 +182,7 @@ void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first)
             (why.empty() ? "" : "; ") + std::string("replica ") + std::to_string(peer) + ": " + err;
       }
     }
-    if (!ok_) summary_ = why.empty() ? "no peer to ask" : why;
+    if (!ok_) summary_ = why.empty() ? "no peer to ask (none agrees with the leader)" : why;
     done_ = true;
   });
 }

@@ -56,7 +56,9 @@ class CheckpointFetcher {
 
   // Asks each peer in turn for a checkpoint with index >= min_index; the
   // replicas in `first` before the others.
-  void Start(uint64_t min_index, const std::vector<int>& first = {});
+  // only_first: ask nobody else (a repair wants a replica whose server
+  // agrees with the leader's, not any peer's).
+  void Start(uint64_t min_index, const std::vector<int>& first = {}, bool only_first = false);
   bool running() const { return thread_.joinable() && !done_.load(); }
   bool active() const { return thread_.joinable(); }
   // Once the fetch is over: true with the checkpoint's index and where it

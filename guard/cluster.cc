@@ -84,6 +84,8 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->app = p.name;
     server->ready_timeout_ms = p.ready_timeout_ms;
     server->same_random = p.same_random;
+    server->same_clock = p.same_clock;
+    server->unchecked_replies = p.unchecked_replies;
   } else if (!o.command.empty()) {
     server->command = o.command;
   } else {
@@ -150,7 +152,9 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeString("description", &p.description, false, error) ||
       !t.TakeString("bench", &p.bench, false, error) ||
       !t.TakeInt("ready_timeout_ms", &timeout, false, 100, 3600000, error) ||
-      !t.TakeBool("same_random", &p.same_random, error) || !t.NoLeftovers(error))
+      !t.TakeBool("same_random", &p.same_random, error) ||
+      !t.TakeBool("same_clock", &p.same_clock, error) ||
+      !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
   std::vector<std::string> argv;

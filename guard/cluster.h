@@ -37,9 +37,11 @@ struct AppProfile {
   std::string name;     // NAME
   std::string command;  // template: {port} and {dir} are replaced per replica
   uint64_t ready_timeout_ms = 10000;
-  bool same_random = false;  // the server's randomness is the same on every replica
-  std::string description;   // one line for people
-  std::string bench;         // how to benchmark it (free text)
+  bool same_random = false;       // the server's randomness is the same on every replica
+  bool same_clock = false;        // its wall clock too: the leader's time of each input
+  std::string unchecked_replies;  // commands whose replies are not compared (config.h)
+  std::string description;        // one line for people
+  std::string bench;              // how to benchmark it (free text)
   std::string path;
 };
 std::vector<std::string> ListAppProfiles(const std::string& apps_dir);  // sorted names

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "guard/server.h"
+#include "preload/resp_scan.h"
 
 namespace lockstep {
 
@@ -163,6 +164,21 @@ bool TomlTable::TakeBool(const std::string& key, bool* dst, std::string* error) 
     return Fail(it->second.line, "field '" + key + "': expected true or false", error);
   *dst = it->second.num != 0;
   taken_.insert(key);
+  return true;
+}
+
+bool TomlTable::TakeUncheckedReplies(std::string* dst, std::string* error) {
+  std::string list;
+  if (!TakeString("unchecked_replies", &list, false, error)) return false;
+  resp_list parsed;
+  if (resp_list_parse(&parsed, list.c_str()) != 0)
+    return Fail(LineOf("unchecked_replies"),
+                "field 'unchecked_replies': expected commands separated by commas, each one or "
+                "two words of letters, digits, '_', '-' or '|' (at most " +
+                    std::to_string(RESP_LIST) + " of them, words under " +
+                    std::to_string(RESP_WORD) + " characters), e.g. \"INFO, CLIENT LIST\"",
+                error);
+  *dst = list;
   return true;
 }
 
@@ -342,6 +358,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeInt("ready_timeout_ms", &n, false, 100, 3600000, error)) return false;
     if (n) c.server.ready_timeout_ms = n;
     if (!s.TakeBool("same_random", &c.server.same_random, error)) return false;
+    if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
+    if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
     if (!s.NoLeftovers(error)) return false;
   }
 
@@ -449,6 +467,13 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.server.same_random)
       o << "# the server's randomness is the same on every replica (preload/shim_random.c)\n"
         << "same_random = true\n";
+    if (c.server.same_clock)
+      o << "# the server's wall clock is the leader's time of the input it processes\n"
+        << "# (preload/shim_clock.c)\n"
+        << "same_clock = true\n";
+    if (!c.server.unchecked_replies.empty())
+      o << "# replies not compared between replicas (preload/shim_unchecked.c)\n"
+        << "unchecked_replies = " << TomlQuote(c.server.unchecked_replies) << "\n";
     const CheckpointPolicy& p = c.checkpoint;
     o << "\n# CRIU checkpoints of each backup's server (checkpoint/README.md): after\n"
       << "# every_entries applied entries, every_log_bytes of log or every_seconds,\n"

@@ -18,8 +18,13 @@
 //                           # shell would ('...', "...", backslash), run without a shell
 //   app = "redis"           # optional: the apps/ profile it came from (informational)
 //   ready_timeout_ms = 10000  # optional: how long the server may take to listen
+//   unchecked_replies = "INFO, CLIENT LIST"  # optional: redis-protocol commands whose
+//                           # replies are not compared between replicas (shim_unchecked.c)
 //   same_random = true      # optional (false): the server's randomness is the same on every
 //                           # replica (preload/shim_random.c), seeded from the secret
+//   same_clock = true       # optional (false): the server's wall clock reads, on every
+//                           # replica, the leader's time of the input it processes
+//                           # (preload/shim_clock.c)
 //
 //   [checkpoint]            # optional, with [server]: CRIU checkpoints of backups' servers
 //   enabled = true
@@ -114,6 +119,20 @@ struct ClusterConfig {
     // that commands picking at random (redis SPOP, SRANDMEMBER, RANDOMKEY)
     // pick the same on every replica. From the app profile's `same_random`.
     bool same_random = false;
+    // Every replica's server reads the same wall clock (CLOCK_REALTIME,
+    // gettimeofday, time) while it processes a given input: the leader's
+    // time when it proposed it, carried in the log entry (guard/log_input.h),
+    // and between inputs the last one's; CLOCK_MONOTONIC stays real
+    // (preload/shim_clock.c). So redis's TIME and the expiry of keys set
+    // with PX/EX come out the same on every replica, a lagging one too.
+    // From the app profile's `same_clock`.
+    bool same_clock = false;
+    // Commands whose replies are left out of the output comparison, for
+    // a server speaking redis's protocol: "INFO, CLIENT LIST" (one or two
+    // words each; one word matches every subcommand). Their replies differ
+    // between replicas by nature (pids, ports, uptimes, memory figures):
+    // preload/shim_unchecked.c. From the app profile's `unchecked_replies`.
+    std::string unchecked_replies;
   } server;
   bool has_server() const { return !server.command.empty(); }
   CheckpointPolicy checkpoint;
@@ -158,6 +177,8 @@ class TomlTable {
   bool TakeInt(const std::string& key, int64_t* dst, bool required, int64_t lo, int64_t hi,
                std::string* error);
   bool TakeBool(const std::string& key, bool* dst, std::string* error);  // optional
+  // Optional `unchecked_replies`: a list of commands preload/resp_scan.h accepts.
+  bool TakeUncheckedReplies(std::string* dst, std::string* error);
   bool Has(const std::string& key) const { return fields.count(key) > 0; }
   int LineOf(const std::string& key) const;  // the field's line, else the header's
   // An error for the first field (in file order) nobody took.

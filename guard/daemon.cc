@@ -485,6 +485,14 @@ void Daemon::NoteRoleChange() {
                 std::to_string((NowUs() - core_->last_leader_contact_us()) / 1000) + " ms ago")
                    .c_str()
              : "no live leader known");
+  else if (last_role_ == Role::kLeader && core_->promised() == last_ballot_ &&
+           core_->election_hold_until_us() > NowUs())
+    // Replica::HandOver (the output guard found this leader's server wrong).
+    log_(
+        "backup, promised ballot %s (handed its leadership over; standing for no election for up "
+        "to %lu s)",
+        BallotString(core_->promised()).c_str(),
+        (unsigned long)((core_->election_hold_until_us() - NowUs()) / 1000000));
   else
     log_("backup, promised ballot %s", BallotString(core_->promised()).c_str());
   last_role_ = core_->role();

@@ -51,16 +51,34 @@ int64_t FirstDifference(const OutputExcerpt& a, const OutputExcerpt& b, uint64_t
   return -1;
 }
 
+std::string StackAt(const OutputExcerpt& x, int64_t at) {
+  std::string who = "replica " + std::to_string(x.replica) + "'s server";
+  if (x.sends.empty()) return "not captured (" + who + " sent nothing recorded on the connection)";
+  const SendStack* best = nullptr;
+  for (const SendStack& s : x.sends)
+    if (at < 0 || s.start <= static_cast<uint64_t>(at)) best = &s;  // oldest first
+  if (!best) best = &x.sends.front();
+  bool covers =
+      at >= 0 && best->start <= static_cast<uint64_t>(at) && static_cast<uint64_t>(at) < best->end;
+  return who + ", at the send of bytes " + std::to_string(best->start) + ".." +
+         std::to_string(best->end) +
+         (covers    ? " (the first different byte's)"
+          : at >= 0 ? " (the newest kept before the first different byte)"
+                    : " (its newest)") +
+         ":\n" + best->frames;
+}
+
 std::string DivergenceReport::ToJson() const {
   char digest[64];
   std::ostringstream o;
   // Summary fields first (`divergence list` reads them with JsonField, which
   // takes the first occurrence of a key).
-  o << "{\"id\":\"" << JsonEscape(id) << "\",\"time_unix\":" << time_unix << ",\"status\":\""
-    << JsonEscape(status) << "\",\"replica\":" << replica << ",\"leader\":" << leader
-    << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false") << ",\"how\":\""
-    << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/" << key.no
-    << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
+  o << "{\"id\":\"" << JsonEscape(id) << "\",\"time_unix\":" << time_unix
+    << ",\"found_unix_ms\":" << found_unix_ms << ",\"done_unix_ms\":" << done_unix_ms
+    << ",\"status\":\"" << JsonEscape(status) << "\",\"replica\":" << replica
+    << ",\"leader\":" << leader << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false")
+    << ",\"how\":\"" << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/"
+    << key.no << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
     << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\"";
   o << ",\"agreeing\":[";
   for (size_t i = 0; i < agreeing.size(); i++) o << (i ? "," : "") << agreeing[i];
@@ -81,7 +99,8 @@ std::string DivergenceReport::ToJson() const {
       << "\",\"note\":\"" << JsonEscape(x.note) << "\"}";
   }
   o << "],\"restored_index\":" << restored_index << ",\"restore_ms\":" << restore_ms
-    << ",\"stack\":\"" << JsonEscape(stack) << "\"}";
+    << ",\"new_leader\":" << new_leader << ",\"new_leader_ms\":" << new_leader_ms << ",\"stack\":\""
+    << JsonEscape(stack) << "\"}";
   return o.str();
 }
 

@@ -15,17 +15,29 @@
 namespace lockstep {
 
 // One replica's latest output on the connection, around the difference.
+// One of the server's sends on the connection: the stream offsets its bytes
+// took, and the server's stack at the send (named by guard/symbolize.h,
+// one "#i function+0x.. (file)" line per frame).
+struct SendStack {
+  uint64_t start = 0, end = 0;
+  std::string frames;
+};
+
 struct OutputExcerpt {
   int replica = -1;
-  bool have = false;   // false: the bytes were no longer kept
-  uint64_t start = 0;  // stream offset of bytes[0]
-  std::string bytes;   // at most the shim's window (4 KiB)
-  std::string note;    // why not have, or how it was taken
+  bool have = false;             // false: the bytes were no longer kept
+  uint64_t start = 0;            // stream offset of bytes[0]
+  std::string bytes;             // at most the shim's window (4 KiB)
+  std::string note;              // why not have, or how it was taken
+  std::vector<SendStack> sends;  // the last sends' stacks (not in the JSON)
 };
 
 struct DivergenceReport {
   std::string id;  // "<leader>-<n>"
   uint64_t time_unix = 0;
+  // When the leader found it, and when its repair ended (0: not yet), in
+  // ms since the epoch: for measuring detection and repair from outside.
+  uint64_t found_unix_ms = 0, done_unix_ms = 0;
   int leader = -1;   // the replica that judged (and led)
   int replica = -1;  // the divergent one
   bool leader_diverged = false;
@@ -49,7 +61,11 @@ struct DivergenceReport {
   std::string error;
   uint64_t restored_index = 0;
   double restore_ms = 0, total_ms = 0;
-  std::string stack = "not captured (no stack capture at the send yet)";
+  // A divergent leader (how "step down"): the replica that leads after it
+  // handed over, and when this replica first knew it, from the verdict.
+  int new_leader = -1;
+  double new_leader_ms = 0;
+  std::string stack = "not captured";  // the divergent server's stack at the send (StackAt)
 
   std::string ToJson() const;
 };
@@ -58,6 +74,10 @@ struct DivergenceReport {
 // stream differ within [from, to); -1 when they agree there or do not both
 // cover it.
 int64_t FirstDifference(const OutputExcerpt& a, const OutputExcerpt& b, uint64_t from, uint64_t to);
+// For the report: the stack of x's replica's server at the send that sent
+// stream byte `at` (the first difference), or at the newest send before it;
+// or why there is none.
+std::string StackAt(const OutputExcerpt& x, int64_t at);
 
 // Bytes as a JSON string that any parser takes: printable ASCII as is,
 // the rest \u00XX (one code point per byte).

@@ -9,20 +9,26 @@
 
 namespace lockstep {
 
-std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes) {
+std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes,
+                        uint64_t clock_ns) {
   ByteWriter w;
   w.u8(kind);
   w.u64(key.ballot);
   w.u32(key.no);
   w.u64(seq);
   w.bytes(bytes);
+  w.u64(clock_ns);
   return std::move(w.str());
 }
 
 bool DecodeInput(std::string_view payload, Input* in) {
   ByteReader r(payload);
-  return r.u8(&in->kind) && r.u64(&in->key.ballot) && r.u32(&in->key.no) && r.u64(&in->seq) &&
-         r.bytes(&in->bytes) && r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
+  if (!r.u8(&in->kind) || !r.u64(&in->key.ballot) || !r.u32(&in->key.no) || !r.u64(&in->seq) ||
+      !r.bytes(&in->bytes))
+    return false;
+  in->clock_ns = 0;  // an entry from before the stamp ends here (log_input.h)
+  if (!r.done() && !r.u64(&in->clock_ns)) return false;
+  return r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
 }
 
 std::string EscapeBytes(std::string_view bytes) {

@@ -1,8 +1,14 @@
 // log_input.h — the payload of a kInput log entry: what the leader's shim
 // saw (an accepted connection, bytes a client sent, a close), naming the
-// connection by the ballot that accepted it. One encoder and one decoder,
-// used by the server pipeline (which proposes and applies inputs) and by
-// `lockstep log` (which shows them).
+// connection by the ballot that accepted it, and the leader's wall clock
+// when it proposed it. One encoder and one decoder, used by the server
+// pipeline (which proposes and applies inputs) and by `lockstep log` (which
+// shows them).
+//
+// Layout: kind u8, ballot u64, conn u32, seq u64, bytes (u32 length +
+// bytes), clock_ns u64. The clock came last, added later: an entry written
+// before it (no trailing 8 bytes) still decodes, with clock_ns 0 ("no
+// stamp": its input runs at the previous input's time).
 #pragma once
 
 #include <cstdint>
@@ -18,10 +24,15 @@ struct Input {
   ConnKey key;
   uint64_t seq = 0;  // the shim's submission number (0: a CLOSE the daemon proposed)
   std::string bytes;
+  // The leader's CLOCK_REALTIME (ns) when it proposed the input, never
+  // below an earlier entry's: the server's wall clock while it processes
+  // the input where the profile says same_clock (preload/shim_clock.c).
+  uint64_t clock_ns = 0;
 };
-constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4;
+constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4 + 8;  // everything but the bytes
 
-std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes);
+std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes,
+                        uint64_t clock_ns);
 bool DecodeInput(std::string_view payload, Input* in);
 // One line for people: "DATA 3.1/7 38 bytes: *3\r\n$3\r\nSET..." (escaped, at
 // most max_bytes of the input shown).

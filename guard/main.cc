@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "guard/cluster.h"
 #include "guard/config.h"
 #include "guard/daemon.h"
+#include "guard/divergence_view.h"
 #include "guard/log_input.h"
 #include "guard/server.h"
 
@@ -382,125 +384,6 @@ int CmdCheckpoint(int argc, char** argv) {
 
 // ------------------------------------------------------------------ divergence
 
-// The top-level items of a JSON array (objects or strings), as texts.
-std::vector<std::string> JsonItems(const std::string& json, size_t open) {
-  std::vector<std::string> items;
-  if (open >= json.size() || json[open] != '[') return items;
-  int depth = 0;
-  bool in_string = false;
-  size_t start = open + 1;
-  for (size_t i = open + 1; i < json.size(); i++) {
-    char c = json[i];
-    if (in_string) {
-      if (c == '\\')
-        i++;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '{' || c == '[')
-      depth++;
-    else if ((c == '}' || c == ']') && depth > 0)
-      depth--;
-    else if ((c == ',' || c == ']') && depth == 0) {
-      std::string item = json.substr(start, i - start);
-      if (item.find_first_not_of(" \n") != std::string::npos) items.push_back(item);
-      start = i + 1;
-      if (c == ']') break;
-    }
-  }
-  return items;
-}
-
-std::vector<std::string> JsonArrayField(const std::string& json, const std::string& key) {
-  size_t at = json.find("\"" + key + "\":[");
-  return at == std::string::npos ? std::vector<std::string>{}
-                                 : JsonItems(json, at + key.size() + 3);
-}
-
-// A JSON string literal (quotes included) as bytes: \u00XX is one byte.
-std::string JsonStringBytes(const std::string& lit) {
-  std::string out;
-  for (size_t i = 1; i + 1 < lit.size(); i++) {
-    char c = lit[i];
-    if (c != '\\' || i + 2 >= lit.size()) {
-      out += c;
-      continue;
-    }
-    char e = lit[++i];
-    if (e == 'n')
-      out += '\n';
-    else if (e == 'r')
-      out += '\r';
-    else if (e == 't')
-      out += '\t';
-    else if (e == 'u' && i + 4 < lit.size()) {
-      out += static_cast<char>(std::stoi(lit.substr(i + 1, 4), nullptr, 16));
-      i += 4;
-    } else
-      out += e;
-  }
-  return out;
-}
-
-void PrintReport(const std::string& r) {
-  auto f = [&](const char* k) { return JsonField(r, k); };
-  printf("divergence %s: %s\n", f("id").c_str(), f("status").c_str());
-  printf("  found by    leader %s, %s\n", f("leader").c_str(),
-         f("leader_diverged") == "true" ? "which is itself the divergent replica"
-                                        : ("replica " + f("replica") + " diverged").c_str());
-  std::vector<std::string> agreeing = JsonArrayField(r, "agreeing");
-  std::string ag;
-  for (const auto& a : agreeing) ag += (ag.empty() ? "" : ", ") + a;
-  printf("  agreeing    %s\n", ag.empty() ? "(no other replica had reported there)" : ag.c_str());
-  printf("  connection  %s, output differs at or before byte %s (last agreeing check: byte %s)\n",
-         f("connection").c_str(), f("offset").c_str(), f("agreed_offset").c_str());
-  size_t lw = r.find("\"log_window\":{");
-  std::string window = lw == std::string::npos ? "" : r.substr(lw, r.find('}', lw) - lw + 1);
-  printf("  log window  entries %s..%s (%s inputs of all connections)\n",
-         JsonField(window, "from").c_str(), JsonField(window, "to").c_str(),
-         JsonField(window, "inputs").c_str());
-  printf("  repair      %s: %s%s%s\n", f("how").c_str(), f("action").c_str(),
-         f("error").empty() ? "" : "; error: ", f("error").c_str());
-  if (f("status") == "repaired" || f("status") == "failed")
-    printf("              restored checkpoint %s in %s ms; in sync again after %s ms\n",
-           f("restored_index").c_str(), f("restore_ms").c_str(), f("total_ms").c_str());
-  printf("  inputs of the connection in the window (the last ones):\n");
-  std::vector<std::string> inputs = JsonArrayField(r, "connection_inputs");
-  if (inputs.empty()) printf("    (none in the log window)\n");
-  for (const auto& in : inputs) printf("    %s\n", JsonStringBytes(in).c_str());  // described
-  long long diff = std::stoll(f("first_difference").empty() ? "-1" : f("first_difference"));
-  printf("  outputs%s:\n",
-         diff >= 0 ? (" (first different byte: " + std::to_string(diff) + ", marked >>)").c_str()
-                   : "");
-  for (const auto& x : JsonArrayField(r, "outputs")) {
-    std::string bytes;
-    size_t b = x.find("\"bytes\":\"");
-    if (b != std::string::npos) {
-      size_t e = b + 9;
-      while (e < x.size() && x[e] != '"') e += x[e] == '\\' ? 2 : 1;
-      bytes = JsonStringBytes(x.substr(b + 8, e - b - 7));
-    }
-    unsigned long long start = std::stoull(JsonField(x, "start"));
-    printf("    replica %s (%s):\n", JsonField(x, "from_replica").c_str(),
-           JsonField(x, "note").c_str());
-    if (JsonField(x, "kept") != "true") continue;
-    // Around the difference: 160 bytes before, 160 after.
-    unsigned long long at =
-        diff >= 0 ? static_cast<unsigned long long>(diff) : start + bytes.size();
-    unsigned long long lo = at > start + 160 ? at - 160 : start;
-    unsigned long long hi = std::min<unsigned long long>(start + bytes.size(), at + 160);
-    std::string before =
-        lo < at && at <= start + bytes.size() ? bytes.substr(lo - start, at - lo) : "";
-    std::string after = at < hi ? bytes.substr(at - start, hi - at) : "";
-    printf("      [byte %llu] %s%s%s\n", lo, EscapeBytes(before).c_str(), diff >= 0 ? " >>" : "",
-           EscapeBytes(after).c_str());
-  }
-  printf("  stack       %s\n", f("stack").c_str());
-}
-
 int CmdDivergence(int argc, char** argv) {
   Args a = Parse(argc, argv, 2, {"help", "json"});
   std::string sub = a.positional.empty() ? "" : a.positional[0];
@@ -509,13 +392,15 @@ int CmdDivergence(int argc, char** argv) {
     printf(
         "usage:\n"
         "  lockstep divergence list [--json] [--dir DIR | --config FILE]\n"
-        "  lockstep divergence show ID [--json] [--dir DIR | --config FILE]\n\n"
+        "  lockstep divergence show ID [--json | --html FILE] [--dir DIR | --config FILE]\n\n"
         "The leader compares what every replica's server sent on each connection (hashes of\n"
         "the output streams). A replica whose output differs has diverged: the leader writes a\n"
         "report and repairs it (the replica rolls back to a checkpoint and replays the log, or\n"
         "takes a checkpoint of a replica that agrees). `list` shows every report, `show` one:\n"
         "the replicas, the connection, the log window, that connection's inputs there, each\n"
-        "replica's output around the first difference, and what the repair did.\n");
+        "replica's output around the first difference, and what the repair did. --html FILE\n"
+        "writes one report as a page of its own (the outputs side by side, the first\n"
+        "different byte marked; FILE - for stdout).\n");
     return WantsHelp(a) ? 0 : 2;
   }
   if (!a.error.empty()) return Fail(a.error);
@@ -549,6 +434,19 @@ int CmdDivergence(int argc, char** argv) {
                        : " on the replicas that answered"));
     if (a.Has("json")) {
       printf("%s\n", reports[0].c_str());
+    } else if (a.Has("html")) {
+      std::string page = ReportHtml(reports[0]), path = a.Get("html");
+      if (path.empty()) return Fail("--html needs a file name (- for stdout)");
+      if (path == "-") {
+        fwrite(page.data(), 1, page.size(), stdout);
+      } else {
+        FILE* out = fopen(path.c_str(), "w");
+        if (!out) return Fail("cannot write " + path + ": " + strerror(errno));
+        bool ok = fwrite(page.data(), 1, page.size(), out) == page.size();
+        ok = fclose(out) == 0 && ok;
+        if (!ok) return Fail("cannot write " + path + ": " + strerror(errno));
+        fprintf(stderr, "wrote %s\n", path.c_str());
+      }
     } else {
       PrintReport(reports[0]);
     }

@@ -59,9 +59,26 @@ bool OutputChecker::Compare(int replica, const OutputPoint& p, uint64_t now_us) 
   return true;
 }
 
-void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out) {
+bool OutputChecker::AgreedAtOrPast(int replica, const Place& at) const {
+  auto a = agreed_.find({replica, at.first});
+  return a != agreed_.end() && a->second.first >= at.second;
+}
+
+uint32_t OutputChecker::AgreeingMask(const Place& at) {
   const LeaderRec* rec = FindLeader(at.first, at.second);
   uint32_t mask = rec ? rec->agreed_mask : 0;
+  // A digest covers the whole stream before its offset: a backup checked
+  // equal to the leader at or past this place agrees here too, even when
+  // its writes ended elsewhere and it never reported this offset (under
+  // load, chunking differs, and waiting for its point here would wait out
+  // kVerdictWaitUs).
+  for (int r = 0; r < replicas_; r++)
+    if (r != leader_ && AgreedAtOrPast(r, at)) mask |= 1u << r;
+  return mask;
+}
+
+void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out) {
+  uint32_t mask = AgreeingMask(at);
   std::vector<int> agreeing;
   for (int r = 0; r < replicas_; r++)
     if (mask & (1u << r)) agreeing.push_back(r);
@@ -124,8 +141,7 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
   for (auto it = disputes_.begin(); it != disputes_.end();) {
     const Dispute& d = it->second;
     size_t backups = 0, heard = 0;
-    const LeaderRec* rec = FindLeader(it->first.first, it->first.second);
-    uint32_t mask = rec ? rec->agreed_mask : 0;
+    uint32_t mask = AgreeingMask(it->first);
     for (int r = 0; r < replicas_; r++) {
       if (r == leader_ || suspended(r)) continue;
       backups++;

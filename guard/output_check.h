@@ -99,6 +99,8 @@ class OutputChecker {
   // Compares one backup point with the leader's; false: no leader point yet.
   bool Compare(int replica, const OutputPoint& p, uint64_t now_us);
   void Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out);
+  bool AgreedAtOrPast(int replica, const Place& at) const;
+  uint32_t AgreeingMask(const Place& at);  // backups that agree with the leader there
 
   int replicas_, leader_;
   std::map<ConnKey, ConnPoints> leader_points_;

@@ -54,6 +54,35 @@ TEST(OutputCheck, TheBackupThatDiffersAloneDiverged) {
   EXPECT_TRUE(c.Poll(7).empty());
 }
 
+TEST(OutputCheck, ABackupCheckedEqualFurtherOnAgreesWithoutWaiting) {
+  // Under load the backups' writes end at different offsets: backup 2 never
+  // reports 250, but it agreed at 400, and a digest covers everything
+  // before it. The verdict on backup 1 comes at once, not after
+  // kVerdictWaitUs.
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnLeaderPoint(Pt(250, 0xbb, 14));
+  c.OnLeaderPoint(Pt(400, 0xcc, 16));
+  c.OnBackupPoint(1, Pt(250, 0x99), 0);
+  EXPECT_TRUE(c.Poll(1).empty());  // backup 2 not heard from yet
+  c.OnBackupPoint(2, Pt(400, 0xcc), 2);
+  std::vector<Divergence> v = c.Poll(3);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_EQ(v[0].agreeing, std::vector<int>{2});
+  // Equal only before the place says nothing about it: that waits.
+  OutputChecker d(3, kLeader);
+  d.OnLeaderPoint(Pt(100, 0xaa, 10));
+  d.OnLeaderPoint(Pt(250, 0xbb, 14));
+  d.OnBackupPoint(2, Pt(100, 0xaa), 0);
+  d.OnBackupPoint(1, Pt(250, 0x99), 0);
+  EXPECT_TRUE(d.Poll(1).empty());
+  v = d.Poll(1 + OutputChecker::kVerdictWaitUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_TRUE(v[0].agreeing.empty());
+}
+
 TEST(OutputCheck, BackupsThatAgreeWithEachOtherOutvoteTheLeader) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(64, 0x11, 5));

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "consensus/assert.h"
 #include "guard/client.h"  // JsonEscape
 #include "guard/log_input.h"
 
@@ -59,7 +60,12 @@ void OutputGuard::Step(uint64_t now) {
   if (pipeline_.server_id() != server_id_) {
     server_id_ = pipeline_.server_id();
     conns_.clear();
+    // Under repair, what was held back came from the replaced server (a
+    // transfer replaces it after a while): that is not this replica's
+    // output any more.
+    if (repair_) outgoing_.clear();
   }
+  if (self_) SelfRepairStep(now);
   if (leading_) {
     LeaderStep(now);
   } else {
@@ -210,12 +216,18 @@ void OutputGuard::OnRepairOrder(int from, const RepairOrder& order, uint64_t now
     rep.result.have_window = true;
     rep.result.window_start = w.start;
     rep.result.window = w.bytes;
+    rep.result.sends = pipeline_.DescribeSends(w);
   }
   log_(
       "REPAIR %s: the leader found this replica's output on connection %s different at byte %lu: "
       "%s",
       order.id.c_str(), ConnName(order.key).c_str(), (unsigned long)order.offset,
       order.how == RepairHow::kRollback ? "rolling the server back" : "taking a peer's checkpoint");
+  StartRepair(std::move(rep), now);
+}
+
+void OutputGuard::StartRepair(Repair rep, uint64_t now) {
+  const RepairOrder& order = rep.order;
   if (order.how == RepairHow::kRollback) {
     uint64_t restored = 0;
     std::string err;
@@ -269,7 +281,12 @@ void OutputGuard::RepairStep(uint64_t now) {
     }
   }
   bool failed = !rep.result.error.empty();
-  bool in_sync = !rep.transferring && !failed && pipeline_.applied() >= rep.target;
+  bool applied = !rep.transferring && !failed && pipeline_.applied() >= rep.target;
+  if (applied && !rep.marked) {
+    rep.handed = pipeline_.ReplayHanded();
+    rep.marked = true;
+  }
+  bool in_sync = applied && pipeline_.ReplayReadPast(rep.handed);
   bool late = now - rep.started_us > kRepairTimeoutUs;
   if (!in_sync && !failed && !late) return;
   if (late && !in_sync && !failed)
@@ -280,7 +297,9 @@ void OutputGuard::RepairStep(uint64_t now) {
   log_("REPAIR %s %s in %.1f ms: %s%s%s", rep.order.id.c_str(), rep.result.ok ? "done" : "FAILED",
        rep.result.total_us / 1000.0, rep.result.action.c_str(),
        rep.result.error.empty() ? "" : "; ", rep.result.error.c_str());
-  if (core_.role() != Role::kBackup || core_.promised() != rep.order.ballot) {
+  if (rep.self) {
+    FinishSelfRepair(rep.result, now);
+  } else if (core_.role() != Role::kBackup || core_.promised() != rep.order.ballot) {
     log_("REPAIR %s: the leader changed meanwhile; the result is not sent", rep.order.id.c_str());
   } else if (!send_(rep.from, FrameKind::kRepairResult, EncodeRepairResult(rep.result))) {
     log_("REPAIR %s: cannot send the result to replica %d (not connected)", rep.order.id.c_str(),
@@ -327,6 +346,7 @@ OutputExcerpt OutputGuard::OwnExcerpt(const ConnKey& key) const {
     x.have = true;
     x.start = w.start;
     x.bytes = w.bytes;
+    x.sends = pipeline_.DescribeSends(w);
     x.note = "taken when the divergence was found";
   } else {
     x.note = "no longer kept (the connection's window was reused)";
@@ -353,17 +373,27 @@ void OutputGuard::FillInputs(DivergenceReport* r) const {
   r->inputs.assign(shown.begin(), shown.end());
 }
 
-void OutputGuard::Save(const DivergenceReport& r) {
+static uint64_t UnixMs() {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000 + static_cast<uint64_t>(t.tv_nsec) / 1000000;
+}
+
+void OutputGuard::Save(DivergenceReport& r) {
+  if (r.status != "repairing" && !r.done_unix_ms) r.done_unix_ms = UnixMs();
   std::string err;
   if (!WriteReport(reports_dir_, r, &err))
     log_("cannot save divergence report %s: %s", r.id.c_str(), err.c_str());
 }
 
 void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
+  // Handed over earlier in this pass: the next leader judges afresh.
+  if (core_.role() != Role::kLeader) return;
   divergences_++;
   DivergenceReport r;
   r.id = std::to_string(id_) + "-" + std::to_string(next_report_++);
-  r.time_unix = static_cast<uint64_t>(time(nullptr));
+  r.found_unix_ms = UnixMs();
+  r.time_unix = r.found_unix_ms / 1000;
   r.leader = id_;
   r.replica = d.replica;
   r.leader_diverged = d.replica == id_;
@@ -381,16 +411,7 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   FillInputs(&r);
   r.outputs.push_back(OwnExcerpt(d.key));
   if (r.leader_diverged) {
-    r.status = "not repaired";
-    r.how = "none";
-    r.action =
-        "this leader's output differs from a majority of backups that agree with each other; it "
-        "keeps leading (stepping down and repairing a divergent leader is not done yet)";
-    Save(r);
-    log_(
-        "DIVERGENCE %s: THIS LEADER's output on connection %s differs at byte %lu from "
-        "replicas that agree with each other; %s",
-        r.id.c_str(), ConnName(d.key).c_str(), (unsigned long)d.offset, r.action.c_str());
+    HandOverDivergent(d, std::move(r), now);
     return;
   }
   // Diverging again at or before the place of the last repair: the cause
@@ -400,18 +421,35 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   auto last = last_repair_.find(d.replica);
   bool again =
       last != last_repair_.end() && last->second.key == d.key && d.offset <= last->second.offset;
-  if (again && last->second.how == RepairHow::kTransfer) {
+  // Giving up: the replica stays suspended in the checker, its report says why.
+  const char* give_up = nullptr;
+  if (again && last->second.how == RepairHow::kTransfer)
+    give_up =
+        "diverged again at the same place after taking a peer's checkpoint: left out of the "
+        "checks until it is restarted";
+  else if (again && d.agreeing.empty())
+    // A rollback replayed the same inputs and the output differs at the
+    // same place again, and no replica's output agrees with the leader's
+    // there: no checkpoint holds a server that would send what the
+    // leader's sent. The leader's server did something a replay does not
+    // repeat (randomness or the clock without the profile's prevention, or
+    // a fault of its own).
+    give_up =
+        "diverged again at the same place after a rollback, and no replica's output agrees "
+        "with the leader's there, so no replica has a checkpoint to give it: the leader's "
+        "server did something a replay does not repeat (randomness or the wall clock: the app "
+        "profile's same_random and same_clock prevent those). Left out of the checks until it "
+        "is restarted";
+  if (give_up) {
     r.status = "failed";
     r.how = "none";
-    r.action =
-        "diverged again at the same place after taking a peer's checkpoint: left out of "
-        "the checks until it is restarted";
+    r.action = give_up;
     Save(r);
     repairs_failed_++;
     log_("DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu again; %s",
          r.id.c_str(), d.replica, ConnName(d.key).c_str(), (unsigned long)d.offset,
          r.action.c_str());
-    return;  // stays suspended in the checker
+    return;
   }
   if (again) how = RepairHow::kTransfer;
   last_repair_[d.replica] = LastRepair{d.key, d.offset, how};
@@ -446,6 +484,147 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   repairs_[id] = LeaderRepair{std::move(r), how, now};
 }
 
+// ---------------------------------------------------------------- a divergent leader
+
+// This leader's output differs where a majority of backups agree with each
+// other: its server is the wrong one, and its clients have been reading
+// from it. It hands leadership over to one of those backups (Replica::
+// HandOver: phase 1 under the next ballot, so nothing committed is lost),
+// which closes this leader's connections as any new leader does, and
+// stands for no election until it is repaired. The repair starts at once:
+// as a backup it takes a checkpoint from a replica that agreed (never a
+// rollback: its own checkpoints were taken while it was a backup, but
+// nothing says when its server went wrong) and replays the log after it.
+// Its server is replaced, which closes the clients' connections to it.
+void OutputGuard::HandOverDivergent(const lockstep::Divergence& d, DivergenceReport r,
+                                    uint64_t now) {
+  LS_ASSERT(d.replica == id_ && leading_ && core_.role() == Role::kLeader,
+            "hand-over by replica %d (role %s) for replica %d's divergence", id_,
+            RoleName(core_.role()), d.replica);
+  // The successor: a backup that agreed, with a live stream, the furthest
+  // along (the shortest phase 1).
+  int successor = -1;
+  for (int b : d.agreeing) {
+    if (b < 0 || b >= n_ || b == id_ || !core_.PeerReady(b)) continue;
+    if (successor < 0 || core_.PeerMatch(b) > core_.PeerMatch(successor)) successor = b;
+  }
+  for (int b : d.agreeing)
+    if (successor < 0 && b >= 0 && b < n_ && b != id_) successor = b;
+  Ballot ballot = core_.promised();
+  uint64_t commit = core_.commit_index();
+  r.how = "step down";
+  if (successor < 0 || !core_.HandOver(now, successor, kSelfRepairHoldUs)) {
+    r.status = "not repaired";
+    r.error = "no backup that agreed to hand leadership over to";
+    Save(r);
+    repairs_failed_++;
+    log_("DIVERGENCE %s: THIS LEADER's output on connection %s differs at byte %lu; %s",
+         r.id.c_str(), ConnName(d.key).c_str(), (unsigned long)d.offset, r.error.c_str());
+    return;
+  }
+  r.action =
+      "this leader's output differed from backups that agree with each other: it handed "
+      "leadership over to replica " +
+      std::to_string(successor) + ", and ";
+  Save(r);
+  log_(
+      "DIVERGENCE %s: THIS LEADER's output on connection %s differs at byte %lu from replicas "
+      "that agree with each other: handed leadership over to replica %d; standing for no "
+      "election until this server is repaired from a peer's checkpoint",
+      r.id.c_str(), ConnName(d.key).c_str(), (unsigned long)d.offset, successor);
+  SelfRepair s;
+  s.report = std::move(r);
+  s.agreeing = d.agreeing;
+  s.successor = successor;
+  s.ballot = ballot;
+  s.found_us = now;
+  if (repair_) {  // an order it took as a backup and never finished
+    log_("REPAIR %s abandoned: this replica's own repair comes first", repair_->order.id.c_str());
+    repair_.reset();
+  }
+  Repair rep;
+  rep.self = true;
+  rep.started_us = now;
+  rep.target = commit;  // in sync once it executed what it had committed as leader
+  rep.order.ballot = ballot;
+  rep.order.id = s.report.id;
+  rep.order.how = RepairHow::kTransfer;
+  rep.order.key = d.key;
+  rep.order.offset = d.offset;
+  // The successor last: a backup takes a fresh checkpoint when asked for a
+  // newer one than it has; a leader never pauses its server for one.
+  for (int b : d.agreeing)
+    if (b != successor) rep.order.agreeing.push_back(b);
+  rep.order.agreeing.push_back(successor);
+  rep.result.id = s.report.id;
+  self_ = std::move(s);
+  StartRepair(std::move(rep), now);
+}
+
+void OutputGuard::SelfRepairStep(uint64_t now) {
+  SelfRepair& s = *self_;
+  DivergenceReport& r = s.report;
+  int l = core_.leader();
+  if (r.new_leader < 0 && l >= 0 && l != id_ && core_.promised() > s.ballot) {
+    r.new_leader = l;
+    r.new_leader_ms = static_cast<double>(now - s.found_us) / 1000.0;
+    log_(
+        "DIVERGENCE %s: replica %d leads ballot %s, %.1f ms after this leader found itself "
+        "divergent",
+        r.id.c_str(), l, BallotString(core_.promised()).c_str(), r.new_leader_ms);
+    Save(r);
+  }
+  // The repaired server replays the connection's inputs and sends what the
+  // replicas that agreed sent there: the report shows it next to what this
+  // leader's clients got.
+  if (s.repaired_us && !s.excerpt_done) {
+    ShimChannel::OutputWindow w;
+    if (pipeline_.RecentOutput(r.key, &w) && w.start + w.bytes.size() >= r.offset) {
+      OutputExcerpt x;
+      x.replica = id_;
+      x.have = true;
+      x.start = w.start;
+      x.bytes = w.bytes;
+      x.note = "this replica's server after its repair (what the replicas that agreed sent)";
+      r.outputs.push_back(std::move(x));
+      r.first_difference =
+          FirstDifference(r.outputs.front(), r.outputs.back(), r.agreed_offset, r.offset);
+      r.stack = StackAt(r.outputs.front(), r.first_difference);  // the leader's own
+      s.excerpt_done = true;
+      Save(r);
+    } else if (now - s.repaired_us > kExcerptWaitUs) {
+      s.excerpt_done = true;
+    }
+  }
+  bool repairing = repair_ && repair_->self;
+  bool late = now - s.found_us > kSelfRepairHoldUs;
+  bool done = !repairing && r.new_leader >= 0 && (!s.repaired_us || s.excerpt_done);
+  if (done || (!repairing && late)) self_.reset();
+}
+
+void OutputGuard::FinishSelfRepair(const RepairResult& result, uint64_t now) {
+  SelfRepair& s = *self_;
+  DivergenceReport& r = s.report;
+  r.status = result.ok ? "repaired" : "failed";
+  r.action += result.action;
+  if (!result.ok && result.action.empty()) r.action += "its repair failed";
+  r.error = result.error;
+  r.restored_index = result.restored_index;
+  r.restore_ms = result.restore_us / 1000.0;
+  r.total_ms = static_cast<double>(now - s.found_us) / 1000.0;
+  Save(r);
+  if (result.ok) {
+    s.repaired_us = now;
+    repairs_ok_++;
+    core_.HoldCandidacy(0);  // a server as right as the others': it may lead again
+  } else {
+    repairs_failed_++;  // the hold runs out on its own
+  }
+  log_("REPAIR %s of this former leader %s in %.1f ms after the verdict%s%s", r.id.c_str(),
+       result.ok ? "done" : "FAILED", r.total_ms,
+       result.ok ? "; it may stand for election again" : ": ", result.ok ? "" : r.error.c_str());
+}
+
 void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t now) {
   (void)now;
   auto it = repairs_.find(result.id);
@@ -456,9 +635,11 @@ void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t 
   x.have = result.have_window;
   x.start = result.window_start;
   x.bytes = result.window;
+  x.sends = result.sends;
   x.note = x.have ? "taken when the repair order arrived" : "no longer kept";
   r.outputs.push_back(x);
   r.first_difference = FirstDifference(r.outputs.front(), x, r.agreed_offset, r.offset);
+  r.stack = StackAt(x, r.first_difference);
   r.status = result.ok ? "repaired" : "failed";
   r.action = result.action;
   r.error = result.error;

@@ -13,8 +13,12 @@
 // from a replica that agrees instead. The backup carries the order out,
 // holds its digests back meanwhile, and answers with what it did and its
 // own output at the place; the leader completes the report and checks the
-// backup again. A leader outvoted by a majority of agreeing backups says
-// so in a report and its log (stepping down is not done yet).
+// backup again. A leader outvoted by a majority of backups that agree with
+// each other is the divergent one: it hands leadership over to one of them
+// (Replica::HandOver), stands for no election until it is repaired, and as
+// a backup repairs itself by taking a checkpoint from a replica that agreed
+// and replaying the log; its report says when the new leader came and how
+// long the repair took, and the new leader checks it from then on.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +59,12 @@ class OutputGuard {
   static constexpr uint64_t kSampleUs = 20000;           // a backup's periodic points
   static constexpr uint64_t kForgetClosedUs = 30000000;  // a closed connection's points
   static constexpr uint64_t kRepairTimeoutUs = 120000000;
+  // A leader that handed over stands for no election until repaired, at
+  // most this long (the others elect one of themselves meanwhile).
+  static constexpr uint64_t kSelfRepairHoldUs = kRepairTimeoutUs + 10000000;
+  // How long a repaired former leader waits for its server to send again
+  // what it sent differently (for its report).
+  static constexpr uint64_t kExcerptWaitUs = 5000000;
   static constexpr size_t kMaxPointsPerFrame = 4096;
   static constexpr size_t kMaxHeldPoints = 65536;  // a repairing backup's, until it answers
 
@@ -69,11 +79,18 @@ class OutputGuard {
     int from = -1;
     uint64_t started_us = 0;
     uint64_t target = 0;  // in sync once applied reaches the commit index at the order
+    // ... and the server has read what was handed to it then (its replay
+    // executed, not only queued: total_us includes it).
+    bool marked = false;
+    Replayer::HandedMark handed;
     RepairResult result;
     bool transferring = false;
+    bool self = false;  // this replica's own repair after it handed over (self_)
   };
   void BackupStep(uint64_t now);
   void OnRepairOrder(int from, const RepairOrder& order, uint64_t now);
+  // Starts a repair of this replica's server (an order, or its own).
+  void StartRepair(Repair rep, uint64_t now);
   void RepairStep(uint64_t now);
   void SendPoints(uint64_t now);
 
@@ -90,10 +107,29 @@ class OutputGuard {
   };
   void LeaderStep(uint64_t now);
   void OnDivergence(const lockstep::Divergence& d, uint64_t now);
+
+  // ---- this replica as the divergent leader: it hands over, then repairs
+  // itself as a backup. Kept across the change of role.
+  enum class SelfPhase : uint8_t { kHandingOver, kRepairing };
+  struct SelfRepair {
+    SelfPhase phase = SelfPhase::kHandingOver;
+    DivergenceReport report;
+    std::vector<int> agreeing;  // the backups that agreed with each other
+    int successor = -1;
+    Ballot ballot = 0;  // the ballot this replica led
+    uint64_t found_us = 0;
+    uint64_t repaired_us = 0;   // 0: not (yet) repaired
+    bool excerpt_done = false;  // the repaired server's output is in the report, or given up
+  };
+  // The leader's verdict on itself: hand over and keep the report.
+  void HandOverDivergent(const lockstep::Divergence& d, DivergenceReport r, uint64_t now);
+  // Once a backup: starts the repair; notes the new leader in the report.
+  void SelfRepairStep(uint64_t now);
+  void FinishSelfRepair(const RepairResult& result, uint64_t now);
   void OnRepairResult(int from, const RepairResult& result, uint64_t now);
   void FillInputs(DivergenceReport* r) const;
   OutputExcerpt OwnExcerpt(const ConnKey& key) const;
-  void Save(const DivergenceReport& r);
+  void Save(DivergenceReport& r);  // stamps done_unix_ms once it is settled
 
   const ClusterConfig& cfg_;
   int id_, n_;
@@ -113,6 +149,8 @@ class OutputGuard {
   uint64_t next_sample_us_ = 0;
   std::optional<Repair> repair_;
   uint64_t points_sent_ = 0;
+
+  std::optional<SelfRepair> self_;
 
   // leader
   std::unique_ptr<OutputChecker> checker_;

@@ -24,8 +24,8 @@ Replayer::~Replayer() {
 void Replayer::Accept(ConnKey k) {
   queue_.push_back(Step{Kind::kAccept, k, {}});
 }
-void Replayer::Data(ConnKey k, std::string_view bytes, uint64_t index) {
-  queue_.push_back(Step{Kind::kData, k, std::string(bytes), index});
+void Replayer::Data(ConnKey k, std::string_view bytes, uint64_t index, uint64_t clock_ns) {
+  queue_.push_back(Step{Kind::kData, k, std::string(bytes), index, clock_ns});
 }
 void Replayer::Close(ConnKey k) {
   queue_.push_back(Step{Kind::kClose, k, {}});
@@ -148,6 +148,24 @@ bool Replayer::Drained(const ConnKey& k) const {
   return !c.close_requested || shim_->ReplayEof(c.slot);
 }
 
+Replayer::HandedMark Replayer::HandedSoFar() const {
+  HandedMark mark;
+  for (const auto& [k, c] : conns_)
+    if (!c.server_closed && c.fd >= 0 && c.slot >= 0) mark[k] = c.appended;
+  return mark;
+}
+
+bool Replayer::ReadPast(const HandedMark& mark) const {
+  for (const auto& [k, bytes] : mark) {
+    auto it = conns_.find(k);
+    if (it == conns_.end()) continue;  // ended since: the server read it all
+    const Conn& c = it->second;
+    if (c.server_closed || c.slot < 0) continue;
+    if (shim_->ReplayRead(c.slot) < bytes) return false;
+  }
+  return true;
+}
+
 bool Replayer::Idle() const {
   if (!queue_.empty()) return false;
   for (const auto& [k, c] : conns_)
@@ -221,7 +239,7 @@ bool Replayer::Pump(uint64_t now_us) {
     // after everything ordered before them.
     if (s.kind != Kind::kAccept && live &&
         !shim_->PushOrder(it->second.slot, s.kind == Kind::kData ? LS_ORDER_DATA : LS_ORDER_EOF,
-                          s.bytes.size())) {
+                          s.bytes.size(), s.clock_ns)) {
       gated_ = true;  // the order ring is full: wait for the server to read
       return did;
     }

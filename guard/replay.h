@@ -43,8 +43,9 @@ class Replayer {
   ~Replayer();
 
   void Accept(ConnKey k);
-  // index: the log entry the bytes come from (named if the server dies on it).
-  void Data(ConnKey k, std::string_view bytes, uint64_t index = 0);
+  // index: the log entry the bytes come from (named if the server dies on
+  // it); clock_ns: its wall-clock stamp, passed to the shim with the order.
+  void Data(ConnKey k, std::string_view bytes, uint64_t index = 0, uint64_t clock_ns = 0);
   void Close(ConnKey k);
 
   // Moves queued inputs into the sockets (and their order into the order
@@ -56,6 +57,12 @@ class Replayer {
   void OnEvent(int fd, uint32_t events);
   // Nothing queued, and the server has read everything handed to it.
   bool Idle() const;
+  // What has been handed to the server so far, and
+  // whether the server has read it all since: "executed up to here" for a
+  // repair's timing, which Idle() cannot say while new inputs keep coming.
+  using HandedMark = std::map<ConnKey, uint64_t>;
+  HandedMark HandedSoFar() const;
+  bool ReadPast(const HandedMark& mark) const;
   // Why not Idle(), for the log: the first connection still busy and how.
   std::string Busy() const;
 
@@ -94,6 +101,7 @@ class Replayer {
     ConnKey key;
     std::string bytes;
     uint64_t index = 0;
+    uint64_t clock_ns = 0;
   };
   // A DATA input handed to a connection: where its bytes are in the stream.
   struct Handed {

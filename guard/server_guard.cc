@@ -140,6 +140,13 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
     checkpoint_wanted_ = false;
     return false;
   }
+  // A server a repair is replacing with a peer's checkpoint is known to be
+  // wrong (a divergent one, or a former leader's): a checkpoint of it could
+  // be restored or sent to a peer later. Nor does it wait for it to rest.
+  if (repair_transfer_ == RepairTransfer::kRunning) {
+    checkpoint_wanted_ = false;
+    return false;
+  }
   if (!checkpoint_wanted_) {
     if (!checkpointer_->Due(applied_, log_bytes_applied_, now)) return false;
     checkpoint_wanted_ = true;

@@ -1,11 +1,15 @@
 // server_output.cc — the server pipeline's side of output checking: the
 // shim's output digests named as the log names connections, the recent
-// bytes of a connection for a divergence report, and the two repairs of a
-// divergent server (roll back to an own checkpoint, or take a peer's).
-// The judging is guard/output_guard.cc's.
+// bytes of a connection for a divergence report, the two repairs of a
+// divergent server (roll back to an own checkpoint, or take a peer's), and
+// the failpoint that makes a leader's server diverge. The judging is
+// guard/output_guard.cc's.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "guard/server_pipeline.h"
+#include "guard/symbolize.h"
 
 namespace lockstep {
 
@@ -66,6 +70,14 @@ bool ServerPipeline::RecentOutput(const ConnKey& key, ShimChannel::OutputWindow*
   return false;
 }
 
+std::vector<SendStack> ServerPipeline::DescribeSends(const ShimChannel::OutputWindow& w) const {
+  std::vector<SendStack> out;
+  if (w.sends.empty() || server_pid() <= 0) return out;
+  Symbolizer names(server_pid());
+  for (const auto& s : w.sends) out.push_back({s.start, s.end, names.DescribeStack(s.pcs)});
+  return out;
+}
+
 bool ServerPipeline::RollBack(uint64_t max_index, uint64_t* restored, std::string* error) {
   if (!checkpointer_) {
     *error = "checkpoints are off on this replica";
@@ -81,7 +93,33 @@ bool ServerPipeline::RollBack(uint64_t max_index, uint64_t* restored, std::strin
   return true;
 }
 
-void ServerPipeline::StartRepairTransfer(const std::vector<int>& first) {
+// Failpoint for the test of a divergent leader: LOCKSTEP_FAILPOINT=
+// flip-proposal:MARKER makes this replica, while it leads, propose the first
+// client input that contains MARKER with the byte after MARKER changed
+// (once per daemon), while its own server executes the bytes as the client
+// sent them. Its server then holds what the log does not and the backups,
+// which replay the log, agree with each other: the leader is the divergent
+// replica. (flip-input, MaybeFlipInput, changes what a backup's server
+// reads and leaves the log alone. The same on a leader needs the shim: a
+// leader's server reads its clients' bytes from the shim's own buffers.)
+bool ServerPipeline::MaybeFlipProposal(std::string_view bytes, std::string* flipped) {
+  static const char* spec = getenv("LOCKSTEP_FAILPOINT");
+  static bool fired = false;
+  constexpr std::string_view kPrefix = "flip-proposal:";
+  if (!spec || fired || strncmp(spec, kPrefix.data(), kPrefix.size()) != 0) return false;
+  std::string_view marker(spec + kPrefix.size());
+  size_t at = marker.empty() ? std::string_view::npos : bytes.find(marker);
+  if (at == std::string_view::npos || at + marker.size() >= bytes.size()) return false;
+  fired = true;
+  flipped->assign(bytes);
+  (*flipped)[at + marker.size()] ^= 0x01;
+  log_(
+      "FAILPOINT: proposed a client input with a byte flipped; this leader's server executes it "
+      "unflipped");
+  return true;
+}
+
+void ServerPipeline::StartRepairTransfer(const std::vector<int>& agreeing) {
   repair_transfer_index_ = 0;
   repair_transfer_error_.clear();
   if (!fetcher_) {
@@ -99,7 +137,7 @@ void ServerPipeline::StartRepairTransfer(const std::vector<int>& first) {
   fetch_for_ = FetchFor::kRepair;
   fetch_min_ = core_.first_index() - 1;  // the log brings it forward from there
   log_("repair: fetching a checkpoint of index >= %lu from a peer", (unsigned long)fetch_min_);
-  fetcher_->Start(fetch_min_, first);
+  fetcher_->Start(fetch_min_, agreeing, /*only_first=*/true);
 }
 
 }  // namespace lockstep

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string_view>
 #include <vector>
@@ -83,6 +84,8 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   server_->set_own_pid_namespace(checkpointer_ != nullptr);
   server_fds_ = shim_->ServerFds();
   shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
+  shim_->set_same_clock(cfg_.server.same_clock);
+  shim_->set_unchecked_replies(cfg_.server.unchecked_replies);
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
                       server_fds_, error)) {
     *error = "cannot start the server: " + *error;
@@ -202,6 +205,7 @@ void ServerPipeline::OnRoleChange() {
   if (!shim_) return;
   bool leading = core_.role() == Role::kLeader;
   shim_->SetLeader(leading);
+  if (leading) NoteLogClock();
   // A new leader closes the connections it did not accept: their clients
   // talked to another replica's server. It does so once everything that
   // may still commit from before its election is applied.
@@ -255,8 +259,11 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
         if (ok) key = it->second;
       }
       if (ok) {
+        std::string flipped;
+        std::string_view bytes = s.bytes;
+        if (s.kind == LS_SUB_DATA && MaybeFlipProposal(bytes, &flipped)) bytes = flipped;
         ProposeResult r =
-            core_.Propose(now, EntryType::kInput, EncodeInput(s.kind, key, s.seq, s.bytes));
+            core_.Propose(now, EntryType::kInput, EncodeInput(s.kind, key, s.seq, bytes, Stamp()));
         ok = r.ok;
         if (ok) own_pending_[r.index] = OwnPending{s.seq, s.conn, s.kind, now};
       }
@@ -321,7 +328,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
     if (pend != own_pending_.end()) {
       const OwnPending& p = pend->second;
       bool ours = is_input && in.seq == p.seq && in.key.no == p.conn && OwnConn(in.key);
-      shim_->Complete(ours ? LS_DONE_COMMITTED : LS_DONE_DROPPED, p.seq, p.conn);
+      shim_->Complete(ours ? LS_DONE_COMMITTED : LS_DONE_DROPPED, p.seq, p.conn, in.clock_ns);
       if (ours) {
         inputs_committed_++;
         input_commit_us_sum_ += static_cast<double>(now - p.proposed_us);
@@ -330,6 +337,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
       own_pending_.erase(pend);
     }
     if (is_input) {
+      clock_stamp_ = std::max(clock_stamp_, in.clock_ns);
       bool own = OwnConn(in.key);
       switch (in.kind) {
         case LS_SUB_ACCEPT:
@@ -339,7 +347,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
         case LS_SUB_DATA:
           if (!own) {
             MaybeFlipInput(&in.bytes, i);
-            replayer_->Data(in.key, in.bytes, i);
+            replayer_->Data(in.key, in.bytes, i, in.clock_ns);
           }
           break;
         case LS_SUB_CLOSE:
@@ -367,7 +375,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
     close_all_open_ = false;
     for (const ConnKey& k : open_conns_) {
       if ((k.ballot == core_.promised() && !all) || closing_.count(k)) continue;
-      if (core_.Propose(now, EntryType::kInput, EncodeInput(LS_SUB_CLOSE, k, 0, "")).ok)
+      if (core_.Propose(now, EntryType::kInput, EncodeInput(LS_SUB_CLOSE, k, 0, "", Stamp())).ok)
         closing_.insert(k);
     }
     did = true;
@@ -384,6 +392,36 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
          (unsigned long)replayer_->queued());
   ReportInputs(now);
   return did;
+}
+
+// The wall-clock stamp of an input proposed now (log_input.h): the leader's
+// CLOCK_REALTIME, but never below a stamp already in the log, so that the
+// servers' clocks (preload/shim_clock.c) never go backwards, also when this
+// leader's clock is behind its predecessor's.
+uint64_t ServerPipeline::Stamp() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t now =
+      static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+  clock_stamp_ = std::max(clock_stamp_, now);
+  return clock_stamp_;
+}
+
+// A new leader takes the newest stamp in its log as the floor of its own
+// (Stamp): entries it has not applied yet, or applied before a restore from
+// a checkpoint, are not in clock_stamp_. Stamps grow with the index, so the
+// newest input entry has the newest; a few are looked at, at most.
+void ServerPipeline::NoteLogClock() {
+  constexpr int kLookBack = 1024;
+  uint64_t i = core_.last_index();
+  for (int n = 0; n < kLookBack && i >= core_.first_index() && i > 0; n++, i--) {
+    const Entry* e = core_.At(i);
+    Input in;
+    if (!e || e->type != EntryType::kInput || !DecodeInput(e->payload, &in)) continue;
+    if (in.clock_ns == 0) continue;  // an entry from before the stamps
+    clock_stamp_ = std::max(clock_stamp_, in.clock_ns);
+    return;
+  }
 }
 
 void ServerPipeline::ReportInputs(uint64_t now) {

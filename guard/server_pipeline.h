@@ -25,6 +25,7 @@
 #include "guard/checkpoint_transfer.h"
 #include "guard/checkpointer.h"
 #include "guard/config.h"
+#include "guard/divergence_report.h"  // SendStack
 #include "guard/event_loop.h"
 #include "guard/output_check.h"
 #include "guard/replay.h"
@@ -63,6 +64,14 @@ class ServerPipeline {
   void Awake();
 
   uint64_t applied() const { return applied_; }
+  // What the replayer handed the server so far, and whether the server has
+  // read it since (Replayer::HandedSoFar, ReadPast). Empty / true without one.
+  Replayer::HandedMark ReplayHanded() const {
+    return replayer_ ? replayer_->HandedSoFar() : Replayer::HandedMark{};
+  }
+  bool ReplayReadPast(const Replayer::HandedMark& mark) const {
+    return !replayer_ || replayer_->ReadPast(mark);
+  }
   int server_pid() const;
   size_t replay_connections() const;
 
@@ -90,6 +99,9 @@ class ServerPipeline {
   bool PollOutput(OutputPoint* p, uint32_t* flags);
   // The server's latest output on connection `key`; false: not kept.
   bool RecentOutput(const ConnKey& key, ShimChannel::OutputWindow* w) const;
+  // The stacks of w's sends, named from the running server's files
+  // (guard/symbolize.h). Slow (reads ELF files): for a divergence only.
+  std::vector<SendStack> DescribeSends(const ShimChannel::OutputWindow& w) const;
   uint64_t unnamed_outputs() const { return unnamed_outputs_; }
   // Counts the servers this replica ran (launched or restored): a restored
   // server sends again what its checkpoint had not yet sent.
@@ -99,9 +111,10 @@ class ServerPipeline {
   // is none the log can bring forward, or it does not restore.
   bool RollBack(uint64_t max_index, uint64_t* restored, std::string* error);
   // Repair by state transfer: fetches a checkpoint the log can bring
-  // forward from a peer (those in `first` asked first), restores it and
-  // replays. Asynchronous: repair_transfer() says where it is.
-  void StartRepairTransfer(const std::vector<int>& first);
+  // forward from one of the peers in `agreeing` (whose servers agree with
+  // the leader's; nobody else is asked), restores it and replays.
+  // Asynchronous: repair_transfer() says where it is.
+  void StartRepairTransfer(const std::vector<int>& agreeing);
   enum class RepairTransfer : uint8_t { kNone, kRunning, kDone, kFailed };
   RepairTransfer repair_transfer() const { return repair_transfer_; }
   // kDone: the checkpoint restored; kFailed: why.
@@ -127,6 +140,13 @@ class ServerPipeline {
   // Starts a fresh, empty server (the whole log is replayed into it).
   bool LaunchServer(std::string* error);
   void MaybeFlipInput(std::string* bytes, uint64_t index);  // a test failpoint
+  // Wall-clock stamps of proposed inputs (log_input.h): never below one
+  // already in the log.
+  uint64_t Stamp();
+  void NoteLogClock();
+  // A test failpoint of a leader (server_output.cc): true when `flipped`
+  // holds the client's bytes with one changed, to be proposed instead.
+  bool MaybeFlipProposal(std::string_view bytes, std::string* flipped);
   // Makes the replayer for the current channel and watches the shim's wake fd.
   void ConnectServer();
   // Stops the server and forgets its channel and replay connections.
@@ -218,7 +238,8 @@ class ServerPipeline {
   int repair_fetch_failures_ = 0;
   static constexpr int kRepairFetchTries = 4;  // a peer asked takes a checkpoint for the next
 
-  uint64_t applied_ = 0;                        // log entries handed to the server (or replayer)
+  uint64_t applied_ = 0;      // log entries handed to the server (or replayer)
+  uint64_t clock_stamp_ = 0;  // the newest wall-clock stamp proposed or applied (Stamp)
   std::map<uint64_t, OwnPending> own_pending_;  // our shim's proposals, by log index
   std::map<uint32_t, ConnKey> own_conns_;       // our shim's connections
   std::set<uint32_t> broken_own_;               // an input was dropped: refuse the rest

@@ -36,7 +36,8 @@ struct RegionLayout {
   uint64_t out = order + uint64_t{LS_ORDER_SLOTS} * sizeof(ls_order_record);
   uint64_t win = out + uint64_t{LS_OUT_RING_SLOTS} * sizeof(ls_out_record);
   uint64_t win_bytes = win + uint64_t{LS_OUT_SLOTS} * sizeof(ls_out_slot);
-  uint64_t end = win_bytes + uint64_t{LS_OUT_SLOTS} * LS_OUT_WINDOW;
+  uint64_t stacks = win_bytes + uint64_t{LS_OUT_SLOTS} * LS_OUT_WINDOW;
+  uint64_t end = stacks + uint64_t{LS_OUT_SLOTS} * LS_SEND_STACKS * sizeof(ls_send_stack);
 };
 
 static bool ValidOutputRing(uint64_t records) {
@@ -66,6 +67,7 @@ void ShimChannel::UseRings() {
   out_ring_ = reinterpret_cast<const ls_out_record*>(base + hdr_->out_offset);
   out_win_ = reinterpret_cast<const ls_out_slot*>(base + hdr_->win_offset);
   out_bytes_ = base + hdr_->win_bytes_offset;
+  out_stacks_ = reinterpret_cast<const ls_send_stack*>(base + hdr_->stacks_offset);
 }
 
 bool ShimChannel::Create(uint32_t max_chunk, std::string* error, uint32_t output_ring_records) {
@@ -100,6 +102,7 @@ bool ShimChannel::Create(uint32_t max_chunk, std::string* error, uint32_t output
   hdr_->out_slots = output_ring_records;
   hdr_->win_offset = layout.win;
   hdr_->win_bytes_offset = layout.win_bytes;
+  hdr_->stacks_offset = layout.stacks;
   hdr_->out_mark_bytes = LS_OUT_MARK_BYTES;
   hdr_->max_chunk = max_chunk;
   hdr_->version = LS_SHIM_VERSION;
@@ -155,7 +158,8 @@ bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, st
       hdr_->order_slots != LS_ORDER_SLOTS || hdr_->sub_offset != layout.sub ||
       hdr_->done_offset != layout.done || hdr_->order_offset != layout.order ||
       hdr_->out_offset != layout.out || !ValidOutputRing(hdr_->out_slots) ||
-      hdr_->win_offset != layout.win || hdr_->win_bytes_offset != layout.win_bytes) {
+      hdr_->win_offset != layout.win || hdr_->win_bytes_offset != layout.win_bytes ||
+      hdr_->stacks_offset != layout.stacks) {
     *error = "the restored shim region's header does not match this build";
     return false;
   }
@@ -180,7 +184,9 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_WAKE_SERVER", std::to_string(wake_server_fd_)},
       {"LOCKSTEP_SHIM_WAKE_DAEMON", std::to_string(wake_daemon_fd_)},
       {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)},
-      {"LOCKSTEP_SHIM_RANDOM_SEED", random_seed_env_}};
+      {"LOCKSTEP_SHIM_RANDOM_SEED", random_seed_env_},
+      {"LOCKSTEP_SHIM_SAME_CLOCK", same_clock_ ? "1" : "0"},
+      {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_}};
   if (!output_digests_env_.empty())
     env.push_back({"LOCKSTEP_SHIM_OUTPUT_DIGESTS", output_digests_env_});
   return env;
@@ -249,11 +255,11 @@ void ShimChannel::Pop() {
   peeked_bytes_ = 0;
 }
 
-void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn) {
-  unflushed_.push_back(ls_done_record{seq, conn, kind});
+void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn, uint64_t clock_ns) {
+  unflushed_.push_back(ls_done_record{seq, conn, kind, clock_ns});
 }
 
-bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len) {
+bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns) {
   LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
   if (tail > order_published_) {  // the shim took records not yet published
@@ -263,7 +269,7 @@ bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len) {
   }
   if (order_written_ - tail >= order_slots_) return false;
   order_ring_[order_written_ % order_slots_] =
-      ls_order_record{static_cast<uint32_t>(slot), kind, len};
+      ls_order_record{static_cast<uint32_t>(slot), kind, len, clock_ns};
   order_written_++;
   return true;
 }
@@ -468,6 +474,18 @@ bool ShimChannel::RecentOutput(int out_slot, uint32_t conn, OutputWindow* w) con
     w->bytes.resize(n);
     memcpy(w->bytes.data(), bytes + at, first);
     memcpy(w->bytes.data() + first, bytes, n - first);
+    // The stacks of the last sends, oldest first.
+    uint64_t sends = s.sends.load(std::memory_order_relaxed);
+    const ls_send_stack* stacks = out_stacks_ + static_cast<size_t>(out_slot) * LS_SEND_STACKS;
+    w->sends.clear();
+    for (uint64_t k = sends > LS_SEND_STACKS ? sends - LS_SEND_STACKS : 0; k < sends; k++) {
+      ls_send_stack copy;
+      memcpy(&copy, &stacks[k % LS_SEND_STACKS], sizeof copy);
+      OutputWindow::Send send{copy.start, copy.end, {}};
+      for (uint32_t i = 0; i < std::min<uint32_t>(copy.depth, LS_STACK_DEPTH); i++)
+        send.pcs.push_back(copy.pc[i]);
+      w->sends.push_back(std::move(send));
+    }
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.seq.load(std::memory_order_relaxed) != seq) continue;
     if (state == LS_OUT_FREE || holder != conn) break;

@@ -50,6 +50,14 @@ class ShimChannel {
   // is the same on every replica, preload/shim_random.c), or "": off. Always
   // set, so that the server never inherits one from our environment.
   void set_random_seed(const std::string& hex) { random_seed_env_ = hex; }
+  // LOCKSTEP_SHIM_SAME_CLOCK for the server: on, its wall clock reads the
+  // stamp of the input it processes (preload/shim_clock.c), the clock_ns
+  // passed to Complete and PushOrder. Always set ("1" or "0"), as above.
+  void set_same_clock(bool on) { same_clock_ = on; }
+  // LOCKSTEP_SHIM_UNCHECKED_RESP for the server: the commands whose replies
+  // its shim leaves out of the hashed output (preload/shim_unchecked.c), or
+  // "": none. Always set, like the seed.
+  void set_unchecked_replies(const std::string& list) { unchecked_replies_env_ = list; }
   std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
   int wake_daemon_fd() const { return wake_daemon_fd_; }
   bool shim_attached() const;
@@ -72,12 +80,14 @@ class ShimChannel {
 
   // Replay order: the server may read `len` more bytes of replay slot
   // `slot` (LS_ORDER_DATA), or its EOF, after everything pushed before.
-  // False when the ring is full (wait for the shim). Published by Flush().
-  bool PushOrder(int slot, uint32_t kind, uint64_t len);
+  // clock_ns: the input's wall-clock stamp (log_input.h). False when the
+  // ring is full (wait for the shim). Published by Flush().
+  bool PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns = 0);
 
   // Outcomes are queued here and published by Flush(), which wakes the
   // shim's sleeping threads. Returns whether anything was published.
-  void Complete(uint32_t kind, uint64_t seq, uint32_t conn);
+  // clock_ns: a COMMITTED input's wall-clock stamp (log_input.h).
+  void Complete(uint32_t kind, uint64_t seq, uint32_t conn, uint64_t clock_ns = 0);
   bool Flush();
 
   // Sleep handshake: announce, then re-check; false means work arrived.
@@ -139,6 +149,13 @@ class ShimChannel {
   struct OutputWindow {
     uint64_t start = 0;
     std::string bytes;
+    // The server's last sends on it: the stream offsets of their bytes and
+    // its stack at each (return addresses; guard/symbolize.h names them).
+    struct Send {
+      uint64_t start = 0, end = 0;
+      std::vector<uint64_t> pcs;
+    };
+    std::vector<Send> sends;
     bool ended = false;  // the server shut it down for writing, or closed it
     bool closed = false;
   };
@@ -167,6 +184,7 @@ class ShimChannel {
   const ls_out_record* out_ring_ = nullptr;
   const ls_out_slot* out_win_ = nullptr;
   const char* out_bytes_ = nullptr;
+  const ls_send_stack* out_stacks_ = nullptr;
   // The rings' geometry, as created: the copies in the header are the
   // shim's to read, not ours to trust.
   uint64_t sub_bytes_ = 0, done_slots_ = 0, order_slots_ = 0, out_slots_ = 0;
@@ -179,6 +197,8 @@ class ShimChannel {
   bool output_consumer_ = false;  // PollOutput was called: Flush() leaves records alone
   std::string output_digests_env_;
   std::string random_seed_env_;
+  bool same_clock_ = false;
+  std::string unchecked_replies_env_;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned

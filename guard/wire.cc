@@ -48,7 +48,8 @@ bool DecodeMessage(std::string_view in, Message* m) {
       !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u8(&granted) ||
       !r.u32(&n))
     return false;
-  if (type < 1 || type > 8 || from >= kMaxReplicas || to >= kMaxReplicas) return false;
+  if (type < 1 || type >= Message::kTypes || from >= kMaxReplicas || to >= kMaxReplicas)
+    return false;
   m->granted = granted != 0;
   m->type = static_cast<Message::Type>(type);
   m->from = static_cast<int>(from);
@@ -385,6 +386,12 @@ std::string EncodeRepairResult(const RepairResult& result) {
   w.u64(result.window_start);
   w.u8(result.have_window ? 1 : 0);
   w.bytes(result.window);
+  w.u32(static_cast<uint32_t>(result.sends.size()));
+  for (const SendStack& s : result.sends) {
+    w.u64(s.start);
+    w.u64(s.end);
+    w.bytes(s.frames);
+  }
   return std::move(w.str());
 }
 
@@ -394,8 +401,14 @@ bool DecodeRepairResult(std::string_view in, RepairResult* result) {
   if (!r.bytes(&result->id) || !r.u8(&ok) || !r.bytes(&result->action) ||
       !r.bytes(&result->error) || !r.u64(&result->restored_index) || !r.u64(&result->restore_us) ||
       !r.u64(&result->total_us) || !r.u64(&result->window_start) || !r.u8(&have) ||
-      !r.bytes(&result->window) || !r.done())
+      !r.bytes(&result->window))
     return false;
+  uint32_t sends = 0;
+  if (!r.u32(&sends) || sends > 64) return false;
+  result->sends.resize(sends);
+  for (SendStack& s : result->sends)
+    if (!r.u64(&s.start) || !r.u64(&s.end) || !r.bytes(&s.frames)) return false;
+  if (!r.done()) return false;
   result->ok = ok != 0;
   result->have_window = have != 0;
   return true;

@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "consensus/core.h"
-#include "guard/output_check.h"  // OutputPoint
+#include "guard/divergence_report.h"  // SendStack
+#include "guard/output_check.h"       // OutputPoint
 
 namespace lockstep {
 
@@ -256,6 +257,7 @@ struct RepairResult {
   uint64_t window_start = 0;
   bool have_window = false;
   std::string window;
+  std::vector<SendStack> sends;  // its server's last sends there, with their stacks
 };
 std::string EncodeRepairResult(const RepairResult& result);
 bool DecodeRepairResult(std::string_view in, RepairResult* result);

@@ -31,6 +31,11 @@
  * randomness the same on every replica; its reads of /dev/urandom come
  * through read/readv here (rnd_tracked), and close forgets them.
  *
+ * With LOCKSTEP_SHIM_SAME_CLOCK=1, shim_clock.c makes the server's wall
+ * clock read the stamp of the input it processes: the inputs carry their
+ * stamps here (apply_done, drain_order), the server reads one input at a
+ * time (find_head_run), and what it reads sets the clock (clock_from_reads).
+ *
  * Everything else (files, pipes, the server's outbound connections,
  * connections accepted while this replica is not the leader, and anything a
  * forked or exec'd child does) passes straight through.
@@ -97,8 +102,10 @@ struct conn;
 struct chunk {
   struct conn* c;
   uint64_t seq;
-  uint64_t end; /* DATA: stream offset just past this chunk's bytes */
-  uint8_t kind; /* LS_SUB_* */
+  uint64_t start;    /* DATA: stream offset of this chunk's first byte */
+  uint64_t end;      /* DATA: stream offset just past this chunk's bytes */
+  uint64_t clock_ns; /* the input's wall-clock stamp, once agreed (shim_clock.c) */
+  uint8_t kind;      /* LS_SUB_* */
   uint8_t state;
 };
 
@@ -120,6 +127,7 @@ struct conn {
   uint64_t received;      /* stream bytes taken from the kernel */
   uint64_t committed_end; /* stream bytes agreed (contiguous) */
   uint64_t consumed;      /* stream bytes the server has read */
+  uint64_t chunked_end;   /* stream offset where the next DATA chunk starts */
   /* The server's epoll registration (one epoll set per connection). */
   int epfd;
   uint32_t events;
@@ -301,7 +309,21 @@ static int chunk_finished(const struct chunk* h) {
   return 1;
 }
 
+/* same_clock (shim_clock.c): the server's wall clock reads the stamp of
+ * the newest input it has read into. It reads in FIFO order, one input at a
+ * time (find_head_run), so those are the agreed DATA chunks at the head:
+ * the finished ones, about to be popped, and the one it is reading. */
+static void clock_from_reads(void) {
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    const struct chunk* ch = &fifo[s & (LS_FIFO_SLOTS - 1)];
+    if (ch->kind == LS_SUB_DATA && ch->state == CH_COMMITTED && ch->c->consumed > ch->start)
+      clk_enter(ch->clock_ns);
+    if (!chunk_finished(ch)) break;
+  }
+}
+
 static void fifo_pop_finished(void) {
+  if (clk_on) clock_from_reads();
   while (fifo_count) {
     struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
     if (!chunk_finished(h)) break;
@@ -357,6 +379,7 @@ static void apply_done(const struct ls_done_record* d) {
   struct conn* c = ch->c;
   if (d->kind == LS_DONE_COMMITTED) {
     ch->state = CH_COMMITTED;
+    ch->clock_ns = d->clock_ns;
     if (ch->kind == LS_SUB_ACCEPT) c->accept_state = ACCEPT_COMMITTED;
     if (ch->kind == LS_SUB_DATA && !c->broken) c->committed_end = ch->end;
     if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
@@ -369,7 +392,7 @@ static void apply_done(const struct ls_done_record* d) {
   }
 }
 
-static void push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
+static struct chunk* push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
   uint64_t seq = fifo_head_seq + fifo_count;
   struct chunk* ch = &fifo[seq & (LS_FIFO_SLOTS - 1)];
   ch->c = c;
@@ -377,12 +400,19 @@ static void push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
   ch->kind = kind;
   ch->state = state;
   ch->end = kind == LS_SUB_DATA && state == CH_COMMITTED ? c->committed_end : c->received;
+  ch->start = ch->end;
+  ch->clock_ns = 0;
+  if (kind == LS_SUB_DATA) {
+    ch->start = c->chunked_end;
+    c->chunked_end = ch->end;
+  }
   c->refs++;
   if (fifo_count++ == 0) {
     head_seen_seq = seq;
     head_since_ns = now_ns();
     head_reports = 0;
   }
+  return ch;
 }
 
 /* Takes the replay order the daemon published: each record allows the
@@ -403,7 +433,7 @@ static void drain_order(void) {
     if (!c) break; /* not accepted yet: it and all after it wait */
     if (r->kind == LS_ORDER_DATA) {
       c->committed_end += r->len;
-      push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
+      push_chunk(c, LS_SUB_DATA, CH_COMMITTED)->clock_ns = r->clock_ns;
     } else {
       c->close_committed = 1;
       push_chunk(c, LS_SUB_CLOSE, CH_COMMITTED);
@@ -627,7 +657,10 @@ static struct head_run find_head_run(void) {
       r.c = ch->c;
       r.end = ch->c->consumed;
     }
-    if (ch->kind == LS_SUB_DATA) r.end = ch->end;
+    if (ch->kind == LS_SUB_DATA) {
+      r.end = ch->end;
+      if (clk_on) break; /* one input per read: each runs under its own stamp (shim_clock.c) */
+    }
     if (ch->kind == LS_SUB_CLOSE) r.close = 1;
   }
   return r;
@@ -745,6 +778,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     if (readable(c) > 0) {
       size_t n = take(c, iov, iovcnt, peek);
       if (!peek) note_replay_read(c, n);
+      if (!peek && n) out_input(c->fd, iov, iovcnt, n);
       pthread_mutex_unlock(&mu);
       return (ssize_t)n;
     }

@@ -18,6 +18,10 @@
  *   LOCKSTEP_SHIM_RANDOM_SEED  64 hex digits, the same on every replica: the
  *                              server's randomness comes from them
  *                              (shim_random.c); empty or unset: untouched
+ *   LOCKSTEP_SHIM_SAME_CLOCK   "1": the server's wall clock reads the stamp
+ *                              of the input it processes (the `clock_ns` of
+ *                              the records below; shim_clock.c); anything
+ *                              else or unset: the real clock
  *
  * Flow on the leader:
  *   shim  --submission ring-->  daemon   ACCEPT / DATA / CLOSE, each with a seq
@@ -95,17 +99,19 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 7u
+#define LS_SHIM_VERSION 9u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
-#define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 16-byte slots */
+#define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
 #define LS_MAX_REPLAY 4096u           /* replay connections open at once */
-#define LS_ORDER_SLOTS (1u << 16)     /* replay order: fixed 16-byte slots */
+#define LS_ORDER_SLOTS (1u << 16)     /* replay order: fixed 24-byte slots */
 #define LS_OUT_RING_SLOTS (1u << 16)  /* output records: fixed 32-byte slots (at most) */
 #define LS_OUT_SLOTS 4096u            /* connections with an output window at once */
 #define LS_OUT_WINDOW 4096u           /* recent output bytes kept per connection */
 #define LS_OUT_MARK_BYTES (64u << 10) /* default mark interval (daemon may choose) */
 #define LS_OUT_NONE 0xffffu           /* ls_out_record: no replay slot / no out slot */
+#define LS_SEND_STACKS 8u             /* recent sends whose stacks a window keeps */
+#define LS_STACK_DEPTH 14u            /* return addresses kept per send */
 
 /* Daemon -> shim: what a newly accepted client connection is. */
 enum ls_mode {
@@ -141,6 +147,10 @@ struct ls_done_record {
   uint64_t seq;  /* COMMITTED / DROPPED */
   uint32_t conn; /* CLOSE (and, informatively, the others) */
   uint32_t kind;
+  /* COMMITTED: the leader's wall clock (CLOCK_REALTIME, ns) stamped on the
+   * input's log entry; the server's clock while it processes the input
+   * (shim_clock.c). 0: none. */
+  uint64_t clock_ns;
 };
 
 /* Replay order (daemon -> shim): the order in which the server may read
@@ -154,6 +164,7 @@ struct ls_order_record {
   uint32_t slot;
   uint32_t kind;
   uint64_t len;
+  uint64_t clock_ns; /* DATA: the entry's wall-clock stamp, as ls_done_record's */
 };
 
 /* Output record flags (shim -> daemon). */
@@ -191,7 +202,21 @@ struct ls_out_slot {
   LS_ATOMIC(uint32_t) conn;        /* the shim's connection number */
   LS_ATOMIC(uint32_t) replay_slot; /* or LS_OUT_NONE */
   LS_ATOMIC(uint64_t) end;         /* stream offset just past the newest byte */
-  uint64_t pad[5];
+  LS_ATOMIC(uint64_t) sends;       /* sends recorded in the window's stacks, ever */
+  uint64_t pad[4];
+};
+
+/* The server's stack at one send on a connection (its return addresses,
+ * innermost first, the shim's own frames left out), and the stream offsets
+ * its compared bytes took. Each output slot keeps the last LS_SEND_STACKS,
+ * send k at [k % LS_SEND_STACKS], under the window's seqlock: a divergence
+ * report names the server's functions that sent the first differing byte
+ * (guard/symbolize.h). */
+struct ls_send_stack {
+  uint64_t start, end; /* [start, end): stream offsets of the send's bytes */
+  uint32_t depth;      /* valid entries of pc */
+  uint32_t pad;
+  uint64_t pc[LS_STACK_DEPTH];
 };
 
 struct ls_replay_slot {
@@ -228,6 +253,7 @@ struct ls_shim_header {
   uint64_t out_slots;
   uint64_t win_offset;       /* output windows: LS_OUT_SLOTS ls_out_slot headers */
   uint64_t win_bytes_offset; /* and LS_OUT_SLOTS * LS_OUT_WINDOW bytes */
+  uint64_t stacks_offset;    /* and LS_OUT_SLOTS * LS_SEND_STACKS ls_send_stack */
 
   /* Written by the daemon. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) mode;
@@ -268,7 +294,8 @@ static inline uint64_t ls_shim_region_bytes(void) {
          (uint64_t)LS_ORDER_SLOTS * sizeof(struct ls_order_record) +
          (uint64_t)LS_OUT_RING_SLOTS * sizeof(struct ls_out_record) +
          (uint64_t)LS_OUT_SLOTS * sizeof(struct ls_out_slot) +
-         (uint64_t)LS_OUT_SLOTS * LS_OUT_WINDOW;
+         (uint64_t)LS_OUT_SLOTS * LS_OUT_WINDOW +
+         (uint64_t)LS_OUT_SLOTS * LS_SEND_STACKS * sizeof(struct ls_send_stack);
 }
 
 #endif

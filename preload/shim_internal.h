@@ -1,5 +1,5 @@
 /* shim_internal.h — what the shim's own files (shim.c, shim_output.c,
- * shim_random.c) share.
+ * shim_random.c, shim_unchecked.c, shim_clock.c) share.
  * Nothing here is exported from the library: the server and its other
  * libraries never see these names. */
 #ifndef LOCKSTEP_SHIM_INTERNAL_H
@@ -32,6 +32,23 @@ LS_HIDDEN void out_open(int fd, uint32_t conn, int replay_slot);
 LS_HIDDEN void out_end(int fd, uint32_t flag);
 /* In a forked child: nothing is hashed any more. */
 LS_HIDDEN void out_after_fork(void);
+/* The server read n (> 0) bytes of iov from the tracked connection fd. */
+LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n);
+
+/* shim_unchecked.c: replies left out of the hashed stream. */
+LS_HIDDEN extern int unck_on; /* LOCKSTEP_SHIM_UNCHECKED_RESP names commands */
+LS_HIDDEN void unck_init(void);
+/* A fresh connection in output slot slot (with the slot's output lock). */
+LS_HIDDEN void unck_open(int slot);
+/* The server read n bytes of iov on slot's connection (under mu). */
+LS_HIDDEN void unck_input(int slot, const struct iovec* iov, int iovcnt, size_t n);
+/* The server sent the first n bytes of iov on slot's connection (with the
+ * slot's output lock): feed(ctx, run) for each run of checked bytes, in
+ * order; returns how many there were. count_only: only count them (feed may
+ * be NULL), leaving the scanner where it was. */
+LS_HIDDEN size_t unck_output(int slot, const struct iovec* iov, size_t iovcnt, size_t n,
+                             int count_only, void (*feed)(void* ctx, const char* p, size_t n),
+                             void* ctx);
 
 /* shim_random.c */
 /* fd -> 1 + the stream slot of a random device the server opened (with
@@ -48,5 +65,13 @@ LS_HIDDEN void rnd_forget_slow(int fd);
 static inline void rnd_forget(int fd) {
   if (rnd_tracked(fd)) rnd_forget_slow(fd);
 }
+
+/* shim_clock.c */
+/* LOCKSTEP_SHIM_SAME_CLOCK=1 in the process the daemon started (and not in
+ * a forked child): the server's wall clock reads the stamps of its inputs. */
+LS_HIDDEN extern int clk_on;
+/* The server began to read an input stamped clock_ns (0: no stamp): its
+ * wall clock reads that from now on, never less than before. mu held. */
+LS_HIDDEN void clk_enter(uint64_t clock_ns);
 
 #endif

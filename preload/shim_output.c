@@ -11,6 +11,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -23,6 +25,11 @@
 #include "preload/shim_abi.h"
 #include "preload/shim_internal.h"
 #include "preload/stream_hash.h"
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h> /* types and names only: the library is dlopen'ed (out_init) */
+#define LS_STR2(x) #x
+#define LS_STR(x) LS_STR2(x) /* a libunwind macro's real symbol name */
 
 static ssize_t (*real_write)(int, const void*, size_t);
 static ssize_t (*real_send)(int, const void*, size_t, int);
@@ -57,8 +64,20 @@ static int out_on;        /* hashing outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS) */
 static uint64_t out_cap;  /* output ring slots, a power of two */
 static uint64_t out_mark; /* mark interval, a power of two, or 0 */
 static struct ls_out_record* out_ring;
-static struct ls_out_slot* out_win;       /* window headers */
-static char* out_bytes;                   /* window bytes, LS_OUT_WINDOW per slot */
+static struct ls_out_slot* out_win;      /* window headers */
+static char* out_bytes;                  /* window bytes, LS_OUT_WINDOW per slot */
+static struct ls_send_stack* out_stacks; /* LS_SEND_STACKS per slot */
+/* The server's stack at each send (LOCKSTEP_SHIM_SEND_STACKS=0: not taken),
+ * walked by libunwind, which caches what it learnt of each return address:
+ * ~0.1 us a send, where libgcc's unwinder (glibc's backtrace(), the fallback
+ * when libunwind.so.8 cannot be loaded) interprets the unwind tables anew
+ * each time, ~2 us. libunwind is dlopen'ed RTLD_LOCAL, never linked: it
+ * exports _Unwind_* and backtrace, which would otherwise take over the
+ * server's own C++ exceptions and backtraces. Frames in the shim's own code
+ * are left out. */
+static int out_stacks_on;
+static int (*unwind_backtrace)(void**, int);
+static uintptr_t shim_text_lo, shim_text_hi;
 static _Atomic(uintptr_t) out_ring_owner; /* the output ring's producer lock */
 static struct out_state out_st[LS_OUT_SLOTS];
 static _Atomic(uint16_t) out_of_fd[LS_MAX_FD]; /* output slot + 1; 0: not hashed */
@@ -96,6 +115,23 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* dl_iterate_phdr: the executable segment holding the address `data`. */
+static int find_own_text(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  uintptr_t me = (uintptr_t)data;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+    if (me >= lo && me < hi) {
+      shim_text_lo = lo;
+      shim_text_hi = hi;
+      return 1;
+    }
+  }
+  return 0;
+}
+
 void out_init(char* base) {
   /* The region's geometry is the daemon's: hash only if it is sane. */
   uint64_t cap = hdr->out_slots, mark = hdr->out_mark_bytes;
@@ -113,6 +149,32 @@ void out_init(char* base) {
     out_ring = (struct ls_out_record*)(base + hdr->out_offset);
     out_win = (struct ls_out_slot*)(base + hdr->win_offset);
     out_bytes = base + hdr->win_bytes_offset;
+    out_stacks = (struct ls_send_stack*)(base + hdr->stacks_offset);
+    const char* stacks_env = getenv("LOCKSTEP_SHIM_SEND_STACKS");
+    out_stacks_on = !(stacks_env && strcmp(stacks_env, "0") == 0) &&
+                    hdr->stacks_offset + (uint64_t)LS_OUT_SLOTS * LS_SEND_STACKS *
+                                             sizeof(struct ls_send_stack) <=
+                        hdr->size;
+    if (out_stacks_on) {
+      dl_iterate_phdr(find_own_text, (void*)(uintptr_t)&out_init);
+      void* lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+      unwind_backtrace = lib ? (int (*)(void**, int))dlsym(lib, "unw_backtrace") : NULL;
+      int (*policy)(unw_addr_space_t, unw_caching_policy_t) =
+          lib ? (int (*)(unw_addr_space_t, unw_caching_policy_t))dlsym(
+                    lib, LS_STR(unw_set_caching_policy))
+              : NULL;
+      unw_addr_space_t* space =
+          lib ? (unw_addr_space_t*)dlsym(lib, LS_STR(unw_local_addr_space)) : NULL;
+      if (!unwind_backtrace || !policy || !space) {
+        unwind_backtrace = backtrace;
+        shim_log("libunwind.so.8 not usable (%s): send stacks by glibc's backtrace (slower)",
+                 lib ? "symbols missing" : dlerror());
+      } else {
+        policy(*space, UNW_CACHE_PER_THREAD);
+      }
+      void* prime[2];
+      (void)unwind_backtrace(prime, 2); /* sets the unwinder up now, not at the first send */
+    }
     for (uint32_t i = 0; i < LS_OUT_SLOTS; i++) {
       out_free[i] = (uint16_t)i;
       out_st[i].fd = -1;
@@ -126,6 +188,7 @@ void out_init(char* base) {
         if (atomic_load(&out_win[i].state) != LS_OUT_FREE)
           atomic_store(&out_win[i].state, LS_OUT_GONE);
   }
+  if (out_on) unck_init();
   atomic_store(&hdr->out_enabled, (uint32_t)out_on);
 }
 
@@ -218,8 +281,10 @@ static void win_end(struct ls_out_slot* w, uint64_t end) {
 
 /* Feeds n sent bytes to st's stream: the hash, the window (only the bytes
  * at stream offsets >= keep_from, the call's last LS_OUT_WINDOW), and a
- * mark record wherever the stream crosses a mark before the call's end. */
-static void out_feed(struct out_state* st, int slot, uint64_t keep_from, const char* p, size_t n) {
+ * mark record wherever the stream crosses a mark before the call's end
+ * (`more`: more of the call's bytes follow these). */
+static void out_feed(struct out_state* st, int slot, uint64_t keep_from, const char* p, size_t n,
+                     int more) {
   char* win = out_bytes + (size_t)slot * LS_OUT_WINDOW;
   while (n > 0) {
     size_t take = n;
@@ -237,27 +302,82 @@ static void out_feed(struct out_state* st, int slot, uint64_t keep_from, const c
     n -= take;
     if (out_mark && st->h.total == st->next_mark) {
       st->next_mark += out_mark;
-      if (n > 0) out_push(st, slot, 0); /* the call's end has its own record */
+      if (n > 0 || more) out_push(st, slot, 0); /* the call's end has its own record */
     }
   }
+}
+
+/* out_feed of the checked runs of a call's bytes (shim_unchecked.c). */
+struct feed_ctx {
+  struct out_state* st;
+  int slot;
+  uint64_t keep_from, end; /* end: the stream offset after the call */
+};
+static void feed_checked(void* ctx, const char* p, size_t n) {
+  struct feed_ctx* f = ctx;
+  out_feed(f->st, f->slot, f->keep_from, p, n, f->st->h.total + n < f->end);
+}
+
+/* The server's stack at this send, without the shim's frames. */
+struct send_stack {
+  int depth;
+  void* pc[LS_STACK_DEPTH + 8];
+};
+static void stack_take(struct send_stack* s) {
+  s->depth = 0;
+  if (!out_stacks_on) return;
+  int n = unwind_backtrace(s->pc, (int)(sizeof s->pc / sizeof s->pc[0]));
+  int skip = 0;
+  while (skip < n && (uintptr_t)s->pc[skip] >= shim_text_lo &&
+         (uintptr_t)s->pc[skip] < shim_text_hi)
+    skip++;
+  for (int i = skip; i < n; i++) s->pc[i - skip] = s->pc[i];
+  s->depth = n - skip;
+}
+
+/* Keeps it as the slot's newest send, whose bytes took the stream offsets
+ * [start, end). Inside the window's seqlock. */
+static void stack_keep(int slot, const struct send_stack* s, uint64_t start, uint64_t end) {
+  if (!out_stacks_on || s->depth <= 0 || end == start) return;
+  struct ls_out_slot* w = &out_win[slot];
+  uint64_t k = atomic_load_explicit(&w->sends, memory_order_relaxed);
+  struct ls_send_stack* to = &out_stacks[(size_t)slot * LS_SEND_STACKS + k % LS_SEND_STACKS];
+  to->start = start;
+  to->end = end;
+  uint32_t d = 0;
+  for (; d < (uint32_t)s->depth && d < LS_STACK_DEPTH; d++)
+    to->pc[d] = (uint64_t)(uintptr_t)s->pc[d];
+  to->depth = d;
+  atomic_store_explicit(&w->sends, k + 1, memory_order_relaxed);
 }
 
 /* The kernel took the first n (> 0) bytes of iov on fd, output slot slot. */
 static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, size_t n) {
   struct out_state* st = &out_st[slot];
+  struct send_stack stack;
+  stack_take(&stack);
   if (!out_lock(st)) {
     out_lose(st);
     return;
   }
   if (st->fd == fd) { /* else it was closed meanwhile */
-    uint64_t end = st->h.total + n;
+    /* With unchecked replies, only the checked bytes enter the stream:
+     * count them first, so that the window copy starts at the right one. */
+    uint64_t end = st->h.total + (unck_on ? unck_output(slot, iov, iovcnt, n, 1, NULL, NULL) : n);
     uint64_t keep_from = end > LS_OUT_WINDOW ? end - LS_OUT_WINDOW : 0;
+    uint64_t start = st->h.total;
     win_begin(&out_win[slot]);
+    if (unck_on) {
+      struct feed_ctx f = {st, slot, keep_from, end};
+      unck_output(slot, iov, iovcnt, n, 0, feed_checked, &f);
+      n = 0;
+    }
     for (size_t i = 0; i < iovcnt && n > 0; i++) {
       size_t k = iov[i].iov_len < n ? iov[i].iov_len : n;
-      out_feed(st, slot, keep_from, (const char*)iov[i].iov_base, k);
+      out_feed(st, slot, keep_from, (const char*)iov[i].iov_base, k, n > k);
       n -= k;
     }
+    stack_keep(slot, &stack, start, st->h.total);
     win_end(&out_win[slot], st->h.total);
     out_push(st, slot, 0);
   }
@@ -269,14 +389,17 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
  * now; one that cannot be read back loses the connection's digests). */
 static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
   struct out_state* st = &out_st[slot];
+  struct send_stack stack;
+  stack_take(&stack);
   if (!out_lock(st)) {
     out_lose(st);
     return;
   }
   if (st->fd == fd) {
     uint64_t end = st->h.total + n;
-    uint64_t keep_from = end > LS_OUT_WINDOW ? end - LS_OUT_WINDOW : 0;
+    uint64_t keep_from = end > LS_OUT_WINDOW && !unck_on ? end - LS_OUT_WINDOW : 0;
     char buf[4096];
+    uint64_t start = st->h.total;
     win_begin(&out_win[slot]);
     while (n > 0) {
       ssize_t k = pread64(in_fd, buf, n < sizeof buf ? n : sizeof buf, from);
@@ -285,10 +408,17 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
         out_lose(st);
         break;
       }
-      out_feed(st, slot, keep_from, buf, (size_t)k);
+      if (unck_on) { /* more bytes may follow: `end` is an upper bound here */
+        struct feed_ctx f = {st, slot, keep_from, end};
+        struct iovec v = {buf, (size_t)k};
+        unck_output(slot, &v, 1, (size_t)k, 0, feed_checked, &f);
+      } else {
+        out_feed(st, slot, keep_from, buf, (size_t)k, n > (size_t)k);
+      }
       from += k;
       n -= (size_t)k;
     }
+    stack_keep(slot, &stack, start, st->h.total);
     win_end(&out_win[slot], st->h.total);
     out_push(st, slot, 0);
   }
@@ -343,14 +473,21 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   atomic_store(&st->lost, 0);
   st->next_mark = out_mark;
   ls_stream_hash_init(&st->h);
+  if (unck_on) unck_open(slot);
   struct ls_out_slot* w = &out_win[slot];
   win_begin(w);
   atomic_store_explicit(&w->state, LS_OUT_LIVE, memory_order_relaxed);
   atomic_store_explicit(&w->conn, conn, memory_order_relaxed);
   atomic_store_explicit(&w->replay_slot, st->replay_slot, memory_order_relaxed);
+  atomic_store_explicit(&w->sends, 0, memory_order_relaxed);
   win_end(w, 0);
   out_unlock(st);
   atomic_store_explicit(&out_of_fd[fd], (uint16_t)(slot + 1), memory_order_release);
+}
+
+void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
+  int slot = out_slot_of(fd);
+  if (slot >= 0 && unck_on) unck_input(slot, iov, iovcnt, n);
 }
 
 ssize_t write(int fd, const void* buf, size_t len) {

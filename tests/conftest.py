@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,21 @@ class Cluster:
             *extra,
             check=check,
         )
+
+    def up_bare(self, app, extra=(), env=None):
+        """The app profile's command alone, after `--`: none of the profile's
+        prevention (same_random, same_clock) or unchecked replies. The
+        control of tests that show what those do."""
+        command = tomllib.loads((ROOT / "apps" / f"{app}.toml").read_text())["command"]
+        run(
+            *("cluster", "up", "--dir", self.dir, "--base-port", self.base_port),
+            *extra,
+            *("--", command),
+            env=env,
+        )
+        server = tomllib.loads((self.dir / "cluster.toml").read_text())["server"]
+        for field in ("same_random", "same_clock", "unchecked_replies"):
+            assert field not in server, server
 
     def status(self):
         return json.loads(run("cluster", "status", "--json", "--dir", self.dir).stdout)

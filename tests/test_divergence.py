@@ -1,16 +1,19 @@
 """Output checking, divergence reports and repair (guard/output_guard.h), with
 real redis servers, real CRIU checkpoints and a real fault: a failpoint in
 one backup's daemon flips one byte of one input as it is replayed to that
-backup's server (LOCKSTEP_FAILPOINT=flip-input:MARKER)."""
+backup's server (LOCKSTEP_FAILPOINT=flip-input:MARKER), or a leader proposes
+one with a byte flipped while its own server executes it as sent
+(flip-proposal:MARKER)."""
 
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
 from conftest import run
-from resp import Redis
+from resp import Memcached, Redis
 from test_checkpoint import backups, load, wait_checkpoint
 from test_redis import assert_same_data
 
@@ -82,12 +85,17 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     leader_bytes = outs[c.leader()]["bytes"]
     at = r["first_difference"] - outs[c.leader()]["start"]
     assert leader_bytes[at] == "A", (leader_bytes, at)
+    # The divergent server's stack at the send of that byte, named.
+    # (Debian's redis-server is a link to redis-check-rdb: the file mapped.)
+    assert r["stack"].startswith(f"replica {b}'s server, at the send of bytes"), r["stack"]
+    assert "\n#1 _writeToClient+0x" in r["stack"] and "aeMain+0x" in r["stack"], r["stack"]
     # Repaired: every replica holds the same data, the backup's fk is right.
     assert_same_data(c)
     assert Redis(c.server_addr(b)).call("GET", "fk") == b"flipme-A"
     # People read it too.
     shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
     assert f"replica {b} diverged" in shown and "rollback" in shown and ">>" in shown, shown
+    assert "\n                #1 _writeToClient+0x" in shown, shown
     listed = run("divergence", "list", "--dir", c.dir).stdout
     assert r["id"] in listed and "repaired" in listed, listed
     assert "1 divergence report" in run("cluster", "status", "--dir", c.dir).stdout
@@ -125,3 +133,162 @@ def test_unknown_report_id_is_a_clear_error(redis_cluster):
     assert r.returncode != 0 and "no divergence report 7-123" in r.stderr, r
     r = run("divergence", "bogus", "--dir", redis_cluster.dir, check=False)
     assert r.returncode == 2 and "usage" in r.stdout, r
+
+
+def test_a_divergent_leader_steps_down_is_repaired_and_clients_move(cluster, monkeypatch):
+    """The leader in the minority. Every daemon has flip-proposal:MARKER armed,
+    which only a leader acts on (guard/server_output.cc): it proposes the
+    client's input with one byte flipped while its own redis executes it as
+    sent. The log is the reference: the backups replay it, agree with each
+    other and not with the leader. The leader hands over to one of them,
+    takes a checkpoint from a replica that agreed, replays, and is checked
+    again; its clients are cut off and reconnect to the new leader."""
+    monkeypatch.setenv("LOCKSTEP_FAILPOINT", "flip-proposal:leadflip-")
+    cluster.up(app="redis", extra=("--checkpoint-entries", "50"))
+    monkeypatch.delenv("LOCKSTEP_FAILPOINT")
+    c = cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 1000)  # 100 entries: every backup takes its turns (each 50)
+    client.close()
+    for b in backups(c):
+        wait_checkpoint(c, b, above=50)
+    assert reports(c) == []
+    old = c.leader()
+
+    # Writers keep going through the change: every OK is a write to keep.
+    acked, stop = [], threading.Event()
+
+    def writer():
+        conn, n = None, 0
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = Redis(c.client_addr(timeout=30), timeout=5)
+                key = f"w{n}"
+                n += 1
+                if conn.call("SET", key, "x") == "OK":
+                    acked.append(key)
+            except (OSError, TimeoutError, AssertionError):
+                if conn:
+                    conn.close()
+                conn = None
+            time.sleep(0.005)
+        if conn:
+            conn.close()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        victim = Redis(c.client_addr())  # a client of the old leader
+        t0 = time.monotonic()
+        assert victim.call("SET", "fk", "leadflip-A") == "OK"  # the log says "leadflip-@"
+        assert victim.call("GET", "fk") == b"leadflip-A"  # the leader's redis; the backups' differ
+        rs = wait_reports(
+            c,
+            lambda rs: any(r["status"] != "repairing" and len(r["outputs"]) == 2 for r in rs),
+            60,
+            "a finished repair, and the repaired server's output",
+        )
+        took = time.monotonic() - t0
+        time.sleep(0.5)  # writes at the new leader
+    finally:
+        stop.set()
+        t.join()
+    assert len(rs) == 1, rs
+    r = rs[0]
+    agreeing = sorted(set(range(3)) - {old})
+    assert r["leader_diverged"] and r["replica"] == old and r["leader"] == old, r
+    assert r["agreeing"] == agreeing, r
+    assert r["status"] == "repaired" and r["how"] == "step down", r
+    assert f"handed leadership over to replica {r['new_leader']}" in r["action"], r
+    assert "took checkpoint" in r["action"] and "from a peer" in r["action"], r
+    assert r["new_leader"] in agreeing and r["new_leader_ms"] > 0 and r["total_ms"] > 0, r
+    assert 0 < r["restored_index"] and r["restore_ms"] > 0, r
+    assert not any("leadflip-A" in i for i in r["connection_inputs"]), r  # the log's bytes
+    assert any("leadflip-@" in i for i in r["connection_inputs"]), r["connection_inputs"]
+    # What the leader's client got, then what the repaired server sends
+    # there (as the backups did), and the first byte that differs.
+    got, right = r["outputs"]
+    assert got["from_replica"] == right["from_replica"] == old, r["outputs"]
+    assert "leadflip-A" in got["bytes"] and "leadflip-@" in right["bytes"], r["outputs"]
+    assert r["first_difference"] >= 0, r
+    assert got["bytes"][r["first_difference"] - got["start"]] == "A", r
+    assert right["bytes"][r["first_difference"] - right["start"]] == "@", r
+    print(
+        f"\nnew leader {r['new_leader_ms']:.1f} ms after the verdict, repaired in "
+        f"{r['total_ms']:.1f} ms (restore {r['restore_ms']:.1f} ms); "
+        f"{took:.2f} s from the GET to the finished report"
+    )
+
+    # The new leader is the successor; clients of the old one were cut off.
+    s = c.wait(lambda s: s["leader"] == r["new_leader"], 10, "the new leader")
+    assert s["replicas"][old]["role"] == "backup", s
+    assert s["client_addr"] == s["replicas"][r["new_leader"]]["server_addr"], s
+    with pytest.raises(OSError) as cut:
+        victim.call("GET", "fk")
+    assert not isinstance(cut.value, TimeoutError), "the old leader's connection is still open"
+    victim.close()
+
+    # A client reconnecting to client_addr reads everything acknowledged.
+    new = Redis(c.client_addr())
+    assert acked, "no write was acknowledged during the change"
+    for at in range(0, 1000, 100):
+        got = new.pipeline([("GET", f"k{i}") for i in range(at, at + 100)])
+        assert got == [b"v%d" % i for i in range(at, at + 100)], at
+    for at in range(0, len(acked), 100):
+        keys = acked[at : at + 100]
+        assert new.pipeline([("GET", k) for k in keys]) == [b"x"] * len(keys), keys
+    assert new.call("GET", "fk") == b"leadflip-@"  # as the log has it, everywhere now
+    assert new.call("SET", "after", "moved") == "OK" and new.call("GET", "after") == b"moved"
+    # The old leader is repaired: same data everywhere, its fk as the log says.
+    assert_same_data(c, timeout=30)
+    assert Redis(c.server_addr(old)).call("GET", "fk") == b"leadflip-@"
+
+    # Checked again: the old leader reports to the new one, which agrees.
+    sent = output_status(c, old)["points_sent"]
+    checks = output_status(c, r["new_leader"])["checks"]
+    for i in range(20):
+        new.call("SET", f"again{i}", "y")
+        assert new.call("GET", f"again{i}") == b"y"
+    time.sleep(1)
+    assert len(reports(c)) == 1, reports(c)
+    st = output_status(c, r["new_leader"])
+    assert st["checks"] > checks and st["suspended"] == [] and st["divergences"] == 0, st
+    assert output_status(c, old)["points_sent"] > sent
+    shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
+    assert "divergent replica" in shown and "step down" in shown, shown
+
+
+def test_a_divergent_memcached_backup_is_detected_reported_and_rolled_back(cluster):
+    # Output checking is the same for any server: one backup's memcached
+    # gets one stored value with a byte flipped (the failpoint, as in
+    # tests/test_divergence.py); the next get's reply differs, the leader
+    # reports it and the backup rolls back to its CRIU checkpoint.
+    cluster.up(app="memcached", extra=("--checkpoint-entries", "20"))
+    client = Memcached(cluster.client_addr())
+    for i in range(60):
+        assert client.store("set", f"k{i}", f"v{i}") == "STORED"
+    b = backups(cluster)[0]
+    wait_checkpoint(cluster, b, above=0)
+    restart_with_failpoint(cluster, b, "flipme-")
+    client = Memcached(cluster.client_addr())
+    assert client.store("set", "fk", "flipme-A") == "STORED"
+    assert client.get("fk") == b"flipme-A"
+    end = time.monotonic() + 30
+    rs = []
+    while time.monotonic() < end:
+        rs = json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+        if rs and all(r["status"] != "repairing" for r in rs):
+            break
+        time.sleep(0.1)
+    assert len(rs) == 1 and rs[0]["replica"] == b, rs
+    r = rs[0]
+    assert r["status"] == "repaired" and r["how"] == "rollback", r
+    outs = {o["from_replica"]: o["bytes"] for o in r["outputs"]}
+    assert "flipme-A" in outs[cluster.leader()] and "flipme-@" in outs[b], outs
+    assert "memcached" in r["stack"], r["stack"]
+    # Repaired: the backup's memcached holds what the leader's does.
+    assert Memcached(cluster.server_addr(b)).get("fk") == b"flipme-A"
+    for r in range(3):
+        m = Memcached(cluster.server_addr(r))
+        assert [m.get(f"k{i}") for i in range(60)] == [b"v%d" % i for i in range(60)], r

@@ -4,8 +4,9 @@ every key reads the same from each replica's own memcached.
 
 Each client thread works on its own keys: memcached runs connections on
 different worker threads in parallel, so two clients racing on one key may
-be executed in different orders on different replicas (output comparison and
-rollback, a later capability, catch that)."""
+be executed in different orders on different replicas (output checking
+would report that; a memcached backup made to diverge is caught and rolled
+back in tests/test_divergence.py)."""
 
 import threading
 import time

@@ -9,13 +9,12 @@ own: the same seed gives the same bytes from getrandom, getentropy,
 import hashlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
 import tomllib
 
-from conftest import BUILD_DIR, ROOT, run
+from conftest import BUILD_DIR, run
 from resp import Redis, RespError
 from test_checkpoint import backups, kill_server_and_await_restore, wait_checkpoint
 from test_redis import assert_same_data
@@ -354,15 +353,7 @@ def test_without_same_random_the_replicas_diverge(cluster):
     # (LOCKSTEP_SHIM_OUTPUT_DIGESTS=0, inherited by the daemons and their
     # servers): output checking would see the replies differ and repair the
     # backups (guard/output_guard.h), and this test is about the data.
-    command = tomllib.loads((ROOT / "apps" / "redis.toml").read_text())["command"]
-    assert shlex.split(command)[0] == "redis-server"
-    env = dict(os.environ, LOCKSTEP_SHIM_OUTPUT_DIGESTS="0")
-    run(
-        *("cluster", "up", "--dir", cluster.dir, "--base-port", cluster.base_port),
-        *("--", command),
-        env=env,
-    )
-    assert "same_random" not in tomllib.loads((cluster.dir / "cluster.toml").read_text())["server"]
+    cluster.up_bare("redis", env=dict(os.environ, LOCKSTEP_SHIM_OUTPUT_DIGESTS="0"))
     assert len(set(run_ids(cluster))) == 2
     client = Redis(cluster.client_addr())
     fill(client)
@@ -391,3 +382,47 @@ def test_a_restored_server_continues_the_same_random_sequence(cluster):
     views = replica_views(cluster)
     assert [v[:2] for v in views] == [views[0][:2]] * 3, agreement(views)
     assert_same_data(cluster)
+
+
+def test_without_same_random_spop_is_detected_and_reported(cluster):
+    # Output checking on, prevention off: each replica's SPOP pops a member
+    # of its own choosing, the replies differ, and the leader reports it at
+    # the next check, naming the connection, the SPOP and the replicas'
+    # differing replies. A rollback replays the SPOP from the same
+    # generator state, so it differs again at the same place; no backup
+    # agrees with the leader, so none has a checkpoint to give: the repair
+    # fails and says why (same_random is the cure, see the test above).
+    cluster.up_bare("redis", extra=("--checkpoint-entries", "20"))
+    client = Redis(cluster.client_addr())
+    client.pipeline(
+        [("SADD", "s", *[f"member-{i}" for i in range(j, j + 100)]) for j in range(0, 1000, 100)]
+    )
+    for i in range(30):  # every backup takes a checkpoint
+        client.call("SET", f"k{i}", i)
+    wait_applied(cluster)
+    for b in backups(cluster):
+        wait_checkpoint(cluster, b, above=0)
+    assert json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout) == []
+    popped = client.call("SPOP", "s")
+    end = time.monotonic() + 30
+    rs = []
+    while time.monotonic() < end:
+        rs = json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+        if {r["replica"] for r in rs if r["status"] == "failed"} == set(backups(cluster)):
+            break
+        time.sleep(0.2)
+    summary = [(r["id"], r["replica"], r["how"], r["status"]) for r in rs]
+    print("SPOP without same_random:", summary)
+    for b in backups(cluster):
+        mine = [r for r in rs if r["replica"] == b]
+        assert [r["how"] for r in mine] == ["rollback", "none"], summary
+        first, last = mine
+        assert not first["leader_diverged"] and first["status"] == "repaired", first
+        assert any("SPOP" in i for i in first["connection_inputs"]), first["connection_inputs"]
+        outs = {o["from_replica"]: o["bytes"] for o in first["outputs"]}
+        assert popped.decode() in outs[cluster.leader()], (popped, outs)
+        assert outs[b] != outs[cluster.leader()], outs
+        assert last["status"] == "failed" and "no replica's output agrees" in last["action"], last
+        assert last["offset"] == first["offset"], (first, last)
+    st = cluster.status()["replicas"][cluster.leader()]["output"]
+    assert sorted(st["suspended"]) == sorted(backups(cluster)), st

@@ -1,0 +1,199 @@
+/* shim_clock.c — the same wall clock on every replica ("prevent what can be
+ * prevented", issue 8 part 5).
+ *
+ * Each replica's server would otherwise read its own wall clock, at its own
+ * moment: redis's TIME answers differ, and a key set with PX 200 expires at
+ * another instant on each replica, so a GET 300 ms later finds it on a
+ * backup that replayed both late and not on the leader. When the daemon
+ * passes LOCKSTEP_SHIM_SAME_CLOCK=1 (the app profile's `same_clock`,
+ * guard/config.h) to the process it started (LOCKSTEP_SHIM_PID), the wall
+ * clock the server reads through libc is the stamp of the input it
+ * processes: the leader's CLOCK_REALTIME when it proposed the input, carried
+ * in the log entry (guard/log_input.h) and handed to the shim with the
+ * input (ls_done_record on the leader, ls_order_record on backups:
+ * shim_abi.h). Without the variable (or in any other process) nothing here
+ * changes anything.
+ *
+ * What we chose, and why:
+ *
+ *  - "While it processes an input" is: from the moment the server reads
+ *    into an input's bytes (shim.c, clock_from_reads, when the read is
+ *    taken) until it reads into the next one. Nothing else marks it: the
+ *    shim does not know the server's commands. So that a read never spans
+ *    two inputs (the leader may read two agreed inputs at once where a
+ *    backup, whose second input arrives later, reads one), shim.c hands the
+ *    server at most one input per read while this is on (find_head_run):
+ *    every replica then reads the same bytes under the same stamp. Inputs
+ *    of another connection come one at a time anyway. A command split over
+ *    two inputs runs under the second one's stamp, everywhere.
+ *
+ *  - Between inputs the clock stays at the last input's stamp (frozen):
+ *    whatever the server does from its timers then (redis's active expiry,
+ *    its cron) sees the same time on every replica, and the clock never
+ *    goes backwards (stamps only grow: the leader stamps max(previous,
+ *    now), and the shim keeps the larger). The price: a server idle between
+ *    inputs sees no time pass, so what its timers do by the wall clock
+ *    waits for the next input (redis evicts expired keys then; a BLPOP
+ *    timeout fires once some input arrives). And a duration the server
+ *    measures on the wall clock within one input reads 0: redis's command
+ *    durations (SLOWLOG, commandstats: it uses ustime() unless built with
+ *    its hardware monotonic clock) and the time budget of its active-expiry
+ *    cycle, which then goes on until few of the keys it samples are
+ *    expired. Real time would be different on every replica.
+ *
+ *  - Before the server's first input (its start-up), the real clock: no
+ *    agreed time exists yet, and a server's start-up is not replicated
+ *    input. A backup replaying an old log may therefore see its clock step
+ *    back once, at the first input, to that input's stamp.
+ *
+ *  - CLOCK_REALTIME, CLOCK_REALTIME_COARSE, gettimeofday, time and
+ *    timespec_get(TIME_UTC) read the stamp; CLOCK_TAI reads the stamp plus
+ *    the kernel's TAI offset (whole seconds: the same on replicas whose
+ *    kernels agree on it). CLOCK_MONOTONIC, CLOCK_BOOTTIME and the CPU
+ *    clocks stay real: servers run their timers and measure durations with
+ *    them, and a frozen monotonic clock would stop their event loops.
+ *
+ * The stamp lives in the server's memory: a CRIU checkpoint carries it, and
+ * a restored server goes on from the checkpoint's time. A forked child (a
+ * redis BGSAVE) reads the real clock: it processes no input.
+ *
+ * Not covered (stays as real as before): the monotonic clocks themselves
+ * (memcached's item times, apps/memcached.toml), direct syscalls and the
+ * vDSO called without libc (Go), rdtsc, libc's own internal reads (syslog's
+ * timestamp), ftime, the file times the kernel writes (mtime), and a
+ * server that ignores the input whose turn it is (shim.c opens the gate
+ * then, and reads out of turn follow the head input's stamp).
+ *
+ * Hot path: one load and a branch before the real call; no allocation, no
+ * lock (the stamp is one atomic word, written under shim.c's mu by the
+ * thread that reads an input, read by any thread). errno is untouched: the
+ * stamp path sets nothing, the real calls set what they would.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "preload/shim_internal.h"
+
+/* ------------------------------------------------------------ real calls */
+
+static int (*real_clock_gettime)(clockid_t, struct timespec*);
+static int (*real_gettimeofday)(struct timeval*, void*);
+static time_t (*real_time)(time_t*);
+static int (*real_timespec_get)(struct timespec*, int);
+
+/* These may run before our constructor (another library's constructor, or
+ * the dynamic loader's): each looks its real call up itself when needed. */
+#define CLK_REAL(fn)                                                        \
+  do {                                                                      \
+    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
+  } while (0)
+
+/* ------------------------------------------------------------ state */
+
+int clk_on;                      /* shim_internal.h */
+static _Atomic(uint64_t) clk_ns; /* the stamp the clock reads (0: no input yet: real) */
+
+static void clk_in_child(void) {
+  clk_on = 0; /* a forked child processes no input: the real clock */
+}
+
+__attribute__((constructor)) static void clk_init(void) {
+  int saved = errno;
+  CLK_REAL(clock_gettime);
+  CLK_REAL(gettimeofday);
+  CLK_REAL(time);
+  CLK_REAL(timespec_get);
+  const char* on = getenv("LOCKSTEP_SHIM_SAME_CLOCK");
+  const char* pid = getenv("LOCKSTEP_SHIM_PID");
+  /* Only the process the daemon started (see shim.c): an exec'd child
+   * inherits the environment but is not the server. */
+  if (on && strcmp(on, "1") == 0 && pid && atoi(pid) == (int)getpid()) {
+    clk_on = 1;
+    pthread_atfork(NULL, NULL, clk_in_child);
+  }
+  errno = saved;
+}
+
+void clk_enter(uint64_t clock_ns) { /* shim_internal.h; called with mu held */
+  if (!clock_ns) return;            /* an entry from before the stamps: the last one's time */
+  if (clock_ns > atomic_load_explicit(&clk_ns, memory_order_relaxed))
+    atomic_store_explicit(&clk_ns, clock_ns, memory_order_relaxed);
+}
+
+/* The stamp the wall clock reads now; 0: the real clock. */
+static inline uint64_t clk_stamp(void) {
+  return clk_on ? atomic_load_explicit(&clk_ns, memory_order_relaxed) : 0;
+}
+
+static void to_timespec(uint64_t ns, struct timespec* ts) {
+  ts->tv_sec = (time_t)(ns / 1000000000ull);
+  ts->tv_nsec = (long)(ns % 1000000000ull);
+}
+
+/* The kernel's TAI - UTC offset, rounded to whole seconds (it is whole; the
+ * two reads are a few ns apart). */
+static int64_t tai_offset_ns(void) {
+  struct timespec utc, tai;
+  if (real_clock_gettime(CLOCK_REALTIME, &utc) != 0 || real_clock_gettime(CLOCK_TAI, &tai) != 0)
+    return 0;
+  int64_t d = ((int64_t)tai.tv_sec - (int64_t)utc.tv_sec) * 1000000000ll +
+              ((int64_t)tai.tv_nsec - (int64_t)utc.tv_nsec);
+  int64_t s = (d + (d >= 0 ? 500000000ll : -500000000ll)) / 1000000000ll;
+  return s * 1000000000ll;
+}
+
+/* ------------------------------------------------------------ the calls */
+
+int clock_gettime(clockid_t id, struct timespec* ts) {
+  CLK_REAL(clock_gettime);
+  uint64_t t = clk_stamp();
+  if (t) {
+    if (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE) {
+      to_timespec(t, ts);
+      return 0;
+    }
+    if (id == CLOCK_TAI) {
+      int saved = errno;
+      to_timespec(t + (uint64_t)tai_offset_ns(), ts);
+      errno = saved;
+      return 0;
+    }
+  }
+  return real_clock_gettime(id, ts);
+}
+
+int gettimeofday(struct timeval* restrict tv, void* restrict tz) {
+  CLK_REAL(gettimeofday);
+  uint64_t t = clk_stamp();
+  if (!t) return real_gettimeofday(tv, tz);
+  if (tz) memset(tz, 0, sizeof(struct timezone)); /* obsolete: glibc >= 2.31 zeroes it too */
+  tv->tv_sec = (time_t)(t / 1000000000ull);
+  tv->tv_usec = (suseconds_t)(t % 1000000000ull / 1000);
+  return 0;
+}
+
+time_t time(time_t* tloc) {
+  CLK_REAL(time);
+  uint64_t t = clk_stamp();
+  if (!t) return real_time(tloc);
+  time_t s = (time_t)(t / 1000000000ull);
+  if (tloc) *tloc = s;
+  return s;
+}
+
+int timespec_get(struct timespec* ts, int base) {
+  CLK_REAL(timespec_get);
+  uint64_t t = clk_stamp();
+  if (!t || base != TIME_UTC) return real_timespec_get(ts, base);
+  to_timespec(t, ts);
+  return base;
+}
