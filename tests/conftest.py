@@ -107,6 +107,26 @@ class Cluster:
         host, port = self.status()["replicas"][replica]["server_addr"].rsplit(":", 1)
         return host, int(port)
 
+    def each_server(self, timeout=20.0):
+        """(replica, a redis client of its own server) for every replica in
+        turn, waiting while a server is being restored; each client is
+        closed once the caller moves on."""
+        from resp import Redis  # eval/resp.py, on sys.path above
+
+        end = time.monotonic() + timeout
+        for r in range(len(self.status()["replicas"])):
+            while True:
+                try:
+                    c = Redis(self.server_addr(r))
+                    break
+                except OSError:  # a server being restored
+                    assert time.monotonic() < end, f"replica {r}'s redis does not answer"
+                    time.sleep(0.1)
+            try:
+                yield r, c
+            finally:
+                c.close()
+
     def pid(self, replica):
         return self.status()["replicas"][replica]["pid"]
 

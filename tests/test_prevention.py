@@ -264,30 +264,17 @@ def wait_applied(cluster, timeout=30.0):
     )
 
 
-def replica_views(cluster, timeout=20.0):
+def replica_views(cluster):
     """Each replica's picks, remaining set members and DEBUG DIGEST, read
     from its own redis."""
-    views = []
-    end = time.monotonic() + timeout
-    for r in range(len(cluster.status()["replicas"])):
-        while True:
-            try:
-                c = Redis(cluster.server_addr(r))
-                break
-            except OSError:  # a server being restored
-                assert time.monotonic() < end, f"replica {r}'s redis does not answer"
-                time.sleep(0.1)
-        try:
-            views.append(
-                (
-                    c.call("LRANGE", "picks", 0, -1),
-                    sorted(c.call("SMEMBERS", "s")),
-                    c.call("DEBUG", "DIGEST"),
-                )
-            )
-        finally:
-            c.close()
-    return views
+    return [
+        (
+            c.call("LRANGE", "picks", 0, -1),
+            sorted(c.call("SMEMBERS", "s")),
+            c.call("DEBUG", "DIGEST"),
+        )
+        for _, c in cluster.each_server()
+    ]
 
 
 def output_checks(cluster, timeout=10.0):
