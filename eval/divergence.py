@@ -76,6 +76,7 @@ TARGET_P50_ADD_US = 5.0  # hashing on - off, SET p50 at 1 connection
 CHECK_INTERVAL_MS = 20.0  # guard/output_guard.h kSampleUs: a backup's periodic points
 TARGET_REPAIR_MS = 100.0  # back in sync within this plus the replay of the suffix
 COST_KEYS, COST_VALUE = 10000, 64  # apps.py's loadgen workload
+SETTLE_S = 1.0  # after a backup's restart, before the marker (detection trials)
 VALUE_BYTES = 100
 DEBUG_ON = ["--enable-debug-command", "yes"]  # the baseline's DEBUG RELOAD
 KEY_PREFIX = "lockstep-bench:dv:"
@@ -692,8 +693,13 @@ def detection_trials(ctx, a, d, res):
             if lg.poll() is not None:
                 raise Failed(f"loadgen exited early: {lg.stderr.read()[-300:]}")
             rs = restart_with_failpoint(ctx, d, bid, marker, a.watch_cap)
+            # "Applied" is handed to its redis: under load the restored redis is
+            # still working through the replayed backlog, and a marker written
+            # now times that backlog, not the check. Let it settle first.
+            time.sleep(SETTLE_S)
             t = marker_trial(ctx, d, a, bid, marker, f"d{i}", watch_sync=False)
             t["restart"] = rs
+            t["settle_s"] = SETTLE_S
             t["load_running"] = lg.poll() is None
         except Failed as e:  # kept; the next trial may still work
             log(f"detection {i + 1}/{a.trials}: FAILED: {e}")

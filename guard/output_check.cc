@@ -29,6 +29,8 @@ OutputChecker::LeaderRec* OutputChecker::FindLeader(const ConnKey& key, uint64_t
 
 void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
   if (replica < 0 || replica >= replicas_ || replica == leader_ || suspended(replica)) return;
+  uint64_t& newest = newest_[{replica, p.key}];
+  newest = std::max(newest, p.offset);
   if (Compare(replica, p, now_us)) return;
   if (pending_.size() >= kMaxPending) {
     pending_.pop_front();
@@ -77,7 +79,8 @@ uint32_t OutputChecker::AgreeingMask(const Place& at) {
   return mask;
 }
 
-void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out) {
+void OutputChecker::Judge(const Place& at, const Dispute& d, uint64_t now_us,
+                          std::vector<Divergence>* out) {
   uint32_t mask = AgreeingMask(at);
   std::vector<int> agreeing;
   for (int r = 0; r < replicas_; r++)
@@ -90,6 +93,7 @@ void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Diverge
     v.leader_digest = d.leader_digest;
     v.replica_digest = digest;
     v.differ_applied = d.leader_applied;
+    v.disputed_us = now_us - d.since_us;
     auto a = agreed_.find({replica, at.first});
     if (a != agreed_.end() && a->second.first < at.second) {
       v.agreed_offset = a->second.first;
@@ -124,7 +128,44 @@ void OutputChecker::Judge(const Place& at, const Dispute& d, std::vector<Diverge
   }
 }
 
+bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<Divergence>* out) {
+  auto mine = newest_.find({p.replica, p.p.key});
+  auto conn = leader_points_.find(p.p.key);
+  if (mine == newest_.end() || mine->second != p.p.offset || conn == leader_points_.end())
+    return false;
+  // The leader's newest point on the connection (marks are kept apart).
+  const std::map<uint64_t, LeaderRec>* in = nullptr;
+  for (auto* points : {&conn->second.recent, &conn->second.marks})
+    if (!points->empty() && (!in || points->rbegin()->first > in->rbegin()->first)) in = points;
+  if (!in) return false;
+  uint64_t offset = in->rbegin()->first;
+  const LeaderRec& ref = in->rbegin()->second;
+  if (offset == p.p.offset || p.p.applied < ref.applied) return false;
+  Divergence v;
+  v.replica = p.replica;
+  v.key = p.p.key;
+  v.offset = offset;  // the reference's end; the backup's stream ends elsewhere
+  v.leader_digest = ref.digest;
+  v.replica_digest = p.p.digest;
+  v.differ_applied = ref.applied;
+  v.disputed_us = now_us - p.since_us;
+  v.length_differs = true;
+  v.replica_offset = p.p.offset;
+  auto a = agreed_.find({p.replica, p.p.key});
+  if (a != agreed_.end() && a->second.first < offset) {
+    v.agreed_offset = a->second.first;
+    v.agreed_applied = a->second.second;
+  }
+  uint32_t mask = AgreeingMask({p.p.key, offset});
+  for (int r = 0; r < replicas_; r++)
+    if (mask & (1u << r)) v.agreeing.push_back(r);
+  suspended_.insert(p.replica);
+  out->push_back(std::move(v));
+  return true;
+}
+
 std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
+  std::vector<Divergence> out;
   // Backup points that came before the leader's.
   for (size_t n = pending_.size(); n > 0; n--) {
     Pending p = std::move(pending_.front());
@@ -132,12 +173,12 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
     if (suspended(p.replica)) continue;
     if (Compare(p.replica, p.p, now_us)) continue;
     if (now_us - p.since_us >= kPendingUs) {
-      unchecked_++;  // the leader never had a point there (its writes ended elsewhere)
+      if (!JudgeLength(p, now_us, &out))
+        unchecked_++;  // the leader never had a point there (its writes ended elsewhere)
       continue;
     }
     pending_.push_back(std::move(p));
   }
-  std::vector<Divergence> out;
   for (auto it = disputes_.begin(); it != disputes_.end();) {
     const Dispute& d = it->second;
     size_t backups = 0, heard = 0;
@@ -151,7 +192,7 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
       ++it;
       continue;
     }
-    Judge(it->first, d, &out);
+    Judge(it->first, d, now_us, &out);
     it = disputes_.erase(it);
   }
   return out;
@@ -161,12 +202,17 @@ void OutputChecker::ForgetConn(const ConnKey& key) {
   leader_points_.erase(key);
   for (auto it = agreed_.begin(); it != agreed_.end();)
     it = it->first.second == key ? agreed_.erase(it) : std::next(it);
+  for (auto it = newest_.begin(); it != newest_.end();)
+    it = it->first.second == key ? newest_.erase(it) : std::next(it);
 }
 
 void OutputChecker::Resume(int replica) {
   suspended_.erase(replica);
   for (auto it = agreed_.begin(); it != agreed_.end();)
     it = it->first.first == replica ? agreed_.erase(it) : std::next(it);
+  // A repaired server sends from its checkpoint's offsets again.
+  for (auto it = newest_.begin(); it != newest_.end();)
+    it = it->first.first == replica ? newest_.erase(it) : std::next(it);
 }
 
 }  // namespace lockstep

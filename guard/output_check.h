@@ -42,6 +42,13 @@ struct Divergence {
   // at the differing point: the log window the divergence came from.
   uint64_t agreed_offset = 0, agreed_applied = 0, differ_applied = 0;
   std::vector<int> agreeing;  // replicas whose digest there equalled the reference
+  // From the first disagreeing digest there to the verdict (waiting for the
+  // other backups' word, at most kVerdictWaitUs).
+  uint64_t disputed_us = 0;
+  // The streams differ in length: the backup's stream ends at
+  // replica_offset, the leader's at offset (no common offset to compare).
+  bool length_differs = false;
+  uint64_t replica_offset = 0;
 };
 
 class OutputChecker {
@@ -98,13 +105,21 @@ class OutputChecker {
 
   // Compares one backup point with the leader's; false: no leader point yet.
   bool Compare(int replica, const OutputPoint& p, uint64_t now_us);
-  void Judge(const Place& at, const Dispute& d, std::vector<Divergence>* out);
+  void Judge(const Place& at, const Dispute& d, uint64_t now_us, std::vector<Divergence>* out);
   bool AgreedAtOrPast(int replica, const Place& at) const;
+  // A backup's point that found no leader point at its offset for
+  // kPendingUs: if it is still that backup's newest on the connection, was
+  // taken after the backup had been handed what the leader had when it sent
+  // its newest, and the two newest offsets differ, the streams differ in
+  // length (a reply of another size: no common offset would ever be
+  // compared). True if so judged.
+  bool JudgeLength(const Pending& p, uint64_t now_us, std::vector<Divergence>* out);
   uint32_t AgreeingMask(const Place& at);  // backups that agree with the leader there
 
   int replicas_, leader_;
   std::map<ConnKey, ConnPoints> leader_points_;
   std::map<std::pair<int, ConnKey>, std::pair<uint64_t, uint64_t>> agreed_;  // offset, applied
+  std::map<std::pair<int, ConnKey>, uint64_t> newest_;  // a backup's newest offset there
   std::deque<Pending> pending_;
   std::map<Place, Dispute> disputes_;
   std::set<int> suspended_;

@@ -83,6 +83,45 @@ TEST(OutputCheck, ABackupCheckedEqualFurtherOnAgreesWithoutWaiting) {
   EXPECT_TRUE(v[0].agreeing.empty());
 }
 
+TEST(OutputCheck, AStreamOfAnotherLengthIsADivergence) {
+  // Backup 1's reply was 2 bytes shorter (SPOP popped another member): its
+  // stream ends at 225, the leader's at 227, and no offset past 100 is
+  // common. Once its 225 is still its newest after kPendingUs, and it was
+  // handed what the leader had at its 227, that is a divergence.
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnLeaderPoint(Pt(227, 0xbb, 14));
+  c.OnBackupPoint(1, Pt(100, 0xaa, 10), 0);
+  c.OnBackupPoint(1, Pt(225, 0xcc, 14), 5);
+  // Backup 2 lags: its 150 is not its newest for long, and it was not
+  // handed what the leader had.
+  c.OnBackupPoint(2, Pt(150, 0xdd, 12), 5);
+  EXPECT_TRUE(c.Poll(6).empty());
+  c.OnBackupPoint(2, Pt(227, 0xbb, 14), 7);  // then it catches up, equal
+  std::vector<Divergence> v = c.Poll(5 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_TRUE(v[0].length_differs);
+  EXPECT_EQ(v[0].offset, 227u);
+  EXPECT_EQ(v[0].replica_offset, 225u);
+  EXPECT_EQ(v[0].agreed_offset, 100u);
+  EXPECT_EQ(v[0].agreeing, std::vector<int>{2});
+  EXPECT_TRUE(c.suspended(1));
+  EXPECT_FALSE(c.suspended(2));
+  // A point that a newer one of the same backup followed is only unchecked.
+  OutputChecker d(3, kLeader);
+  d.OnLeaderPoint(Pt(227, 0xbb, 14));
+  d.OnBackupPoint(1, Pt(225, 0xcc, 14), 0);
+  d.OnBackupPoint(1, Pt(227, 0xbb, 14), 1);
+  EXPECT_TRUE(d.Poll(OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(d.unchecked(), 1u);
+  // And one taken before the backup was handed the leader's inputs.
+  OutputChecker e(3, kLeader);
+  e.OnLeaderPoint(Pt(227, 0xbb, 14));
+  e.OnBackupPoint(1, Pt(225, 0xcc, 13), 0);
+  EXPECT_TRUE(e.Poll(OutputChecker::kPendingUs).empty());
+}
+
 TEST(OutputCheck, BackupsThatAgreeWithEachOtherOutvoteTheLeader) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(64, 0x11, 5));
@@ -122,12 +161,14 @@ TEST(OutputCheck, ABackupAheadOfTheLeaderWaitsForItsPoint) {
   c.OnBackupPoint(1, Pt(64, 0x22), 0);  // the leader's record not read yet
   EXPECT_TRUE(c.Poll(1).empty());
   EXPECT_EQ(c.checks(), 0u);
-  c.OnLeaderPoint(Pt(64, 0x22));
+  c.OnLeaderPoint(Pt(64, 0x22, 5));
   EXPECT_TRUE(c.Poll(2).empty());
   EXPECT_EQ(c.checks(), 1u);
-  // A point the leader never has (its writes ended at other offsets) is
-  // given up after a while and counted, never judged.
-  c.OnBackupPoint(2, Pt(65, 0x99), 10);
+  // A point the leader never has (its writes ended at other offsets),
+  // taken before that backup had what the leader had at its newest point,
+  // is given up after a while and counted, not judged (see
+  // AStreamOfAnotherLengthIsADivergence for when it is).
+  c.OnBackupPoint(2, Pt(65, 0x99, 4), 10);
   EXPECT_TRUE(c.Poll(10 + OutputChecker::kPendingUs).empty());
   EXPECT_EQ(c.unchecked(), 1u);
 }

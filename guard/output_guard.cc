@@ -466,10 +466,13 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   r.how = RepairHowName(how);
   log_(
       "DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu (log entries "
-      "%lu..%lu); ordering a %s%s",
+      "%lu..%lu; judged %.1f ms after the first differing digest arrived%s); ordering a %s%s",
       r.id.c_str(), d.replica, ConnName(d.key).c_str(), (unsigned long)d.offset,
-      (unsigned long)r.window_from, (unsigned long)r.window_to, r.how.c_str(),
-      again ? " (it diverged at the same place after a rollback)" : "");
+      (unsigned long)r.window_from, (unsigned long)r.window_to, d.disputed_us / 1000.0,
+      d.length_differs
+          ? ("; its stream ends at byte " + std::to_string(d.replica_offset) + " instead").c_str()
+          : "",
+      r.how.c_str(), again ? " (it diverged at the same place after a rollback)" : "");
   if (!send_(d.replica, FrameKind::kRepairOrder, EncodeRepairOrder(order))) {
     r.status = "failed";
     r.error = "the repair order could not be sent (no connection to replica " +

@@ -414,6 +414,16 @@ void ServerProcess::Stop() {
   errno = saved;
 }
 
+void ServerProcess::Kill() {
+  int saved = errno;
+  if (pid_ && !reaped_) {
+    kill(-pid_, SIGKILL);
+    kill(pid_, SIGKILL);
+    Reap(true);
+  }
+  errno = saved;
+}
+
 bool ServerProcess::WaitReady(const std::string& host, int port, uint64_t timeout_ms,
                               std::string* error) {
   std::string where = host + ":" + std::to_string(port);

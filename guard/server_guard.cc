@@ -201,6 +201,7 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
     checkpointer_->AbandonDump("the server is replaced from checkpoint " +
                                std::to_string(cp.index));
   }
+  if (server_) server_->Kill();  // its state is being replaced: no graceful stop
   DropServer();
   uint64_t t0 = NowUs();
   std::string dir = me_.dir + "/server";

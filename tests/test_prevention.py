@@ -399,6 +399,7 @@ def test_without_same_random_spop_is_detected_and_reported(cluster):
             break
         time.sleep(0.2)
     summary = [(r["id"], r["replica"], r["how"], r["status"]) for r in rs]
+    summary.append({x["id"]: x["output"] for x in cluster.status()["replicas"]})
     print("SPOP without same_random:", summary)
     for b in backups(cluster):
         mine = [r for r in rs if r["replica"] == b]
