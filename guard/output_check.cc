@@ -29,8 +29,8 @@ OutputChecker::LeaderRec* OutputChecker::FindLeader(const ConnKey& key, uint64_t
 
 void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
   if (replica < 0 || replica >= replicas_ || replica == leader_ || suspended(replica)) return;
-  uint64_t& newest = newest_[{replica, p.key}];
-  newest = std::max(newest, p.offset);
+  OutputPoint& newest = newest_[{replica, p.key}];
+  if (p.offset >= newest.offset) newest = p;
   if (Compare(replica, p, now_us)) return;
   if (pending_.size() >= kMaxPending) {
     pending_.pop_front();
@@ -131,7 +131,8 @@ void OutputChecker::Judge(const Place& at, const Dispute& d, uint64_t now_us,
 bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<Divergence>* out) {
   auto mine = newest_.find({p.replica, p.p.key});
   auto conn = leader_points_.find(p.p.key);
-  if (mine == newest_.end() || mine->second != p.p.offset || conn == leader_points_.end())
+  if (mine == newest_.end() || mine->second.offset != p.p.offset || conn == leader_points_.end() ||
+      suspended(leader_))  // the leader is judged already: it hands over
     return false;
   // The leader's newest point on the connection (marks are kept apart).
   const std::map<uint64_t, LeaderRec>* in = nullptr;
@@ -141,6 +142,36 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
   uint64_t offset = in->rbegin()->first;
   const LeaderRec& ref = in->rbegin()->second;
   if (offset == p.p.offset || p.p.applied < ref.applied) return false;
+  // Outvoted, as in Judge: every other backup that is checked ends where
+  // this one does with the same digest, they are a majority of the
+  // cluster, and none ends with the leader: the leader's length is the odd one.
+  size_t same = 1, others = 0;
+  for (int r = 0; r < replicas_; r++) {
+    if (r == leader_ || r == p.replica || suspended(r)) continue;
+    others++;
+    auto theirs = newest_.find({r, p.p.key});
+    if (theirs != newest_.end() && theirs->second.offset == p.p.offset &&
+        theirs->second.digest == p.p.digest && theirs->second.applied >= ref.applied)
+      same++;
+  }
+  if (same == others + 1 && same >= static_cast<size_t>(replicas_ / 2 + 1) &&
+      !AgreeingMask({p.p.key, offset})) {
+    Divergence v;
+    v.replica = leader_;
+    v.key = p.p.key;
+    v.offset = offset;
+    v.leader_digest = ref.digest;
+    v.replica_digest = p.p.digest;
+    v.differ_applied = ref.applied;
+    v.disputed_us = now_us - p.since_us;
+    v.length_differs = true;
+    v.replica_offset = p.p.offset;
+    for (int r = 0; r < replicas_; r++)
+      if (r != leader_ && !suspended(r)) v.agreeing.push_back(r);
+    suspended_.insert(leader_);
+    out->push_back(std::move(v));
+    return true;
+  }
   Divergence v;
   v.replica = p.replica;
   v.key = p.p.key;

@@ -7,6 +7,11 @@
 // leader; a backup whose digest at the same (connection, offset) differs
 // has diverged, unless the backups that reported there agree with each
 // other and not with the leader: then the leader is the divergent one.
+// Digests cover all that came before them: a backup equal further on agrees
+// at every earlier offset. A reply of another size leaves no offset in
+// common after it; a backup whose newest point ends elsewhere than the
+// leader's newest, and stays its newest for kPendingUs although it had the
+// leader's inputs, has diverged in length.
 //
 // Pure bookkeeping, like consensus/core: no I/O and no clock of its own.
 // The daemon feeds it points (its own shim's and the backups' reports),
@@ -119,7 +124,7 @@ class OutputChecker {
   int replicas_, leader_;
   std::map<ConnKey, ConnPoints> leader_points_;
   std::map<std::pair<int, ConnKey>, std::pair<uint64_t, uint64_t>> agreed_;  // offset, applied
-  std::map<std::pair<int, ConnKey>, uint64_t> newest_;  // a backup's newest offset there
+  std::map<std::pair<int, ConnKey>, OutputPoint> newest_;  // a backup's newest point there
   std::deque<Pending> pending_;
   std::map<Place, Dispute> disputes_;
   std::set<int> suspended_;

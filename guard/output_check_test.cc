@@ -122,6 +122,29 @@ TEST(OutputCheck, AStreamOfAnotherLengthIsADivergence) {
   EXPECT_TRUE(e.Poll(OutputChecker::kPendingUs).empty());
 }
 
+TEST(OutputCheck, BackupsEndingAlikeOutvoteALeaderOfAnotherLength) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(227, 0xbb, 14));
+  c.OnBackupPoint(1, Pt(225, 0xcc, 14), 0);
+  c.OnBackupPoint(2, Pt(225, 0xcc, 15), 1);
+  std::vector<Divergence> v = c.Poll(OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, kLeader);
+  EXPECT_TRUE(v[0].length_differs);
+  EXPECT_EQ(v[0].replica_offset, 225u);
+  EXPECT_EQ(v[0].agreeing, (std::vector<int>{1, 2}));
+  EXPECT_TRUE(c.suspended(kLeader));
+  // Backups that end alike but with other bytes do not outvote it.
+  OutputChecker d(3, kLeader);
+  d.OnLeaderPoint(Pt(227, 0xbb, 14));
+  d.OnBackupPoint(1, Pt(225, 0xcc, 14), 0);
+  d.OnBackupPoint(2, Pt(225, 0xdd, 14), 1);
+  v = d.Poll(1 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_EQ(v[1].replica, 2);
+}
+
 TEST(OutputCheck, BackupsThatAgreeWithEachOtherOutvoteTheLeader) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(64, 0x11, 5));
