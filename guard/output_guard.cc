@@ -146,7 +146,17 @@ void OutputGuard::BackupStep(uint64_t now) {
     }
     ConnOut& c = conns_[p.key];
     c.latest = p;
-    if (p.mark) c.sent_offset = p.offset;
+    if (p.mark) {
+      c.sent_offset = p.offset;
+      c.sent_us = now;
+    } else if (now - c.sent_us >= kSampleUs && p.offset > c.sent_offset) {
+      // The first output after a quiet spell goes at once (a reply to a
+      // lone request is checked within a pass, not at the next sample);
+      // a busy connection is sampled below, at most every kSampleUs.
+      outgoing_.push_back(p);
+      c.sent_offset = p.offset;
+      c.sent_us = now;
+    }
     while (conns_.size() > kConnsTracked) conns_.erase(conns_.begin());  // the oldest ballot's
   }
   // The newest point of every connection that moved: a connection that
@@ -157,6 +167,7 @@ void OutputGuard::BackupStep(uint64_t now) {
       if (c.latest.offset <= c.sent_offset) continue;
       outgoing_.push_back(c.latest);
       c.sent_offset = c.latest.offset;
+      c.sent_us = now;
     }
   }
   RepairStep(now);

@@ -73,6 +73,7 @@ class OutputGuard {
   struct ConnOut {
     OutputPoint latest;
     uint64_t sent_offset = 0;
+    uint64_t sent_us = 0;  // when a point of it was last sent
   };
   struct Repair {  // an order being carried out
     RepairOrder order;
