@@ -70,12 +70,8 @@
 #include "preload/shim_abi.h"
 #include "preload/shim_internal.h"
 
-#define LS_FIFO_SLOTS (1u << 16)
-#define LS_GATE_BYPASS_REPORTS 16u        /* told this often it may read, and did not */
-#define LS_GATE_BYPASS_NS 1000000000ull   /* or 1 s without progress */
-#define LS_WAKE_TAG 0x4c4f434b57414b45ull /* epoll data of the wake eventfd */
-#define LS_CONN_TAG 0x4c53000000000000ull /* epoll data of a tracked fd: tag | fd */
-#define LS_TAG_MASK 0xffff000000000000ull
+#define LS_GATE_BYPASS_REPORTS 16u      /* told this often it may read, and did not */
+#define LS_GATE_BYPASS_NS 1000000000ull /* or 1 s without progress */
 #define LS_ACCEPT_WAIT_NS 2000000000ull
 
 /* ------------------------------------------------------------ real calls */
@@ -88,79 +84,40 @@ static ssize_t (*real_readv)(int, const struct iovec*, int);
 static int (*real_accept)(int, struct sockaddr*, socklen_t*);
 static int (*real_accept4)(int, struct sockaddr*, socklen_t*, int);
 static int (*real_close)(int);
-static int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
-static int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
-static int (*real_poll)(struct pollfd*, nfds_t, int);
+LS_HIDDEN int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
+LS_HIDDEN int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
+LS_HIDDEN int (*real_poll)(struct pollfd*, nfds_t, int);
 
 /* ------------------------------------------------------------ state */
 
-enum chunk_state { CH_PENDING, CH_COMMITTED, CH_DROPPED };
-/* Where a connection's ACCEPT stands (0, the calloc'd state, is pending). */
-enum accept_state { ACCEPT_PENDING, ACCEPT_COMMITTED, ACCEPT_DROPPED };
-
-struct conn;
-struct chunk {
-  struct conn* c;
-  uint64_t seq;
-  uint64_t start;    /* DATA: stream offset of this chunk's first byte */
-  uint64_t end;      /* DATA: stream offset just past this chunk's bytes */
-  uint64_t clock_ns; /* the input's wall-clock stamp, once agreed (shim_clock.c) */
-  uint8_t kind;      /* LS_SUB_* */
-  uint8_t state;
-};
-
-struct conn {
-  uint32_t no;
-  int fd;              /* -1 once the server closed it */
-  int refs;            /* chunks in the FIFO that point here */
-  int accept_state;    /* enum accept_state */
-  int eof_submitted;   /* CLOSE handed to the daemon: no more kernel input */
-  int close_committed; /* the CLOSE is agreed */
-  int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
-  int eof_read;        /* the server has read EOF */
-  int broken;          /* an input was dropped: nothing past it is delivered */
-  int gap;         /* client bytes were discarded (not the leader): none past them is submitted */
-  int replay_slot; /* >= 0: the daemon's replay connection (order from the order ring) */
-  int detached;    /* a dead restored socket, taken out of the kernel's epoll set */
-  char* inbox;     /* stream bytes from inbox_base on */
-  uint64_t inbox_base, inbox_cap;
-  uint64_t received;      /* stream bytes taken from the kernel */
-  uint64_t committed_end; /* stream bytes agreed (contiguous) */
-  uint64_t consumed;      /* stream bytes the server has read */
-  uint64_t chunked_end;   /* stream offset where the next DATA chunk starts */
-  /* The server's epoll registration (one epoll set per connection). */
-  int epfd;
-  uint32_t events;
-  epoll_data_t data;
-};
-
-static int active;
+int active;                 /* shim_internal.h */
 struct ls_shim_header* hdr; /* shim_internal.h */
 static char* sub_ring;
 static struct ls_done_record* done_ring;
 static struct ls_order_record* order_ring;
-static int wake_server_fd = -1, wake_daemon_fd = -1;
+int wake_server_fd = -1; /* shim_internal.h */
+static int wake_daemon_fd = -1;
 static int client_port;
 static uint32_t max_chunk;
 
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* shim_internal.h */
-static struct conn* by_fd[LS_MAX_FD];
-static struct conn* by_slot[LS_MAX_REPLAY]; /* replay connections by slot */
+struct conn* by_fd[LS_MAX_FD];                  /* shim_internal.h */
+static struct conn* by_slot[LS_MAX_REPLAY];     /* replay connections by slot */
 /* The port of the replay connection the server closed on this slot (0:
  * none): the slot's order records are skipped while the slot still names
  * that port, and wait (a new connection, not accepted yet) once the daemon
  * has given the slot to another port. */
 static uint32_t slot_closed_port[LS_MAX_REPLAY];
-static uint8_t listen_kind[LS_MAX_FD];  /* 0 unknown, 1 client port, 2 other */
-static uint8_t wake_in_epfd[LS_MAX_FD]; /* the wake eventfd is registered in this epoll set */
+static uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
+uint8_t wake_in_epfd[LS_MAX_FD];       /* shim_internal.h */
 static struct chunk fifo[LS_FIFO_SLOTS];
-static uint64_t fifo_head_seq = 1, fifo_count; /* seqs fifo_head_seq .. +count-1 */
+uint64_t fifo_head_seq = 1, fifo_count; /* shim_internal.h */
 static uint64_t next_conn_no = 1;
 static uint64_t head_since_ns; /* when the current head chunk became the head */
 static uint64_t head_seen_seq;
-static uint32_t head_reports;             /* times the server was told the head is readable */
-static struct conn* log_closed_list[256]; /* closed by the log, EOF not yet read */
-static int log_closed_n;
+uint32_t head_reports;             /* shim_internal.h */
+struct conn* log_closed_list[256]; /* shim_internal.h */
+int log_closed_n;
 
 /* Inspection connections: client connections the server accepted while this
  * replica was not the leader. They pass straight through (a backup's server
@@ -177,7 +134,7 @@ static int log_closed_n;
 static _Atomic(uint64_t) inspect_ino[LS_MAX_FD];
 static _Atomic(uint8_t) inspect_dead[LS_MAX_FD];
 
-static uint64_t now_ns(void) {
+uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -283,7 +240,7 @@ static void futex_wait_done(uint32_t seen, uint64_t timeout_ns) {
 
 /* ------------------------------------------------------------ the FIFO */
 
-static struct chunk* fifo_at(uint64_t seq) {
+struct chunk* fifo_at(uint64_t seq) {
   if (seq < fifo_head_seq || seq >= fifo_head_seq + fifo_count) return NULL;
   return &fifo[seq & (LS_FIFO_SLOTS - 1)];
 }
@@ -344,7 +301,7 @@ static void fifo_pop_finished(void) {
  * it and went on without, or a long time passed. Not a short timeout: a
  * server merely descheduled for a while (tens of ms happen here) must not
  * open it, or its order could differ from the backups'. */
-static int gate_bypassed(void) {
+int gate_bypassed(void) {
   if (!fifo_count) return 1;
   struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
   if (h->state != CH_COMMITTED) return 0;
@@ -446,7 +403,7 @@ static void drain_order(void) {
 }
 
 /* Takes the daemon's outcomes and replay order. Called with mu held. */
-static void drain_done(void) {
+void drain_done(void) {
   uint64_t head = atomic_load_explicit(&hdr->done_head, memory_order_acquire);
   uint64_t tail = atomic_load_explicit(&hdr->done_tail, memory_order_relaxed);
   for (; tail < head; tail++) apply_done(&done_ring[tail % hdr->done_slots]);
@@ -525,7 +482,7 @@ static void stop_kernel_input(struct conn* c) {
 
 /* The kernel interest the shim registers for a tracked connection: what the
  * server asked for, level-triggered, without input once EOF was taken. */
-static uint32_t kernel_interest(const struct conn* c) {
+uint32_t kernel_interest(const struct conn* c) {
   uint32_t kernel = c->events & ~(uint32_t)EPOLLET;
   if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
   return kernel;
@@ -570,7 +527,7 @@ static void reattach(struct conn* c, int fresh) {
 
 /* Moves what the kernel holds for a client connection into its inbox and
  * hands it to the daemon. Called with mu held. */
-static void ingest(struct conn* c) {
+void ingest(struct conn* c) {
   if (c->fd < 0 || c->eof_submitted) return;
   if (c->replay_slot >= 0) {
     if (awaiting_reattach(c)) return; /* a dead restored socket: its EOF means nothing */
@@ -639,13 +596,8 @@ static void ingest(struct conn* c) {
  * Returns the head run's connection (NULL if the head input is not agreed
  * yet), with the stream offset its data runs to and whether it ends in EOF.
  * Called with mu held. */
-struct head_run {
-  struct conn* c;
-  uint64_t end;
-  int close;
-};
 
-static struct head_run find_head_run(void) {
+struct head_run find_head_run(void) {
   struct head_run r = {NULL, 0, 0};
   for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
     struct chunk* ch = fifo_at(s);
@@ -689,7 +641,7 @@ static int eof_ready(struct conn* c) {
   return r.c == c && r.close;
 }
 
-static int ready(struct conn* c) {
+int ready(struct conn* c) {
   return readable(c) > 0 || eof_ready(c);
 }
 
@@ -715,11 +667,6 @@ static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek
 }
 
 /* ------------------------------------------------------------ lookups */
-
-static struct conn* tracked(int fd) {
-  if (!active || fd < 0 || fd >= LS_MAX_FD) return NULL;
-  return by_fd[fd];
-}
 
 /* 1 when fd is an inspection connection this replica has led since it was
  * accepted: the server must read EOF from it, never its client's bytes. */
@@ -1073,243 +1020,4 @@ int close(int fd) {
     errno = saved;
   }
   return real_close(fd);
-}
-
-/* ------------------------------------------------------------ epoll */
-
-static void ensure_wake(int epfd) {
-  if (epfd < 0 || epfd >= LS_MAX_FD || wake_in_epfd[epfd]) return;
-  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LS_WAKE_TAG};
-  if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, wake_server_fd, &ev) == 0 || errno == EEXIST)
-    wake_in_epfd[epfd] = 1;
-}
-
-int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
-  struct conn* c = tracked(fd);
-  if (!c) return real_epoll_ctl(epfd, op, fd, event);
-  int saved = errno;
-  pthread_mutex_lock(&mu);
-  ensure_wake(epfd);
-  if (op == EPOLL_CTL_DEL) {
-    c->epfd = -1;
-    c->events = 0;
-    pthread_mutex_unlock(&mu);
-    errno = saved;
-    return real_epoll_ctl(epfd, op, fd, event);
-  }
-  /* The kernel tells us about the socket (level-triggered, tagged with the
-   * fd); the server hears from us. */
-  c->epfd = epfd;
-  c->events = event->events;
-  c->data = event->data;
-  struct epoll_event ev = {.events = kernel_interest(c), .data.u64 = LS_CONN_TAG | (uint64_t)fd};
-  if (c->detached) { /* a dead restored socket stays out of the kernel's set */
-    pthread_mutex_unlock(&mu);
-    errno = saved;
-    return 0;
-  }
-  pthread_mutex_unlock(&mu);
-  errno = saved;
-  return real_epoll_ctl(epfd, op, fd, &ev);
-}
-
-/* Adds (or merges) an event for the server. */
-static int put_event(struct epoll_event* out, int n, int max, uint32_t events, epoll_data_t data) {
-  for (int i = 0; i < n; i++)
-    if (out[i].data.u64 == data.u64) {
-      out[i].events |= events;
-      return n;
-    }
-  if (n < max) {
-    out[n].events = events;
-    out[n].data = data;
-    n++;
-  }
-  return n;
-}
-
-/* Tracked connections of epoll set epfd that the server may read now. */
-static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
-  if (gate_bypassed()) {
-    for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count && n < max; s++) {
-      struct conn* c = fifo_at(s)->c;
-      if (fifo_at(s)->state == CH_PENDING) break;
-      if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
-        n = put_event(out, n, max, EPOLLIN, c->data);
-    }
-  } else {
-    struct head_run r = find_head_run();
-    struct conn* c = r.c;
-    uint64_t end = c && r.end > c->received ? c->received : r.end; /* replayed bytes in flight */
-    if (c && c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) &&
-        (end > c->consumed || r.close) && n < max) {
-      n = put_event(out, n, max, EPOLLIN, c->data);
-      head_reports++;
-    }
-  }
-  for (int i = 0; i < log_closed_n && n < max; i++) {
-    struct conn* c = log_closed_list[i];
-    if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
-      n = put_event(out, n, max, EPOLLIN, c->data);
-  }
-  return n;
-}
-
-int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout,
-                const sigset_t* sigmask) {
-  if (!active || epfd < 0 || epfd >= LS_MAX_FD || !wake_in_epfd[epfd] || maxevents <= 0)
-    return real_epoll_pwait(epfd, events, maxevents, timeout, sigmask);
-  int saved = errno;
-  uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
-  struct epoll_event kernel[256];
-  int kmax = maxevents < 256 ? maxevents : 256;
-  int n = 0;
-  for (;;) {
-    /* Anything agreed already? Then only look at the kernel, don't wait. */
-    pthread_mutex_lock(&mu);
-    drain_done();
-    n = ready_events(epfd, events, 0, maxevents);
-    pthread_mutex_unlock(&mu);
-    int wait_ms = 0;
-    if (n == 0) {
-      uint64_t now = now_ns();
-      if (deadline == UINT64_MAX)
-        wait_ms = -1;
-      else
-        wait_ms = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
-      /* Inputs pending: look again now and then (the gate may open, see gate_bypassed). */
-      if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
-    }
-    int sleeping = wait_ms != 0;
-    if (sleeping) {
-      atomic_fetch_add(&hdr->server_sleepers, 1);
-      if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
-    }
-    int k = real_epoll_pwait(epfd, kernel, kmax, wait_ms, sigmask);
-    int err = errno;
-    if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
-    if (k < 0) {
-      if (n > 0) break;
-      errno = err;
-      return -1;
-    }
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < k; i++) {
-      uint64_t tag = kernel[i].data.u64;
-      if (tag == LS_WAKE_TAG) {
-        uint64_t v;
-        (void)!real_read(wake_server_fd, &v, sizeof v);
-        continue;
-      }
-      if ((tag & LS_TAG_MASK) == LS_CONN_TAG) {
-        int fd = (int)(tag & 0xffffffffu);
-        struct conn* c = fd < LS_MAX_FD ? by_fd[fd] : NULL;
-        if (!c) continue;
-        if (kernel[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) ingest(c);
-        if (c->detached) continue; /* a dead restored socket: nothing to tell */
-        /* Only what the server asked for and we do not synthesise. */
-        uint32_t other = kernel[i].events & c->events & ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
-        if (other) n = put_event(events, n, maxevents, other, c->data);
-        continue;
-      }
-      n = put_event(events, n, maxevents, kernel[i].events, kernel[i].data);
-    }
-    drain_done();
-    n = ready_events(epfd, events, n, maxevents);
-    pthread_mutex_unlock(&mu);
-    if (n > 0) break;
-    if (deadline != UINT64_MAX && now_ns() >= deadline) break;
-  }
-  errno = saved;
-  return n;
-}
-
-int epoll_wait(int epfd, struct epoll_event* events, int maxevents, int timeout) {
-  return epoll_pwait(epfd, events, maxevents, timeout, NULL);
-}
-
-int epoll_pwait2(int epfd, struct epoll_event* events, int maxevents,
-                 const struct timespec* timeout, const sigset_t* sigmask) {
-  int ms = -1;
-  if (timeout) {
-    uint64_t ns = (uint64_t)timeout->tv_sec * 1000000000ull + (uint64_t)timeout->tv_nsec;
-    ms = (int)((ns + 999999) / 1000000);
-  }
-  return epoll_pwait(epfd, events, maxevents, ms, sigmask);
-}
-
-/* ------------------------------------------------------------ poll */
-
-int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
-  if (!active || nfds > 1024) return real_poll(fds, nfds, timeout);
-  int any = 0;
-  for (nfds_t i = 0; i < nfds && !any; i++) any = tracked(fds[i].fd) != NULL;
-  if (!any) return real_poll(fds, nfds, timeout);
-  int saved = errno;
-  uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
-  struct pollfd k[1025];
-  for (;;) {
-    /* Tracked fds: POLLIN means "agreed bytes or EOF wait"; the kernel's
-     * POLLIN only feeds ingest. The wake eventfd rides along at the end. */
-    int n = 0;
-    pthread_mutex_lock(&mu);
-    drain_done();
-    for (nfds_t i = 0; i < nfds; i++) {
-      k[i] = fds[i];
-      k[i].revents = 0;
-      struct conn* c = tracked(fds[i].fd);
-      if (c && (fds[i].events & POLLIN) && ready(c)) k[i].revents = POLLIN;
-      if (c && c->eof_submitted) k[i].events &= ~(short)POLLIN;
-      if (k[i].revents) n++;
-    }
-    pthread_mutex_unlock(&mu);
-    k[nfds].fd = wake_server_fd;
-    k[nfds].events = POLLIN;
-    int wait_ms = 0;
-    if (n == 0) {
-      uint64_t now = now_ns();
-      wait_ms = deadline == UINT64_MAX ? -1
-                : now >= deadline      ? 0
-                                       : (int)((deadline - now + 999999) / 1000000);
-      if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
-    }
-    short synth[1024];
-    for (nfds_t i = 0; i < nfds; i++) synth[i] = k[i].revents;
-    int sleeping = wait_ms != 0;
-    if (sleeping) {
-      atomic_fetch_add(&hdr->server_sleepers, 1);
-      if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
-    }
-    int r = real_poll(k, nfds + 1, wait_ms);
-    int err = errno;
-    if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
-    if (r < 0) {
-      errno = err;
-      return -1;
-    }
-    if (k[nfds].revents & POLLIN) {
-      uint64_t v;
-      (void)!real_read(wake_server_fd, &v, sizeof v);
-    }
-    n = 0;
-    pthread_mutex_lock(&mu);
-    for (nfds_t i = 0; i < nfds; i++) {
-      struct conn* c = tracked(fds[i].fd);
-      short rev = k[i].revents;
-      if (c) {
-        if (rev & (POLLIN | POLLHUP | POLLERR)) ingest(c);
-        rev &= ~(short)(POLLIN | POLLHUP | POLLERR | POLLRDHUP);
-        drain_done();
-        if ((fds[i].events & POLLIN) && ready(c)) rev |= POLLIN;
-        rev |= synth[i];
-      }
-      fds[i].revents = rev;
-      if (rev) n++;
-    }
-    pthread_mutex_unlock(&mu);
-    if (n > 0 || (deadline != UINT64_MAX && now_ns() >= deadline)) {
-      errno = saved;
-      return n;
-    }
-  }
 }

@@ -5,9 +5,12 @@
 #ifndef LOCKSTEP_SHIM_INTERNAL_H
 #define LOCKSTEP_SHIM_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/epoll.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -20,6 +23,85 @@
 LS_HIDDEN extern struct ls_shim_header* hdr; /* the daemon's region; NULL: not attached */
 LS_HIDDEN extern pthread_mutex_t mu;         /* the connection table's lock */
 LS_HIDDEN void shim_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* shim.c: the connection table and the delivery FIFO, shared with
+ * shim_wait.c (epoll and poll). All of it under `mu`. */
+#define LS_FIFO_SLOTS (1u << 16)
+#define LS_WAKE_TAG 0x4c4f434b57414b45ull /* epoll data of the wake eventfd */
+#define LS_CONN_TAG 0x4c53000000000000ull /* epoll data of a tracked fd: tag | fd */
+#define LS_TAG_MASK 0xffff000000000000ull
+
+enum chunk_state { CH_PENDING, CH_COMMITTED, CH_DROPPED };
+/* Where a connection's ACCEPT stands (0, the calloc'd state, is pending). */
+enum accept_state { ACCEPT_PENDING, ACCEPT_COMMITTED, ACCEPT_DROPPED };
+
+struct conn;
+struct chunk {
+  struct conn* c;
+  uint64_t seq;
+  uint64_t start;    /* DATA: stream offset of this chunk's first byte */
+  uint64_t end;      /* DATA: stream offset just past this chunk's bytes */
+  uint64_t clock_ns; /* the input's wall-clock stamp, once agreed (shim_clock.c) */
+  uint8_t kind;      /* LS_SUB_* */
+  uint8_t state;
+};
+
+struct conn {
+  uint32_t no;
+  int fd;              /* -1 once the server closed it */
+  int refs;            /* chunks in the FIFO that point here */
+  int accept_state;    /* enum accept_state */
+  int eof_submitted;   /* CLOSE handed to the daemon: no more kernel input */
+  int close_committed; /* the CLOSE is agreed */
+  int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
+  int eof_read;        /* the server has read EOF */
+  int broken;          /* an input was dropped: nothing past it is delivered */
+  int gap;         /* client bytes were discarded (not the leader): none past them is submitted */
+  int replay_slot; /* >= 0: the daemon's replay connection (order from the order ring) */
+  int detached;    /* a dead restored socket, taken out of the kernel's epoll set */
+  char* inbox;     /* stream bytes from inbox_base on */
+  uint64_t inbox_base, inbox_cap;
+  uint64_t received;      /* stream bytes taken from the kernel */
+  uint64_t committed_end; /* stream bytes agreed (contiguous) */
+  uint64_t consumed;      /* stream bytes the server has read */
+  uint64_t chunked_end;   /* stream offset where the next DATA chunk starts */
+  /* The server's epoll registration (one epoll set per connection). */
+  int epfd;
+  uint32_t events;
+  epoll_data_t data;
+};
+
+/* The delivery window: the head run (see find_head_run in shim.c). */
+struct head_run {
+  struct conn* c;
+  uint64_t end;
+  int close;
+};
+
+LS_HIDDEN extern int active;         /* attached to a daemon's region */
+LS_HIDDEN extern int wake_server_fd; /* the daemon's eventfd that wakes the server */
+LS_HIDDEN extern struct conn* by_fd[LS_MAX_FD];
+LS_HIDDEN extern uint8_t wake_in_epfd[LS_MAX_FD];    /* the wake eventfd is in this epoll set */
+LS_HIDDEN extern uint64_t fifo_head_seq, fifo_count; /* seqs fifo_head_seq .. +count-1 */
+LS_HIDDEN extern uint32_t head_reports; /* times the server was told the head is readable */
+LS_HIDDEN extern struct conn* log_closed_list[256]; /* closed by the log, EOF not yet read */
+LS_HIDDEN extern int log_closed_n;
+LS_HIDDEN extern int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
+LS_HIDDEN extern int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
+LS_HIDDEN extern int (*real_poll)(struct pollfd*, nfds_t, int);
+LS_HIDDEN uint64_t now_ns(void); /* CLOCK_MONOTONIC */
+LS_HIDDEN struct chunk* fifo_at(uint64_t seq);
+LS_HIDDEN int gate_bypassed(void);
+LS_HIDDEN void drain_done(void);                          /* applies the daemon's completions */
+LS_HIDDEN uint32_t kernel_interest(const struct conn* c); /* epoll events the kernel watches */
+LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
+LS_HIDDEN struct head_run find_head_run(void);
+LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF) */
+/* The tracked connection under fd, or NULL. */
+static inline struct conn* tracked(int fd) {
+  if (!active || fd < 0 || fd >= LS_MAX_FD) return NULL;
+  return by_fd[fd];
+}
 
 /* shim_output.c */
 /* The region is mapped at base: hash outputs if its geometry is sane and
