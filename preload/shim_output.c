@@ -490,52 +490,46 @@ void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
   if (slot >= 0 && unck_on) unck_input(slot, iov, iovcnt, n);
 }
 
+/* The kernel took n bytes of a send (n <= 0: none, or an error): hash
+ * them if fd's output is (slot >= 0); returns n with errno as the call left it. */
+static ssize_t sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, ssize_t n) {
+  if (slot < 0 || n <= 0) return n;
+  int saved = errno;
+  out_sent(fd, slot, iov, iovcnt, (size_t)n);
+  errno = saved;
+  return n;
+}
+
+static ssize_t sent_buf(int fd, int slot, const void* buf, ssize_t n) {
+  struct iovec v = {(void*)buf, n > 0 ? (size_t)n : 0};
+  return sent(fd, slot, &v, 1, n);
+}
+
 ssize_t write(int fd, const void* buf, size_t len) {
   LS_REAL(write);
   int slot = out_slot_of(fd);
-  ssize_t n = real_write(fd, buf, len);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  struct iovec v = {(void*)buf, (size_t)n};
-  out_sent(fd, slot, &v, 1, (size_t)n);
-  errno = saved;
-  return n;
+  return sent_buf(fd, slot, buf, real_write(fd, buf, len));
 }
 
 ssize_t send(int fd, const void* buf, size_t len, int flags) {
   LS_REAL(send);
   int slot = out_slot_of(fd);
-  ssize_t n = real_send(fd, buf, len, flags);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  struct iovec v = {(void*)buf, (size_t)n};
-  out_sent(fd, slot, &v, 1, (size_t)n);
-  errno = saved;
-  return n;
+  return sent_buf(fd, slot, buf, real_send(fd, buf, len, flags));
 }
 
 ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
                socklen_t addrlen) {
   LS_REAL(sendto);
   int slot = out_slot_of(fd);
-  ssize_t n = real_sendto(fd, buf, len, flags, addr, addrlen);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  struct iovec v = {(void*)buf, (size_t)n};
-  out_sent(fd, slot, &v, 1, (size_t)n);
-  errno = saved;
-  return n;
+  return sent_buf(fd, slot, buf, real_sendto(fd, buf, len, flags, addr, addrlen));
 }
 
 ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
   LS_REAL(sendmsg);
   int slot = out_slot_of(fd);
   ssize_t n = real_sendmsg(fd, msg, flags);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  out_sent(fd, slot, msg->msg_iov, msg->msg_iovlen, (size_t)n);
-  errno = saved;
-  return n;
+  if (n <= 0) return n; /* msg may be bad: EFAULT */
+  return sent(fd, slot, msg->msg_iov, msg->msg_iovlen, n);
 }
 
 int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
@@ -554,12 +548,7 @@ int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
 ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
   LS_REAL(writev);
   int slot = out_slot_of(fd);
-  ssize_t n = real_writev(fd, iov, iovcnt);
-  if (slot < 0 || n <= 0) return n;
-  int saved = errno;
-  out_sent(fd, slot, iov, (size_t)iovcnt, (size_t)n);
-  errno = saved;
-  return n;
+  return sent(fd, slot, iov, (size_t)iovcnt, real_writev(fd, iov, iovcnt));
 }
 
 /* Where sendfile reads from: *offset, or in_fd's file position (which the
