@@ -829,6 +829,27 @@ TEST_F(CheckpointStoreTest, CommitListVerifyRestore) {
   EXPECT_NE(error.find("checkpoint 99 has no data dir"), std::string::npos) << error;
 }
 
+TEST_F(CheckpointStoreTest, AMountLeftInTheLiveDirIsDetachedNotEmptied) {
+  // A CRIU killed during a restore can leave its proc mounted in the
+  // server's directory ("proc.crtools"): replacing that directory must
+  // neither fail on it nor delete what the mount shows.
+  CommitOne(7, "x");
+  fs::create_directories(tmp_ / "live/proc.crtools");
+  fs::create_directories(tmp_ / "elsewhere");
+  WriteFile(tmp_ / "elsewhere/keep", "not ours to delete");
+  ASSERT_EQ(mount((tmp_ / "elsewhere").c_str(), (tmp_ / "live/proc.crtools").c_str(), nullptr,
+                  MS_BIND, nullptr),
+            0)
+      << "bind mount (the tests run as root, as CRIU needs): " << strerror(errno);
+  std::string error;
+  bool ok = store_.RestoreDataDir(7, tmp_ / "live", &error);
+  if (!ok) umount2((tmp_ / "live/proc.crtools").c_str(), MNT_DETACH);  // clean up for TempDir
+  ASSERT_TRUE(ok) << error;
+  EXPECT_FALSE(fs::exists(tmp_ / "live/proc.crtools"));
+  EXPECT_EQ(ReadFile(tmp_ / "elsewhere/keep"), "not ours to delete");
+  EXPECT_EQ(ReadFile(tmp_ / "live/dump.rdb"), std::string(100000, 'r'));
+}
+
 TEST_F(CheckpointStoreTest, FlippedByteFailsVerifyAndNewestGoodFallsBack) {
   CommitOne(100, std::string(70000, 'a'));
   CommitOne(200, std::string(70000, 'b'));

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -259,7 +260,20 @@ bool ListDir(const std::string& path, std::vector<std::string>* names, std::stri
   return true;
 }
 
-// rm -rf that never follows a symlink. Missing is fine.
+// A directory something is mounted on: another device than its parent's,
+// or (a bind mount of the same file system) the kernel says so.
+static bool IsMountRoot(const std::string& path, const struct stat& st, const struct stat& parent) {
+  if (st.st_dev != parent.st_dev) return true;
+  struct statx sx;
+  if (statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) != 0) return false;
+  return (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) &&
+         (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT);
+}
+
+// rm -rf that never follows a symlink and never enters another file
+// system: a mount found inside (a proc CRIU mounted in a server's directory
+// and could not take down, being killed) is detached, not emptied. Missing
+// is fine.
 bool RemoveTree(const std::string& path, std::string* error) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) {
@@ -270,8 +284,16 @@ bool RemoveTree(const std::string& path, std::string* error) {
   if (S_ISDIR(st.st_mode)) {
     std::vector<std::string> names;
     if (!ListDir(path, &names, error)) return false;
-    for (const auto& n : names)
-      if (!RemoveTree(Join(path, n), error)) return false;
+    for (const auto& n : names) {
+      std::string child = Join(path, n);
+      struct stat cs;
+      if (lstat(child.c_str(), &cs) == 0 && S_ISDIR(cs.st_mode) && IsMountRoot(child, cs, st) &&
+          umount2(child.c_str(), MNT_DETACH) != 0) {
+        *error = Errno("cannot unmount " + child + " (another file system mounted there)", errno);
+        return false;
+      }
+      if (!RemoveTree(child, error)) return false;
+    }
     if (rmdir(path.c_str()) != 0 && errno != ENOENT) {
       *error = Errno("cannot remove " + path, errno);
       return false;
