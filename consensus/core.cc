@@ -136,8 +136,25 @@ void Replica::OnLeaderGone(uint64_t now_us) {
   election_deadline_us_ = std::min(election_deadline_us_, now_us + jitter(rng_));
 }
 
-void Replica::OnLocalStall(uint64_t now_us) {
-  if (role_ != Role::kLeader && !prevoting_) ResetElectionTimer(now_us);
+void Replica::OnLocalStall(uint64_t now_us, uint64_t gap_us) {
+  // Silence during the gap is not counted against anyone: each clock that
+  // judges a peer by its silence moves on by the gap, capped at now.
+  auto credit = [&](uint64_t& at) { at = std::min(now_us, at + gap_us); };
+  if (role_ == Role::kLeader) {
+    credit(last_majority_contact_us_);  // the backups' silence was our deafness
+    return;
+  }
+  // Known gone (OnLeaderGone): the short deadline it set stands.
+  if (role_ == Role::kBackup && leader() >= 0 && last_leader_contact_us_ == 0) return;
+  // It cannot tell a dead leader from its own gap (the VM stopped, or every
+  // replica waited on the one disk they share): the gap is added to the
+  // leader's time, for its own candidacy and for the pre-votes it grants.
+  if (last_leader_contact_us_ != 0) credit(last_leader_contact_us_);
+  election_deadline_us_ += gap_us;
+  if (prevoting_) {
+    prevoting_ = false;  // started on a view the gap made stale
+    ResetElectionTimer(now_us);
+  }
 }
 
 // ---------------------------------------------------------------- proposals

@@ -166,10 +166,12 @@ class Replica {
   // delay instead of the full election timeout. Safety does not depend on
   // it; the pre-vote still needs a majority that has lost the leader too.
   void OnLeaderGone(uint64_t now_us);
-  // The caller itself did not run for a while (a long write, the
-  // scheduler): silence seen meanwhile says nothing about the leader, so a
-  // backup restarts its election timer instead of starting an election.
-  void OnLocalStall(uint64_t now_us);
+  // The caller itself did not look at its messages for gap_us (a long
+  // write, the scheduler, the VM stopped): silence seen meanwhile says
+  // nothing about the others, so the gap does not count toward any timeout:
+  // a backup's election timer and the pre-votes it grants, a leader's count
+  // toward stepping down for want of a majority. Liveness only.
+  void OnLocalStall(uint64_t now_us, uint64_t gap_us);
   // Drops slots below index (must be <= commit_index).
   bool TruncateBelow(uint64_t index);
   // A backup whose log lacks entries the leader truncated (kNeedCheckpoint)

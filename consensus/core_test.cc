@@ -549,6 +549,52 @@ TEST(Core, RestartedOrSlowReplicaDoesNotDeposeLeader) {
   ExpectAllAgree(c);
 }
 
+// Every replica stops at once for longer than the election timeout (the VM
+// stopped, or all of them waited on the one disk they share) and carries on
+// in some order: each credits the others the time it did not look itself
+// (OnLocalStall), so the leader keeps its ballot.
+TEST(Core, EveryonePausedTogetherKeepsTheLeader) {
+  for (uint64_t seed = 1; seed <= 20; seed++) {
+    SimCluster c(Quiet(3, seed));
+    ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+    int l = c.Leader();
+    Ballot ballot = c.replica(l)->promised();
+    uint64_t elections = c.elections();
+    for (int r = 0; r < 3; r++) c.Pause(r);
+    c.RunFor(600'000);
+    // The backups first, then the leader a little later: the order in which
+    // stopped processes get the CPU back.
+    for (int r : Others(c, l)) c.Resume(r);
+    c.RunFor(5'000);
+    c.Resume(l);
+    for (int i = 0; i < 5; i++) ASSERT_GT(Commit(c, "after" + std::to_string(i)), 0u) << Report(c);
+    EXPECT_EQ(c.Leader(), l) << "seed " << seed;
+    EXPECT_EQ(c.replica(l)->promised(), ballot) << "seed " << seed;
+    EXPECT_EQ(c.elections(), elections) << "seed " << seed << "\n" << c.TraceTail();
+    ExpectAllAgree(c);
+  }
+}
+
+// A backup that did not run for a while grants no pre-vote on the strength
+// of the silence it saw meanwhile, and starts none either.
+TEST(Core, StalledBackupDoesNotGrantAPreVote) {
+  SimCluster c(Quiet(3, 7));
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  Ballot ballot = c.replica(l)->promised();
+  int a = Others(c, l)[0], b = Others(c, l)[1];
+  c.Pause(l);
+  c.Pause(b);
+  c.RunFor(150'000);  // a's timer runs out: it asks b for a pre-vote
+  c.Resume(b);        // b did not look for 150 ms: it must refuse
+  c.RunFor(3'000);
+  EXPECT_EQ(c.replica(a)->role(), Role::kBackup) << c.TraceTail();
+  EXPECT_EQ(c.replica(b)->promised(), ballot) << c.TraceTail();
+  c.Resume(l);
+  ASSERT_GT(Commit(c, "after"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
 // Only the puts are lost (the messages get through): the backup notices the
 // stall from the leader's heartbeat messages and asks for a fresh stream.
 TEST(Core, LostPutsStallTheStreamAndTheBackupRejoins) {

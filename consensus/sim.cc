@@ -885,6 +885,7 @@ void SimCluster::Pause(int r) {
   SIM_TRACE("r%d: PAUSE (%s %s)", r, RoleName(nd.rep->role()),
             BallotString(nd.rep->promised()).c_str());
   nd.paused = true;
+  nd.paused_at_us = now_;
 }
 
 void SimCluster::Resume(int r) {
@@ -899,6 +900,8 @@ void SimCluster::Resume(int r) {
     std::vector<uint64_t> done;
     done.swap(nd.persisted_while_paused);
     // What happened during the pause is seen in one go: the clock jumped.
+    // Like the daemon, it credits its peers the time it did not look.
+    nd.rep->OnLocalStall(now_, now_ - nd.paused_at_us);
     nd.rep->Tick(now_);
     Drain(r);
     for (uint64_t seq : done) {

@@ -78,18 +78,18 @@ struct SimOptions {
   // Network: messages, puts, control and ack words.
   uint64_t delay_min_us = 5;
   uint64_t delay_max_us = 200;
-  double slow_rate = 0.02;             // fraction delayed up to slow_max_us
+  double slow_rate = 0.02;  // fraction delayed up to slow_max_us
   uint64_t slow_max_us = 20000;
-  double drop_rate = 0.02;             // messages, control and ack words
-  double dup_rate = 0.02;              // messages only (one-sided writes never duplicate)
-  double put_drop_rate = 0.002;        // a lost put: the reader stalls and rejoins
-  double torn_put_rate = 0.1;          // a put lands in two parts, in either order
+  double drop_rate = 0.02;               // messages, control and ack words
+  double dup_rate = 0.02;                // messages only (one-sided writes never duplicate)
+  double put_drop_rate = 0.002;          // a lost put: the reader stalls and rejoins
+  double torn_put_rate = 0.1;            // a put lands in two parts, in either order
   double unreachable_notice_rate = 0.5;  // peers told (OnPeerUnreachable) of a crash
 
   // Disk.
   uint64_t disk_min_us = 30;
   uint64_t disk_max_us = 400;
-  double slow_disk_rate = 0.02;        // a write that takes up to slow_disk_max_us
+  double slow_disk_rate = 0.02;  // a write that takes up to slow_disk_max_us
   uint64_t slow_disk_max_us = 5000;
   // At a crash, the writes not yet reported complete may have reached the
   // disk anyway, all of them or a prefix of their records (a torn tail that
@@ -101,13 +101,13 @@ struct SimOptions {
   uint64_t crash_every_us = 120'000;
   uint64_t restart_min_us = 2'000;
   uint64_t restart_max_us = 80'000;
-  double crash_leader_bias = 0.5;      // share of crashes aimed at the leader
+  double crash_leader_bias = 0.5;  // share of crashes aimed at the leader
   uint64_t partition_every_us = 150'000;
   uint64_t partition_min_us = 5'000;
   uint64_t partition_max_us = 120'000;
   uint64_t pause_every_us = 200'000;
-  uint64_t pause_max_us = 300'000;     // a paused leader resumes at the latest after this
-  double pause_anyone_rate = 0.3;      // share of pauses aimed at any replica, not the leader
+  uint64_t pause_max_us = 300'000;  // a paused leader resumes at the latest after this
+  double pause_anyone_rate = 0.3;   // share of pauses aimed at any replica, not the leader
   uint64_t spurious_unreachable_every_us = 100'000;  // transport wrongly reports a live peer lost
   uint64_t truncate_every_us = 100'000;
   // A leader hands over (Replica::HandOver) to a random other replica, which
@@ -127,9 +127,9 @@ struct SimOptions {
   double crash_on_commit_rate = 0.002;  // a leader right after it learned of a commit
 
   // Client load (RunSimulation only).
-  uint64_t propose_every_us = 400;     // mean interval between proposals
-  double large_payload_rate = 0.03;    // payloads of a few KiB
-  double huge_payload_rate = 0.003;    // payloads near the region's limit
+  uint64_t propose_every_us = 400;   // mean interval between proposals
+  double large_payload_rate = 0.03;  // payloads of a few KiB
+  double huge_payload_rate = 0.003;  // payloads near the region's limit
 
   // End of the run: heal everything, wait quiet_us, then a new proposal must
   // commit on every replica within progress_timeout_us.
@@ -141,12 +141,12 @@ struct SimOptions {
 
 struct SimResult {
   bool ok = true;
-  std::string violation;  // empty if ok; else the invariant, the time, the seed and a trace tail
+  std::string violation;   // empty if ok; else the invariant, the time, the seed and a trace tail
   uint64_t committed = 0;  // highest index committed anywhere
   uint64_t acknowledged = 0;  // client proposals acknowledged as committed
   uint64_t elections = 0;     // ballots that got a leader
   uint64_t crashes = 0;
-  uint64_t steps = 0;         // events processed
+  uint64_t steps = 0;  // events processed
   std::string summary;
 };
 
@@ -254,6 +254,7 @@ class SimCluster {
   struct Node {
     std::unique_ptr<Replica> rep;
     bool paused = false;
+    uint64_t paused_at_us = 0;
     uint64_t incarnation = 0;
     DurableState durable;
     // Disk: issued writes in FIFO order, with their completion times.
@@ -273,11 +274,21 @@ class SimCluster {
     std::vector<uint8_t> acks;  // replicas * kAckSlotBytes
     std::vector<AckWord> last_acks;
     std::vector<Message> deferred;  // messages that arrived while paused
-    uint64_t checked_upto = 0;       // agreement checked up to this commit index
-    uint64_t last_commit = 0;        // commit index in its last Ready
-    uint64_t durable_checked = 0;    // durable index verified against the disk up to here
+    uint64_t checked_upto = 0;      // agreement checked up to this commit index
+    uint64_t last_commit = 0;       // commit index in its last Ready
+    uint64_t durable_checked = 0;   // durable index verified against the disk up to here
   };
-  enum class Ev : uint8_t { kTick, kMessage, kPut, kControl, kAck, kDisk, kUnreachable, kCrash, kRestart };
+  enum class Ev : uint8_t {
+    kTick,
+    kMessage,
+    kPut,
+    kControl,
+    kAck,
+    kDisk,
+    kUnreachable,
+    kCrash,
+    kRestart
+  };
   struct Event {
     Ev kind;
     int to = -1;
@@ -311,7 +322,7 @@ class SimCluster {
   void ApplyDurable(int r, const PersistOp& op);
   void ScheduleDisk(int r);
   void CrashImpl(int r, bool tear, size_t whole, size_t records);
-  int Down() const;  // replicas crashed or paused
+  int Down() const;                                     // replicas crashed or paused
   const Entry* DurableAt(int r, uint64_t index) const;  // slot on r's disk, or null
   void RecordAcceptance(int r, const Entry& e);
   void CheckInvariants();
@@ -339,8 +350,8 @@ class SimCluster {
     bool chosen = false;
     Ballot chosen_ballot = 0;  // lowest ballot at which a majority accepted
   };
-  std::map<uint64_t, SlotHistory> accepted_;          // slot -> every durable acceptance
-  std::map<uint64_t, Entry> committed_;               // index -> committed (type, payload)
+  std::map<uint64_t, SlotHistory> accepted_;            // slot -> every durable acceptance
+  std::map<uint64_t, Entry> committed_;                 // index -> committed (type, payload)
   std::map<Ballot, std::pair<int, uint64_t>> leaders_;  // ballot -> (replica, incarnation)
   // Client proposals not yet known committed, per replica: index -> proposal.
   std::vector<std::map<uint64_t, Tracked>> pending_;

@@ -122,17 +122,20 @@ void EventLoop::Run(Body& body) {
       n = epoll_wait(epfd_, evs, kMaxEvents, 0);
     }
     uint64_t woke = NowUs();
+    if (prev_pass_start_us_ && woke - prev_pass_start_us_ > opt_.own_gap_us)
+      body.OwnGap(woke, woke - prev_pass_start_us_);
     HandleEvents(evs, n, &last_busy);
     uint64_t now = NowUs();
     if (now - woke > kSlowStepUs && now >= next_slow_log_us_) {
       next_slow_log_us_ = now + kSlowLogIntervalUs;
       log_("slow pass: %lu us handling %d socket events", (unsigned long)(now - woke), n);
     }
-    if (prev_pass_us_ && woke - prev_pass_us_ > kNotScheduledSlackUs + opt_.heartbeat_us) {
-      log_("not scheduled for %lu us", (unsigned long)(woke - prev_pass_us_));
+    if (prev_pass_end_us_ && woke - prev_pass_end_us_ > kNotScheduledSlackUs + opt_.heartbeat_us) {
+      log_("not scheduled for %lu us", (unsigned long)(woke - prev_pass_end_us_));
     }
-    PassReport pass = body.Pass(now, prev_pass_us_ ? now - prev_pass_us_ : 0);
-    prev_pass_us_ = pass.t_applied;
+    PassReport pass = body.Pass(now);
+    prev_pass_start_us_ = woke;
+    prev_pass_end_us_ = pass.t_applied;
     if (pass.t_applied - now > kSlowStepUs && pass.t_applied >= next_slow_log_us_) {
       next_slow_log_us_ = pass.t_applied + kSlowLogIntervalUs;
       log_("slow pass: %lu us (polls %lu, submissions %lu, drain %lu, apply %lu)",

@@ -37,9 +37,13 @@ class EventLoop {
   class Body {
    public:
     virtual ~Body() = default;
-    // One pass at `now` (socket events already handled). since_last_pass_us:
-    // how long ago the previous pass ended (0 on the first).
-    virtual PassReport Pass(uint64_t now, uint64_t since_last_pass_us) = 0;
+    // The loop went gap_us without looking at what its peers sent: from the
+    // start of the previous pass to now, so the previous pass's own work (a
+    // long durable write) counts, as does a sleep that overslept. Called
+    // before the socket events that waited meanwhile are handled.
+    virtual void OwnGap(uint64_t now, uint64_t gap_us) = 0;
+    // One pass at `now` (socket events already handled).
+    virtual PassReport Pass(uint64_t now) = 0;
     // The loop is idle: background work. True if it did some (the loop
     // goes round again instead of sleeping).
     virtual bool IdleWork(uint64_t now) = 0;
@@ -54,6 +58,9 @@ class EventLoop {
     uint64_t heartbeat_us = 1000;  // the longest sleep: a heartbeat may be due then
     uint64_t spin_us = 0;          // keep polling this long after the last activity
     bool verbose = false;          // log loop statistics every second
+    // Gaps longer than this are reported to Body::OwnGap; shorter ones are
+    // noise beside an election timeout.
+    uint64_t own_gap_us = 10000;
   };
 
   // Handles an fd's events; true if that counts as activity (the loop then
@@ -110,7 +117,8 @@ class EventLoop {
   int sigfd_ = -1;
   std::map<int, Handler> handlers_;  // by fd
   bool stopping_ = false;
-  uint64_t prev_pass_us_ = 0;
+  uint64_t prev_pass_start_us_ = 0;
+  uint64_t prev_pass_end_us_ = 0;
   uint64_t next_slow_log_us_ = 0;
   Stats stats_;
   uint64_t next_stats_us_ = 0;

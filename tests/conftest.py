@@ -164,12 +164,18 @@ class Cluster:
                 pass
 
 
-@pytest.fixture
-def cluster(tmp_path):
+def new_cluster(directory: Path) -> Cluster:
+    """A Cluster in `directory` (created) with a port range of its own."""
     # Each cluster takes base .. base+299 (peer, client and server ports).
     base = 20000 + ((os.getpid() % 16) * 4 + next(_ports)) % 40 * 300  # below the ephemeral range
-    c = Cluster(tmp_path / "cluster", base)
+    c = Cluster(directory, base)
     c.dir.mkdir()
+    return c
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = new_cluster(tmp_path / "cluster")
     yield c
     c.down()
 
