@@ -316,6 +316,10 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   if (o.checkpoint_every_entries) c.checkpoint.every_entries = o.checkpoint_every_entries;
   if (o.lagging_backup_grace_s) c.checkpoint.lagging_backup_grace_s = o.lagging_backup_grace_s;
   if (o.spin_us >= 0) c.spin_us = static_cast<uint64_t>(o.spin_us);
+  if (o.election_timeout_min_us) {
+    c.election_timeout_min_us = o.election_timeout_min_us;
+    c.election_timeout_max_us = o.election_timeout_max_us;
+  }
   c.server = server;
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
@@ -540,6 +544,32 @@ bool ClusterDown(const std::string& dir, bool quiet, std::string* error) {
     unlink(PidPath(dir, static_cast<int>(i)).c_str());
     if (!quiet && pids[i]) printf("replica %zu (pid %d) stopped\n", i, pids[i]);
   }
+  return true;
+}
+
+bool ParseElectionTimeout(const std::string& text, ClusterUpOptions* o, std::string* error) {
+  size_t dash = text.find('-');
+  std::string lo = text.substr(0, dash),
+              hi = dash == std::string::npos ? lo : text.substr(dash + 1);
+  auto number = [](const std::string& t, uint64_t* v) {
+    if (t.empty() || t.size() > 6 || t.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    *v = std::stoull(t);
+    return true;
+  };
+  uint64_t min_ms = 0, max_ms = 0;
+  if (!number(lo, &min_ms) || !number(hi, &max_ms)) {
+    *error = "--election-timeout-ms takes MIN-MAX or MS in milliseconds (e.g. 100-200), not '" +
+             text + "'";
+    return false;
+  }
+  if (min_ms < 5 || max_ms > 60000 || min_ms > max_ms) {
+    *error = "--election-timeout-ms " + text +
+             ": needs 5 <= MIN <= MAX <= 60000 (heartbeats go every millisecond)";
+    return false;
+  }
+  o->election_timeout_min_us = min_ms * 1000;
+  o->election_timeout_max_us = max_ms * 1000;
   return true;
 }
 

@@ -23,6 +23,8 @@ struct ClusterUpOptions {
   uint64_t ring_bytes = 1 << 20;
   uint64_t segment_bytes = 64 << 20;
   int64_t spin_us = -1;  // -1: the default of cluster.toml
+  // 0: the defaults of cluster.toml; else both set (ParseElectionTimeout).
+  uint64_t election_timeout_min_us = 0, election_timeout_max_us = 0;
   bool quiet = false;
   std::string app;      // a profile in apps/ (apps/APP.toml), or
   std::string command;  // a server command template with {port} and {dir}; neither: no server
@@ -31,6 +33,11 @@ struct ClusterUpOptions {
   uint64_t checkpoint_every_entries = 0;  // 0: the default policy's
   uint64_t lagging_backup_grace_s = 0;    // 0: the default policy's
 };
+
+// "MIN-MAX" or "MS" (both ends the same), in milliseconds, as `cluster up
+// --election-timeout-ms` and `bench failover` take it; false with *error
+// saying why (not a number, MIN above MAX, outside 5..60000).
+bool ParseElectionTimeout(const std::string& text, ClusterUpOptions* o, std::string* error);
 
 // A server profile, apps/NAME.toml (see apps/README.md).
 struct AppProfile {

@@ -93,6 +93,7 @@ int CmdCluster(int argc, char** argv) {
         "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
         "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
         "                      [--checkpoint-entries N] [--no-checkpoints] [--backup-grace-s S]\n"
+        "                      [--election-timeout-ms MIN-MAX]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
@@ -110,7 +111,10 @@ int CmdCluster(int argc, char** argv) {
         "Backups checkpoint their server with CRIU every N applied entries (default 25000; see\n"
         "[checkpoint] in cluster.toml); --no-checkpoints turns that off. The leader keeps the\n"
         "log a backup lacks while it heard from it in the last S seconds (default 60); one\n"
-        "gone longer comes back from a checkpoint, fetched from a peer if need be.\n",
+        "gone longer comes back from a checkpoint, fetched from a peer if need be.\n"
+        "A backup that hears nothing from the leader for a random time between MIN and MAX ms\n"
+        "(default 50-100) stands for election; time it spent not running itself does not\n"
+        "count.\n",
         apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
     return sub.empty() ? 2 : 0;
   }
@@ -150,6 +154,9 @@ int CmdCluster(int argc, char** argv) {
     o.durability = a.Get("durability", "disk");
     o.app = a.Get("app");
     o.ready_timeout_ms = static_cast<uint64_t>(ready);
+    if (a.Has("election-timeout-ms") &&
+        !ParseElectionTimeout(a.Get("election-timeout-ms"), &o, &err))
+      return Fail(err);
     // One argument with spaces is a whole command line; several are argv as the shell split it.
     if (a.rest.size() == 1 && a.rest[0].find_first_of(" \t") != std::string::npos) {
       o.command = a.rest[0];
