@@ -1091,18 +1091,19 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
     state_.error = err;  // the thread retries it with back-off, ahead of anything later
     queue_.insert(queue_.begin(), Item{seq, std::move(batch), 0});
   }
+  // The thread has work only if something queued meanwhile (or this write
+  // failed). The caller needs no wake-up: it is awake and Polls next. (Both
+  // were done on every inline write: two syscalls and a wake-up per commit.)
+  bool thread_has_work = !queue_.empty();
   l.unlock();
-  cv_.notify_one();
-  uint64_t one = 1;
-  ssize_t n = write(event_fd_, &one, sizeof one);
-  (void)n;
+  if (thread_has_work) cv_.notify_one();
   return ok;
 }
 
+// The event fd is only ever waited on edge-triggered (each write wakes a
+// sleeping loop once), so it is never drained: that read was a syscall on
+// every pass of the loop.
 DiskWriter::Completion DiskWriter::Poll() {
-  uint64_t v;
-  while (read(event_fd_, &v, sizeof v) < 0 && errno == EINTR) {
-  }
   std::lock_guard<std::mutex> l(mu_);
   return state_;
 }

@@ -218,7 +218,9 @@ class DiskWriter {
   // Returns true when the batch is durable on return; otherwise it was
   // queued for the thread (busy, or the write failed and will be retried).
   bool WriteNow(uint64_t seq, std::vector<OwnedRecord> batch);
-  int EventFd() const { return event_fd_; }  // readable when completions are published
+  // Written each time the thread publishes completions; never drained (so
+  // watch it edge-triggered: each write wakes a sleeper once).
+  int EventFd() const { return event_fd_; }
 
   struct Completion {
     uint64_t durable_seq = 0;  // every seq <= this is durable

@@ -359,11 +359,16 @@ void PeerLink::Put(const Ready& rd) {
     }
     ring_peer_[put.to] = true;
   }
+  // A control word alone (heartbeat, commit index) rings no doorbell: a
+  // backup reads it on its next pass, at most a heartbeat away since its
+  // loop never sleeps longer, and nothing a client waits for hangs on it (a
+  // backup's apply follows the commit the client already has). Ringing for
+  // it woke each backup a second time per input and once per heartbeat.
   for (const auto& cop : rd.controls) {
     RemoteRegion& rr = remote_region_[cop.to];
     if (rr.remote < 0 || rr.ballot != cop.word.ballot || rr.stream_id != cop.word.stream_id)
       continue;
-    if (ucx_->Put(rr.remote, 0, &cop.word, sizeof cop.word, &err)) ring_peer_[cop.to] = true;
+    ucx_->Put(rr.remote, 0, &cop.word, sizeof cop.word, &err);
   }
   for (const auto& a : rd.acks) {
     int remote = remote_ack_[a.to];
