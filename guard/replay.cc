@@ -231,6 +231,16 @@ bool Replayer::Pump(uint64_t now_us) {
   (void)now_us;
   bool did = false;
   gated_ = false;
+  // A connection's inputs of this pass go in one send at the end (its order
+  // records are in the ring before that, so the shim keeps them in place):
+  // a committed batch costs a send per connection, not per input.
+  std::vector<ConnKey> unsent;
+  auto send_all = [&] {
+    for (const ConnKey& k : unsent) {
+      auto it = conns_.find(k);
+      if (it != conns_.end()) FlushOut(&it->second);
+    }
+  };
   while (!queue_.empty()) {
     Step& s = queue_.front();
     auto it = conns_.find(s.key);
@@ -241,6 +251,7 @@ bool Replayer::Pump(uint64_t now_us) {
         !shim_->PushOrder(it->second.slot, s.kind == Kind::kData ? LS_ORDER_DATA : LS_ORDER_EOF,
                           s.bytes.size(), s.clock_ns)) {
       gated_ = true;  // the order ring is full: wait for the server to read
+      send_all();
       return did;
     }
     did = true;
@@ -259,8 +270,8 @@ bool Replayer::Pump(uint64_t now_us) {
           if (handed_.size() > kHandedKept) handed_.pop_front();
         }
         it->second.appended += s.bytes.size();
+        if (it->second.out.empty()) unsent.push_back(s.key);
         it->second.out += s.bytes;
-        FlushOut(&it->second);
         break;
       case Kind::kClose:
         if (it == conns_.end()) break;
@@ -274,6 +285,7 @@ bool Replayer::Pump(uint64_t now_us) {
     }
     queue_.pop_front();
   }
+  send_all();
   return did;
 }
 
