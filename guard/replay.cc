@@ -55,6 +55,11 @@ bool Replayer::Open(ConnKey k, Conn* c, int slot) {
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  // The server's replies are read only to be discarded: let them gather in
+  // the socket and wake this loop once per kReplyBatchBytes (the server
+  // closing its end still wakes it at once), instead of once per reply.
+  int lowat = kReplyBatchBytes;
+  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat);
   a.sin_port = htons(static_cast<uint16_t>(port_));
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
     log_(std::string("replay: connect to the server failed: ") + strerror(errno));

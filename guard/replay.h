@@ -112,6 +112,10 @@ class Replayer {
     uint64_t read_at_release = 0;  // what the server had read when it went
   };
   static constexpr size_t kHandedKept = 4096;
+  // Replies a replay socket gathers before it wakes the loop (SO_RCVLOWAT):
+  // well below the smallest receive buffer, so the server never stalls on
+  // a full socket that does not wake us.
+  static constexpr int kReplyBatchBytes = 16384;
   struct Conn {
     int fd = -1;
     int slot = -1;

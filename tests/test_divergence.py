@@ -130,6 +130,25 @@ def test_identical_replicas_report_nothing_and_are_checked(redis_cluster):
         assert output_status(c, b)["points_sent"] > 0
 
 
+def test_replies_larger_than_a_socket_buffer_reach_the_backups_checks(redis_cluster):
+    # A backup's daemon reads its server's replies (to discard them) only
+    # once a replay socket holds kReplyBatchBytes or the server closes it: a
+    # reply far larger than any socket buffer must still flow, or the
+    # backup's output would stop short and be judged a length divergence.
+    c = redis_cluster
+    cl = Redis(c.client_addr(), timeout=60)
+    huge = os.urandom(8 << 20)
+    assert cl.call("SET", "huge", huge) == "OK"
+    for _ in range(2):
+        assert cl.call("GET", "huge") == huge
+    assert cl.call("SET", "after", "1") == "OK"
+    assert_same_data(c)
+    time.sleep(3)  # past the 2 s a length divergence waits for
+    st = output_status(c, c.leader())
+    assert st["divergences"] == 0 and reports(c) == [], (st, reports(c))
+    cl.close()
+
+
 def test_unknown_report_id_is_a_clear_error(redis_cluster):
     r = run("divergence", "show", "7-123", "--dir", redis_cluster.dir, check=False)
     assert r.returncode != 0 and "no divergence report 7-123" in r.stderr, r
