@@ -486,8 +486,13 @@ bool WaitCaughtUp(const ClusterConfig& c, const std::string& dir, int id, int ti
   auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
   while (Clock::now() < end) {
     ClusterStatus s = GetClusterStatus(dir, c);
+    // Following the current leader, not still the ballot it restarted with
+    // (its role reads "backup" at once): killing the next leader before that
+    // is two failures at once, and a restarted replica votes only once it
+    // caught up.
     if (s.leader >= 0 && s.leader != id && s.replicas[id].role == "backup" &&
-        s.replicas[id].lag < 1000)
+        s.replicas[id].ballot == s.replicas[s.leader].ballot && s.replicas[id].lag < 1000 &&
+        s.replicas[id].commit_index + 1000 >= s.replicas[s.leader].commit_index)
       return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
