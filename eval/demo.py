@@ -128,6 +128,7 @@ def run(a, ctx, stack):
         print(f"{rid!s:8} {role:8} {addr:22} {size:>8}  {digest}")
     if not same:
         print(f"\nreplicas DIFFER (or could not be read) after {a.settle:g} s")
+        apps.keep_logs(ctx, d)  # the directory goes with the cluster: keep what it logged
         return 1
     n, size, digest = len(states), states[0][3], states[0][4]
     print(f"\nall {n} replicas hold the same data (DBSIZE {size}, DEBUG DIGEST {digest})")
