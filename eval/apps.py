@@ -515,6 +515,13 @@ def run_mode(ctx, app, name, a):
                 for op in ops:
                     lg_op = set_op if op == "set" else op
                     res = loadgen(app, addr, conns, lg_op, a.seconds, a.value_bytes, a.keys, pids)
+                    if res["errors"]:
+                        # A connection cut off or an error reply (a leader change
+                        # mid-run, say): this mode failed; its logs are kept.
+                        raise RuntimeError(
+                            f"{name} {op} conns={conns}: {res['errors']} client errors "
+                            f"({res['ops']} ops done)"
+                        )
                     samples.setdefault((conns, op, lg_op), []).append(res)
                     log(
                         f"  {name} {op} conns={conns} repeat {rep + 1}/{a.repeats}: "
