@@ -223,8 +223,12 @@ __attribute__((constructor)) static void shim_init_fork(void) {
 
 /* ------------------------------------------------------------ signalling */
 
+/* The first waker takes the announcement (exchange, not load): the other
+ * submissions of the same burst, before the daemon has run, would each
+ * write the eventfd again (one write per input under load). The daemon
+ * announces again before its next sleep and re-checks its rings after. */
 static void wake_daemon(void) {
-  if (atomic_load(&hdr->daemon_sleeping)) {
+  if (atomic_exchange(&hdr->daemon_sleeping, 0)) {
     uint64_t one = 1;
     (void)!write(wake_daemon_fd, &one, sizeof one);
   }
