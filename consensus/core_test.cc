@@ -575,6 +575,29 @@ TEST(Core, EveryonePausedTogetherKeepsTheLeader) {
   }
 }
 
+// A backup whose every pass is slow credits only what exceeds the loop's
+// threshold (the daemon's OwnGap): time still counts, so a dead leader is
+// replaced, later than the timeout but not never.
+TEST(Core, ReplicasThatAreAlwaysSlowStillReplaceADeadLeader) {
+  constexpr uint64_t kCredit = 1'000;
+  SimCluster c(Quiet(3, 11));
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  uint64_t elections = c.elections();
+  c.Crash(l);
+  // Passes of 3 ms (the simulator's timeout is 10-20 ms), 2 of them normal:
+  // 1 ms of each is credited. (Crediting all 3 ms would stop the clocks.)
+  uint64_t start = c.now();
+  while (c.Leader() < 0 || c.Leader() == l) {
+    ASSERT_LT(c.now() - start, 2'000'000u) << "no new leader\n" << c.TraceTail();
+    c.RunFor(3'000);
+    for (int r : Others(c, l)) c.replica(r)->OnLocalStall(c.now(), kCredit);
+  }
+  EXPECT_GT(c.elections(), elections);
+  ASSERT_GT(Commit(c, "after"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
 // A backup that did not run for a while grants no pre-vote on the strength
 // of the silence it saw meanwhile, and starts none either.
 TEST(Core, StalledBackupDoesNotGrantAPreVote) {

@@ -285,8 +285,13 @@ int Daemon::Run() {
 // share here was issue 9's leader change under load: the gap was measured
 // from the end of the pass that held the write, so the write never counted,
 // and a pre-vote that waited through it was granted.)
+//
+// Only what exceeds the loop's own_gap_us is credited: a replica whose every
+// pass is slow (a long catch-up, a starved CPU) still lets most of the time
+// count, so it cannot hold off an election for ever, neither its own nor,
+// through the pre-votes it refuses, its peers'.
 void Daemon::OwnGap(uint64_t now, uint64_t gap_us) {
-  core_->OnLocalStall(now, gap_us);
+  core_->OnLocalStall(now, gap_us - std::min(gap_us, loop_->own_gap_us()));
   local_stalls_++;
   if (gap_us > cfg_.election_timeout_min_us / 2 && now >= next_stall_log_us_) {
     next_stall_log_us_ = now + 1000000;

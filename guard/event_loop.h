@@ -95,6 +95,7 @@ class EventLoop {
 
   // A durable write the loop's thread did itself (verbose statistics).
   void NoteInlineWrite(double us);
+  uint64_t own_gap_us() const { return opt_.own_gap_us; }
 
  private:
   // What --verbose reports once a second.
