@@ -25,6 +25,7 @@ a phase failed or a target's count (leader changes, lost entries) is not zero.
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -61,7 +62,7 @@ def hog_procs(ctx, seconds):
     spin = (
         f"import time\nend = time.monotonic() + {seconds + 5}\nwhile time.monotonic() < end: pass"
     )
-    n = 2 * (apps.os.cpu_count() or 2)
+    n = 2 * (os.cpu_count() or 2)
     return [ctx.procs.start([sys.executable, "-c", spin], ctx.work / "hog.log") for _ in range(n)]
 
 
@@ -128,6 +129,19 @@ def phase_failover(ctx, timeout, fault, count):
     return out
 
 
+def phase_step(ctx, entry, phase, a):
+    t = entry["election_timeout_ms"]
+
+    def step():
+        log(f"election timeout {t} ms: {phase}")
+        if phase == "hog":
+            entry.update(phase_hog(ctx, t, a.seconds))
+        else:
+            entry[phase] = phase_failover(ctx, t, phase, a.failovers)
+
+    return step
+
+
 def verdict(ok):
     return "PASS" if ok else "SHORT"
 
@@ -161,7 +175,7 @@ def table(res):
                 f"{verdict(f['failover_p50_ms'] <= f['target_p50_ms'] and f['lost_acknowledged'] == 0 and f['failed_kills'] == 0)} |"
             )
     for fl in res["failed"]:
-        rows.append(f"| {fl['timeout']} ms | {fl['phase']} | FAILED: {fl['reason'][:200]} | | |")
+        rows.append(f"| | {fl['phase']} | FAILED: {fl['reason'][:200]} | | |")
     return "\n".join(rows) + "\n"
 
 
@@ -190,6 +204,7 @@ def plot(res, path):
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def report(res, js):
@@ -241,25 +256,15 @@ def main():
         "failed": [],
         "machine": apps.machine(work),
     }
-    try:
-        for t in a.timeouts:
-            entry = {"election_timeout_ms": t, "seconds": a.seconds}
-            res["timeouts"].append(entry)
-            log(f"election timeout {t} ms:")
-            for phase in a.phases:
-                try:
-                    if phase == "hog":
-                        entry.update(phase_hog(ctx, t, a.seconds))
-                    else:
-                        entry[phase] = phase_failover(ctx, t, phase, a.failovers)
-                except Exception as e:  # noqa: BLE001 (one phase failing must not lose the others)
-                    log(f"  {phase}: FAILED: {e}")
-                    res["failed"].append({"timeout": t, "phase": phase, "reason": str(e)})
-    finally:
-        ctx.procs.stop_all()
-        apps.kill_leftovers(work)
-        apps.shutil.rmtree(work, ignore_errors=True)
-    res["machine"]["loadavg_end"] = [round(x, 2) for x in apps.os.getloadavg()]
+    # One phase per (timeout, hog|freeze|kill), each filling its timeout's entry
+    # (so each returns None); apps.run_phases lists a failed one and cleans up.
+    steps = []
+    for t in a.timeouts:
+        entry = {"election_timeout_ms": t, "seconds": a.seconds}
+        res["timeouts"].append(entry)
+        for phase in a.phases:
+            steps.append((f"{t} ms {phase}", phase_step(ctx, entry, phase, a)))
+    apps.run_phases(ctx, work, res, steps)
     report(res, js)
     bad = bool(res["failed"])
     for t in res["timeouts"]:

@@ -448,6 +448,11 @@ uint64_t CountLost(const ClusterConfig& c, const std::string& dir, const std::ve
 
 enum class LeaderFault { kKill, kFreeze };
 
+// What happened to the leader, for the report: "killed" or "frozen".
+const char* FaultDone(LeaderFault f) {
+  return f == LeaderFault::kKill ? "killed" : "frozen";
+}
+
 // SIGKILLs the leader (its sockets close: the backups notice at once) or
 // SIGSTOPs it (nothing closes: only the election timeout notices); returns
 // ms until a new leader commits.
@@ -558,8 +563,8 @@ int BenchFailover(Args& o) {
         fprintf(stderr,
                 "  %s %d/%d: leader %d %s, new leader committed after %.1f ms (%lu acked so "
                 "far)\n",
-                fault_name.c_str(), k + 1, kills, killed,
-                fault == LeaderFault::kKill ? "killed" : "frozen", ms, (unsigned long)load.count());
+                fault_name.c_str(), k + 1, kills, killed, FaultDone(fault), ms,
+                (unsigned long)load.count());
       }
       if (killed >= 0 && fault == LeaderFault::kFreeze) {
         // It runs on where it stopped, finds a newer ballot and steps down.
@@ -587,8 +592,7 @@ int BenchFailover(Args& o) {
         "failover over %d leaders %s (election timeout %lu-%lu ms): p50 %.1f ms, p99 %.1f ms "
         "(target p50 <= %.0f ms: %s); %d failures without a new leader or a caught-up old one; "
         "lost acknowledged entries: %lu (%s)\n",
-        kills, fault == LeaderFault::kKill ? "killed" : "frozen",
-        (unsigned long)(c.election_timeout_min_us / 1000),
+        kills, FaultDone(fault), (unsigned long)(c.election_timeout_min_us / 1000),
         (unsigned long)(c.election_timeout_max_us / 1000), p50, p99, target_ms,
         p50 <= target_ms ? "MET" : "not met", failed, (unsigned long)lost, report.c_str());
     if (!json_path.empty()) {
