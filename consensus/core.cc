@@ -105,13 +105,19 @@ void Replica::Tick(uint64_t now_us) {
       next_message_heartbeat_us_ = now_us + config_.message_heartbeat_us;
     }
     // A leader cut off from a majority steps down so clients look elsewhere.
+    // Not soon: its backups may merely be stalled (waiting on a disk they
+    // share with it, or descheduled) while it runs, and stepping down then
+    // forces an election that nothing else needed. Waiting is safe: without
+    // a majority it commits nothing, so its clients only wait.
+    const uint64_t step_down_after_us =
+        std::max<uint64_t>(4 * config_.election_timeout_max_us, config_.step_down_min_us);
     int heard = 1;
     for (int p = 0; p < config_.replicas; p++)
       if (p != config_.id && peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
         heard++;
     if (heard >= Majority()) {
       last_majority_contact_us_ = now_us;
-    } else if (now_us > last_majority_contact_us_ + 4 * config_.election_timeout_max_us) {
+    } else if (now_us > last_majority_contact_us_ + step_down_after_us) {
       StepDown(now_us, promised_);
     }
     return;

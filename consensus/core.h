@@ -52,6 +52,9 @@ struct CoreConfig {
   uint64_t message_heartbeat_us = 10000;  // heartbeat message period (rejoin path)
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;
+  // A leader that heard from no majority for max(this, 4 x
+  // election_timeout_max_us) steps down (core.cc, Tick).
+  uint64_t step_down_min_us = 0;
   uint64_t max_put_bytes = 1 << 20;  // bytes per put op (several records coalesce)
   uint64_t seed = 1;
   uint64_t incarnation = 0;  // differs on every restart (< 2^32): keeps stream ids increasing

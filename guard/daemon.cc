@@ -41,6 +41,9 @@ namespace lockstep {
 namespace {
 
 constexpr uint64_t kTruncateCheckUs = 1000000;
+// A leader writes a lone proposal in its own thread only while writes take
+// less than this (well under the shortest election timeout, 50 ms).
+constexpr double kInlineWriteMaxUs = 10000;
 constexpr auto kPeerCheckpointPoll = std::chrono::seconds(2);
 
 class Daemon : public EventLoop::Body {
@@ -206,6 +209,10 @@ bool Daemon::Init() {
   cc.heartbeat_us = cfg_.heartbeat_us;
   cc.election_timeout_min_us = cfg_.election_timeout_min_us;
   cc.election_timeout_max_us = cfg_.election_timeout_max_us;
+  // Backups stalled on the disk they share with the leader, or a VM pause
+  // that the leader's loop came out of first, must not make it step down
+  // (0.3-0.9 s pauses happen here): 2 s without a majority, at least.
+  cc.step_down_min_us = 2000000;
   cc.seed = static_cast<uint64_t>(getpid()) ^ NowUs();
   cc.incarnation = NextIncarnation(me_.dir);
   core_ = std::make_unique<Replica>(cc, std::move(state), NowUs());
@@ -473,11 +480,17 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
     // A backup writes here whenever the disk thread is idle: its ack waits
     // on this write anyway. A write here that takes long (tens of ms on a
     // busy disk) is this replica's own gap, not counted against the leader
-    // (OnLocalStall); the election timeout covers the leader's.
-    bool leader_async =
-        core_->role() == Role::kCandidate ||
-        (core_->role() == Role::kLeader &&
-         !(p.entries.size() == 1 && core_->commit_index() + 1 == p.entries[0].index));
+    // (OnLocalStall); the election timeout covers the leader's. But a leader
+    // whose last write was slow (the disk writing back after a stall, or
+    // failing) hands even a lone proposal to the thread: written here, the
+    // next slow write would silence its heartbeats for longer than the
+    // backups wait (they are not stalled themselves, so they would elect),
+    // while through the thread the backups' own writes commit it.
+    bool disk_slow = writer_->Poll().last_write_us > kInlineWriteMaxUs;
+    bool leader_async = core_->role() == Role::kCandidate ||
+                        (core_->role() == Role::kLeader &&
+                         (disk_slow || !(p.entries.size() == 1 &&
+                                         core_->commit_index() + 1 == p.entries[0].index)));
     if (p.truncate_below || !disk_error_.empty() || leader_async)
       writer_->Submit(p.seq, std::move(batch), p.truncate_below);
     else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose)
