@@ -11,12 +11,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/spawn.h"
 #include "guard/client.h"
 #include "guard/server.h"
 #include "guard/wire.h"
@@ -85,6 +89,8 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->ready_timeout_ms = p.ready_timeout_ms;
     server->same_random = p.same_random;
     server->same_clock = p.same_clock;
+    server->serial_inputs = p.serial_inputs;
+    server->prepare = p.prepare;
     server->unchecked_replies = p.unchecked_replies;
   } else if (!o.command.empty()) {
     server->command = o.command;
@@ -154,6 +160,8 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeInt("ready_timeout_ms", &timeout, false, 100, 3600000, error) ||
       !t.TakeBool("same_random", &p.same_random, error) ||
       !t.TakeBool("same_clock", &p.same_clock, error) ||
+      !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
+      !t.TakeString("prepare", &p.prepare, false, error) ||
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
@@ -275,6 +283,54 @@ bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id,
   return true;  // running, still starting up (a long restore)
 }
 
+// Runs the profile's `prepare` command once, with {dir} = DIR/server-template
+// (made fresh), its output in DIR/server-template.log; the replicas' servers
+// start from copies of what it leaves there.
+static bool PrepareDataTemplate(const std::string& prepare, const std::string& cluster_dir,
+                                std::string* template_dir, std::string* error) {
+  std::string dir = std::filesystem::absolute(cluster_dir + "/server-template").string();
+  std::string log = dir + ".log";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    *error = "cannot make " + dir + ": " + ec.message();
+    return false;
+  }
+  std::vector<std::string> argv;
+  if (!SplitCommand(prepare, &argv, error) || argv.empty()) {
+    *error = "the profile's prepare command: " + (argv.empty() ? "is empty" : *error);
+    return false;
+  }
+  for (auto& a : argv) a = SubstituteCommand(a, 0, dir);
+  SpawnOptions so;
+  if (!ResolveExecutable(argv[0], &so.exe, error)) {
+    *error = "the profile's prepare command: " + *error;
+    return false;
+  }
+  so.argv = argv;
+  so.out_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fprintf(stderr, "preparing the servers' data template: %s (output in %s)\n",
+          JoinCommand(argv).c_str(), log.c_str());
+  SpawnResult r = Spawn(so);
+  if (!r.ok()) {
+    *error = "cannot run the profile's prepare command " + so.exe + ": " + strerror(r.err);
+    return false;
+  }
+  int status = 0;
+  while (waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    *error = "the profile's prepare command failed (" +
+             (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                : "killed by signal " + std::to_string(WTERMSIG(status))) +
+             "); its output is in " + log;
+    return false;
+  }
+  *template_dir = dir;
+  return true;
+}
+
 bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* error) {
   if (o.replicas != 3 && o.replicas != 5 && o.replicas != 7 && o.replicas != 1) {
     *error = "--replicas must be 3, 5 or 7 (got " + std::to_string(o.replicas) + ")";
@@ -321,6 +377,9 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     c.election_timeout_max_us = o.election_timeout_max_us;
   }
   c.server = server;
+  if (!server.prepare.empty() &&
+      !PrepareDataTemplate(server.prepare, o.dir, &c.server.data_template, error))
+    return false;
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
     r.id = i;

@@ -359,6 +359,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (n) c.server.ready_timeout_ms = n;
     if (!s.TakeBool("same_random", &c.server.same_random, error)) return false;
     if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
+    if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
+    if (!s.TakeString("data_template", &c.server.data_template, false, error)) return false;
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
     if (!s.NoLeftovers(error)) return false;
   }
@@ -471,6 +473,12 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       o << "# the server's wall clock is the leader's time of the input it processes\n"
         << "# (preload/shim_clock.c)\n"
         << "same_clock = true\n";
+    if (c.server.serial_inputs)
+      o << "# one input executes at a time, whatever thread reads it (preload/shim.c)\n"
+        << "serial_inputs = true\n";
+    if (!c.server.data_template.empty())
+      o << "# each server starts from a copy of this directory (made by the profile's prepare)\n"
+        << "data_template = " << TomlQuote(c.server.data_template) << "\n";
     if (!c.server.unchecked_replies.empty())
       o << "# replies not compared between replicas (preload/shim_unchecked.c)\n"
         << "unchecked_replies = " << TomlQuote(c.server.unchecked_replies) << "\n";

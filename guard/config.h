@@ -25,6 +25,9 @@
 //   same_clock = true       # optional (false): the server's wall clock reads, on every
 //                           # replica, the leader's time of the input it processes
 //                           # (preload/shim_clock.c)
+//   serial_inputs = true    # optional (false): a multi-threaded server executes one input
+//                           # at a time, in the log's order (preload/shim.c)
+//   data_template = "DIR/server-template"  # optional: every server starts from a copy
 //
 //   [checkpoint]            # optional, with [server]: CRIU checkpoints of backups' servers
 //   enabled = true
@@ -131,6 +134,19 @@ struct ClusterConfig {
     // with PX/EX come out the same on every replica, a lagging one too.
     // From the app profile's `same_clock`.
     bool same_clock = false;
+    // A server that runs connections on several threads executes one input
+    // at a time, in the log's order: the next connection's input becomes
+    // readable only once the thread that read the previous one waits again
+    // (preload/shim.c, "Serial execution"). From the profile's `serial_inputs`.
+    bool serial_inputs = false;
+    // A directory every replica's server starts from, copied into its data
+    // directory whenever it starts afresh (not from a checkpoint): made once
+    // by `cluster up` running the profile's `prepare` command (MariaDB's
+    // mariadb-install-db), so that every replica starts from the same bytes.
+    // Empty: the server starts from an empty directory.
+    std::string data_template;
+    // The profile's `prepare` command (not in cluster.toml: used by `up` only).
+    std::string prepare;
     // Commands whose replies are left out of the output comparison, for
     // a server speaking redis's protocol: "INFO, CLIENT LIST" (one or two
     // words each; one word matches every subcommand). Their replies differ

@@ -71,6 +71,17 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   std::string dir = me_.dir + "/server";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
+  if (!cfg_.server.data_template.empty()) {
+    std::filesystem::copy(
+        cfg_.server.data_template, dir,
+        std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks,
+        ec);
+    if (ec) {
+      *error = "cannot copy the data template " + cfg_.server.data_template + " to " + dir + ": " +
+               ec.message();
+      return false;
+    }
+  }
   // Split first, then substitute: a data directory with spaces stays one argument.
   std::vector<std::string> argv;
   if (!SplitCommand(cfg_.server.command, &argv, error)) {
@@ -85,6 +96,7 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   server_fds_ = shim_->ServerFds();
   shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
   shim_->set_same_clock(cfg_.server.same_clock);
+  shim_->set_serial_inputs(cfg_.server.serial_inputs);
   shim_->set_unchecked_replies(cfg_.server.unchecked_replies);
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
                       server_fds_, error)) {

@@ -54,6 +54,9 @@ class ShimChannel {
   // stamp of the input it processes (preload/shim_clock.c), the clock_ns
   // passed to Complete and PushOrder. Always set ("1" or "0"), as above.
   void set_same_clock(bool on) { same_clock_ = on; }
+  // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
+  // whatever thread reads it (preload/shim.c). Always set, as above.
+  void set_serial_inputs(bool on) { serial_inputs_ = on; }
   // LOCKSTEP_SHIM_UNCHECKED_RESP for the server: the commands whose replies
   // its shim leaves out of the hashed output (preload/shim_unchecked.c), or
   // "": none. Always set, like the seed.
@@ -198,6 +201,7 @@ class ShimChannel {
   std::string output_digests_env_;
   std::string random_seed_env_;
   bool same_clock_ = false;
+  bool serial_inputs_ = false;
   std::string unchecked_replies_env_;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;

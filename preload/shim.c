@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
@@ -83,10 +84,14 @@ static ssize_t (*real_recvmsg)(int, struct msghdr*, int);
 static ssize_t (*real_readv)(int, const struct iovec*, int);
 static int (*real_accept)(int, struct sockaddr*, socklen_t*);
 static int (*real_accept4)(int, struct sockaddr*, socklen_t*, int);
-static int (*real_close)(int);
+LS_HIDDEN int (*real_close)(int);
 LS_HIDDEN int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
 LS_HIDDEN int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
 LS_HIDDEN int (*real_poll)(struct pollfd*, nfds_t, int);
+LS_HIDDEN int (*real_ppoll)(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*);
+LS_HIDDEN int (*real_select)(int, fd_set*, fd_set*, fd_set*, struct timeval*);
+LS_HIDDEN int (*real_pselect)(int, fd_set*, fd_set*, fd_set*, const struct timespec*,
+                              const sigset_t*);
 
 /* ------------------------------------------------------------ state */
 
@@ -110,6 +115,8 @@ static struct conn* by_slot[LS_MAX_REPLAY];     /* replay connections by slot */
 static uint32_t slot_closed_port[LS_MAX_REPLAY];
 static uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
 uint8_t wake_in_epfd[LS_MAX_FD];       /* shim_internal.h */
+static int serial_on;                  /* serial_inputs: see "Serial execution" below */
+int set_wake_fd[LS_MAX_FD];            /* shim_internal.h */
 static struct chunk fifo[LS_FIFO_SLOTS];
 uint64_t fifo_head_seq = 1, fifo_count; /* shim_internal.h */
 static uint64_t next_conn_no = 1;
@@ -170,6 +177,9 @@ __attribute__((constructor)) static void shim_init(void) {
   real_epoll_ctl = dlsym(RTLD_NEXT, "epoll_ctl");
   real_epoll_pwait = dlsym(RTLD_NEXT, "epoll_pwait");
   real_poll = dlsym(RTLD_NEXT, "poll");
+  real_ppoll = dlsym(RTLD_NEXT, "ppoll");
+  real_select = dlsym(RTLD_NEXT, "select");
+  real_pselect = dlsym(RTLD_NEXT, "pselect");
 
   /* Only the process the daemon started: an exec'd child inherits
    * LD_PRELOAD but is not the server. */
@@ -178,6 +188,7 @@ __attribute__((constructor)) static void shim_init(void) {
   wake_server_fd = env_int("LOCKSTEP_SHIM_WAKE_SERVER");
   wake_daemon_fd = env_int("LOCKSTEP_SHIM_WAKE_DAEMON");
   client_port = env_int("LOCKSTEP_SHIM_PORT");
+  serial_on = env_int("LOCKSTEP_SHIM_SERIAL") == 1;
   if (shm_fd < 0 || wake_server_fd < 0 || wake_daemon_fd < 0 || client_port <= 0) {
     shim_log("LOCKSTEP_SHIM_* environment incomplete; passing everything through");
     goto out;
@@ -300,6 +311,70 @@ static void fifo_pop_finished(void) {
   }
 }
 
+/* Serial execution (LOCKSTEP_SHIM_SERIAL=1, the app profile's
+ * `serial_inputs`), for servers that run connections on several threads.
+ * In-order delivery is not enough for them: once thread A has read
+ * connection X's input, the head moves to Y's, and thread B executes Y's
+ * while A still executes X's, so two replicas may execute them in either
+ * order (memcached's CAS uniques, InnoDB's lock waits). Here the next
+ * connection's input stays unreadable until the thread that read the last
+ * one has finished with it: it waits again (epoll, poll, select) or reads
+ * its connection dry (EAGAIN, or a blocking read that would wait), or
+ * closes it. Its connection may go on reading its own run meanwhile. A
+ * thread that does none of these for LS_SERIAL_EXEC_NS (blocked elsewhere,
+ * on something only another connection's input would release) lets the
+ * next one in, counted and logged: liveness over determinism. */
+static pid_t exec_tid;         /* the thread executing an input; 0: none */
+static struct conn* exec_conn; /* whose input */
+static uint64_t exec_since_ns;
+static uint64_t exec_expired;
+static __thread pid_t my_tid;
+
+static pid_t self_tid(void) {
+  if (!my_tid) my_tid = (pid_t)syscall(SYS_gettid);
+  return my_tid;
+}
+
+/* Another connection's input is executing, so c's must wait. mu held. */
+static int executing_other(const struct conn* c) {
+  if (!serial_on || !exec_tid || c == exec_conn) return 0;
+  if (now_ns() - exec_since_ns < LS_SERIAL_EXEC_NS) return 1;
+  if (exec_expired++ % 1000 == 0)
+    shim_log(
+        "serial_inputs: a thread held an input for over %llu ms without waiting again; "
+        "the next connection's input goes ahead (%llu times so far)",
+        (unsigned long long)(LS_SERIAL_EXEC_NS / 1000000), (unsigned long long)exec_expired);
+  exec_tid = 0;
+  exec_conn = NULL;
+  return 0;
+}
+
+static void serial_begin(struct conn* c) {
+  if (!serial_on) return;
+  exec_tid = self_tid();
+  exec_conn = c;
+  exec_since_ns = now_ns();
+}
+
+void serial_done(int my_epfd) {
+  if (!serial_on || !exec_tid || exec_tid != self_tid()) return;
+  exec_tid = 0;
+  exec_conn = NULL;
+  /* The next agreed input may be another thread's to read: wake the one
+   * waiting in its connection's epoll set (not every thread), or, for a
+   * connection in no set, everyone through the daemon's eventfd. */
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch) || ch->kind == LS_SUB_ACCEPT) continue;
+    if (ch->state != CH_COMMITTED) return; /* its completion wakes the server */
+    int epfd = ch->c->epfd;
+    if (epfd == my_epfd && epfd >= 0) return; /* this thread looks itself */
+    int fd = epfd >= 0 && epfd < LS_MAX_FD ? set_wake_fd[epfd] - 1 : -1;
+    (void)eventfd_write(fd >= 0 ? fd : wake_server_fd, 1);
+    return;
+  }
+}
+
 /* The gate is open (every connection reads its agreed bytes) while the
  * server ignores the head input: it was told often enough that it may read
  * it and went on without, or a long time passed. Not a short timeout: a
@@ -309,6 +384,7 @@ int gate_bypassed(void) {
   if (!fifo_count) return 1;
   struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
   if (h->state != CH_COMMITTED) return 0;
+  if (executing_other(h->c)) return 0;
   return head_reports >= LS_GATE_BYPASS_REPORTS || now_ns() - head_since_ns > LS_GATE_BYPASS_NS;
 }
 
@@ -478,16 +554,22 @@ static int inbox_reserve(struct conn* c, uint64_t more) {
 
 static void stop_kernel_input(struct conn* c) {
   if (c->epfd >= 0 && (c->events & EPOLLIN)) {
-    struct epoll_event ev = {.events = (c->events & ~(EPOLLIN | EPOLLET | EPOLLRDHUP)),
+    struct epoll_event ev = {.events = kernel_interest(c),
                              .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
     real_epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->fd, &ev);
   }
 }
 
 /* The kernel interest the shim registers for a tracked connection: what the
- * server asked for, level-triggered, without input once EOF was taken. */
+ * server asked for, level-triggered and never one-shot (the shim must hear
+ * every client byte to ingest it; shim_wait.c gives the server its one-shot
+ * and edge semantics), without input once EOF was taken, and without the
+ * events the server must not hear now: all but input while one-shot
+ * disarmed, EPOLLOUT after an edge was told. */
 uint32_t kernel_interest(const struct conn* c) {
-  uint32_t kernel = c->events & ~(uint32_t)EPOLLET;
+  uint32_t kernel = c->events & ~(uint32_t)(EPOLLET | EPOLLONESHOT);
+  if (c->disarmed) kernel &= (uint32_t)(EPOLLIN | EPOLLRDHUP);
+  if (c->et_out_told) kernel &= ~(uint32_t)EPOLLOUT;
   if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
   return kernel;
 }
@@ -607,8 +689,9 @@ struct head_run find_head_run(void) {
     struct chunk* ch = fifo_at(s);
     if (chunk_finished(ch)) continue;
     if (ch->state != CH_COMMITTED) break;
-    if (ch->kind == LS_SUB_ACCEPT) continue; /* delivered by accept itself */
-    if (r.c && ch->c != r.c) break;          /* the next connection's run */
+    if (ch->kind == LS_SUB_ACCEPT) continue;   /* delivered by accept itself */
+    if (r.c && ch->c != r.c) break;            /* the next connection's run */
+    if (!r.c && executing_other(ch->c)) break; /* serial_inputs: not its turn yet */
     if (!r.c) {
       r.c = ch->c;
       r.end = ch->c->consumed;
@@ -623,7 +706,7 @@ struct head_run find_head_run(void) {
 }
 
 /* Bytes connection c may hand to the server now. Called with mu held. */
-static uint64_t readable(struct conn* c) {
+uint64_t readable(struct conn* c) {
   /* A replayed input may be allowed before all its bytes arrived. */
   uint64_t have = c->committed_end < c->received ? c->committed_end : c->received;
   if (c->consumed >= have) return 0;
@@ -635,7 +718,7 @@ static uint64_t readable(struct conn* c) {
 }
 
 /* EOF may be reported once everything agreed before it was read. */
-static int eof_ready(struct conn* c) {
+int eof_ready(struct conn* c) {
   if (c->eof_read) return 1;
   if (c->consumed < c->committed_end) return 0;
   if (c->log_closed) return 1;
@@ -662,6 +745,7 @@ static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek
     done += n;
   }
   if (!peek) {
+    if (done) serial_begin(c);
     c->consumed = from;
     head_reports = 0; /* the server is reading: progress, not neglect */
     head_since_ns = now_ns();
@@ -749,6 +833,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
         (readable(c) > 0 || eof_ready(c)))
       continue; /* replayed bytes the order already allows */
     int blocking = !(flags & MSG_DONTWAIT) && !(fcntl(c->fd, F_GETFL) & O_NONBLOCK);
+    serial_done(-1); /* read dry: whatever it read is executed */
     if (!blocking) {
       pthread_mutex_unlock(&mu);
       errno = EAGAIN;
@@ -1009,6 +1094,7 @@ int close(int fd) {
         c->eof_submitted = 1;
         submit(c, LS_SUB_CLOSE, NULL, 0);
       }
+      if (c == exec_conn) serial_done(-1);
       c->fd = -1;
       c->refs++;
       for (int i = 0; i < log_closed_n; i++)
@@ -1019,6 +1105,10 @@ int close(int fd) {
     }
     listen_kind[fd] = 0;
     wake_in_epfd[fd] = 0;
+    if (set_wake_fd[fd]) { /* an epoll set closed: its own eventfd with it */
+      real_close(set_wake_fd[fd] - 1);
+      set_wake_fd[fd] = 0;
+    }
     atomic_store(&inspect_ino[fd], 0);
     atomic_store(&inspect_dead[fd], 0);
     errno = saved;

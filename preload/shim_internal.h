@@ -69,6 +69,13 @@ struct conn {
   int epfd;
   uint32_t events;
   epoll_data_t data;
+  /* What the server was told since its last ADD/MOD, so that EPOLLONESHOT
+   * and EPOLLET mean for the shim's events what they mean for the kernel's
+   * (shim_wait.c, tell). */
+  int disarmed;      /* EPOLLONESHOT: reported once, silent until re-armed */
+  uint64_t et_until; /* EPOLLET: agreed bytes up to here were reported */
+  int et_eof_told;   /* EPOLLET: the readable EOF was reported */
+  int et_out_told;   /* EPOLLET: writable reported; again once a send would block */
 };
 
 /* The delivery window: the head run (see find_head_run in shim.c). */
@@ -89,6 +96,11 @@ LS_HIDDEN extern int log_closed_n;
 LS_HIDDEN extern int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
 LS_HIDDEN extern int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
 LS_HIDDEN extern int (*real_poll)(struct pollfd*, nfds_t, int);
+LS_HIDDEN extern int (*real_close)(int);
+LS_HIDDEN extern int (*real_ppoll)(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*);
+LS_HIDDEN extern int (*real_select)(int, fd_set*, fd_set*, fd_set*, struct timeval*);
+LS_HIDDEN extern int (*real_pselect)(int, fd_set*, fd_set*, fd_set*, const struct timespec*,
+                                     const sigset_t*);
 LS_HIDDEN uint64_t now_ns(void); /* CLOCK_MONOTONIC */
 LS_HIDDEN struct chunk* fifo_at(uint64_t seq);
 LS_HIDDEN int gate_bypassed(void);
@@ -97,6 +109,16 @@ LS_HIDDEN uint32_t kernel_interest(const struct conn* c); /* epoll events the ke
 LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
 LS_HIDDEN struct head_run find_head_run(void);
 LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF) */
+/* serial_inputs (shim.c): the calling thread has finished the input it
+ * read, if it read one; mu held. */
+LS_HIDDEN void serial_done(int my_epfd); /* my_epfd: the set it waits in next, or -1 */
+/* Per epoll set, the shim's own eventfd (fd + 1; 0: none), which
+ * serial_done writes to wake just the thread waiting in that set. */
+LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
+/* How long one input may hold the next connection's back (shim.c). */
+#define LS_SERIAL_EXEC_NS 1000000000ull
+LS_HIDDEN uint64_t readable(struct conn* c); /* agreed bytes the server may read now */
+LS_HIDDEN int eof_ready(struct conn* c);     /* the server may read c's EOF now */
 /* The tracked connection under fd, or NULL. */
 static inline struct conn* tracked(int fd) {
   if (!active || fd < 0 || fd >= LS_MAX_FD) return NULL;
@@ -116,6 +138,9 @@ LS_HIDDEN void out_end(int fd, uint32_t flag);
 LS_HIDDEN void out_after_fork(void);
 /* The server read n (> 0) bytes of iov from the tracked connection fd. */
 LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n);
+/* A send on fd would block (EAGAIN): an EPOLLET server hears the next
+ * EPOLLOUT edge (shim_wait.c). */
+LS_HIDDEN void wait_send_blocked(int fd);
 
 /* shim_unchecked.c: replies left out of the hashed stream. */
 LS_HIDDEN extern int unck_on; /* LOCKSTEP_SHIM_UNCHECKED_RESP names commands */

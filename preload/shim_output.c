@@ -493,6 +493,7 @@ void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
 /* The kernel took n bytes of a send (n <= 0: none, or an error): hash
  * them if fd's output is (slot >= 0); returns n with errno as the call left it. */
 static ssize_t sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, ssize_t n) {
+  if (slot >= 0 && n < 0 && errno == EAGAIN) wait_send_blocked(fd);
   if (slot < 0 || n <= 0) return n;
   int saved = errno;
   out_sent(fd, slot, iov, iovcnt, (size_t)n);

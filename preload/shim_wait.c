@@ -8,6 +8,7 @@
  *
  * Same rules as shim.c: errno preserved, no allocation. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/select.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,11 +25,31 @@
 
 /* ------------------------------------------------------------ epoll */
 
+/* The wake eventfd rides in every epoll set that holds a tracked connection,
+ * edge-triggered and never read on this path: each write by the daemon then
+ * wakes every set once, whichever thread waits in which (a thread that read
+ * it would take the wake-up from the others), and the count it keeps does
+ * not make any set spin. poll's path reads it (a level it would spin on). */
 static void ensure_wake(int epfd) {
   if (epfd < 0 || epfd >= LS_MAX_FD || wake_in_epfd[epfd]) return;
-  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LS_WAKE_TAG};
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = LS_WAKE_TAG};
   if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, wake_server_fd, &ev) == 0 || errno == EEXIST)
     wake_in_epfd[epfd] = 1;
+  /* The set's own eventfd, the same way: serial_inputs hands the next input
+   * to the thread waiting here without waking every other thread. */
+  if (!set_wake_fd[epfd]) {
+    int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd >= 0 && real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0)
+      set_wake_fd[epfd] = fd + 1;
+    else if (fd >= 0)
+      real_close(fd);
+  }
+}
+
+static void rearm_kernel(struct conn* c) {
+  if (c->epfd < 0 || c->detached) return;
+  struct epoll_event ev = {.events = kernel_interest(c), .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
+  real_epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
@@ -44,10 +66,15 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
     return real_epoll_ctl(epfd, op, fd, event);
   }
   /* The kernel tells us about the socket (level-triggered, tagged with the
-   * fd); the server hears from us. */
+   * fd); the server hears from us. ADD and MOD arm afresh: what is ready now
+   * is reported, edge-triggered or not, as the kernel does. */
   c->epfd = epfd;
   c->events = event->events;
   c->data = event->data;
+  c->disarmed = 0;
+  c->et_until = 0;
+  c->et_eof_told = 0;
+  c->et_out_told = 0;
   struct epoll_event ev = {.events = kernel_interest(c), .data.u64 = LS_CONN_TAG | (uint64_t)fd};
   if (c->detached) { /* a dead restored socket stays out of the kernel's set */
     pthread_mutex_unlock(&mu);
@@ -59,19 +86,63 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   return real_epoll_ctl(epfd, op, fd, &ev);
 }
 
-/* Adds (or merges) an event for the server. */
+void wait_send_blocked(int fd) {
+  struct conn* c = tracked(fd);
+  if (!c) return;
+  int saved = errno;
+  pthread_mutex_lock(&mu);
+  if (c->et_out_told) {
+    c->et_out_told = 0;
+    rearm_kernel(c);
+  }
+  pthread_mutex_unlock(&mu);
+  errno = saved;
+}
+
+/* Adds (or merges) an event for the server; -1 when out is full. */
 static int put_event(struct epoll_event* out, int n, int max, uint32_t events, epoll_data_t data) {
   for (int i = 0; i < n; i++)
     if (out[i].data.u64 == data.u64) {
       out[i].events |= events;
       return n;
     }
-  if (n < max) {
-    out[n].events = events;
-    out[n].data = data;
-    n++;
+  if (n >= max) return -1;
+  out[n].events = events;
+  out[n].data = data;
+  return n + 1;
+}
+
+/* Tells the server `events` of tracked connection c, as its registration
+ * asks: nothing while one-shot disarmed (and disarmed once told); under
+ * EPOLLET, input only when more agreed bytes (or the EOF) became readable
+ * since the last time, EPOLLOUT only once until a send would block. Called
+ * with mu held; returns the new count of events in out. */
+static int tell(struct epoll_event* out, int n, int max, struct conn* c, uint32_t events) {
+  if (c->disarmed) return n;
+  uint64_t until = 0;
+  int eof = 0;
+  if (c->events & EPOLLET) {
+    if (events & EPOLLIN) {
+      until = c->consumed + (uint64_t)readable(c);
+      eof = eof_ready(c);
+      if (until <= c->et_until && (!eof || c->et_eof_told)) events &= ~(uint32_t)EPOLLIN;
+    }
+    if (c->et_out_told) events &= ~(uint32_t)EPOLLOUT;
   }
-  return n;
+  if (!events) return n;
+  int m = put_event(out, n, max, events, c->data);
+  if (m < 0) return n; /* no room: told next time */
+  int kernel_changes = 0;
+  if (c->events & EPOLLET) {
+    if (events & EPOLLIN) {
+      c->et_until = until;
+      c->et_eof_told |= eof;
+    }
+    if (events & EPOLLOUT) kernel_changes = c->et_out_told = 1;
+  }
+  if (c->events & EPOLLONESHOT) kernel_changes = c->disarmed = 1;
+  if (kernel_changes) rearm_kernel(c);
+  return m;
 }
 
 /* Tracked connections of epoll set epfd that the server may read now. */
@@ -81,7 +152,7 @@ static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
       struct conn* c = fifo_at(s)->c;
       if (fifo_at(s)->state == CH_PENDING) break;
       if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
-        n = put_event(out, n, max, EPOLLIN, c->data);
+        n = tell(out, n, max, c, EPOLLIN);
     }
   } else {
     struct head_run r = find_head_run();
@@ -89,21 +160,26 @@ static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
     uint64_t end = c && r.end > c->received ? c->received : r.end; /* replayed bytes in flight */
     if (c && c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) &&
         (end > c->consumed || r.close) && n < max) {
-      n = put_event(out, n, max, EPOLLIN, c->data);
-      head_reports++;
+      int told = tell(out, n, max, c, EPOLLIN);
+      if (told > n) head_reports++;
+      n = told;
     }
   }
   for (int i = 0; i < log_closed_n && n < max; i++) {
     struct conn* c = log_closed_list[i];
     if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
-      n = put_event(out, n, max, EPOLLIN, c->data);
+      n = tell(out, n, max, c, EPOLLIN);
   }
   return n;
 }
 
 int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout,
                 const sigset_t* sigmask) {
-  if (!active || epfd < 0 || epfd >= LS_MAX_FD || !wake_in_epfd[epfd] || maxevents <= 0)
+  /* Every set is filtered, also one that holds no tracked connection yet:
+   * another thread may add one (and the wake eventfd) while this one waits
+   * in the kernel, which would then hand it the shim's tags (slapd crashed
+   * on that: its listener waits in epoll while pool threads add sockets). */
+  if (!active || epfd < 0 || epfd >= LS_MAX_FD || maxevents <= 0)
     return real_epoll_pwait(epfd, events, maxevents, timeout, sigmask);
   int saved = errno;
   uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
@@ -113,6 +189,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
   for (;;) {
     /* Anything agreed already? Then only look at the kernel, don't wait. */
     pthread_mutex_lock(&mu);
+    serial_done(epfd); /* waiting again: what this thread read is executed */
     drain_done();
     n = ready_events(epfd, events, 0, maxevents);
     pthread_mutex_unlock(&mu);
@@ -124,7 +201,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
       else
         wait_ms = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
       /* Inputs pending: look again now and then (the gate may open, see gate_bypassed). */
-      if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
+      if (fifo_count && wake_in_epfd[epfd] && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
     }
     int sleeping = wait_ms != 0;
     if (sleeping) {
@@ -142,11 +219,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     pthread_mutex_lock(&mu);
     for (int i = 0; i < k; i++) {
       uint64_t tag = kernel[i].data.u64;
-      if (tag == LS_WAKE_TAG) {
-        eventfd_t v;
-        (void)!eventfd_read(wake_server_fd, &v); /* libc's own read: not our wrapper */
-        continue;
-      }
+      if (tag == LS_WAKE_TAG) continue; /* edge-triggered, left unread: ensure_wake */
       if ((tag & LS_TAG_MASK) == LS_CONN_TAG) {
         int fd = (int)(tag & 0xffffffffu);
         struct conn* c = fd < LS_MAX_FD ? by_fd[fd] : NULL;
@@ -155,10 +228,11 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
         if (c->detached) continue; /* a dead restored socket: nothing to tell */
         /* Only what the server asked for and we do not synthesise. */
         uint32_t other = kernel[i].events & c->events & ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
-        if (other) n = put_event(events, n, maxevents, other, c->data);
+        if (other) n = tell(events, n, maxevents, c, other);
         continue;
       }
-      n = put_event(events, n, maxevents, kernel[i].events, kernel[i].data);
+      int m = put_event(events, n, maxevents, kernel[i].events, kernel[i].data);
+      if (m >= 0) n = m;
     }
     drain_done();
     n = ready_events(epfd, events, n, maxevents);
@@ -186,19 +260,29 @@ int epoll_pwait2(int epfd, struct epoll_event* events, int maxevents,
 
 /* ------------------------------------------------------------ poll */
 
-int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
-  if (!active || nfds > 1024) return real_poll(fds, nfds, timeout);
-  int any = 0;
-  for (nfds_t i = 0; i < nfds && !any; i++) any = tracked(fds[i].fd) != NULL;
-  if (!any) return real_poll(fds, nfds, timeout);
+static int any_tracked(const struct pollfd* fds, nfds_t nfds) {
+  for (nfds_t i = 0; i < nfds; i++)
+    if (tracked(fds[i].fd)) return 1;
+  return 0;
+}
+
+static uint64_t deadline_of(const struct timespec* t) {
+  if (!t) return UINT64_MAX;
+  return now_ns() + (uint64_t)t->tv_sec * 1000000000ull + (uint64_t)t->tv_nsec;
+}
+
+/* poll, ppoll, select and pselect on fds of which some are tracked: one loop
+ * (deadline: now_ns() time, UINT64_MAX for none; sigmask as ppoll's). */
+static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
+                        const sigset_t* sigmask) {
   int saved = errno;
-  uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
   struct pollfd k[1025];
   for (;;) {
     /* Tracked fds: POLLIN means "agreed bytes or EOF wait"; the kernel's
      * POLLIN only feeds ingest. The wake eventfd rides along at the end. */
     int n = 0;
     pthread_mutex_lock(&mu);
+    serial_done(-1);
     drain_done();
     for (nfds_t i = 0; i < nfds; i++) {
       k[i] = fds[i];
@@ -226,7 +310,8 @@ int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
       atomic_fetch_add(&hdr->server_sleepers, 1);
       if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
     }
-    int r = real_poll(k, nfds + 1, wait_ms);
+    struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000l};
+    int r = real_ppoll(k, nfds + 1, wait_ms < 0 ? NULL : &ts, sigmask);
     int err = errno;
     if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
     if (r < 0) {
@@ -258,4 +343,111 @@ int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
       return n;
     }
   }
+}
+
+/* Resolved again here when a library polls before the shim's constructor ran. */
+#define REAL(fn)                                                            \
+  do {                                                                      \
+    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
+  } while (0)
+
+int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
+  REAL(poll);
+  if (!active || nfds > 1024 || !any_tracked(fds, nfds)) return real_poll(fds, nfds, timeout);
+  return poll_tracked(fds, nfds,
+                      timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull, NULL);
+}
+
+int ppoll(struct pollfd* fds, nfds_t nfds, const struct timespec* timeout,
+          const sigset_t* sigmask) {
+  REAL(ppoll);
+  if (!active || nfds > 1024 || !any_tracked(fds, nfds))
+    return real_ppoll(fds, nfds, timeout, sigmask);
+  return poll_tracked(fds, nfds, deadline_of(timeout), sigmask);
+}
+
+/* select and pselect: the same wait over a pollfd per fd named in a set. */
+static int select_tracked(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, uint64_t deadline,
+                          const sigset_t* sigmask, int* handled) {
+  struct pollfd p[FD_SETSIZE];
+  nfds_t n = 0;
+  int any = 0;
+  *handled = 0;
+  if (!active || nfds < 0 || nfds > FD_SETSIZE) return 0;
+  for (int fd = 0; fd < nfds; fd++) {
+    short ev =
+        (short)((rd && FD_ISSET(fd, rd) ? POLLIN : 0) | (wr && FD_ISSET(fd, wr) ? POLLOUT : 0) |
+                (ex && FD_ISSET(fd, ex) ? POLLPRI : 0));
+    if (!ev) continue;
+    p[n].fd = fd;
+    p[n].events = ev;
+    p[n].revents = 0;
+    n++;
+    any |= tracked(fd) != NULL;
+  }
+  if (!any) return 0;
+  *handled = 1;
+  int r = poll_tracked(p, n, deadline, sigmask);
+  if (r < 0) return -1;
+  for (nfds_t i = 0; i < n; i++)
+    if (p[i].revents & POLLNVAL) {
+      errno = EBADF;
+      return -1;
+    }
+  if (rd) FD_ZERO(rd);
+  if (wr) FD_ZERO(wr);
+  if (ex) FD_ZERO(ex);
+  int bits = 0;
+  for (nfds_t i = 0; i < n; i++) {
+    short got = p[i].revents, asked = p[i].events;
+    if ((asked & POLLIN) && (got & (POLLIN | POLLHUP | POLLERR))) FD_SET(p[i].fd, rd), bits++;
+    if ((asked & POLLOUT) && (got & (POLLOUT | POLLERR))) FD_SET(p[i].fd, wr), bits++;
+    if ((asked & POLLPRI) && (got & POLLPRI)) FD_SET(p[i].fd, ex), bits++;
+  }
+  return bits;
+}
+
+int select(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, struct timeval* timeout) {
+  REAL(select);
+  struct timespec t;
+  if (timeout) {
+    t.tv_sec = timeout->tv_sec;
+    t.tv_nsec = timeout->tv_usec * 1000l;
+  }
+  uint64_t deadline = active ? deadline_of(timeout ? &t : NULL) : 0;
+  int handled;
+  int r = select_tracked(nfds, rd, wr, ex, deadline, NULL, &handled);
+  if (!handled) return real_select(nfds, rd, wr, ex, timeout);
+  if (timeout) { /* Linux's select leaves the time not slept in *timeout */
+    int saved = errno;
+    uint64_t now = now_ns(), left = deadline > now ? deadline - now : 0;
+    timeout->tv_sec = (time_t)(left / 1000000000ull);
+    timeout->tv_usec = (suseconds_t)(left % 1000000000ull / 1000);
+    errno = saved;
+  }
+  return r;
+}
+
+int pselect(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, const struct timespec* timeout,
+            const sigset_t* sigmask) {
+  REAL(pselect);
+  int handled;
+  int r = select_tracked(nfds, rd, wr, ex, active ? deadline_of(timeout) : 0, sigmask, &handled);
+  if (!handled) return real_pselect(nfds, rd, wr, ex, timeout, sigmask);
+  return r;
+}
+
+/* The fortified entry points (_FORTIFY_SOURCE, as Debian builds servers):
+ * glibc's own would call its internal poll, past the wrappers above. */
+extern void __chk_fail(void) __attribute__((noreturn));
+
+int __poll_chk(struct pollfd* fds, nfds_t nfds, int timeout, size_t fds_len) {
+  if (fds_len / sizeof *fds < nfds) __chk_fail();
+  return poll(fds, nfds, timeout);
+}
+
+int __ppoll_chk(struct pollfd* fds, nfds_t nfds, const struct timespec* timeout,
+                const sigset_t* sigmask, size_t fds_len) {
+  if (fds_len / sizeof *fds < nfds) __chk_fail();
+  return ppoll(fds, nfds, timeout, sigmask);
 }

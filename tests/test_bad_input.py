@@ -173,7 +173,7 @@ def test_app_and_command_exclude_each_other(cluster):
 
 def test_cluster_help_lists_the_apps():
     p = run("cluster", "--help")
-    assert "--app memcached|redis" in p.stdout, p.stdout
+    assert "--app mariadb|memcached|redis" in p.stdout, p.stdout
     assert "{port}" in p.stdout and "{dir}" in p.stdout
 
 

@@ -2,11 +2,11 @@
 several threads set, get, incr and cas through the leader, and afterwards
 every key reads the same from each replica's own memcached.
 
-Each client thread works on its own keys: memcached runs connections on
-different worker threads in parallel, so two clients racing on one key may
-be executed in different orders on different replicas (output checking
-would report that; a memcached backup made to diverge is caught and rolled
-back in tests/test_divergence.py)."""
+The profile runs memcached's four worker threads with serial_inputs (one
+input executes at a time, in the log's order, whatever thread reads it), so
+clients racing on the same keys leave every replica with the same values
+and CAS uniques (the last test). A memcached backup made to diverge is
+caught and rolled back in tests/test_divergence.py."""
 
 import threading
 import time
@@ -102,3 +102,52 @@ def test_a_server_without_a_profile_runs_under_double_dash(cluster):
             break
         assert time.monotonic() < end, f"replicas hold {views}"
         time.sleep(0.1)
+
+
+def test_four_worker_threads_racing_on_shared_keys_stay_identical(memcached_cluster):
+    # The profile runs memcached's four worker threads with serial_inputs:
+    # clients on six connections race on the same five keys, so the order in
+    # which the threads execute their stores decides each key's value and
+    # CAS unique (one counter across all stores). Every replica must end with
+    # the same of both, and no replica's replies may differ from the leader's.
+    addr = memcached_cluster.client_addr()
+    errors = []
+
+    def racer(t):
+        try:
+            m = Memcached(addr)
+            for i in range(50):
+                key = f"shared{i % 5}"
+                assert m.store("set", key, f"{t}-{i}") == "STORED"
+                value, cas = m.gets(key)
+                assert value is not None and cas > 0
+                m.store("cas", key, f"{t}-{i}-cas", cas=cas)  # STORED or EXISTS: a race
+            m.close()
+        except (OSError, AssertionError) as e:
+            errors.append(f"connection {t}: {e!r}")
+
+    threads = [threading.Thread(target=racer, args=(t,)) for t in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+
+    def view(a):
+        m = Memcached(a)
+        try:
+            return {f"shared{k}": m.gets(f"shared{k}") for k in range(5)}
+        finally:
+            m.close()
+
+    leader_view = view(addr)
+    replicas = len(memcached_cluster.status()["replicas"])
+    end = time.monotonic() + 15
+    while True:
+        views = [view(memcached_cluster.server_addr(r)) for r in range(replicas)]
+        if all(v == leader_view for v in views):
+            break
+        assert time.monotonic() < end, f"replicas differ: leader {leader_view}, all {views}"
+        time.sleep(0.2)
+    s = memcached_cluster.status()
+    assert [r["output"]["divergences"] for r in s["replicas"]] == [0] * replicas, s
