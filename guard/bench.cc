@@ -397,7 +397,23 @@ class FollowingLoad {
 // (or different) on any live replica; also checks the logs agree.
 uint64_t CountLost(const ClusterConfig& c, const std::string& dir, const std::vector<Acked>& acked,
                    std::string* report) {
+  // Each replica is read up to its own commit index, which reaches a backup
+  // (a restarted one above all) a little after the leader's: wait until every
+  // replica knows the newest acknowledged entry committed (or 10 s), so that
+  // an entry counted lost is one a replica that knows it committed lacks.
+  uint64_t newest = 0;
+  for (const auto& a : acked) newest = std::max(newest, a.index);
+  auto end = Clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    ClusterStatus s = GetClusterStatus(dir, c);
+    bool all = s.replicas.size() == c.replicas.size();
+    for (const auto& r : s.replicas) all = all && r.commit_index >= newest;
+    if (all || Clock::now() >= end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   uint64_t lost = 0;
+  std::vector<uint64_t> lost_on(c.replicas.size(), 0);
+  std::vector<size_t> read_ids;
   std::vector<std::map<uint64_t, std::string>> logs;
   std::string unread;
   for (size_t r = 0; r < c.replicas.size(); r++) {
@@ -419,15 +435,19 @@ uint64_t CountLost(const ClusterConfig& c, const std::string& dir, const std::ve
       if (next > commit) break;
     }
     logs.push_back(std::move(log));
+    read_ids.push_back(r);
   }
-  for (const auto& a : acked)
-    for (const auto& log : logs) {
-      auto it = log.find(a.index);
-      if (it == log.end() || it->second != a.payload) {
-        lost++;
-        break;
+  for (const auto& a : acked) {
+    bool missing = false;
+    for (size_t i = 0; i < logs.size(); i++) {
+      auto it = logs[i].find(a.index);
+      if (it == logs[i].end() || it->second != a.payload) {
+        lost_on[read_ids[i]]++;
+        missing = true;
       }
     }
+    lost += missing;
+  }
   uint64_t disagreements = 0;
   for (size_t i = 1; i < logs.size(); i++)
     for (const auto& [idx, p] : logs[i]) {
@@ -437,6 +457,10 @@ uint64_t CountLost(const ClusterConfig& c, const std::string& dir, const std::ve
   *report = std::to_string(logs.size()) + " replicas read, " + std::to_string(acked.size()) +
             " acknowledged entries checked, " + std::to_string(disagreements) +
             " disagreeing slots";
+  for (size_t r = 0; r < lost_on.size(); r++)
+    if (lost_on[r])
+      *report += "; replica " + std::to_string(r) + " lacks " + std::to_string(lost_on[r]) +
+                 " acknowledged entries up to index " + std::to_string(newest);
   // Every replica runs again by now: one that does not answer is not
   // evidence that nothing was lost, so it counts as everything lost.
   if (!unread.empty()) {

@@ -90,6 +90,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->same_random = p.same_random;
     server->same_clock = p.same_clock;
     server->serial_inputs = p.serial_inputs;
+    server->unchecked_greeting = p.unchecked_greeting;
     server->prepare = p.prepare;
     server->unchecked_replies = p.unchecked_replies;
   } else if (!o.command.empty()) {
@@ -161,6 +162,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("same_random", &p.same_random, error) ||
       !t.TakeBool("same_clock", &p.same_clock, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
+      !t.TakeBool("unchecked_greeting", &p.unchecked_greeting, error) ||
       !t.TakeString("prepare", &p.prepare, false, error) ||
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;

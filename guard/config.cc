@@ -360,6 +360,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeBool("same_random", &c.server.same_random, error)) return false;
     if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
+    if (!s.TakeBool("unchecked_greeting", &c.server.unchecked_greeting, error)) return false;
     if (!s.TakeString("data_template", &c.server.data_template, false, error)) return false;
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
     if (!s.NoLeftovers(error)) return false;
@@ -476,6 +477,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.server.serial_inputs)
       o << "# one input executes at a time, whatever thread reads it (preload/shim.c)\n"
         << "serial_inputs = true\n";
+    if (c.server.unchecked_greeting)
+      o << "# what a server sends before a connection's first input is not compared\n"
+        << "unchecked_greeting = true\n";
     if (!c.server.data_template.empty())
       o << "# each server starts from a copy of this directory (made by the profile's prepare)\n"
         << "data_template = " << TomlQuote(c.server.data_template) << "\n";

@@ -28,6 +28,8 @@
 //   serial_inputs = true    # optional (false): a multi-threaded server executes one input
 //                           # at a time, in the log's order (preload/shim.c)
 //   data_template = "DIR/server-template"  # optional: every server starts from a copy
+//   unchecked_greeting = true  # optional (false): output before a connection's first
+//                           # input is not compared (preload/shim_output.c)
 //
 //   [checkpoint]            # optional, with [server]: CRIU checkpoints of backups' servers
 //   enabled = true
@@ -139,6 +141,11 @@ struct ClusterConfig {
     // readable only once the thread that read the previous one waits again
     // (preload/shim.c, "Serial execution"). From the profile's `serial_inputs`.
     bool serial_inputs = false;
+    // What a server sends on a connection before it reads anything from it
+    // (a handshake with a random challenge, a banner naming the host) is left
+    // out of the output comparison (preload/shim_output.c). From the
+    // profile's `unchecked_greeting`.
+    bool unchecked_greeting = false;
     // A directory every replica's server starts from, copied into its data
     // directory whenever it starts afresh (not from a checkpoint): made once
     // by `cluster up` running the profile's `prepare` command (MariaDB's

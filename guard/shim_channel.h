@@ -57,6 +57,9 @@ class ShimChannel {
   // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
   // whatever thread reads it (preload/shim.c). Always set, as above.
   void set_serial_inputs(bool on) { serial_inputs_ = on; }
+  // LOCKSTEP_SHIM_UNCHECKED_GREETING: output before a connection's first
+  // input is left out of the digests (preload/shim_output.c).
+  void set_unchecked_greeting(bool on) { unchecked_greeting_ = on; }
   // LOCKSTEP_SHIM_UNCHECKED_RESP for the server: the commands whose replies
   // its shim leaves out of the hashed output (preload/shim_unchecked.c), or
   // "": none. Always set, like the seed.
@@ -202,6 +205,7 @@ class ShimChannel {
   std::string random_seed_env_;
   bool same_clock_ = false;
   bool serial_inputs_ = false;
+  bool unchecked_greeting_ = false;
   std::string unchecked_replies_env_;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;

@@ -112,11 +112,30 @@ LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF)
 /* serial_inputs (shim.c): the calling thread has finished the input it
  * read, if it read one; mu held. */
 LS_HIDDEN void serial_done(int my_epfd); /* my_epfd: the set it waits in next, or -1 */
+/* A thread about to sleep in poll/select/read registers its own eventfd
+ * (returned; -1 if none) with the connection it waits for (shim.c,
+ * "Threads waiting"); it takes its wake-up, leaves, and relays the daemon's
+ * wake-up to the others when it was the one that read it. mu held, except
+ * waiter_took_wake. */
+LS_HIDDEN int waiter_enter(struct conn* c);
+LS_HIDDEN void waiter_leave(void);
+LS_HIDDEN void waiter_took_wake(void);
+LS_HIDDEN void waiters_relay(void);
 /* Per epoll set, the shim's own eventfd (fd + 1; 0: none), which
  * serial_done writes to wake just the thread waiting in that set. */
 LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
 /* How long one input may hold the next connection's back (shim.c). */
 #define LS_SERIAL_EXEC_NS 1000000000ull
+/* How often (and how soon) the executing thread's state is looked at. */
+#define LS_SERIAL_LOOK_NS 1000000ull
+/* 0: no thread holds an input (serial_inputs); 2: one does and the next
+ * agreed input is c's (or, with c NULL, that of a connection in epoll set
+ * epfd): the thread waiting for it looks again every LS_SERIAL_LOOK_NS, to
+ * notice the holder asleep (shim.c, executing_other); 1: one does, and
+ * waiting threads look again every LS_SERIAL_IDLE_LOOK_MS (a wake-up lost
+ * on the way costs that much, never a hang). mu held. */
+#define LS_SERIAL_IDLE_LOOK_MS 5
+LS_HIDDEN int serial_holding(const struct conn* c, int epfd);
 LS_HIDDEN uint64_t readable(struct conn* c); /* agreed bytes the server may read now */
 LS_HIDDEN int eof_ready(struct conn* c);     /* the server may read c's EOF now */
 /* The tracked connection under fd, or NULL. */

@@ -59,7 +59,16 @@ struct out_state {
   uint16_t replay_slot;     /* or LS_OUT_NONE */
   uint64_t next_mark;       /* stream offset of the next mark record */
   struct ls_stream_hash h;  /* h.total is the stream offset */
+  /* unchecked_greeting: nothing read from the connection yet, so what the
+   * server sends is its greeting, left out of the stream. */
+  _Atomic(int) greeting;
 };
+/* LOCKSTEP_SHIM_UNCHECKED_GREETING=1 (the profile's `unchecked_greeting`):
+ * what a server sends on a connection before it has read anything from it
+ * (MariaDB's handshake with its random challenge, a banner with the host's
+ * name and time) differs between replicas by nature and is not compared;
+ * it is not in the stream's offsets either, like an unchecked reply. */
+static int greeting_unchecked;
 static int out_on;        /* hashing outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS) */
 static uint64_t out_cap;  /* output ring slots, a power of two */
 static uint64_t out_mark; /* mark interval, a power of two, or 0 */
@@ -143,6 +152,8 @@ void out_init(char* base) {
   const char* env = getenv("LOCKSTEP_SHIM_OUTPUT_DIGESTS");
   if (!sane) shim_log("output ring geometry is not sane; outputs are not hashed");
   out_on = sane && !(env && strcmp(env, "0") == 0);
+  const char* greeting_env = getenv("LOCKSTEP_SHIM_UNCHECKED_GREETING");
+  greeting_unchecked = greeting_env && strcmp(greeting_env, "1") == 0;
   if (out_on) {
     out_cap = cap;
     out_mark = mark;
@@ -360,6 +371,10 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
     out_lose(st);
     return;
   }
+  if (st->fd == fd && atomic_load_explicit(&st->greeting, memory_order_relaxed)) {
+    out_unlock(st); /* the greeting: not compared, not counted */
+    return;
+  }
   if (st->fd == fd) { /* else it was closed meanwhile */
     /* With unchecked replies, only the checked bytes enter the stream:
      * count them first, so that the window copy starts at the right one. */
@@ -393,6 +408,10 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
   stack_take(&stack);
   if (!out_lock(st)) {
     out_lose(st);
+    return;
+  }
+  if (st->fd == fd && atomic_load_explicit(&st->greeting, memory_order_relaxed)) {
+    out_unlock(st);
     return;
   }
   if (st->fd == fd) {
@@ -472,6 +491,7 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   st->replay_slot = replay_slot >= 0 ? (uint16_t)replay_slot : LS_OUT_NONE;
   atomic_store(&st->lost, 0);
   st->next_mark = out_mark;
+  atomic_store(&st->greeting, greeting_unchecked);
   ls_stream_hash_init(&st->h);
   if (unck_on) unck_open(slot);
   struct ls_out_slot* w = &out_win[slot];
@@ -487,6 +507,7 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
 
 void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
   int slot = out_slot_of(fd);
+  if (slot >= 0 && n > 0) atomic_store_explicit(&out_st[slot].greeting, 0, memory_order_relaxed);
   if (slot >= 0 && unck_on) unck_input(slot, iov, iovcnt, n);
 }
 

@@ -192,6 +192,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     serial_done(epfd); /* waiting again: what this thread read is executed */
     drain_done();
     n = ready_events(epfd, events, 0, maxevents);
+    int look_soon = serial_holding(NULL, epfd);
     pthread_mutex_unlock(&mu);
     int wait_ms = 0;
     if (n == 0) {
@@ -203,6 +204,8 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
       /* Inputs pending: look again now and then (the gate may open, see gate_bypassed). */
       if (fifo_count && wake_in_epfd[epfd] && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
     }
+    int cap = look_soon == 2 ? 1 : look_soon ? LS_SERIAL_IDLE_LOOK_MS : -1;
+    if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
     int sleeping = wait_ms != 0;
     if (sleeping) {
       atomic_fetch_add(&hdr->server_sleepers, 1);
@@ -276,7 +279,7 @@ static uint64_t deadline_of(const struct timespec* t) {
 static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
                         const sigset_t* sigmask) {
   int saved = errno;
-  struct pollfd k[1025];
+  struct pollfd k[1026];
   for (;;) {
     /* Tracked fds: POLLIN means "agreed bytes or EOF wait"; the kernel's
      * POLLIN only feeds ingest. The wake eventfd rides along at the end. */
@@ -292,9 +295,22 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (c && c->eof_submitted) k[i].events &= ~(short)POLLIN;
       if (k[i].revents) n++;
     }
+    /* This thread's own eventfd rides along too (shim.c, "Threads waiting"),
+     * registered with the one tracked connection it waits to read, if one. */
+    struct conn* waits_for = NULL;
+    int reading = 0;
+    for (nfds_t i = 0; i < nfds; i++) {
+      struct conn* c = tracked(fds[i].fd);
+      if (c && (fds[i].events & POLLIN)) waits_for = reading++ ? NULL : c;
+    }
+    int mine = waiter_enter(waits_for);
+    int look_soon = serial_holding(waits_for, -1);
     pthread_mutex_unlock(&mu);
     k[nfds].fd = wake_server_fd;
     k[nfds].events = POLLIN;
+    k[nfds + 1].fd = mine; /* -1: ignored by poll */
+    k[nfds + 1].events = POLLIN;
+    k[nfds + 1].revents = 0;
     int wait_ms = 0;
     if (n == 0) {
       uint64_t now = now_ns();
@@ -302,6 +318,8 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
                 : now >= deadline      ? 0
                                        : (int)((deadline - now + 999999) / 1000000);
       if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
+      int cap = look_soon == 2 ? 1 : look_soon ? LS_SERIAL_IDLE_LOOK_MS : -1;
+      if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
     }
     short synth[1024];
     for (nfds_t i = 0; i < nfds; i++) synth[i] = k[i].revents;
@@ -311,19 +329,27 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
     }
     struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000l};
-    int r = real_ppoll(k, nfds + 1, wait_ms < 0 ? NULL : &ts, sigmask);
+    int r = real_ppoll(k, nfds + 2, wait_ms < 0 ? NULL : &ts, sigmask);
     int err = errno;
     if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
+    int took = 0;
+    if (r > 0 && (k[nfds].revents & POLLIN)) {
+      eventfd_t v;
+      took = eventfd_read(wake_server_fd, &v) == 0;
+    }
+    if (r > 0 && (k[nfds + 1].revents & POLLIN)) waiter_took_wake();
+    pthread_mutex_lock(&mu);
+    waiter_leave();
+    if (took) {
+      drain_done();
+      waiters_relay();
+    }
     if (r < 0) {
+      pthread_mutex_unlock(&mu);
       errno = err;
       return -1;
     }
-    if (k[nfds].revents & POLLIN) {
-      eventfd_t v;
-      (void)!eventfd_read(wake_server_fd, &v);
-    }
     n = 0;
-    pthread_mutex_lock(&mu);
     for (nfds_t i = 0; i < nfds; i++) {
       struct conn* c = tracked(fds[i].fd);
       short rev = k[i].revents;

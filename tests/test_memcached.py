@@ -52,6 +52,25 @@ def snapshot(addr):
     return out
 
 
+def wait_replicas_match(cluster, view, leader_view, timeout=15):
+    """Polls view(addr) of every replica's own memcached until each equals
+    leader_view (a dict); raises with the differing keys. Returns the number
+    of replicas."""
+    replicas = len(cluster.status()["replicas"])
+    end = time.monotonic() + timeout
+    while True:
+        views = [view(cluster.server_addr(r)) for r in range(replicas)]
+        if all(v == leader_view for v in views):
+            return replicas
+        if time.monotonic() > end:
+            diff = {
+                r: {k: (v[k], leader_view[k]) for k in v if v[k] != leader_view[k]}
+                for r, v in enumerate(views)
+            }
+            raise AssertionError(f"replicas differ from the leader: {diff}")
+        time.sleep(0.2)
+
+
 def test_threads_of_clients_and_identical_replicas(memcached_cluster):
     addr = memcached_cluster.client_addr()
     errors = []
@@ -65,19 +84,7 @@ def test_threads_of_clients_and_identical_replicas(memcached_cluster):
     leader_view = snapshot(addr)
     assert leader_view["t0:k0"] == b"cas0"
     assert leader_view[f"t{THREADS - 1}:k0:n"] == str(10 + THREADS).encode()
-    replicas = len(memcached_cluster.status()["replicas"])
-    end = time.monotonic() + 15
-    while True:
-        views = [snapshot(memcached_cluster.server_addr(r)) for r in range(replicas)]
-        if all(v == leader_view for v in views):
-            break
-        if time.monotonic() > end:
-            diff = {
-                r: {k: (v[k], leader_view[k]) for k in v if v[k] != leader_view[k]}
-                for r, v in enumerate(views)
-            }
-            raise AssertionError(f"replicas differ from the leader: {diff}")
-        time.sleep(0.2)
+    wait_replicas_match(memcached_cluster, snapshot, leader_view)
 
 
 def test_a_server_without_a_profile_runs_under_double_dash(cluster):
@@ -141,13 +148,6 @@ def test_four_worker_threads_racing_on_shared_keys_stay_identical(memcached_clus
             m.close()
 
     leader_view = view(addr)
-    replicas = len(memcached_cluster.status()["replicas"])
-    end = time.monotonic() + 15
-    while True:
-        views = [view(memcached_cluster.server_addr(r)) for r in range(replicas)]
-        if all(v == leader_view for v in views):
-            break
-        assert time.monotonic() < end, f"replicas differ: leader {leader_view}, all {views}"
-        time.sleep(0.2)
+    replicas = wait_replicas_match(memcached_cluster, view, leader_view)
     s = memcached_cluster.status()
     assert [r["output"]["divergences"] for r in s["replicas"]] == [0] * replicas, s
