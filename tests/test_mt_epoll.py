@@ -16,6 +16,7 @@ replica's server ever died, and every replica ends with the same sum.
 
 import socket
 import threading
+import time
 
 import pytest
 from conftest import BUILD_DIR
@@ -92,3 +93,19 @@ def test_threads_waiting_in_epoll_while_another_accepts(cluster, wait, mode):
     for r in cluster.status()["replicas"]:
         assert r["checkpoint"]["crashes"] == 0, r
         assert r["checkpoint"]["server_state"] == "running", r
+
+
+def test_edge_triggered_writable_comes_on_edges_not_on_every_wait(cluster):
+    # EPOLLIN | EPOLLOUT | EPOLLET, as many event loops register a socket:
+    # the shim's kernel registration is level-triggered (it must hear every
+    # client byte), so without care a writable socket would be reported on
+    # every wait and the server's loop would spin while idle.
+    cmd = f"{SERVER} --port {{port}} --workers 3 --mode et-out"
+    cluster.up(extra=("--no-checkpoints", "--", cmd))
+    addr = cluster.client_addr()
+    assert run_clients(addr) == []
+    time.sleep(0.5)  # idle: a level-triggered EPOLLOUT would come thousands of times
+    outs = int(ask(addr, b"OUTS\n").split()[1])
+    # The kernel itself reports an edge-triggered EPOLLOUT again with each
+    # input that arrives, so allow one per request and connection.
+    assert 0 < outs <= (CLIENTS + 1) * (ADDS + 2), f"{outs} EPOLLOUT events"

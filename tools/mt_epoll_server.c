@@ -12,11 +12,15 @@
  *
  * Protocol, one command per line: "ADD n" adds n to the connection's own
  * total and replies "total <t>"; "SUM" replies "sum <s>", the sum of the
- * totals of every connection closed so far plus the open ones. One client
+ * totals of every connection closed so far plus the open ones; "OUTS"
+ * replies "outs <n>", the EPOLLOUT events the workers got so far (--mode
+ * et-out registers EPOLLIN | EPOLLOUT | EPOLLET, as many event loops do: an
+ * edge-triggered EPOLLOUT comes once per time the socket turns writable,
+ * a handful per connection, never once per wait). One client
  * per connection sends, waits for the reply, sends again, so replies are
  * deterministic whatever thread runs them.
  *
- *   mt_epoll_server --port P [--workers N] [--mode lt|et|oneshot]
+ *   mt_epoll_server --port P [--workers N] [--mode lt|et|et-out|oneshot]
  *                   [--wait epoll|poll|ppoll|select|pselect]
  */
 #define _GNU_SOURCE
@@ -52,6 +56,7 @@ struct conn {
 static int epfd, listen_fd;
 static uint32_t mode_flags; /* 0, EPOLLET or EPOLLONESHOT */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_long out_events;
 static long long closed_sum;
 static struct conn* open_conns[MAX_CONNS];
 
@@ -91,6 +96,8 @@ static void run_line(struct conn* c, const char* line) {
     snprintf(out, sizeof out, "total %lld\n", c->total);
   } else if (strcmp(line, "SUM") == 0) {
     snprintf(out, sizeof out, "sum %lld\n", sum_all());
+  } else if (strcmp(line, "OUTS") == 0) {
+    snprintf(out, sizeof out, "outs %ld\n", atomic_load(&out_events));
   } else {
     snprintf(out, sizeof out, "error unknown command\n");
   }
@@ -156,6 +163,8 @@ static void* epoll_worker(void* arg) {
     }
     for (int i = 0; i < n; i++) {
       struct conn* c = checked(ev[i].data.u64);
+      if (ev[i].events & EPOLLOUT) atomic_fetch_add(&out_events, 1);
+      if (!(ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) continue;
       if (atomic_load(&c->closed)) continue;
       if (atomic_exchange(&c->busy, 1)) {
         if (mode_flags & EPOLLONESHOT) die("EPOLLONESHOT connection reported to a second thread");
@@ -239,12 +248,15 @@ int main(int argc, char** argv) {
       workers = atoi(argv[i + 1]);
     } else if (!strcmp(argv[i], "--mode")) {
       const char* m = argv[i + 1];
-      mode_flags = !strcmp(m, "et") ? EPOLLET : !strcmp(m, "oneshot") ? EPOLLONESHOT : 0;
-      if (strcmp(m, "lt") && !mode_flags) die("--mode is lt, et or oneshot");
+      mode_flags = !strcmp(m, "et")        ? EPOLLET
+                   : !strcmp(m, "et-out")  ? EPOLLET | EPOLLOUT
+                   : !strcmp(m, "oneshot") ? EPOLLONESHOT
+                                           : 0;
+      if (strcmp(m, "lt") && !mode_flags) die("--mode is lt, et, et-out or oneshot");
     } else if (!strcmp(argv[i], "--wait")) {
       wait = argv[i + 1];
     } else {
-      die("usage: mt_epoll_server --port P [--workers N] [--mode lt|et|oneshot] "
+      die("usage: mt_epoll_server --port P [--workers N] [--mode lt|et|et-out|oneshot] "
           "[--wait epoll|poll|ppoll|select|pselect]");
     }
   }
