@@ -14,8 +14,6 @@ SET (or GET) of a 64-byte value on one of 10000 keys, --seconds long. Modes, all
                      memcached: -U 0 -t 4 -u root); durability "none" (one process's RAM)
   replicated         `lockstep cluster up --replicas 3 --app APP --durability disk|memory`;
                      clients talk to "client_addr" from `lockstep cluster status --json`
-  replicated-1thread memcached only: memory mode with one worker thread (-t 1, after `--`),
-                     against the profile's four with serial_inputs: what serializing costs
   aof-always         redis only: one redis with --appendonly yes --appendfsync always, its
                      files on the same file system as the lockstep cluster; durability "disk"
   redis-wait         redis only: a master and two replicas (--replicaof); every SET is
@@ -375,9 +373,9 @@ def keep_logs(ctx, d):
 
 
 @contextlib.contextmanager
-def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), command=None):
-    """Yields (dir, status JSON) of a running `cluster up --app APP [EXTRA]` (or, with
-    command, `cluster up [EXTRA] -- COMMAND`); always brings it down."""
+def lockstep_cluster(ctx, app, durability, replicas=3, extra=()):
+    """Yields (dir, status JSON) of a running `cluster up --app APP [EXTRA]`; always brings
+    it down."""
     why = lockstep_has_app()
     if why:
         raise Skip(why)
@@ -386,10 +384,8 @@ def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), command=None):
         for attempt in range(3):
             base = pick_base_port()
             cmd = ["cluster", "up", "--dir", d]
-            cmd += f"--replicas {replicas} --base-port {base}".split()
-            cmd += ["--app", app] if command is None else []
+            cmd += f"--replicas {replicas} --base-port {base} --app {app}".split()
             cmd += f"--durability {durability} --transport shm".split() + list(extra)
-            cmd += ["--", command] if command is not None else []
             log(f"  lockstep {' '.join(map(str, cmd))}")
             r = lockstep_run(cmd)
             out = (r.stdout + r.stderr).strip()
@@ -410,10 +406,10 @@ def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), command=None):
         tear_down_cluster(d)
 
 
-def mode_replicated(durability, command=None):
+def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx, app):
-        with lockstep_cluster(ctx, app, durability, command=command) as (d, st):
+        with lockstep_cluster(ctx, app, durability) as (d, st):
             addr = st["client_addr"]
             wait_ready(app, addr)
             reps = st["replicas"]
@@ -441,15 +437,6 @@ MODES = {
     "unreplicated": ("unreplicated", "none", BOTH, True, mode_unreplicated),
     "replicated-disk": ("replicated", "disk", BOTH, True, mode_replicated("disk")),
     "replicated-memory": ("replicated", "memory", BOTH, True, mode_replicated("memory")),
-    # memcached's profile runs its default 4 worker threads with serial_inputs
-    # (apps/memcached.toml); what that costs against one worker, unserialized:
-    "replicated-1thread": (
-        "replicated-1thread",
-        "memory",
-        ("memcached",),
-        False,
-        mode_replicated("memory", "memcached -p {port} -l 127.0.0.1 -U 0 -t 1 -m 256 -u root"),
-    ),
     "aof-always": ("aof-always", "disk", ("redis",), False, mode_aof_always),
     "redis-wait": ("redis-wait", "memory", ("redis",), False, mode_redis_wait),
 }
@@ -673,14 +660,7 @@ def label(r):
     return r["mode"] if r["mode"] != "replicated" else f"replicated/{r['durability']}"
 
 
-ORDER = [
-    "unreplicated",
-    "replicated/disk",
-    "replicated/memory",
-    "replicated-1thread",
-    "aof-always",
-    "redis-wait",
-]
+ORDER = ["unreplicated", "replicated/disk", "replicated/memory", "aof-always", "redis-wait"]
 
 
 def table(res):
