@@ -475,7 +475,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
         << "# (preload/shim_clock.c)\n"
         << "same_clock = true\n";
     if (c.server.serial_inputs)
-      o << "# one input executes at a time, whatever thread reads it (preload/shim.c)\n"
+      o << "# one input executes at a time, whatever thread reads it (preload/shim_serial.c)\n"
         << "serial_inputs = true\n";
     if (c.server.unchecked_greeting)
       o << "# what a server sends before a connection's first input is not compared\n"

@@ -26,7 +26,7 @@
 //                           # replica, the leader's time of the input it processes
 //                           # (preload/shim_clock.c)
 //   serial_inputs = true    # optional (false): a multi-threaded server executes one input
-//                           # at a time, in the log's order (preload/shim.c)
+//                           # at a time, in the log's order (preload/shim_serial.c)
 //   data_template = "DIR/server-template"  # optional: every server starts from a copy
 //   unchecked_greeting = true  # optional (false): output before a connection's first
 //                           # input is not compared (preload/shim_output.c)
@@ -139,7 +139,7 @@ struct ClusterConfig {
     // A server that runs connections on several threads executes one input
     // at a time, in the log's order: the next connection's input becomes
     // readable only once the thread that read the previous one waits again
-    // (preload/shim.c, "Serial execution"). From the profile's `serial_inputs`.
+    // (preload/shim_serial.c). From the profile's `serial_inputs`.
     bool serial_inputs = false;
     // What a server sends on a connection before it reads anything from it
     // (a handshake with a random challenge, a banner naming the host) is left

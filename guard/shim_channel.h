@@ -55,7 +55,7 @@ class ShimChannel {
   // passed to Complete and PushOrder. Always set ("1" or "0"), as above.
   void set_same_clock(bool on) { same_clock_ = on; }
   // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
-  // whatever thread reads it (preload/shim.c). Always set, as above.
+  // whatever thread reads it (preload/shim_serial.c). Always set, as above.
   void set_serial_inputs(bool on) { serial_inputs_ = on; }
   // LOCKSTEP_SHIM_UNCHECKED_GREETING: output before a connection's first
   // input is left out of the digests (preload/shim_output.c).

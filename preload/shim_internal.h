@@ -111,9 +111,14 @@ LS_HIDDEN struct head_run find_head_run(void);
 LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF) */
 /* serial_inputs (shim.c): the calling thread has finished the input it
  * read, if it read one; mu held. */
-LS_HIDDEN void serial_done(int my_epfd); /* my_epfd: the set it waits in next, or -1 */
+LS_HIDDEN void serial_init(int on);
+LS_HIDDEN int executing_other(const struct conn* c); /* not c's turn: another input runs */
+LS_HIDDEN void serial_begin(struct conn* c);         /* this thread read an input of c */
+LS_HIDDEN void serial_closed(const struct conn* c);  /* the server closed c */
+LS_HIDDEN int chunk_finished(const struct chunk* h); /* shim.c: read (or dropped) whole */
+LS_HIDDEN void serial_done(int my_epfd);             /* my_epfd: the set it waits in next, or -1 */
 /* A thread about to sleep in poll/select/read registers its own eventfd
- * (returned; -1 if none) with the connection it waits for (shim.c,
+ * (returned; -1 if none) with the connection it waits for (shim_serial.c,
  * "Threads waiting"); it takes its wake-up, leaves, and relays the daemon's
  * wake-up to the others when it was the one that read it. mu held, except
  * waiter_took_wake. */
@@ -131,7 +136,7 @@ LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
 /* 0: no thread holds an input (serial_inputs); 2: one does and the next
  * agreed input is c's (or, with c NULL, that of a connection in epoll set
  * epfd): the thread waiting for it looks again every LS_SERIAL_LOOK_NS, to
- * notice the holder asleep (shim.c, executing_other); 1: one does, and
+ * notice the holder asleep (shim_serial.c, executing_other); 1: one does, and
  * waiting threads look again every LS_SERIAL_IDLE_LOOK_MS (a wake-up lost
  * on the way costs that much, never a hang). mu held. */
 #define LS_SERIAL_IDLE_LOOK_MS 5

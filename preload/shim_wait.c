@@ -295,7 +295,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (c && c->eof_submitted) k[i].events &= ~(short)POLLIN;
       if (k[i].revents) n++;
     }
-    /* This thread's own eventfd rides along too (shim.c, "Threads waiting"),
+    /* This thread's own eventfd rides along too (shim_serial.c, "Threads waiting"),
      * registered with the one tracked connection it waits to read, if one. */
     struct conn* waits_for = NULL;
     int reading = 0;

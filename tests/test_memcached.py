@@ -2,11 +2,10 @@
 several threads set, get, incr and cas through the leader, and afterwards
 every key reads the same from each replica's own memcached.
 
-The profile runs memcached's four worker threads with serial_inputs (one
-input executes at a time, in the log's order, whatever thread reads it), so
-clients racing on the same keys leave every replica with the same values
-and CAS uniques (the last test). A memcached backup made to diverge is
-caught and rolled back in tests/test_divergence.py."""
+The profile runs one worker thread, so clients racing on the same keys
+leave every replica with the same values and CAS uniques (the last test):
+the shim delivers inputs in the log's order. A memcached backup made to
+diverge is caught and rolled back in tests/test_divergence.py."""
 
 import threading
 import time
@@ -111,12 +110,11 @@ def test_a_server_without_a_profile_runs_under_double_dash(cluster):
         time.sleep(0.1)
 
 
-def test_four_worker_threads_racing_on_shared_keys_stay_identical(memcached_cluster):
-    # The profile runs memcached's four worker threads with serial_inputs:
-    # clients on six connections race on the same five keys, so the order in
-    # which the threads execute their stores decides each key's value and
-    # CAS unique (one counter across all stores). Every replica must end with
-    # the same of both, and no replica's replies may differ from the leader's.
+def test_connections_racing_on_shared_keys_stay_identical(memcached_cluster):
+    # Clients on six connections race on the same five keys, so the order in
+    # which memcached executes their stores decides each key's value and CAS
+    # unique (one counter across all stores). Every replica must end with the
+    # same of both, and no replica's replies may differ from the leader's.
     addr = memcached_cluster.client_addr()
     errors = []
 

@@ -1,0 +1,236 @@
+/* shim_serial.c — serial_inputs: one agreed input executes at a time in a
+ * server that runs connections on several threads (the app profile's
+ * `serial_inputs`, LOCKSTEP_SHIM_SERIAL=1), and the wake-ups of threads
+ * waiting in poll, select or a blocking read. shim.c's delivery order asks
+ * executing_other() whose turn it is; its reads call serial_begin(); every
+ * place a thread shows it is done with an input calls serial_done().
+ *
+ * Same rules as shim.c: errno preserved, no allocation; all of it under
+ * `mu` unless said otherwise. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "preload/shim_abi.h"
+#include "preload/shim_internal.h"
+
+static int serial_on; /* LOCKSTEP_SHIM_SERIAL=1 */
+
+void serial_init(int on) {
+  serial_on = on;
+}
+
+/* Serial execution (LOCKSTEP_SHIM_SERIAL=1, the app profile's
+ * `serial_inputs`), for servers that run connections on several threads.
+ * In-order delivery is not enough for them: once thread A has read
+ * connection X's input, the head moves to Y's, and thread B executes Y's
+ * while A still executes X's, so two replicas may execute them in either
+ * order (memcached's CAS uniques, InnoDB's lock waits). Here the next
+ * connection's input stays unreadable until the thread that read the last
+ * one has finished with it: it waits again (epoll, poll, select) or reads
+ * its connection dry (EAGAIN, or a blocking read that would wait), or
+ * closes it. Its connection may go on reading its own run meanwhile. A
+ * thread found asleep in the kernel twice LS_SERIAL_LOOK_NS apart waits on
+ * something (a row lock) that only a later input can release: the next one
+ * goes in (executing_other). One that does none of these for
+ * LS_SERIAL_EXEC_NS lets the next one in too, logged: liveness over
+ * determinism. */
+static pid_t exec_tid;         /* the thread executing an input; 0: none */
+static struct conn* exec_conn; /* whose input */
+static uint64_t exec_since_ns;
+static uint64_t exec_expired;
+static uint64_t exec_blocked;      /* let go: asleep waiting (not counted as expired) */
+static uint64_t exec_next_look_ns; /* when to look at its state again */
+static int exec_asleep;            /* consecutive looks that found it asleep */
+static __thread pid_t my_tid;
+
+static pid_t self_tid(void) {
+  if (!my_tid) my_tid = (pid_t)syscall(SYS_gettid);
+  return my_tid;
+}
+
+/* The thread is asleep in the kernel ('S' in its /proc stat): waiting on a
+ * lock or a condition, not running and not on the disk ('D'). */
+static int thread_sleeps(pid_t tid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+  int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1; /* the thread is gone */
+  ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+  real_close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* end = strrchr(buf, ')'); /* after the name, which may hold anything */
+  return end && end[1] == ' ' && end[2] == 'S';
+}
+
+static void wake_next_turn(int my_epfd);
+
+/* Another connection's input is executing, so c's must wait. mu held. */
+int executing_other(const struct conn* c) {
+  if (!serial_on || !exec_tid || c == exec_conn) return 0;
+  uint64_t now = now_ns(), held = now - exec_since_ns;
+  if (held < LS_SERIAL_LOOK_NS) return 1;
+  /* Asleep at two looks LS_SERIAL_LOOK_NS apart: it waits for something
+   * (an InnoDB row lock) that only a later input can release, such as
+   * the lock holder's COMMIT: let that in. Every replica blocks at the same
+   * point, since each executed the same inputs in the same order so far. */
+  if (held < LS_SERIAL_EXEC_NS) {
+    if (now < exec_next_look_ns) return 1;
+    exec_next_look_ns = now + LS_SERIAL_LOOK_NS;
+    exec_asleep = thread_sleeps(exec_tid) ? exec_asleep + 1 : 0;
+    if (exec_asleep < 2) return 1;
+    exec_blocked++;
+    exec_tid = 0;
+    exec_conn = NULL;
+    wake_next_turn(-1);
+    return 0;
+  }
+  if (exec_expired++ % 1000 == 0)
+    shim_log(
+        "serial_inputs: a thread held an input for over %llu ms without waiting again; "
+        "the next connection's input goes ahead (%llu times so far)",
+        (unsigned long long)(LS_SERIAL_EXEC_NS / 1000000), (unsigned long long)exec_expired);
+  exec_tid = 0;
+  exec_conn = NULL;
+  wake_next_turn(-1);
+  return 0;
+}
+
+void serial_begin(struct conn* c) {
+  if (!serial_on) return;
+  exec_tid = self_tid();
+  exec_conn = c;
+  exec_since_ns = now_ns();
+  exec_next_look_ns = 0;
+  exec_asleep = 0;
+}
+
+/* Threads waiting in poll, ppoll, select or a blocking read. They all
+ * watch the daemon's eventfd, which is level-triggered for them and read by
+ * the first that wakes: a thread that came later to it would find it empty
+ * and sleep on. So each also watches an eventfd of its own, registered here
+ * with the connection it waits for while it sleeps; whoever took the
+ * daemon's wake-up passes it on to the waiters whose connection became
+ * readable (waiters_relay), and serial_done wakes just the thread whose turn
+ * it is. The eventfd is closed when its thread exits. */
+struct waiter {
+  struct conn* c; /* what it waits for (NULL: several, or none) */
+  int efd;        /* -1: a free slot */
+  pid_t tid;
+};
+static struct waiter waiters[256];
+static int waiters_n;
+static __thread int my_efd = -1;
+static __thread int my_waiter = -1;
+static pthread_key_t efd_key;
+static pthread_once_t efd_once = PTHREAD_ONCE_INIT;
+
+static void efd_at_thread_exit(void* arg) {
+  (void)arg;
+  pthread_mutex_lock(&mu);
+  waiter_leave();
+  pthread_mutex_unlock(&mu);
+  if (my_efd >= 0) real_close(my_efd);
+  my_efd = -1;
+}
+static void efd_key_init(void) {
+  (void)pthread_key_create(&efd_key, efd_at_thread_exit);
+}
+
+int waiter_enter(struct conn* c) {
+  if (my_efd < 0) {
+    pthread_once(&efd_once, efd_key_init);
+    my_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (my_efd < 0) return -1;
+    (void)pthread_setspecific(efd_key, (void*)1);
+  }
+  int slot = -1;
+  for (int i = 0; i < waiters_n && slot < 0; i++)
+    if (waiters[i].efd < 0) slot = i;
+  if (slot < 0) {
+    if (waiters_n == (int)(sizeof waiters / sizeof *waiters)) return my_efd; /* unregistered */
+    slot = waiters_n++;
+  }
+  waiters[slot] = (struct waiter){c, my_efd, self_tid()};
+  my_waiter = slot;
+  return my_efd;
+}
+
+void waiter_leave(void) {
+  if (my_waiter < 0) return;
+  waiters[my_waiter].efd = -1;
+  waiters[my_waiter].c = NULL;
+  while (waiters_n && waiters[waiters_n - 1].efd < 0) waiters_n--;
+  my_waiter = -1;
+}
+
+void waiter_took_wake(void) {
+  if (my_efd >= 0) {
+    eventfd_t v;
+    (void)eventfd_read(my_efd, &v);
+  }
+}
+
+void waiters_relay(void) {
+  for (int i = 0; i < waiters_n; i++) {
+    struct waiter* w = &waiters[i];
+    if (w->efd < 0 || i == my_waiter) continue;
+    if (!w->c || ready(w->c)) (void)eventfd_write(w->efd, 1);
+  }
+}
+
+static int wake_waiter_of(const struct conn* c) {
+  for (int i = 0; i < waiters_n; i++)
+    if (waiters[i].efd >= 0 && waiters[i].c == c) {
+      (void)eventfd_write(waiters[i].efd, 1);
+      return 1;
+    }
+  return 0;
+}
+
+int serial_holding(const struct conn* c, int epfd) {
+  if (!serial_on || !exec_tid) return 0;
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch) || ch->kind == LS_SUB_ACCEPT) continue;
+    if (ch->state != CH_COMMITTED || ch->c == exec_conn) return 1;
+    return (c ? ch->c == c : epfd >= 0 && ch->c->epfd == epfd) ? 2 : 1;
+  }
+  return 1;
+}
+
+/* The next agreed input may be another thread's to read: wake the one
+ * waiting for it (in its connection's epoll set, or in poll or read), not
+ * every thread; for a connection in no set and no waiter, everyone through
+ * the daemon's eventfd. mu held. */
+static void wake_next_turn(int my_epfd) {
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch) || ch->kind == LS_SUB_ACCEPT) continue;
+    if (ch->state != CH_COMMITTED) return; /* its completion wakes the server */
+    int epfd = ch->c->epfd;
+    if (epfd == my_epfd && epfd >= 0) return; /* this thread looks itself */
+    if (wake_waiter_of(ch->c)) return;        /* a thread in poll or read */
+    int fd = epfd >= 0 && epfd < LS_MAX_FD ? set_wake_fd[epfd] - 1 : -1;
+    (void)eventfd_write(fd >= 0 ? fd : wake_server_fd, 1);
+    return;
+  }
+}
+
+void serial_done(int my_epfd) {
+  if (!serial_on || !exec_tid || exec_tid != self_tid()) return;
+  exec_tid = 0;
+  exec_conn = NULL;
+  wake_next_turn(my_epfd);
+}
+
+void serial_closed(const struct conn* c) {
+  if (serial_on && c == exec_conn) serial_done(-1);
+}
