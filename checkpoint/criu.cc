@@ -122,6 +122,7 @@ bool CriuJob::StartDump(pid_t server_pid, const std::string& images_dir, const C
                                    "dump.log",
                                    "-v" + std::to_string(options.log_level)};
   if (options.leave_running) args.push_back("--leave-running");
+  if (options.file_locks) args.push_back("--file-locks");
   pid_file_.clear();
   return Spawn(Kind::kDump, args, images_dir, {}, options, error);
 }
@@ -165,6 +166,7 @@ bool CriuJob::StartRestore(const std::string& images_dir, const std::string& pid
                                    // and the replay stalled behind it.
                                    "--network-lock", "skip", "--pidfile", pid_path, "-o",
                                    "restore.log", "-v" + std::to_string(options.log_level)};
+  if (options.file_locks) args.push_back("--file-locks");
   pid_file_ = pid_path;
   return Spawn(Kind::kRestore, args, images_dir, keep_fds, options, error);
 }

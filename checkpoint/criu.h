@@ -50,6 +50,10 @@ struct CriuOptions {
   // the server once its images are written (what a migration wants: a TCP
   // connection survives only if the dumped process does not send FIN).
   bool leave_running = true;
+  // Dump and restore: --file-locks, the process's file locks go into the
+  // images and are taken again (without it criu refuses a process that
+  // holds one).
+  bool file_locks = false;
   // Dump only: lock the network (nftables) while the server's TCP
   // connections are dumped, so that no packet moves their state meanwhile.
   // It costs about 2 ms per connection here (two nft elements each: 64

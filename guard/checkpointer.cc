@@ -98,6 +98,7 @@ bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pi
   o.timeout_ms = static_cast<int>(policy_.timeout_ms);
   o.leave_running = true;
   o.network_lock = false;  // at rest: nothing in flight on the replay connections (criu.h)
+  o.file_locks = policy_.file_locks;
   job_ = std::make_unique<CriuJob>();
   if (!job_->StartDump(server_pid, pending_.img_dir, o, &err)) {
     store_.Abort(&pending_);

@@ -162,6 +162,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("same_random", &p.same_random, error) ||
       !t.TakeBool("same_clock", &p.same_clock, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
+      !t.TakeBool("criu_file_locks", &p.criu_file_locks, error) ||
       !t.TakeBool("unchecked_greeting", &p.unchecked_greeting, error) ||
       !t.TakeString("prepare", &p.prepare, false, error) ||
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
@@ -379,6 +380,10 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     c.election_timeout_max_us = o.election_timeout_max_us;
   }
   c.server = server;
+  if (!o.app.empty()) {  // the profile's criu_file_locks
+    AppProfile p;
+    if (LoadAppProfile(AppsDir(), o.app, &p, error)) c.checkpoint.file_locks = p.criu_file_locks;
+  }
   if (!server.prepare.empty() &&
       !PrepareDataTemplate(server.prepare, o.dir, &c.server.data_template, error))
     return false;

@@ -48,6 +48,7 @@ struct AppProfile {
   bool same_clock = false;          // its wall clock too: the leader's time of each input
   bool serial_inputs = false;       // one input executes at a time (config.h)
   bool unchecked_greeting = false;  // output before a connection's first input: not compared
+  bool criu_file_locks = false;     // CheckpointPolicy::file_locks (config.h)
   // Run once by `cluster up` with {dir} = the cluster's data template; each
   // replica's server then starts from a copy of it (config.h, data_template).
   std::string prepare;

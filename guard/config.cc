@@ -388,6 +388,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     v = 0;
     if (!k.TakeInt("lagging_backup_grace_seconds", &v, false, 1, 86400 * 365, error)) return false;
     if (v) p.lagging_backup_grace_s = v;
+    if (!k.TakeBool("file_locks", &p.file_locks, error)) return false;
     if (!k.NoLeftovers(error)) return false;
     if (!c.has_server() && k.Has("enabled"))
       return fail(k.line, "[checkpoint] without a [server] section (nothing to checkpoint)");
@@ -500,6 +501,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       << "# a backup silent this long no longer holds the leader's log (it comes back\n"
       << "# from a checkpoint, fetched from a peer if need be)\n"
       << "lagging_backup_grace_seconds = " << p.lagging_backup_grace_s << "\n";
+    if (p.file_locks)
+      o << "# the server's file locks go into the images (criu --file-locks)\n"
+        << "file_locks = true\n";
   }
   for (const auto& r : c.replicas) {
     o << "\n[[replica]]\n"

@@ -89,6 +89,11 @@ struct CheckpointPolicy {
   // it within this long; a backup gone longer comes back from a checkpoint
   // (its own, or a peer's by state transfer) instead of holding the log.
   uint64_t lagging_backup_grace_s = 60;
+  // criu --file-locks: the server's locks on its own files go into the
+  // images (InnoDB's; without it criu refuses to dump mariadbd). From the
+  // app profile's `criu_file_locks`. Off by default: criu then refuses a
+  // server that holds a lock, and that replica runs without checkpoints.
+  bool file_locks = false;
 };
 
 struct ClusterConfig {

@@ -227,6 +227,7 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   CriuJob job;
   CriuOptions o;
   o.timeout_ms = static_cast<int>(cfg_.checkpoint.timeout_ms);
+  o.file_locks = cfg_.checkpoint.file_locks;
   if (!job.StartRestore(img_dir, me_.dir + "/restore.pid", {}, o, error)) return false;
   CriuResult r;
   job.Wait(&r);
