@@ -92,6 +92,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->serial_inputs = p.serial_inputs;
     server->unchecked_greeting = p.unchecked_greeting;
     server->prepare = p.prepare;
+    server->criu_file_locks = p.criu_file_locks;
     server->unchecked_replies = p.unchecked_replies;
   } else if (!o.command.empty()) {
     server->command = o.command;
@@ -380,10 +381,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     c.election_timeout_max_us = o.election_timeout_max_us;
   }
   c.server = server;
-  if (!o.app.empty()) {  // the profile's criu_file_locks
-    AppProfile p;
-    if (LoadAppProfile(AppsDir(), o.app, &p, error)) c.checkpoint.file_locks = p.criu_file_locks;
-  }
+  c.checkpoint.file_locks = server.criu_file_locks;
   if (!server.prepare.empty() &&
       !PrepareDataTemplate(server.prepare, o.dir, &c.server.data_template, error))
     return false;

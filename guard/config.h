@@ -157,8 +157,11 @@ struct ClusterConfig {
     // mariadb-install-db), so that every replica starts from the same bytes.
     // Empty: the server starts from an empty directory.
     std::string data_template;
-    // The profile's `prepare` command (not in cluster.toml: used by `up` only).
+    // The profile's `prepare` command and `criu_file_locks` (not in this
+    // section of cluster.toml: `up` uses the first, and writes the second
+    // as [checkpoint] file_locks).
     std::string prepare;
+    bool criu_file_locks = false;
     // Commands whose replies are left out of the output comparison, for
     // a server speaking redis's protocol: "INFO, CLIENT LIST" (one or two
     // words each; one word matches every subcommand). Their replies differ

@@ -109,8 +109,8 @@ LS_HIDDEN uint32_t kernel_interest(const struct conn* c); /* epoll events the ke
 LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
 LS_HIDDEN struct head_run find_head_run(void);
 LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF) */
-/* serial_inputs (shim.c): the calling thread has finished the input it
- * read, if it read one; mu held. */
+/* serial_inputs (shim_serial.c); mu held, except serial_init. serial_done:
+ * the calling thread has finished the input it read, if it read one. */
 LS_HIDDEN void serial_init(int on);
 LS_HIDDEN int executing_other(const struct conn* c); /* not c's turn: another input runs */
 LS_HIDDEN void serial_begin(struct conn* c);         /* this thread read an input of c */
@@ -129,7 +129,7 @@ LS_HIDDEN void waiters_relay(void);
 /* Per epoll set, the shim's own eventfd (fd + 1; 0: none), which
  * serial_done writes to wake just the thread waiting in that set. */
 LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
-/* How long one input may hold the next connection's back (shim.c). */
+/* How long one input may hold the next connection's back (shim_serial.c). */
 #define LS_SERIAL_EXEC_NS 1000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */
 #define LS_SERIAL_LOOK_NS 1000000ull

@@ -363,6 +363,11 @@ static void stack_keep(int slot, const struct send_stack* s, uint64_t start, uin
 }
 
 /* The kernel took the first n (> 0) bytes of iov on fd, output slot slot. */
+/* fd's output so far is its greeting (unchecked_greeting). Under out_lock. */
+static int greeting(struct out_state* st, int fd) {
+  return st->fd == fd && atomic_load_explicit(&st->greeting, memory_order_relaxed);
+}
+
 static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, size_t n) {
   struct out_state* st = &out_st[slot];
   struct send_stack stack;
@@ -371,8 +376,8 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
     out_lose(st);
     return;
   }
-  if (st->fd == fd && atomic_load_explicit(&st->greeting, memory_order_relaxed)) {
-    out_unlock(st); /* the greeting: not compared, not counted */
+  if (greeting(st, fd)) { /* not compared, not counted */
+    out_unlock(st);
     return;
   }
   if (st->fd == fd) { /* else it was closed meanwhile */
@@ -410,7 +415,7 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
     out_lose(st);
     return;
   }
-  if (st->fd == fd && atomic_load_explicit(&st->greeting, memory_order_relaxed)) {
+  if (greeting(st, fd)) {
     out_unlock(st);
     return;
   }
