@@ -93,6 +93,8 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->unchecked_greeting = p.unchecked_greeting;
     server->prepare = p.prepare;
     server->criu_file_locks = p.criu_file_locks;
+    for (const std::string& f : p.files)
+      server->profile_files.push_back(std::filesystem::path(p.path).parent_path() / f);
     server->unchecked_replies = p.unchecked_replies;
   } else if (!o.command.empty()) {
     server->command = o.command;
@@ -106,7 +108,14 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     *error = "the server command is empty";
     return false;
   }
-  if (server->command.find("{port}") == std::string::npos) {
+  // The port may be named in a configuration file of the profile's instead.
+  bool names_port = server->command.find("{port}") != std::string::npos;
+  for (const std::string& f : server->profile_files) {
+    std::string text, ignored;
+    if (ReadTextFile(f, &text, &ignored) && text.find("{port}") != std::string::npos)
+      names_port = true;
+  }
+  if (!names_port) {
     *error = "the server command has no {port}: each replica's server needs its own port (" +
              server->command + ")";
     return false;
@@ -166,6 +175,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("criu_file_locks", &p.criu_file_locks, error) ||
       !t.TakeBool("unchecked_greeting", &p.unchecked_greeting, error) ||
       !t.TakeString("prepare", &p.prepare, false, error) ||
+      !t.TakeFileList("files", &p.files, error) ||
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
@@ -287,20 +297,10 @@ bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id,
   return true;  // running, still starting up (a long restore)
 }
 
-// Runs the profile's `prepare` command once, with {dir} = DIR/server-template
-// (made fresh), its output in DIR/server-template.log; the replicas' servers
-// start from copies of what it leaves there.
-static bool PrepareDataTemplate(const std::string& prepare, const std::string& cluster_dir,
-                                std::string* template_dir, std::string* error) {
-  std::string dir = std::filesystem::absolute(cluster_dir + "/server-template").string();
+// Runs the profile's `prepare` command once, with {dir} = the data template
+// DIR/server-template, its output in DIR/server-template.log.
+static bool RunPrepare(const std::string& prepare, const std::string& dir, std::string* error) {
   std::string log = dir + ".log";
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    *error = "cannot make " + dir + ": " + ec.message();
-    return false;
-  }
   std::vector<std::string> argv;
   if (!SplitCommand(prepare, &argv, error) || argv.empty()) {
     *error = "the profile's prepare command: " + (argv.empty() ? "is empty" : *error);
@@ -331,7 +331,46 @@ static bool PrepareDataTemplate(const std::string& prepare, const std::string& c
              "); its output is in " + log;
     return false;
   }
-  *template_dir = dir;
+  return true;
+}
+
+// Makes the directory every replica's server starts from when the profile
+// asks for one: DIR/server-template (made fresh), filled by its `prepare`
+// command, then given its `files` (whose {port} and {dir} each replica's
+// daemon fills in: rendered_files).
+static bool MakeDataTemplate(ClusterConfig::ServerConfig* server, const std::string& cluster_dir,
+                             std::string* error) {
+  if (server->prepare.empty() && server->profile_files.empty()) return true;
+  std::string dir = std::filesystem::absolute(cluster_dir + "/server-template").string();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    *error = "cannot make " + dir + ": " + ec.message();
+    return false;
+  }
+  if (!server->prepare.empty() && !RunPrepare(server->prepare, dir, error)) return false;
+  server->rendered_files.clear();
+  for (const std::string& from : server->profile_files) {
+    std::string name = std::filesystem::path(from).filename().string();
+    if (std::find(server->rendered_files.begin(), server->rendered_files.end(), name) !=
+        server->rendered_files.end()) {
+      *error = "the profile's files name two files called " + name;
+      return false;
+    }
+    if (!std::filesystem::is_regular_file(from, ec)) {
+      *error = "the profile's file " + from + " does not exist (or is not a file)";
+      return false;
+    }
+    std::filesystem::copy_file(from, dir + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) {
+      *error = "cannot copy the profile's file " + from + " to " + dir + ": " + ec.message();
+      return false;
+    }
+    server->rendered_files.push_back(name);
+  }
+  server->data_template = dir;
   return true;
 }
 
@@ -382,9 +421,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   c.server = server;
   c.checkpoint.file_locks = server.criu_file_locks;
-  if (!server.prepare.empty() &&
-      !PrepareDataTemplate(server.prepare, o.dir, &c.server.data_template, error))
-    return false;
+  if (!MakeDataTemplate(&c.server, o.dir, error)) return false;
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
     r.id = i;

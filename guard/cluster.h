@@ -52,6 +52,9 @@ struct AppProfile {
   // Run once by `cluster up` with {dir} = the cluster's data template; each
   // replica's server then starts from a copy of it (config.h, data_template).
   std::string prepare;
+  // Files beside the profile ("clamd/clamd.conf, clamd/lockstep.ndb"), put into
+  // the data template; {port} and {dir} in them become each replica's.
+  std::vector<std::string> files;
   std::string unchecked_replies;  // commands whose replies are not compared (config.h)
   std::string description;        // one line for people
   std::string bench;              // how to benchmark it (free text)

@@ -182,6 +182,31 @@ bool TomlTable::TakeUncheckedReplies(std::string* dst, std::string* error) {
   return true;
 }
 
+bool TomlTable::TakeFileList(const std::string& key, std::vector<std::string>* dst,
+                             std::string* error) {
+  std::string list;
+  if (!TakeString(key, &list, false, error)) return false;
+  dst->clear();
+  if (Trim(list).empty()) return true;
+  std::istringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item = Trim(item);
+    bool climbs = item == ".." || item.rfind("../", 0) == 0 ||
+                  item.find("/../") != std::string::npos ||
+                  (item.size() >= 3 && item.compare(item.size() - 3, 3, "/..") == 0);
+    if (item.empty() || item[0] == '/' || climbs)
+      return Fail(LineOf(key),
+                  "field '" + key +
+                      "': expected relative file paths separated by commas, none empty, "
+                      "absolute or with '..' (got '" +
+                      list + "')",
+                  error);
+    dst->push_back(item);
+  }
+  return true;
+}
+
 bool TomlTable::NoLeftovers(std::string* error) const {
   const std::pair<const std::string, TomlValue>* first = nullptr;
   for (const auto& f : fields)
@@ -362,6 +387,11 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
     if (!s.TakeBool("unchecked_greeting", &c.server.unchecked_greeting, error)) return false;
     if (!s.TakeString("data_template", &c.server.data_template, false, error)) return false;
+    if (!s.TakeFileList("rendered_files", &c.server.rendered_files, error)) return false;
+    if (!c.server.rendered_files.empty() && c.server.data_template.empty())
+      return fail(s.LineOf("rendered_files"),
+                  "field 'rendered_files' names files of the data template, but there is no "
+                  "data_template");
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
     if (!s.NoLeftovers(error)) return false;
   }
@@ -484,6 +514,12 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (!c.server.data_template.empty())
       o << "# each server starts from a copy of this directory (made by the profile's prepare)\n"
         << "data_template = " << TomlQuote(c.server.data_template) << "\n";
+    if (!c.server.rendered_files.empty()) {
+      std::string list;
+      for (const auto& f : c.server.rendered_files) list += (list.empty() ? "" : ", ") + f;
+      o << "# files of the template in which {port} and {dir} become the replica's\n"
+        << "rendered_files = " << TomlQuote(list) << "\n";
+    }
     if (!c.server.unchecked_replies.empty())
       o << "# replies not compared between replicas (preload/shim_unchecked.c)\n"
         << "unchecked_replies = " << TomlQuote(c.server.unchecked_replies) << "\n";

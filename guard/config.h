@@ -157,11 +157,17 @@ struct ClusterConfig {
     // mariadb-install-db), so that every replica starts from the same bytes.
     // Empty: the server starts from an empty directory.
     std::string data_template;
+    // Files of the data template in which {port} and {dir} are replaced by
+    // the replica's server port and data directory each time it starts
+    // afresh ("clamd.conf, slapd.conf"): configuration files that name them.
+    // From the profile's `files`, which `cluster up` copies into the template.
+    std::vector<std::string> rendered_files;
     // The profile's `prepare` command and `criu_file_locks` (not in this
     // section of cluster.toml: `up` uses the first, and writes the second
     // as [checkpoint] file_locks).
     std::string prepare;
     bool criu_file_locks = false;
+    std::vector<std::string> profile_files;  // the profile's `files`, absolute paths
     // Commands whose replies are left out of the output comparison, for
     // a server speaking redis's protocol: "INFO, CLIENT LIST" (one or two
     // words each; one word matches every subcommand). Their replies differ
@@ -214,6 +220,9 @@ class TomlTable {
   bool TakeBool(const std::string& key, bool* dst, std::string* error);  // optional
   // Optional `unchecked_replies`: a list of commands preload/resp_scan.h accepts.
   bool TakeUncheckedReplies(std::string* dst, std::string* error);
+  // A list of relative file paths separated by commas ("a.conf, sub/b.ndb"):
+  // none empty, absolute or climbing out with "..".
+  bool TakeFileList(const std::string& key, std::vector<std::string>* dst, std::string* error);
   bool Has(const std::string& key) const { return fields.count(key) > 0; }
   int LineOf(const std::string& key) const;  // the field's line, else the header's
   // An error for the first field (in file order) nobody took.

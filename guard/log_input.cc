@@ -10,7 +10,7 @@
 namespace lockstep {
 
 std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes,
-                        uint64_t clock_ns) {
+                        uint64_t clock_ns, uint64_t out_before) {
   ByteWriter w;
   w.u8(kind);
   w.u64(key.ballot);
@@ -18,6 +18,7 @@ std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_vie
   w.u64(seq);
   w.bytes(bytes);
   w.u64(clock_ns);
+  w.u64(out_before);
   return std::move(w.str());
 }
 
@@ -27,7 +28,9 @@ bool DecodeInput(std::string_view payload, Input* in) {
       !r.bytes(&in->bytes))
     return false;
   in->clock_ns = 0;  // an entry from before the stamp ends here (log_input.h)
+  in->out_before = 0;
   if (!r.done() && !r.u64(&in->clock_ns)) return false;
+  if (!r.done() && !r.u64(&in->out_before)) return false;
   return r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
 }
 
@@ -57,8 +60,12 @@ std::string DescribeInput(const Input& in, size_t max_bytes) {
                                               : "CLOSE";
   std::string out =
       std::string(kind) + " " + BallotString(in.key.ballot) + "/" + std::to_string(in.key.no);
-  if (in.kind == LS_SUB_CLOSE) return out;
-  out += in.kind == LS_SUB_ACCEPT ? " from " : " " + std::to_string(in.bytes.size()) + " bytes: ";
+  // The reply gate, where there is one: "after 54 bytes out".
+  std::string gate =
+      in.out_before ? " after " + std::to_string(in.out_before) + " bytes out" : std::string();
+  if (in.kind == LS_SUB_CLOSE) return out + gate;
+  out += in.kind == LS_SUB_ACCEPT ? " from "
+                                  : " " + std::to_string(in.bytes.size()) + " bytes" + gate + ": ";
   out += EscapeBytes(std::string_view(in.bytes).substr(0, max_bytes));
   if (in.bytes.size() > max_bytes) out += "...";
   return out;

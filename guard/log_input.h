@@ -6,9 +6,10 @@
 // shows them).
 //
 // Layout: kind u8, ballot u64, conn u32, seq u64, bytes (u32 length +
-// bytes), clock_ns u64. The clock came last, added later: an entry written
-// before it (no trailing 8 bytes) still decodes, with clock_ns 0 ("no
-// stamp": its input runs at the previous input's time).
+// bytes), clock_ns u64, out_before u64. The last two were added later: an
+// entry written before them still decodes, with 0 for what it lacks
+// (clock_ns 0, "no stamp": its input runs at the previous input's time;
+// out_before 0: no reply gate).
 #pragma once
 
 #include <cstdint>
@@ -28,14 +29,23 @@ struct Input {
   // below an earlier entry's: the server's wall clock while it processes
   // the input where the profile says same_clock (preload/shim_clock.c).
   uint64_t clock_ns = 0;
+  // The connection's output stream offset when the leader's shim took this
+  // input from the kernel: how much of its replies the leader's server had
+  // sent. A backup's server reads the input only once it has sent as much on
+  // its copy of the connection (the reply gate, preload/shim.c drain_order),
+  // so that a server that would read ahead and work on the next request while
+  // a thread still answers the previous one (clamd's IDSESSION) sees the
+  // requests on every replica as the leader's did, one reply at a time.
+  uint64_t out_before = 0;
 };
-constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4 + 8;  // everything but the bytes
+constexpr size_t kInputHeader = 1 + 8 + 4 + 8 + 4 + 8 + 8;  // everything but the bytes
 
 std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_view bytes,
-                        uint64_t clock_ns);
+                        uint64_t clock_ns, uint64_t out_before = 0);
 bool DecodeInput(std::string_view payload, Input* in);
-// One line for people: "DATA 3.1/7 38 bytes: *3\r\n$3\r\nSET..." (escaped, at
-// most max_bytes of the input shown).
+// One line for people: "DATA 3.1/7 38 bytes after 5 bytes out: *3\r\n$3\r\nSET..."
+// (escaped, at most max_bytes of the input shown; "after N bytes out": its
+// out_before, where not 0).
 // Bytes for people: printable ASCII as is, \r \n \\ and \xNN for the rest.
 std::string EscapeBytes(std::string_view bytes);
 std::string DescribeInput(const Input& in, size_t max_bytes = 80);

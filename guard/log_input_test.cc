@@ -1,6 +1,7 @@
 // log_input_test.cc — the codec of a kInput entry's payload (log_input.h):
-// what the leader writes decodes to the same input, its wall-clock stamp
-// included, and an entry written before the stamp existed still decodes.
+// what the leader writes decodes to the same input, its wall-clock stamp and
+// reply gate included, and an entry written before either existed still
+// decodes.
 #include "guard/log_input.h"
 
 #include <gtest/gtest.h>
@@ -13,7 +14,7 @@ namespace {
 
 TEST(LogInput, RoundTripsWithTheClockStamp) {
   std::string p =
-      EncodeInput(LS_SUB_DATA, ConnKey{7, 3}, 42, "SET k v\r\n", 1795455335560975123ull);
+      EncodeInput(LS_SUB_DATA, ConnKey{7, 3}, 42, "SET k v\r\n", 1795455335560975123ull, 4242);
   EXPECT_EQ(p.size(), kInputHeader + 9);
   Input in;
   ASSERT_TRUE(DecodeInput(p, &in));
@@ -22,6 +23,24 @@ TEST(LogInput, RoundTripsWithTheClockStamp) {
   EXPECT_EQ(in.seq, 42u);
   EXPECT_EQ(in.bytes, "SET k v\r\n");
   EXPECT_EQ(in.clock_ns, 1795455335560975123ull);
+  EXPECT_EQ(in.out_before, 4242u);
+  EXPECT_EQ(DescribeInput(in), "DATA 0.7/3 9 bytes after 4242 bytes out: SET k v\\r\\n");
+}
+
+TEST(LogInput, AnEntryFromBeforeTheReplyGateDecodesWithoutOne) {
+  ByteWriter w;
+  w.u8(LS_SUB_DATA);
+  w.u64(9);
+  w.u32(1);
+  w.u64(3);
+  w.bytes("x");
+  w.u64(77);  // the stamp, and nothing after it
+  Input in;
+  in.out_before = 5;  // overwritten
+  ASSERT_TRUE(DecodeInput(w.str(), &in));
+  EXPECT_EQ(in.clock_ns, 77u);
+  EXPECT_EQ(in.out_before, 0u);
+  EXPECT_EQ(DescribeInput(in), "DATA 0.9/1 1 bytes: x");
 }
 
 TEST(LogInput, AnEntryFromBeforeTheStampDecodesWithoutOne) {

@@ -24,11 +24,12 @@ Replayer::~Replayer() {
 void Replayer::Accept(ConnKey k) {
   queue_.push_back(Step{Kind::kAccept, k, {}});
 }
-void Replayer::Data(ConnKey k, std::string_view bytes, uint64_t index, uint64_t clock_ns) {
-  queue_.push_back(Step{Kind::kData, k, std::string(bytes), index, clock_ns});
+void Replayer::Data(ConnKey k, std::string_view bytes, uint64_t index, uint64_t clock_ns,
+                    uint64_t out_before) {
+  queue_.push_back(Step{Kind::kData, k, std::string(bytes), index, clock_ns, out_before});
 }
-void Replayer::Close(ConnKey k) {
-  queue_.push_back(Step{Kind::kClose, k, {}});
+void Replayer::Close(ConnKey k, uint64_t out_before) {
+  queue_.push_back(Step{Kind::kClose, k, {}, 0, 0, out_before});
 }
 
 bool Replayer::Open(ConnKey k, Conn* c, int slot) {
@@ -254,7 +255,7 @@ bool Replayer::Pump(uint64_t now_us) {
     // after everything ordered before them.
     if (s.kind != Kind::kAccept && live &&
         !shim_->PushOrder(it->second.slot, s.kind == Kind::kData ? LS_ORDER_DATA : LS_ORDER_EOF,
-                          s.bytes.size(), s.clock_ns)) {
+                          s.bytes.size(), s.clock_ns, s.out_before)) {
       gated_ = true;  // the order ring is full: wait for the server to read
       send_all();
       return did;

@@ -45,8 +45,10 @@ class Replayer {
   void Accept(ConnKey k);
   // index: the log entry the bytes come from (named if the server dies on
   // it); clock_ns: its wall-clock stamp, passed to the shim with the order.
-  void Data(ConnKey k, std::string_view bytes, uint64_t index = 0, uint64_t clock_ns = 0);
-  void Close(ConnKey k);
+  // out_before: its reply gate (log_input.h), passed to the shim with the order.
+  void Data(ConnKey k, std::string_view bytes, uint64_t index = 0, uint64_t clock_ns = 0,
+            uint64_t out_before = 0);
+  void Close(ConnKey k, uint64_t out_before = 0);
 
   // Moves queued inputs into the sockets (and their order into the order
   // ring). True if it did anything.
@@ -102,6 +104,7 @@ class Replayer {
     std::string bytes;
     uint64_t index = 0;
     uint64_t clock_ns = 0;
+    uint64_t out_before = 0;
   };
   // A DATA input handed to a connection: where its bytes are in the stream.
   struct Handed {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "checkpoint/spawn.h"
@@ -108,6 +109,24 @@ std::string SubstituteCommand(const std::string& tmpl, int port, const std::stri
     }
   }
   return out;
+}
+
+bool RenderFile(const std::string& path, int port, const std::string& dir, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) {
+    *error = "cannot read " + path + " (a file of the data template, rendered_files)";
+    return false;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << SubstituteCommand(text.str(), port, dir);
+  out.close();
+  if (!out) {
+    *error = "cannot write " + path + ": " + strerror(errno);
+    return false;
+  }
+  return true;
 }
 
 bool SplitCommand(const std::string& cmd, std::vector<std::string>* argv, std::string* error) {

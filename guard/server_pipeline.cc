@@ -82,6 +82,8 @@ bool ServerPipeline::LaunchServer(std::string* error) {
       return false;
     }
   }
+  for (const std::string& name : cfg_.server.rendered_files)
+    if (!RenderFile(dir + "/" + name, me_.server_port, dir, error)) return false;
   // Split first, then substitute: a data directory with spaces stays one argument.
   std::vector<std::string> argv;
   if (!SplitCommand(cfg_.server.command, &argv, error)) {
@@ -275,8 +277,8 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
         std::string flipped;
         std::string_view bytes = s.bytes;
         if (s.kind == LS_SUB_DATA && MaybeFlipProposal(bytes, &flipped)) bytes = flipped;
-        ProposeResult r =
-            core_.Propose(now, EntryType::kInput, EncodeInput(s.kind, key, s.seq, bytes, Stamp()));
+        ProposeResult r = core_.Propose(
+            now, EntryType::kInput, EncodeInput(s.kind, key, s.seq, bytes, Stamp(), s.out_before));
         ok = r.ok;
         if (ok) own_pending_[r.index] = OwnPending{s.seq, s.conn, s.kind, now};
       }
@@ -360,7 +362,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
         case LS_SUB_DATA:
           if (!own) {
             MaybeFlipInput(&in.bytes, i);
-            replayer_->Data(in.key, in.bytes, i, in.clock_ns);
+            replayer_->Data(in.key, in.bytes, i, in.clock_ns, in.out_before);
           }
           break;
         case LS_SUB_CLOSE:
@@ -371,7 +373,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
             own_conns_.erase(in.key.no);
             broken_own_.erase(in.key.no);
           } else {
-            replayer_->Close(in.key);
+            replayer_->Close(in.key, in.out_before);
           }
           break;
       }

@@ -243,6 +243,7 @@ bool ShimChannel::Peek(Submission* s) {
     s->kind = h.kind;
     s->conn = h.conn;
     s->seq = h.seq;
+    s->out_before = h.out_before;
     s->bytes = std::string_view(reinterpret_cast<const char*>(r + 1), h.len);
     peeked_bytes_ = size;
     return true;
@@ -261,7 +262,8 @@ void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn, uint64_t 
   unflushed_.push_back(ls_done_record{seq, conn, kind, clock_ns});
 }
 
-bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns) {
+bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns,
+                            uint64_t out_before) {
   LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
   uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
   if (tail > order_published_) {  // the shim took records not yet published
@@ -271,7 +273,7 @@ bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t cloc
   }
   if (order_written_ - tail >= order_slots_) return false;
   order_ring_[order_written_ % order_slots_] =
-      ls_order_record{static_cast<uint32_t>(slot), kind, len, clock_ns};
+      ls_order_record{static_cast<uint32_t>(slot), kind, len, clock_ns, out_before};
   order_written_++;
   return true;
 }

@@ -80,6 +80,7 @@ class ShimChannel {
     uint32_t conn;
     uint64_t seq;
     std::string_view bytes;
+    uint64_t out_before;  // ls_sub_record's
   };
   bool Peek(Submission* s);
   void Pop();
@@ -88,7 +89,9 @@ class ShimChannel {
   // `slot` (LS_ORDER_DATA), or its EOF, after everything pushed before.
   // clock_ns: the input's wall-clock stamp (log_input.h). False when the
   // ring is full (wait for the shim). Published by Flush().
-  bool PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns = 0);
+  // out_before: the input's reply gate (log_input.h).
+  bool PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns = 0,
+                 uint64_t out_before = 0);
 
   // Outcomes are queued here and published by Flush(), which wakes the
   // shim's sleeping threads. Returns whether anything was published.

@@ -387,10 +387,68 @@ static struct chunk* push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
   return ch;
 }
 
+/* The reply gate (log_input.h, out_before). The leader's shim notes with
+ * each input how much output its server had sent on that connection when
+ * the input came; a backup's server may read the input only once it has
+ * sent as much there. A client that waits for each reply thus reaches every
+ * replica's server one request at a time, as it reached the leader's: a
+ * server that reads ahead and starts the next request while a thread still
+ * answers the previous one (clamd in IDSESSION: replies tagged by request,
+ * in whatever order its threads finish) would otherwise answer a backup's
+ * burst of replayed requests in another order than the leader's. An input
+ * waits behind a gate for at most LS_REPLY_GATE_MAX_NS (a server whose
+ * output differs, or comes from a timer, must not stop its replica: the
+ * output comparison judges it), and everything after it waits too. */
+#define LS_REPLY_GATE_MAX_NS 1000000000ull
+static _Atomic(int) gate_fd = -1;   /* waiting for output on this fd; -2: it came; -1: none */
+static _Atomic(uint64_t) gate_need; /* ... up to this stream offset */
+static uint64_t gate_tail;          /* the order record that waits */
+static uint64_t gate_since_ns;
+static uint64_t gates_expired;
+
+int reply_gate_pending(void) {
+  return atomic_load(&gate_fd) != -1;
+}
+
+void reply_gate_sent(int fd, uint64_t end) {
+  int want = fd;
+  if (atomic_load(&gate_fd) == fd && end >= atomic_load(&gate_need) &&
+      atomic_compare_exchange_strong(&gate_fd, &want, -2))
+    (void)eventfd_write(wake_server_fd, 1); /* whoever waits drains the order again */
+}
+
+/* 1: the order record at `tail` (for c, needing `need`) may be taken. */
+static int gate_open(uint64_t tail, struct conn* c, uint64_t need) {
+  if (need == 0 || c->fd < 0 || out_offset(c->fd) >= need) {
+    atomic_store(&gate_fd, -1);
+    return 1;
+  }
+  uint64_t now = now_ns();
+  if (atomic_load(&gate_fd) == -1 || gate_tail != tail) {
+    gate_tail = tail;
+    gate_since_ns = now;
+    atomic_store(&gate_need, need);
+    atomic_store(&gate_fd, c->fd);
+    if (out_offset(c->fd) < need) return 0; /* else its reply came meanwhile */
+  } else if (now - gate_since_ns < LS_REPLY_GATE_MAX_NS) {
+    if (atomic_load(&gate_fd) == -2) atomic_store(&gate_fd, c->fd); /* not enough yet */
+    if (out_offset(c->fd) < need) return 0;
+  } else if (gates_expired++ < 10) {
+    shim_log(
+        "reply gate: connection %u waited %.1f s for the server's output to reach byte %llu "
+        "(it stands at %llu) before its next input; delivered anyway",
+        c->no, (double)(now - gate_since_ns) / 1e9, (unsigned long long)need,
+        (unsigned long long)out_offset(c->fd));
+  }
+  atomic_store(&gate_fd, -1);
+  return 1;
+}
+
 /* Takes the replay order the daemon published: each record allows the
  * server to read the next `len` bytes of one replay connection (or its EOF),
  * after everything before it. A record for a connection the server has not
- * accepted yet waits, and so do the ones after it. Called with mu held. */
+ * accepted yet waits, and so do the ones after it; so does one behind its
+ * reply gate (above). Called with mu held. */
 static void drain_order(void) {
   uint64_t head = atomic_load_explicit(&hdr->order_head, memory_order_acquire);
   uint64_t tail = atomic_load_explicit(&hdr->order_tail, memory_order_relaxed);
@@ -403,6 +461,7 @@ static void drain_order(void) {
         slot_closed_port[r->slot] == atomic_load(&hdr->replay[r->slot].port))
       continue;    /* the server closed it: nothing to deliver */
     if (!c) break; /* not accepted yet: it and all after it wait */
+    if (!gate_open(tail, c, r->out_before)) break;
     if (r->kind == LS_ORDER_DATA) {
       c->committed_end += r->len;
       push_chunk(c, LS_SUB_DATA, CH_COMMITTED)->clock_ns = r->clock_ns;
@@ -451,7 +510,10 @@ static uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t
       r->len = len;
       r->kind = kind;
       r->conn = c->no;
+      r->pad2 = 0;
       r->seq = seq;
+      uint64_t sent = kind == LS_SUB_ACCEPT || c->fd < 0 ? 0 : out_offset(c->fd);
+      r->out_before = sent == UINT64_MAX ? 0 : sent;
       if (len) memcpy(r + 1, bytes, len);
       push_chunk(c, kind, CH_PENDING);
       atomic_store_explicit(&hdr->sub_head, head + need, memory_order_seq_cst);

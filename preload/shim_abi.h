@@ -99,7 +99,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 9u
+#define LS_SHIM_VERSION 10u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -141,6 +141,11 @@ struct ls_sub_record { /* followed by `len` payload bytes, then padding to 8 */
   uint32_t conn; /* the shim's connection number (1, 2, ...; never reused) */
   uint32_t pad2;
   uint64_t seq;
+  /* DATA, CLOSE: the connection's output stream offset (shim_output.c) when
+   * the shim took this input from the kernel: the replies the server had
+   * sent by then. A backup's server may read the input only once it has sent
+   * as much (the reply gate, shim.c drain_order). */
+  uint64_t out_before;
 };
 
 struct ls_done_record {
@@ -164,7 +169,8 @@ struct ls_order_record {
   uint32_t slot;
   uint32_t kind;
   uint64_t len;
-  uint64_t clock_ns; /* DATA: the entry's wall-clock stamp, as ls_done_record's */
+  uint64_t clock_ns;   /* DATA: the entry's wall-clock stamp, as ls_done_record's */
+  uint64_t out_before; /* the entry's out_before (ls_sub_record): the reply gate */
 };
 
 /* Output record flags (shim -> daemon). */

@@ -104,7 +104,11 @@ LS_HIDDEN extern int (*real_pselect)(int, fd_set*, fd_set*, fd_set*, const struc
 LS_HIDDEN uint64_t now_ns(void); /* CLOCK_MONOTONIC */
 LS_HIDDEN struct chunk* fifo_at(uint64_t seq);
 LS_HIDDEN int gate_bypassed(void);
-LS_HIDDEN void drain_done(void);                          /* applies the daemon's completions */
+LS_HIDDEN void drain_done(void);
+/* The reply gate (shim.c): an input waits for the server's output on fd. */
+LS_HIDDEN int reply_gate_pending(void);
+LS_HIDDEN void reply_gate_sent(int fd, uint64_t end);
+    /* fd's output reached `end` */                       /* applies the daemon's completions */
 LS_HIDDEN uint32_t kernel_interest(const struct conn* c); /* epoll events the kernel watches */
 LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
 LS_HIDDEN struct head_run find_head_run(void);
@@ -160,6 +164,8 @@ LS_HIDDEN void out_open(int fd, uint32_t conn, int replay_slot);
 LS_HIDDEN void out_end(int fd, uint32_t flag);
 /* In a forked child: nothing is hashed any more. */
 LS_HIDDEN void out_after_fork(void);
+/* fd's output stream offset (bytes compared so far); UINT64_MAX when not hashed. */
+LS_HIDDEN uint64_t out_offset(int fd);
 /* The server read n (> 0) bytes of iov from the tracked connection fd. */
 LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n);
 /* A send on fd would block (EAGAIN): an EPOLLET server hears the next

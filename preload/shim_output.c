@@ -209,6 +209,30 @@ static inline int out_slot_of(int fd) {
   return (int)atomic_load_explicit(&out_of_fd[fd], memory_order_acquire) - 1;
 }
 
+/* Sends in progress per output slot: the kernel may have taken (and the
+ * client read) bytes not hashed yet. A client that got a reply and sent its
+ * next request at once may have it taken by the leader's shim before the
+ * thread that sent the reply has counted it: out_offset waits for them. */
+static _Atomic(uint32_t) out_sending[LS_OUT_SLOTS];
+
+static inline int send_begin(int fd) {
+  int slot = out_slot_of(fd);
+  if (slot >= 0) atomic_fetch_add(&out_sending[slot], 1);
+  return slot;
+}
+static inline void send_end(int slot) {
+  if (slot >= 0) atomic_fetch_sub(&out_sending[slot], 1);
+}
+
+uint64_t out_offset(int fd) {
+  int slot = out_slot_of(fd);
+  if (slot < 0) return UINT64_MAX;
+  /* A send blocked in the kernel (a full socket buffer) is not waited for
+   * long: its bytes are not what the client answered. */
+  for (int i = 0; i < 2000 && atomic_load(&out_sending[slot]); i++) sched_yield();
+  return atomic_load_explicit(&out_win[slot].end, memory_order_acquire);
+}
+
 /* Takes st for this thread. 0: it cannot be had (this thread holds it: a
  * signal handler interrupted the thread's own hashing; or its holder did not
  * let go within ~0.1 s). */
@@ -401,7 +425,9 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
     win_end(&out_win[slot], st->h.total);
     out_push(st, slot, 0);
   }
+  uint64_t total = st->h.total;
   out_unlock(st);
+  reply_gate_sent(fd, total); /* a backup's next input may have waited for this */
 }
 
 /* sendfile took n (> 0) bytes of in_fd from offset `from`: they are read
@@ -446,7 +472,9 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
     win_end(&out_win[slot], st->h.total);
     out_push(st, slot, 0);
   }
+  uint64_t total = st->h.total;
   out_unlock(st);
+  reply_gate_sent(fd, total); /* a backup's next input may have waited for this */
 }
 
 /* The stream of fd ends: shut down for writing (LS_OUT_SHUT), or closed
@@ -518,11 +546,17 @@ void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
 
 /* The kernel took n bytes of a send (n <= 0: none, or an error): hash
  * them if fd's output is (slot >= 0); returns n with errno as the call left it. */
+/* ... and ends the send that send_begin counted. */
 static ssize_t sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, ssize_t n) {
-  if (slot >= 0 && n < 0 && errno == EAGAIN) wait_send_blocked(fd);
-  if (slot < 0 || n <= 0) return n;
+  if (slot < 0) return n;
+  if (n <= 0) {
+    send_end(slot);
+    if (n < 0 && errno == EAGAIN) wait_send_blocked(fd);
+    return n;
+  }
   int saved = errno;
   out_sent(fd, slot, iov, iovcnt, (size_t)n);
+  send_end(slot);
   errno = saved;
   return n;
 }
@@ -534,47 +568,51 @@ static ssize_t sent_buf(int fd, int slot, const void* buf, ssize_t n) {
 
 ssize_t write(int fd, const void* buf, size_t len) {
   LS_REAL(write);
-  int slot = out_slot_of(fd);
+  int slot = send_begin(fd);
   return sent_buf(fd, slot, buf, real_write(fd, buf, len));
 }
 
 ssize_t send(int fd, const void* buf, size_t len, int flags) {
   LS_REAL(send);
-  int slot = out_slot_of(fd);
+  int slot = send_begin(fd);
   return sent_buf(fd, slot, buf, real_send(fd, buf, len, flags));
 }
 
 ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
                socklen_t addrlen) {
   LS_REAL(sendto);
-  int slot = out_slot_of(fd);
+  int slot = send_begin(fd);
   return sent_buf(fd, slot, buf, real_sendto(fd, buf, len, flags, addr, addrlen));
 }
 
 ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
   LS_REAL(sendmsg);
-  int slot = out_slot_of(fd);
+  int slot = send_begin(fd);
   ssize_t n = real_sendmsg(fd, msg, flags);
-  if (n <= 0) return n; /* msg may be bad: EFAULT */
+  if (n <= 0) return sent(fd, slot, NULL, 0, n); /* msg may be bad: EFAULT */
   return sent(fd, slot, msg->msg_iov, msg->msg_iovlen, n);
 }
 
 int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
   LS_REAL(sendmmsg);
-  int slot = out_slot_of(fd);
+  int slot = send_begin(fd);
   int r = real_sendmmsg(fd, vec, vlen, flags);
-  if (slot < 0 || r <= 0) return r;
+  if (slot < 0 || r <= 0) {
+    send_end(slot);
+    return r;
+  }
   int saved = errno;
   for (int i = 0; i < r; i++)
     if (vec[i].msg_len > 0)
       out_sent(fd, slot, vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen, vec[i].msg_len);
+  send_end(slot);
   errno = saved;
   return r;
 }
 
 ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
   LS_REAL(writev);
-  int slot = out_slot_of(fd);
+  int slot = send_begin(fd);
   return sent(fd, slot, iov, (size_t)iovcnt, real_writev(fd, iov, iovcnt));
 }
 
@@ -599,19 +637,21 @@ static void sendfile_done(int fd, int slot, int in_fd, off64_t from, ssize_t n) 
 
 ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   LS_REAL(sendfile);
-  int slot = out_slot_of(out_fd);
+  int slot = send_begin(out_fd);
   off64_t from = sendfile_start(slot, in_fd, offset ? &(off64_t){*offset} : NULL);
   ssize_t n = real_sendfile(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, in_fd, from, n);
+  send_end(slot);
   return n;
 }
 
 ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
   LS_REAL(sendfile64);
-  int slot = out_slot_of(out_fd);
+  int slot = send_begin(out_fd);
   off64_t from = sendfile_start(slot, in_fd, offset);
   ssize_t n = real_sendfile64(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, in_fd, from, n);
+  send_end(slot);
   return n;
 }
 

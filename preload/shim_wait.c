@@ -202,7 +202,9 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
       else
         wait_ms = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
       /* Inputs pending: look again now and then (the gate may open, see gate_bypassed). */
-      if (fifo_count && wake_in_epfd[epfd] && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
+      if ((fifo_count || reply_gate_pending()) && wake_in_epfd[epfd] &&
+          (wait_ms < 0 || wait_ms > 11))
+        wait_ms = 11;
     }
     int cap = look_soon == 2 ? 1 : look_soon ? LS_SERIAL_IDLE_LOOK_MS : -1;
     if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
@@ -317,7 +319,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       wait_ms = deadline == UINT64_MAX ? -1
                 : now >= deadline      ? 0
                                        : (int)((deadline - now + 999999) / 1000000);
-      if (fifo_count && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
+      if ((fifo_count || reply_gate_pending()) && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
       int cap = look_soon == 2 ? 1 : look_soon ? LS_SERIAL_IDLE_LOOK_MS : -1;
       if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
     }

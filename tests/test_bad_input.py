@@ -73,6 +73,18 @@ GOOD_SERVER = GOOD.replace(
             6,
         ),
         (GOOD_SERVER.replace("command = ", "flavour = 'mint'\ncommand = "), "flavour", 6),
+        # A profile's files go into the data template: a path out of it, or
+        # files without a template, are refused.
+        (
+            GOOD_SERVER.replace("command = ", "rendered_files = 'a, ../x'\ncommand = "),
+            "rendered_files",
+            6,
+        ),
+        (
+            GOOD_SERVER.replace("command = ", "rendered_files = 'clamd.conf'\ncommand = "),
+            "rendered_files",
+            6,
+        ),
         (GOOD_SERVER.replace("[[replica]]", "[server]\n[[replica]]"), "[server]", 8),
     ],
 )

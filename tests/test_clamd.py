@@ -1,0 +1,166 @@
+"""ClamAV clamd (apps/clamd.toml) on three replicas: a poll() loop that hands
+each command to a pool thread.
+
+Tried before the reply gate (issue 10): four clients scanning in sessions
+(IDSESSION) through the leader got the right answers, but both backups were
+reported diverged within a few hundred scans. A backup's server had the
+replayed requests of a session in its socket at once, read ahead, and its
+pool threads answered two of them in the other order ('11: ... FOUND' before
+'10: stream: OK'); the leader's had read each only after answering the one
+before. Each input now carries the leader's output offset of its connection
+(log_input.h, out_before), and a backup's server reads it only once it has
+answered as much (preload/shim.c, the reply gate).
+
+The signatures are lockstep's own (apps/clamd/lockstep.ndb): no database is
+downloaded, so every replica scans with the same one.
+"""
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+from clamd_client import Clamd, clean, infected
+from conftest import run
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("clamd"), reason="clamav-daemon is not installed (setup)"
+)
+
+
+def scan_load(addr, clients, scans, size=16384, every=5, stop=None, on_error=None):
+    """`clients` sessions scanning `scans` buffers each, one in `every`
+    infected; returns {client: (clean verdicts OK, infected ones FOUND)}.
+    Every verdict is checked; a connection lost while `on_error` is given is
+    handed to it (a failover) and its client reconnects."""
+    results, errors = {}, []
+
+    def client(k):
+        ok = found = 0
+        c = Clamd(addr())
+        try:
+            for i in range(scans):
+                if stop and stop.is_set():
+                    break
+                bad = i % every == every - 1
+                data = infected(size, k * 100000 + i) if bad else clean(size, k * 100000 + i)
+                try:
+                    verdict = c.scan(data)
+                except (ConnectionError, OSError) as e:
+                    if not on_error:
+                        raise
+                    on_error(e)
+                    c.close()
+                    c = Clamd(addr())
+                    continue
+                if bad:
+                    assert verdict.endswith("Lockstep.Test.Signature-1.UNOFFICIAL FOUND"), verdict
+                    found += 1
+                else:
+                    assert verdict == "stream: OK", verdict
+                    ok += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            errors.append(f"client {k}: {e!r}")
+        finally:
+            c.close()
+        results[k] = (ok, found)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    return results
+
+
+def divergences(cluster):
+    return json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+
+
+def found_counts(cluster):
+    """How many infected streams each replica's clamd logged: its scans
+    (LogClean is off, so only detections are logged)."""
+    counts = {}
+    for r in range(len(cluster.status()["replicas"])):
+        log = cluster.dir / f"replica-{r}" / "server" / "clamd.log"
+        counts[r] = log.read_text(errors="replace").count("FOUND") if log.exists() else -1
+    return counts
+
+
+def all_applied(cluster):
+    def done(s):
+        lead = s["replicas"][s["leader"]]["commit_index"] if s["leader"] is not None else -1
+        return all(r["applied_index"] == lead for r in s["replicas"])
+
+    return cluster.wait(done, 60, "every replica applied the whole log")
+
+
+def test_sessions_of_four_clients_leave_no_divergence(cluster):
+    cluster.up(app="clamd")
+    res = scan_load(cluster.client_addr, clients=4, scans=150)
+    assert res == {k: (120, 30) for k in range(4)}, res
+    all_applied(cluster)
+    time.sleep(1)  # the last digests reach the leader
+    assert divergences(cluster) == []
+    counts = found_counts(cluster)
+    assert set(counts.values()) == {4 * 30}, counts
+
+
+def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):
+    cluster.up(app="clamd")
+    old = cluster.leader()
+    lost = []
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=lambda: lost.append(
+            scan_load(cluster.client_addr, 2, 400, stop=stop, on_error=lambda e: time.sleep(0.2))
+        )
+    )
+    worker.start()
+    time.sleep(1.0)
+    os.kill(cluster.pid(old), signal.SIGKILL)
+    st = cluster.wait(lambda s: s["leader"] not in (None, old), 20, "a new leader")
+    worker.join(300)
+    print("scans per client (clean, infected):", lost)
+    assert lost and all(ok + found > 100 for ok, found in lost[0].values()), lost
+    new = st["leader"]
+    # Scans through the new leader after the failover are answered as well.
+    c = Clamd(cluster.client_addr())
+    assert c.scan(infected(1000, 7)).endswith("FOUND")
+    assert c.scan(clean(1000, 7)) == "stream: OK"
+    c.close()
+    assert cluster.status()["leader"] == new
+
+
+def test_bad_input_is_refused_and_the_replicas_stay_alike(cluster):
+    cluster.up(app="clamd")
+    addr = cluster.client_addr()
+    # An unknown command.
+    c = Clamd(addr, session=False)
+    c.sock.sendall(b"zNO-SUCH-COMMAND\0")
+    assert "UNKNOWN COMMAND" in c.reply()
+    c.close()
+    # A stream over StreamMaxLength (25M in apps/clamd/clamd.conf): refused.
+    c = Clamd(addr, session=False, timeout=120)
+    try:
+        verdict = c.scan(clean(26 * 1024 * 1024, 3))
+    except (ConnectionError, OSError) as e:  # it may close before reading it all
+        verdict = repr(e)
+    assert "size limit exceeded" in verdict or "reset" in verdict.lower(), verdict
+    c.close()
+    # A client gone in the middle of a stream.
+    c = Clamd(addr, session=False)
+    c.sock.sendall(b"zINSTREAM\0\0\0\x10\0" + b"x" * 1000)
+    c.sock.close()
+    # The server still answers, and every replica said the same throughout.
+    c = Clamd(addr)
+    assert c.scan(infected(5000, 1)).endswith("FOUND")
+    assert c.command("PING") == "PONG"
+    c.close()
+    all_applied(cluster)
+    time.sleep(1)
+    assert divergences(cluster) == []
