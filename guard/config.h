@@ -146,6 +146,12 @@ struct ClusterConfig {
     // readable only once the thread that read the previous one waits again
     // (preload/shim_serial.c). From the profile's `serial_inputs`.
     bool serial_inputs = false;
+    // With serial_inputs: an input executes until the server has sent output
+    // on its connection (its reply), not merely until the thread that read
+    // it waits again: for a server whose listener reads each request and
+    // hands it to a pool thread (slapd), whose listener waits again at once.
+    // From the profile's `serial_until_reply`.
+    bool serial_until_reply = false;
     // What a server sends on a connection before it reads anything from it
     // (a handshake with a random challenge, a banner naming the host) is left
     // out of the output comparison (preload/shim_output.c). From the

@@ -98,7 +98,7 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   server_fds_ = shim_->ServerFds();
   shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
   shim_->set_same_clock(cfg_.server.same_clock);
-  shim_->set_serial_inputs(cfg_.server.serial_inputs);
+  shim_->set_serial_inputs(!cfg_.server.serial_inputs ? 0 : cfg_.server.serial_until_reply ? 2 : 1);
   shim_->set_unchecked_greeting(cfg_.server.unchecked_greeting);
   shim_->set_unchecked_replies(cfg_.server.unchecked_replies);
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),

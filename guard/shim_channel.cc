@@ -186,7 +186,7 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)},
       {"LOCKSTEP_SHIM_RANDOM_SEED", random_seed_env_},
       {"LOCKSTEP_SHIM_SAME_CLOCK", same_clock_ ? "1" : "0"},
-      {"LOCKSTEP_SHIM_SERIAL", serial_inputs_ ? "1" : "0"},
+      {"LOCKSTEP_SHIM_SERIAL", std::to_string(serial_inputs_)},
       {"LOCKSTEP_SHIM_UNCHECKED_GREETING", unchecked_greeting_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_}};
   if (!output_digests_env_.empty())

@@ -56,7 +56,8 @@ class ShimChannel {
   void set_same_clock(bool on) { same_clock_ = on; }
   // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
   // whatever thread reads it (preload/shim_serial.c). Always set, as above.
-  void set_serial_inputs(bool on) { serial_inputs_ = on; }
+  // 0: off; 1: serial_inputs; 2: serial_inputs until the reply (config.h).
+  void set_serial_inputs(int mode) { serial_inputs_ = mode; }
   // LOCKSTEP_SHIM_UNCHECKED_GREETING: output before a connection's first
   // input is left out of the digests (preload/shim_output.c).
   void set_unchecked_greeting(bool on) { unchecked_greeting_ = on; }
@@ -207,7 +208,7 @@ class ShimChannel {
   std::string output_digests_env_;
   std::string random_seed_env_;
   bool same_clock_ = false;
-  bool serial_inputs_ = false;
+  int serial_inputs_ = 0;
   bool unchecked_greeting_ = false;
   std::string unchecked_replies_env_;
   uint64_t size_ = 0;

@@ -187,7 +187,7 @@ __attribute__((constructor)) static void shim_init(void) {
   wake_server_fd = env_int("LOCKSTEP_SHIM_WAKE_SERVER");
   wake_daemon_fd = env_int("LOCKSTEP_SHIM_WAKE_DAEMON");
   client_port = env_int("LOCKSTEP_SHIM_PORT");
-  serial_init(env_int("LOCKSTEP_SHIM_SERIAL") == 1);
+  serial_init(env_int("LOCKSTEP_SHIM_SERIAL"));
   if (shm_fd < 0 || wake_server_fd < 0 || wake_daemon_fd < 0 || client_port <= 0) {
     shim_log("LOCKSTEP_SHIM_* environment incomplete; passing everything through");
     goto out;

@@ -108,14 +108,16 @@ LS_HIDDEN void drain_done(void);
 /* The reply gate (shim.c): an input waits for the server's output on fd. */
 LS_HIDDEN int reply_gate_pending(void);
 LS_HIDDEN void reply_gate_sent(int fd, uint64_t end);
-    /* fd's output reached `end` */                       /* applies the daemon's completions */
+/* fd's output reached `end` */                           /* applies the daemon's completions */
 LS_HIDDEN uint32_t kernel_interest(const struct conn* c); /* epoll events the kernel watches */
 LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
 LS_HIDDEN struct head_run find_head_run(void);
 LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF) */
 /* serial_inputs (shim_serial.c); mu held, except serial_init. serial_done:
  * the calling thread has finished the input it read, if it read one. */
-LS_HIDDEN void serial_init(int on);
+LS_HIDDEN void serial_init(int mode); /* LOCKSTEP_SHIM_SERIAL: 0, 1, 2 (until the reply) */
+/* Without mu, from the send wrappers: the server's output on fd reached `end`. */
+LS_HIDDEN void serial_sent(int fd, uint64_t end);
 LS_HIDDEN int executing_other(const struct conn* c); /* not c's turn: another input runs */
 LS_HIDDEN void serial_begin(struct conn* c);         /* this thread read an input of c */
 LS_HIDDEN void serial_closed(const struct conn* c);  /* the server closed c */

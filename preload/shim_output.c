@@ -428,6 +428,7 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
   uint64_t total = st->h.total;
   out_unlock(st);
   reply_gate_sent(fd, total); /* a backup's next input may have waited for this */
+  serial_sent(fd, total);     /* the executing input's reply (serial_until_reply) */
 }
 
 /* sendfile took n (> 0) bytes of in_fd from offset `from`: they are read
@@ -475,6 +476,7 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
   uint64_t total = st->h.total;
   out_unlock(st);
   reply_gate_sent(fd, total); /* a backup's next input may have waited for this */
+  serial_sent(fd, total);     /* the executing input's reply (serial_until_reply) */
 }
 
 /* The stream of fd ends: shut down for writing (LS_OUT_SHUT), or closed

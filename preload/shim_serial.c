@@ -20,10 +20,12 @@
 #include "preload/shim_abi.h"
 #include "preload/shim_internal.h"
 
-static int serial_on; /* LOCKSTEP_SHIM_SERIAL=1 */
+static int serial_on;    /* LOCKSTEP_SHIM_SERIAL=1 or 2 */
+static int serial_reply; /* LOCKSTEP_SHIM_SERIAL=2: until the reply (below) */
 
-void serial_init(int on) {
-  serial_on = on;
+void serial_init(int mode) {
+  serial_on = mode == 1 || mode == 2;
+  serial_reply = mode == 2;
 }
 
 /* Serial execution (LOCKSTEP_SHIM_SERIAL=1, the app profile's
@@ -40,7 +42,18 @@ void serial_init(int on) {
  * something (a row lock) that only a later input can release: the next one
  * goes in (executing_other). One that does none of these for
  * LS_SERIAL_EXEC_NS lets the next one in too, logged: liveness over
- * determinism. */
+ * determinism.
+ *
+ * Until the reply (LOCKSTEP_SHIM_SERIAL=2, the profile's
+ * `serial_until_reply`): a server whose listener thread reads each request
+ * and hands it to a pool thread (slapd) has its listener waiting again at
+ * once, while the pool thread still executes; two requests of different
+ * connections would run at once, and their entryCSN and entryUUID (the
+ * clock of whichever input was read last) differ between replicas. There
+ * the input executes until the server has sent output on its connection
+ * after reading it (serial_sent, from the send wrappers, without mu), or
+ * closed it; waiting again and reading dry do not count, nor does a thread
+ * asleep (the listener sleeps in epoll as a matter of course). */
 static pid_t exec_tid;         /* the thread executing an input; 0: none */
 static struct conn* exec_conn; /* whose input */
 static uint64_t exec_since_ns;
@@ -48,6 +61,12 @@ static uint64_t exec_expired;
 static uint64_t exec_blocked;      /* let go: asleep waiting (not counted as expired) */
 static uint64_t exec_next_look_ns; /* when to look at its state again */
 static int exec_asleep;            /* consecutive looks that found it asleep */
+/* Until the reply: the executing input's connection (-1: not followed, the
+ * rules above apply), its output offset when it was read, and whether the
+ * server has sent past it since. Set under mu, read by senders without it. */
+static _Atomic(int) exec_fd = -1;
+static _Atomic(uint64_t) exec_out_at;
+static _Atomic(int) exec_replied;
 static __thread pid_t my_tid;
 
 static pid_t self_tid(void) {
@@ -72,11 +91,28 @@ static int thread_sleeps(pid_t tid) {
 
 static void wake_next_turn(int my_epfd);
 
+static void exec_release(void) {
+  exec_tid = 0;
+  exec_conn = NULL;
+  atomic_store(&exec_fd, -1);
+}
+
+void serial_sent(int fd, uint64_t end) {
+  if (serial_reply && atomic_load(&exec_fd) == fd && end > atomic_load(&exec_out_at) &&
+      !atomic_exchange(&exec_replied, 1))
+    (void)eventfd_write(wake_server_fd, 1); /* whoever waits for its turn looks again */
+}
+
 /* Another connection's input is executing, so c's must wait. mu held. */
 int executing_other(const struct conn* c) {
   if (!serial_on || !exec_tid || c == exec_conn) return 0;
+  int until_reply = atomic_load(&exec_fd) >= 0;
+  if (until_reply && atomic_load(&exec_replied)) {
+    exec_release();
+    return 0;
+  }
   uint64_t now = now_ns(), held = now - exec_since_ns;
-  if (held < LS_SERIAL_LOOK_NS) return 1;
+  if (held < LS_SERIAL_LOOK_NS || (until_reply && held < LS_SERIAL_EXEC_NS)) return 1;
   /* Asleep at two looks LS_SERIAL_LOOK_NS apart: it waits for something
    * (an InnoDB row lock) that only a later input can release, such as
    * the lock holder's COMMIT: let that in. Every replica blocks at the same
@@ -87,8 +123,7 @@ int executing_other(const struct conn* c) {
     exec_asleep = thread_sleeps(exec_tid) ? exec_asleep + 1 : 0;
     if (exec_asleep < 2) return 1;
     exec_blocked++;
-    exec_tid = 0;
-    exec_conn = NULL;
+    exec_release();
     wake_next_turn(-1);
     return 0;
   }
@@ -97,8 +132,7 @@ int executing_other(const struct conn* c) {
         "serial_inputs: a thread held an input for over %llu ms without waiting again; "
         "the next connection's input goes ahead (%llu times so far)",
         (unsigned long long)(LS_SERIAL_EXEC_NS / 1000000), (unsigned long long)exec_expired);
-  exec_tid = 0;
-  exec_conn = NULL;
+  exec_release();
   wake_next_turn(-1);
   return 0;
 }
@@ -110,6 +144,13 @@ void serial_begin(struct conn* c) {
   exec_since_ns = now_ns();
   exec_next_look_ns = 0;
   exec_asleep = 0;
+  uint64_t at = serial_reply && c->fd >= 0 ? out_offset(c->fd) : UINT64_MAX;
+  atomic_store(&exec_fd, -1);
+  if (at == UINT64_MAX) return; /* outputs not hashed: the thread's rules */
+  atomic_store(&exec_replied, 0);
+  atomic_store(&exec_out_at, at);
+  atomic_store(&exec_fd, c->fd);
+  if (out_offset(c->fd) > at) atomic_store(&exec_replied, 1); /* it replied meanwhile */
 }
 
 /* Threads waiting in poll, ppoll, select or a blocking read. They all
@@ -225,12 +266,19 @@ static void wake_next_turn(int my_epfd) {
 }
 
 void serial_done(int my_epfd) {
-  if (!serial_on || !exec_tid || exec_tid != self_tid()) return;
-  exec_tid = 0;
-  exec_conn = NULL;
+  if (!serial_on || !exec_tid) return;
+  if (atomic_load(&exec_fd) >= 0) { /* until the reply: whoever waits, when it came */
+    if (!atomic_load(&exec_replied)) return;
+  } else if (exec_tid != self_tid()) {
+    return;
+  }
+  exec_release();
   wake_next_turn(my_epfd);
 }
 
 void serial_closed(const struct conn* c) {
-  if (serial_on && c == exec_conn) serial_done(-1);
+  if (serial_on && c == exec_conn) {
+    exec_release();
+    wake_next_turn(-1);
+  }
 }

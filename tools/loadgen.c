@@ -1,10 +1,12 @@
-// loadgen — a closed-loop load generator for redis (RESP) and memcached (text protocol).
+// loadgen — a closed-loop load generator for redis (RESP), memcached (text protocol), LDAPv3
+// servers such as slapd (hand-written BER, no libldap) and ClamAV's clamd (INSTREAM).
 // The same program drives every mode of scripts/bench (unreplicated, lockstep, aof-always,
 // redis-wait), so the numbers compare like with like.
 //
-//   loadgen --proto redis|memcached --host H --port P --conns N [--ops-per-conn K]
-//           [--seconds S] --op set|get|set-wait [--value-bytes 64] [--keys 10000]
-//           [--wait-replicas 2]
+//   loadgen --proto redis|memcached|ldap|clamd --host H --port P --conns N [--ops-per-conn K]
+//           [--seconds S] --op OP [--value-bytes 64] [--keys 10000] [--wait-replicas 2]
+//           [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]
+//           [--infected-every 0] [--infected-string LOCKSTEP-TEST-SIGNATURE-7f3a9c]
 //
 // Each of the N connections has its own thread and one request outstanding: it sends a
 // request, waits for the whole reply, then sends the next (closed loop). A connection stops
@@ -14,15 +16,40 @@
 //   get       redis `GET key:<n>`, memcached `get key:<n>` (a miss is counted in "misses")
 //   set-wait  redis only: `SET`, then `WAIT <wait-replicas> 0` once SET's reply is in; the
 //             pair is one op and its latency covers both round trips
-// Keys are drawn uniformly from key:0 .. key:<keys-1>. Every op's latency (CLOCK_MONOTONIC)
-// goes into a log-linear histogram (1.6% resolution). Prints one JSON line on stdout:
-//   {"ops", "seconds", "ops_per_s", "p50_us", "p99_us", "errors", "misses"}
-// Exit status: 0; 1 when a connection cannot be made or is lost (the JSON is still printed
-// for a lost connection); 2 for a bad command line.
+//   add       ldap: adds cn=k<conn>-<i>,ou=bench,dc=lockstep,dc=test, i the connection's op
+//             number (objectClass person, cn, sn, and a description of <value-bytes> bytes);
+//             entryAlreadyExists (68) is an error, so a second run needs a fresh database
+//   modify    ldap: replaces the description of cn=key<n>,ou=bench,dc=lockstep,dc=test;
+//             noSuchObject (32) is counted in "misses"
+//   search    ldap: base-scope search of cn=key<n>,ou=bench,... for its description, done at
+//             SearchResultDone (entries before it are skipped); 32 is counted in "misses"
+//   prefill   ldap: the first connection adds dc=lockstep,dc=test and ou=bench before the
+//             clock starts (68 is fine); then cn=key0 .. cn=key<keys-1>, as modify and search
+//             expect them, are added once, split across the connections, which then stop; an
+//             entry already there is counted in "misses"
+//   scan      clamd: `zINSTREAM` of <value-bytes> bytes of fixed pseudo-random data in 8 KiB
+//             chunks; the reply must be "stream: OK". With --infected-every K, every K-th op
+//             of a connection has --infected-string in the middle of its data instead and
+//             its reply must say FOUND (counted in "found"); ERROR, a clean stream FOUND or a
+//             marked one OK is an error
+// --op defaults to set (redis, memcached) and scan (clamd); ldap needs one. Before the clock
+// starts, every ldap connection makes a simple bind as --bind-dn with --password, and every
+// clamd connection sends `zIDSESSION` (so one connection carries all its scans, each reply
+// prefixed with the request's number) and checks it with `zPING`; these are not ops, and a
+// refusal exits 1. Keys are drawn uniformly from key:0 .. key:<keys-1> (ldap: cn=key<n>).
+// An error reply (redis -ERR, memcached ERROR, an LDAP resultCode not named above) is counted
+// in "errors" and the connection goes on; a reply that cannot be parsed, an LDAP message id or
+// a clamd request number that is not the request's ends the connection ("lost").
+// Every op's latency (CLOCK_MONOTONIC) goes into a log-linear histogram (1.6% resolution).
+// Prints one JSON line on stdout:
+//   {"ops", "seconds", "ops_per_s", "p50_us", "p99_us", "errors", "misses", "found"}
+// Exit status: 0; 1 when a connection cannot be made, set up (bind, IDSESSION) or is lost
+// (the JSON is still printed for a lost connection); 2 for a bad command line.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,28 +64,65 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { PROTO_REDIS, PROTO_MEMCACHED };
-enum { OP_SET, OP_GET, OP_SET_WAIT };
-enum { REPLY_OK, REPLY_MISS, REPLY_ERROR };
+enum { PROTO_REDIS, PROTO_MEMCACHED, PROTO_LDAP, PROTO_CLAMD, NPROTOS };
+enum { OP_SET, OP_GET, OP_SET_WAIT, OP_ADD, OP_MODIFY, OP_SEARCH, OP_PREFILL, OP_SCAN, NOPS };
+enum { LDAP_BIND = NOPS, LDAP_SUFFIX, LDAP_OU };  // ldap requests made before the clock starts
+enum { REPLY_OK, REPLY_MISS, REPLY_FOUND, REPLY_ERROR };
+enum { CLAMD_PONG, CLAMD_OK, CLAMD_FOUND };  // what a clamd reply must say
+
+static const char* const proto_names[NPROTOS] = {"redis", "memcached", "ldap", "clamd"};
+static const struct {
+  const char* name;
+  int protos;  // bit mask of the protocols that have the op
+} op_table[NOPS] = {
+    {"set", 1 << PROTO_REDIS | 1 << PROTO_MEMCACHED},
+    {"get", 1 << PROTO_REDIS | 1 << PROTO_MEMCACHED},
+    {"set-wait", 1 << PROTO_REDIS},
+    {"add", 1 << PROTO_LDAP},
+    {"modify", 1 << PROTO_LDAP},
+    {"search", 1 << PROTO_LDAP},
+    {"prefill", 1 << PROTO_LDAP},
+    {"scan", 1 << PROTO_CLAMD},
+};
 
 #define SUB_BITS 6  // 64 sub-buckets per power of two
 #define NBUCKETS ((64 - SUB_BITS + 1) << SUB_BITS)
 #define GRACE_NS 5000000000LL  // how long an op may run past the deadline
+#define BENCH_BASE "ou=bench,dc=lockstep,dc=test"
+#define LDAP_MAX_MESSAGE (1 << 28)  // longer than any reply to our requests: garbled
+#define CLAMD_CHUNK 8192            // clamdscan's INSTREAM chunk size
 
 static struct {
-  int proto, op, conns, value_bytes, keys, wait_replicas;
+  int proto, op, conns, value_bytes, keys, wait_replicas, infected_every;
   long long ops_per_conn;  // 0: no limit
   double seconds;
   const char* host;
   const char* port;
-} cfg = {PROTO_REDIS, OP_SET, 1, 64, 10000, 2, 0, 10.0, "127.0.0.1", NULL};
+  const char* bind_dn;
+  const char* password;
+  const char* infected_string;
+} cfg = {.proto = PROTO_REDIS,
+         .op = -1,  // the protocol's default
+         .conns = 1,
+         .value_bytes = 64,
+         .keys = 10000,
+         .wait_replicas = 2,
+         .seconds = 10.0,
+         .host = "127.0.0.1",
+         .bind_dn = "cn=admin,dc=lockstep,dc=test",
+         .password = "secret",
+         .infected_string = "LOCKSTEP-TEST-SIGNATURE-7f3a9c"};
 
 struct conn {
   pthread_t thread;
-  int fd;
+  int fd, id;
   const char* lost;  // why the connection was given up (closed, timed out, garbled), or NULL
   uint64_t rng;
-  long long ops, errors, misses;
+  long long seq;  // requests the op loop has made: add's entry number, scan's K-th
+  int msgid;      // ldap: the request's message id; clamd: its IDSESSION request number
+  int expect;     // ldap: the response's protocolOp tag; clamd: CLAMD_*
+  int result;     // ldap: the resultCode of the last response
+  long long ops, errors, misses, found;
   uint64_t hist[NBUCKETS];
   char* req;  // request buffer
   char* buf;  // reply buffer
@@ -67,6 +131,8 @@ struct conn {
 
 static int64_t start_ns, deadline_ns;
 static char* value;
+static char *clamd_clean, *clamd_infected;  // whole INSTREAM requests, shared by all threads
+static size_t clamd_clean_len, clamd_infected_len;
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -157,6 +223,343 @@ static long parse_memcached(const char* buf, size_t len, int* kind) {
   return line;
 }
 
+// BER for LDAP (RFC 4511 5.1: one-byte tags, definite lengths). A request is encoded by
+// running the same calls twice: the first run (p == NULL) only measures every constructed
+// element, the second writes each header with its length in the shortest form, so the value
+// is copied once and nothing has to be moved.
+struct ber {
+  unsigned char* p;  // NULL while measuring
+  size_t n;
+  int depth, next;  // elements open; constructed elements begun so far
+  int idx[8];       // measuring: which element each open one is
+  size_t start[8];  // measuring: n where each open element's contents begin
+  size_t len[16];   // the contents' length of each constructed element, in order of beginning
+};
+
+static void ber_head(struct ber* b, unsigned char tag, size_t len) {
+  int k = len < 0x80 ? 0 : len < 0x100 ? 1 : len < 0x10000 ? 2 : len < 0x1000000 ? 3 : 4;
+  if (b->p) {
+    b->p[b->n] = tag;
+    b->p[b->n + 1] = (unsigned char)(k == 0 ? len : 0x80u | (unsigned)k);
+    for (int i = 0; i < k; i++) b->p[b->n + 2 + i] = (unsigned char)(len >> (8 * (k - 1 - i)));
+  }
+  b->n += 2 + (size_t)k;
+}
+
+static void ber_put(struct ber* b, unsigned char tag, const void* v, size_t len) {
+  ber_head(b, tag, len);
+  if (b->p) memcpy(b->p + b->n, v, len);
+  b->n += len;
+}
+
+static void ber_str(struct ber* b, unsigned char tag, const char* s) {
+  ber_put(b, tag, s, strlen(s));
+}
+
+static void ber_int(struct ber* b, unsigned char tag, int v) {  // INTEGER or ENUMERATED, v >= 0
+  unsigned char be[5] = {0, (unsigned char)(v >> 24), (unsigned char)(v >> 16),
+                         (unsigned char)(v >> 8), (unsigned char)v};
+  int i = 0;
+  while (i < 4 && be[i] == 0 && !(be[i + 1] & 0x80)) i++;  // shortest two's complement
+  ber_put(b, tag, be + i, (size_t)(5 - i));
+}
+
+static void ber_begin(struct ber* b, unsigned char tag) {
+  int i = b->next++;
+  if (b->p) {
+    ber_head(b, tag, b->len[i]);
+  } else {
+    b->idx[b->depth] = i;
+    b->start[b->depth] = b->n;
+  }
+  b->depth++;
+}
+
+static void ber_end(struct ber* b) {
+  b->depth--;
+  if (!b->p) {  // now the length is known, and with it the header's size
+    size_t len = b->n - b->start[b->depth];
+    b->len[b->idx[b->depth]] = len;
+    ber_head(b, 0, len);
+  }
+}
+
+// An Attribute (or a modification's PartialAttribute): SEQUENCE { type, SET OF value }.
+static void attr_begin(struct ber* b, const char* type) {
+  ber_begin(b, 0x30);
+  ber_str(b, 0x04, type);
+  ber_begin(b, 0x31);
+}
+
+static void attr_end(struct ber* b) {
+  ber_end(b);
+  ber_end(b);
+}
+
+static void ber_attr(struct ber* b, const char* type, const char* v) {
+  attr_begin(b, type);
+  ber_str(b, 0x04, v);
+  attr_end(b);
+}
+
+static void ber_description(struct ber* b) {
+  attr_begin(b, "description");
+  ber_put(b, 0x04, value, (size_t)cfg.value_bytes);
+  attr_end(b);
+}
+
+// The LDAPMessage for request req (an op or LDAP_*) with message id c->msgid; k is the key
+// (add: the entry number). Sets c->expect to the response's protocolOp tag.
+static void ldap_request(struct ber* b, struct conn* c, int req, long k) {
+  char cn[48], dn[96];
+  if (req == OP_ADD) {
+    snprintf(cn, sizeof cn, "k%d-%ld", c->id, k);
+  } else {
+    snprintf(cn, sizeof cn, "key%ld", k);
+  }
+  snprintf(dn, sizeof dn, "cn=%s," BENCH_BASE, cn);
+  ber_begin(b, 0x30);
+  ber_int(b, 0x02, c->msgid);
+  switch (req) {
+    case LDAP_BIND:  // BindRequest: version 3, name, simple [0] password
+      c->expect = 0x61;
+      ber_begin(b, 0x60);
+      ber_int(b, 0x02, 3);
+      ber_str(b, 0x04, cfg.bind_dn);
+      ber_str(b, 0x80, cfg.password);
+      break;
+    case LDAP_SUFFIX:  // AddRequest: entry, attributes
+      c->expect = 0x69;
+      ber_begin(b, 0x68);
+      ber_str(b, 0x04, "dc=lockstep,dc=test");
+      ber_begin(b, 0x30);
+      attr_begin(b, "objectClass");
+      ber_str(b, 0x04, "dcObject");
+      ber_str(b, 0x04, "organization");
+      attr_end(b);
+      ber_attr(b, "dc", "lockstep");
+      ber_attr(b, "o", "lockstep");
+      ber_end(b);
+      break;
+    case LDAP_OU:
+      c->expect = 0x69;
+      ber_begin(b, 0x68);
+      ber_str(b, 0x04, BENCH_BASE);
+      ber_begin(b, 0x30);
+      ber_attr(b, "objectClass", "organizationalUnit");
+      ber_attr(b, "ou", "bench");
+      ber_end(b);
+      break;
+    case OP_ADD:
+    case OP_PREFILL:
+      c->expect = 0x69;
+      ber_begin(b, 0x68);
+      ber_str(b, 0x04, dn);
+      ber_begin(b, 0x30);
+      ber_attr(b, "objectClass", "person");
+      ber_attr(b, "cn", cn);
+      ber_attr(b, "sn", "bench");
+      ber_description(b);
+      ber_end(b);
+      break;
+    case OP_MODIFY:  // ModifyRequest: object, changes: one replace (2) of the description
+      c->expect = 0x67;
+      ber_begin(b, 0x66);
+      ber_str(b, 0x04, dn);
+      ber_begin(b, 0x30);
+      ber_begin(b, 0x30);
+      ber_int(b, 0x0a, 2);
+      ber_description(b);
+      ber_end(b);
+      ber_end(b);
+      break;
+    default:  // OP_SEARCH
+      // SearchRequest: base, scope baseObject, neverDerefAliases, no size or time limit,
+      // typesOnly FALSE, filter (objectClass=*), attributes
+      c->expect = 0x65;
+      ber_begin(b, 0x63);
+      ber_str(b, 0x04, dn);
+      ber_int(b, 0x0a, 0);
+      ber_int(b, 0x0a, 0);
+      ber_int(b, 0x02, 0);
+      ber_int(b, 0x02, 0);
+      ber_put(b, 0x01, "", 1);  // the BOOLEAN's one zero byte
+      ber_str(b, 0x87, "objectClass");
+      ber_begin(b, 0x30);
+      ber_str(b, 0x04, "description");
+      ber_end(b);
+  }
+  ber_end(b);  // the protocolOp
+  ber_end(b);  // the LDAPMessage
+}
+
+static size_t format_ldap(struct conn* c, int req, long k) {
+  c->msgid = c->msgid == INT_MAX ? 1 : c->msgid + 1;  // 0 is for unsolicited notifications
+  struct ber b = {0};
+  ldap_request(&b, c, req, k);
+  b.p = (unsigned char*)c->req;  // b.len keeps the lengths just measured
+  b.n = 0;
+  b.next = 0;
+  ldap_request(&b, c, req, k);
+  return b.n;
+}
+
+// Reads the tag and length of the BER element at p (n bytes there). Returns the header's
+// size, 0 if more bytes are needed, -1 if it is not BER as LDAP uses it (a multi-byte tag,
+// an indefinite length) or longer than any reply to our requests.
+static int ber_get_head(const unsigned char* p, size_t n, unsigned char* tag, size_t* len) {
+  if (n < 2) return 0;
+  if ((p[0] & 0x1f) == 0x1f) return -1;
+  *tag = p[0];
+  if (p[1] < 0x80) {
+    *len = p[1];
+    return 2;
+  }
+  size_t k = p[1] & 0x7fu;
+  if (k == 0 || k > 4) return -1;
+  if (n < 2 + k) return 0;
+  size_t l = 0;
+  for (size_t i = 0; i < k; i++) l = l << 8 | p[2 + i];
+  if (l > LDAP_MAX_MESSAGE) return -1;
+  *len = l;
+  return 2 + (int)k;
+}
+
+// Reads the element with tag `tag` at *p, which must lie wholly before end; moves *p past it.
+static int ber_get(const unsigned char** p, const unsigned char* end, unsigned char tag,
+                   const unsigned char** v, size_t* len) {
+  unsigned char t;
+  int h = ber_get_head(*p, (size_t)(end - *p), &t, len);
+  if (h <= 0 || t != tag || *len > (size_t)(end - *p) - (size_t)h) return -1;
+  *v = *p + h;
+  *p += (size_t)h + *len;
+  return 0;
+}
+
+static int ber_get_int(const unsigned char** p, const unsigned char* end, unsigned char tag,
+                       int* out) {
+  const unsigned char* v;
+  size_t len;
+  if (ber_get(p, end, tag, &v, &len) < 0 || len == 0 || len > 4 || (v[0] & 0x80)) return -1;
+  *out = 0;
+  for (size_t i = 0; i < len; i++) *out = *out << 8 | v[i];
+  return 0;
+}
+
+// Decodes the LDAPMessage at the head of buf: returns its size, 0 if it is not all there yet,
+// -1 if it is malformed. *code is its LDAPResult's resultCode, *diag its diagnosticMessage;
+// *code is -1 for a SearchResultEntry or SearchResultReference, which carry none.
+static long ldap_message(const unsigned char* buf, size_t len, int* msgid, unsigned char* op,
+                         int* code, const unsigned char** diag, size_t* diag_len) {
+  unsigned char tag;
+  size_t n, opn;
+  int h = ber_get_head(buf, len, &tag, &n);
+  if (h <= 0) return h;
+  if (tag != 0x30) return -1;
+  if (n > len - (size_t)h) return 0;
+  const unsigned char *p = buf + h, *end = p + n, *dn;
+  if (ber_get_int(&p, end, 0x02, msgid) < 0) return -1;
+  int oh = ber_get_head(p, (size_t)(end - p), op, &opn);  // controls may follow: not read
+  if (oh <= 0 || opn > (size_t)(end - p) - (size_t)oh || (*op & 0xe0) != 0x60) return -1;
+  *code = -1;
+  if (*op != 0x64 && *op != 0x73) {  // LDAPResult: resultCode, matchedDN, diagnosticMessage
+    const unsigned char *q = p + oh, *qend = q + opn;
+    size_t dnl;
+    if (ber_get_int(&q, qend, 0x0a, code) < 0 || ber_get(&q, qend, 0x04, &dn, &dnl) < 0 ||
+        ber_get(&q, qend, 0x04, diag, diag_len) < 0)
+      return -1;
+  }
+  return h + (long)n;
+}
+
+// An LDAP reply: the response to c->msgid, after any SearchResultEntry for a search.
+static long parse_ldap(struct conn* c, int* kind) {
+  size_t off = 0;
+  for (;;) {
+    int id, code;
+    unsigned char op;
+    const unsigned char* diag;
+    size_t diag_len;
+    long m = ldap_message((const unsigned char*)c->buf + off, c->len - off, &id, &op, &code, &diag,
+                          &diag_len);
+    if (m <= 0) return m;
+    off += (size_t)m;
+    if (id != c->msgid) {
+      c->lost = id == 0 ? "unsolicited notification (notice of disconnection?)"
+                        : "reply to another message id";
+      return -1;
+    }
+    if (code < 0 && c->expect == 0x65) continue;  // an entry or a referral: read and skipped
+    if (op != c->expect) return -1;
+    c->result = code;
+    if (code == 0) {
+      *kind = REPLY_OK;
+    } else if ((code == 32 && (cfg.op == OP_MODIFY || cfg.op == OP_SEARCH)) ||
+               (code == 68 && cfg.op == OP_PREFILL)) {
+      *kind = REPLY_MISS;  // noSuchObject; entryAlreadyExists
+    } else {
+      *kind = REPLY_ERROR;
+    }
+    return (long)off;
+  }
+}
+
+static const char* ldap_code_name(int code) {
+  switch (code) {
+    case 0: return "success";
+    case 1: return "operationsError";
+    case 2: return "protocolError";
+    case 7: return "authMethodNotSupported";
+    case 8: return "strongerAuthRequired";
+    case 17: return "undefinedAttributeType";
+    case 21: return "invalidAttributeSyntax";
+    case 32: return "noSuchObject";
+    case 34: return "invalidDNSyntax";
+    case 48: return "inappropriateAuthentication";
+    case 49: return "invalidCredentials";
+    case 50: return "insufficientAccessRights";
+    case 51: return "busy";
+    case 52: return "unavailable";
+    case 53: return "unwillingToPerform";
+    case 64: return "namingViolation";
+    case 65: return "objectClassViolation";
+    case 68: return "entryAlreadyExists";
+    case 80: return "other";
+    default: return "see RFC 4511";
+  }
+}
+
+// A clamd reply in an IDSESSION: "<request number>: <reply>\0".
+static long parse_clamd(struct conn* c, int* kind) {
+  const char* nul = memchr(c->buf, '\0', c->len);
+  if (!nul) return c->len > 4096 ? -1 : 0;
+  char* rest;
+  unsigned long id = strtoul(c->buf, &rest, 10);
+  if (c->buf[0] < '0' || c->buf[0] > '9' || id != (unsigned long)c->msgid ||
+      strncmp(rest, ": ", 2) != 0) {
+    c->lost = "reply without the request's IDSESSION number";
+    return -1;
+  }
+  const char* r = rest + 2;  // "stream: OK", "stream: <name> FOUND", "... ERROR", "PONG"
+  size_t rl = (size_t)(nul - r);
+  int found = strncmp(r, "stream: ", 8) == 0 && rl > 14 && memcmp(nul - 6, " FOUND", 6) == 0;
+  switch (c->expect) {
+    case CLAMD_PONG: *kind = strcmp(r, "PONG") == 0 ? REPLY_OK : REPLY_ERROR; break;
+    case CLAMD_OK: *kind = strcmp(r, "stream: OK") == 0 ? REPLY_OK : REPLY_ERROR; break;
+    default: *kind = found ? REPLY_FOUND : REPLY_ERROR;
+  }
+  return nul - c->buf + 1;
+}
+
+static long parse_reply(struct conn* c, int* kind) {
+  switch (cfg.proto) {
+    case PROTO_REDIS: return parse_redis(c->buf, c->len, kind);
+    case PROTO_MEMCACHED: return parse_memcached(c->buf, c->len, kind);
+    case PROTO_LDAP: return parse_ldap(c, kind);
+    default: return parse_clamd(c, kind);
+  }
+}
+
 static int send_all(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
@@ -178,10 +581,9 @@ static int round_trip(struct conn* c, const char* req, size_t n) {
   c->len = 0;
   for (;;) {
     int kind;
-    long used = cfg.proto == PROTO_REDIS ? parse_redis(c->buf, c->len, &kind)
-                                         : parse_memcached(c->buf, c->len, &kind);
+    long used = parse_reply(c, &kind);
     if (used < 0) {
-      c->lost = "garbled reply";
+      if (!c->lost) c->lost = "garbled reply";
       return -1;
     }
     if (used > 0) return kind;
@@ -204,25 +606,61 @@ static int round_trip(struct conn* c, const char* req, size_t n) {
       return -1;
     }
     c->len += (size_t)got;
-    c->buf[c->len] = '\0';  // so that atol and sscanf stop inside the buffer
+    c->buf[c->len] = '\0';  // so that atol, sscanf and strtoul stop inside the buffer
   }
 }
 
-// Writes the request for key k into c->req; returns its length.
-static size_t format_request(struct conn* c, int op, long k) {
+// Returns the request for op with key k (add: the entry number), *n its length.
+static const char* format_request(struct conn* c, int op, long k, size_t* n) {
+  if (cfg.proto == PROTO_LDAP) {
+    *n = format_ldap(c, op, k);
+    return c->req;
+  }
+  if (cfg.proto == PROTO_CLAMD) {
+    int infected = cfg.infected_every && (c->seq + 1) % cfg.infected_every == 0;
+    c->msgid++;
+    c->expect = infected ? CLAMD_FOUND : CLAMD_OK;
+    *n = infected ? clamd_infected_len : clamd_clean_len;
+    return infected ? clamd_infected : clamd_clean;
+  }
   char key[32];
   int kl = snprintf(key, sizeof key, "key:%ld", k);
-  int vb = cfg.value_bytes, n;
+  int vb = cfg.value_bytes, h;
   if (cfg.proto == PROTO_REDIS) {
-    if (op == OP_GET) return (size_t)sprintf(c->req, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", kl, key);
-    n = sprintf(c->req, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n", kl, key, vb);
+    if (op == OP_GET) {
+      *n = (size_t)sprintf(c->req, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", kl, key);
+      return c->req;
+    }
+    h = sprintf(c->req, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n", kl, key, vb);
   } else {
-    if (op == OP_GET) return (size_t)sprintf(c->req, "get %s\r\n", key);
-    n = sprintf(c->req, "set %s 0 0 %d\r\n", key, vb);
+    if (op == OP_GET) {
+      *n = (size_t)sprintf(c->req, "get %s\r\n", key);
+      return c->req;
+    }
+    h = sprintf(c->req, "set %s 0 0 %d\r\n", key, vb);
   }
-  memcpy(c->req + n, value, (size_t)vb);
-  memcpy(c->req + n + vb, "\r\n", 2);
-  return (size_t)(n + vb + 2);
+  memcpy(c->req + h, value, (size_t)vb);
+  memcpy(c->req + h + vb, "\r\n", 2);
+  *n = (size_t)(h + vb + 2);
+  return c->req;
+}
+
+// `zINSTREAM` and data in chunks of <4-byte big-endian length><bytes>, ending with length 0.
+static char* clamd_request(const char* data, size_t len, size_t* n) {
+  char* r = malloc(len + 4 * (len / CLAMD_CHUNK + 2) + 16);
+  memcpy(r, "zINSTREAM", 10);
+  size_t o = 10;
+  uint32_t part = 0;
+  for (size_t at = 0;; at += part) {
+    part = len - at < CLAMD_CHUNK ? (uint32_t)(len - at) : CLAMD_CHUNK;
+    uint32_t be = htonl(part);
+    memcpy(r + o, &be, 4);
+    memcpy(r + o + 4, data + at, part);
+    o += 4 + part;
+    if (part == 0) break;
+  }
+  *n = o;
+  return r;
 }
 
 static void* run_conn(void* arg) {
@@ -235,12 +673,25 @@ static void* run_conn(void* arg) {
     wait_len = (size_t)snprintf(wait_req, sizeof wait_req,
                                 "*3\r\n$4\r\nWAIT\r\n$%d\r\n%s\r\n$1\r\n0\r\n", nl, num);
   }
+  // prefill: this connection's share of the keys
+  long first = (long)((long long)cfg.keys * c->id / cfg.conns);
+  long end = (long)((long long)cfg.keys * (c->id + 1) / cfg.conns);
   while ((cfg.ops_per_conn == 0 || c->ops + c->errors < cfg.ops_per_conn) &&
          now_ns() < deadline_ns) {
-    long k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
-    size_t n = format_request(c, cfg.op == OP_GET ? OP_GET : OP_SET, k);
+    long k;
+    if (cfg.op == OP_PREFILL) {
+      k = first + (long)c->seq;
+      if (k >= end) break;
+    } else if (cfg.op == OP_ADD) {
+      k = (long)c->seq;
+    } else {
+      k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
+    }
+    size_t n;
+    const char* req = format_request(c, cfg.op == OP_SET_WAIT ? OP_SET : cfg.op, k, &n);
+    c->seq++;
     int64_t t0 = now_ns();
-    int kind = round_trip(c, c->req, n);
+    int kind = round_trip(c, req, n);
     if (kind == REPLY_OK && cfg.op == OP_SET_WAIT) kind = round_trip(c, wait_req, wait_len);
     int64_t t1 = now_ns();
     if (kind < 0) {
@@ -252,6 +703,7 @@ static void* run_conn(void* arg) {
       continue;
     }
     if (kind == REPLY_MISS) c->misses++;
+    if (kind == REPLY_FOUND) c->found++;
     c->ops++;
     c->hist[bucket_of((uint64_t)(t1 - t0))]++;
   }
@@ -285,11 +737,72 @@ static int connect_to(const char* host, const char* port) {
   return fd;
 }
 
+// The start of what was read of c's last reply, escaped, for a message on stderr.
+static void print_reply(const struct conn* c) {
+  fprintf(stderr, "\"");
+  for (size_t i = 0; i < c->len && i < 80; i++) {
+    unsigned char ch = (unsigned char)c->buf[i];
+    fprintf(stderr, ch >= 32 && ch < 127 && ch != '\\' ? "%c" : "\\x%02x", ch);
+  }
+  fprintf(stderr, "\"\n");
+}
+
+// What a connection does before the clock starts (not counted as ops). ldap: a simple bind,
+// and for prefill on the first connection the two entries above the keys, which the other
+// connections' adds need. clamd: IDSESSION, checked with PING (request number 1). Exits 1
+// when the connection breaks or the server says no.
+static void setup_conn(struct conn* c) {
+  deadline_ns = now_ns();  // so each reply may take GRACE_NS
+  if (cfg.proto == PROTO_CLAMD) {
+    c->msgid = 1;
+    c->expect = CLAMD_PONG;
+    int kind = send_all(c->fd, "zIDSESSION", 11) < 0 ? -1 : round_trip(c, "zPING", 6);
+    if (kind == REPLY_OK) return;
+    const char* why = kind < 0 ? (c->lost ? c->lost : strerror(errno)) : "PING not answered PONG";
+    fprintf(stderr, "loadgen: IDSESSION %d with %s:%s failed: %s%s; read: ", c->id + 1, cfg.host,
+            cfg.port, why,
+            c->id > 0 && strncmp(why, "no reply", 8) == 0
+                ? " (clamd serves at most MaxQueue sessions at once, 100 by default)"
+                : "");
+    print_reply(c);
+    exit(1);
+  }
+  if (cfg.proto != PROTO_LDAP) return;
+  int reqs[3] = {LDAP_BIND, LDAP_SUFFIX, LDAP_OU};
+  int nreqs = cfg.op == OP_PREFILL && c->id == 0 ? 3 : 1;
+  for (int i = 0; i < nreqs; i++) {
+    int kind = round_trip(c, c->req, format_ldap(c, reqs[i], 0));
+    const char* what = reqs[i] == LDAP_BIND ? "bind as"
+                       : reqs[i] == LDAP_OU ? "add of " BENCH_BASE " by"
+                                            : "add of dc=lockstep,dc=test by";
+    if (kind < 0) {
+      fprintf(stderr, "loadgen: ldap %s %s on %s:%s failed: %s; read: ", what, cfg.bind_dn,
+              cfg.host, cfg.port, c->lost);
+      print_reply(c);
+      exit(1);
+    }
+    if (c->result == 0 || (c->result == 68 && reqs[i] != LDAP_BIND)) continue;
+    int id, code;
+    unsigned char op;
+    const unsigned char* diag = (const unsigned char*)"";
+    size_t diag_len = 0;
+    ldap_message((const unsigned char*)c->buf, c->len, &id, &op, &code, &diag, &diag_len);
+    fprintf(stderr, "loadgen: ldap %s %s on %s:%s refused: resultCode %d (%s)%s%.*s\n", what,
+            cfg.bind_dn, cfg.host, cfg.port, c->result, ldap_code_name(c->result),
+            diag_len ? ": " : "", (int)diag_len, (const char*)diag);
+    exit(1);
+  }
+}
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: loadgen --proto redis|memcached --port P [--host 127.0.0.1] [--conns 1]\n"
-          "               [--ops-per-conn K] [--seconds 10] [--op set|get|set-wait]\n"
-          "               [--value-bytes 64] [--keys 10000] [--wait-replicas 2]\n");
+          "usage: loadgen --proto redis|memcached|ldap|clamd --port P [--host 127.0.0.1]\n"
+          "               [--conns 1] [--ops-per-conn K] [--seconds 10] [--op OP]\n"
+          "               [--value-bytes 64] [--keys 10000] [--wait-replicas 2]\n"
+          "               [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]\n"
+          "               [--infected-every 0] [--infected-string S]\n"
+          "  OP: redis set|get|set-wait, memcached set|get, ldap add|modify|search|prefill,\n"
+          "      clamd scan\n");
   exit(2);
 }
 
@@ -305,23 +818,31 @@ static long num_arg(const char* name, const char* s, long lo, long hi) {
 }
 
 static void parse_args(int argc, char** argv) {
-  static const struct option opts[] = {{"proto", 1, 0, 'P'},        {"host", 1, 0, 'h'},
-                                       {"port", 1, 0, 'p'},         {"conns", 1, 0, 'c'},
-                                       {"ops-per-conn", 1, 0, 'k'}, {"seconds", 1, 0, 's'},
-                                       {"op", 1, 0, 'o'},           {"value-bytes", 1, 0, 'v'},
-                                       {"keys", 1, 0, 'n'},         {"wait-replicas", 1, 0, 'w'},
-                                       {"help", 0, 0, '?'},         {0, 0, 0, 0}};
-  int o;
+  static const struct option opts[] = {{"proto", 1, 0, 'P'},
+                                       {"host", 1, 0, 'h'},
+                                       {"port", 1, 0, 'p'},
+                                       {"conns", 1, 0, 'c'},
+                                       {"ops-per-conn", 1, 0, 'k'},
+                                       {"seconds", 1, 0, 's'},
+                                       {"op", 1, 0, 'o'},
+                                       {"value-bytes", 1, 0, 'v'},
+                                       {"keys", 1, 0, 'n'},
+                                       {"wait-replicas", 1, 0, 'w'},
+                                       {"bind-dn", 1, 0, 'D'},
+                                       {"password", 1, 0, 'W'},
+                                       {"infected-every", 1, 0, 'I'},
+                                       {"infected-string", 1, 0, 'S'},
+                                       {"help", 0, 0, '?'},
+                                       {0, 0, 0, 0}};
+  int o, ldap_opts = 0, clamd_opts = 0;
   char* end;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (o) {
       case 'P':
-        if (strcmp(optarg, "redis") == 0) {
-          cfg.proto = PROTO_REDIS;
-        } else if (strcmp(optarg, "memcached") == 0) {
-          cfg.proto = PROTO_MEMCACHED;
-        } else {
-          fprintf(stderr, "loadgen: --proto must be redis or memcached\n");
+        for (cfg.proto = 0; cfg.proto < NPROTOS; cfg.proto++)
+          if (strcmp(optarg, proto_names[cfg.proto]) == 0) break;
+        if (cfg.proto == NPROTOS) {
+          fprintf(stderr, "loadgen: --proto must be redis, memcached, ldap or clamd\n");
           exit(2);
         }
         break;
@@ -340,26 +861,65 @@ static void parse_args(int argc, char** argv) {
         }
         break;
       case 'o':
-        if (strcmp(optarg, "set") == 0) {
-          cfg.op = OP_SET;
-        } else if (strcmp(optarg, "get") == 0) {
-          cfg.op = OP_GET;
-        } else if (strcmp(optarg, "set-wait") == 0) {
-          cfg.op = OP_SET_WAIT;
-        } else {
-          fprintf(stderr, "loadgen: --op must be set, get or set-wait\n");
+        for (cfg.op = 0; cfg.op < NOPS; cfg.op++)
+          if (strcmp(optarg, op_table[cfg.op].name) == 0) break;
+        if (cfg.op == NOPS) {
+          fprintf(stderr,
+                  "loadgen: --op must be set, get, set-wait, add, modify, search, prefill or "
+                  "scan\n");
           exit(2);
         }
         break;
       case 'v': cfg.value_bytes = (int)num_arg("value-bytes", optarg, 1, 1 << 26); break;
       case 'n': cfg.keys = (int)num_arg("keys", optarg, 1, 1 << 30); break;
       case 'w': cfg.wait_replicas = (int)num_arg("wait-replicas", optarg, 0, 1000); break;
+      case 'D':
+        cfg.bind_dn = optarg;
+        ldap_opts = 1;
+        break;
+      case 'W':
+        cfg.password = optarg;
+        ldap_opts = 1;
+        break;
+      case 'I':
+        cfg.infected_every = (int)num_arg("infected-every", optarg, 0, 1 << 30);
+        clamd_opts = 1;
+        break;
+      case 'S':
+        cfg.infected_string = optarg;
+        clamd_opts = 1;
+        break;
       default: usage();
     }
   }
   if (optind < argc || !cfg.port) usage();
-  if (cfg.op == OP_SET_WAIT && cfg.proto != PROTO_REDIS) {
-    fprintf(stderr, "loadgen: --op set-wait needs --proto redis\n");
+  if (cfg.op < 0) {
+    if (cfg.proto == PROTO_LDAP) {
+      fprintf(stderr, "loadgen: --proto ldap needs --op add, modify, search or prefill\n");
+      exit(2);
+    }
+    cfg.op = cfg.proto == PROTO_CLAMD ? OP_SCAN : OP_SET;
+  }
+  if (!(op_table[cfg.op].protos & 1 << cfg.proto)) {
+    fprintf(stderr, "loadgen: --op %s does not go with --proto %s (%s has:", op_table[cfg.op].name,
+            proto_names[cfg.proto], proto_names[cfg.proto]);
+    for (int i = 0; i < NOPS; i++)
+      if (op_table[i].protos & 1 << cfg.proto) fprintf(stderr, " %s", op_table[i].name);
+    fprintf(stderr, ")\n");
+    exit(2);
+  }
+  if (ldap_opts && cfg.proto != PROTO_LDAP) {
+    fprintf(stderr, "loadgen: --bind-dn and --password need --proto ldap\n");
+    exit(2);
+  }
+  if (clamd_opts && cfg.proto != PROTO_CLAMD) {
+    fprintf(stderr, "loadgen: --infected-every and --infected-string need --proto clamd\n");
+    exit(2);
+  }
+  size_t sl = strlen(cfg.infected_string);
+  if (cfg.proto == PROTO_CLAMD && (sl == 0 || sl > (size_t)cfg.value_bytes)) {
+    fprintf(stderr, "loadgen: --infected-string must be 1 to --value-bytes (%d) bytes long\n",
+            cfg.value_bytes);
     exit(2);
   }
 }
@@ -367,17 +927,31 @@ static void parse_args(int argc, char** argv) {
 int main(int argc, char** argv) {
   parse_args(argc, argv);
   signal(SIGPIPE, SIG_IGN);
-  value = malloc((size_t)cfg.value_bytes);
-  for (int i = 0; i < cfg.value_bytes; i++) value[i] = (char)('a' + i % 26);
+  size_t vb = (size_t)cfg.value_bytes;
+  value = malloc(vb);
+  if (cfg.proto == PROTO_CLAMD) {
+    // Random-looking bytes, typed as plain data by clamd (letters would be text, which it
+    // scans differently); the same in every op and run, so clamd's cache of clean files hits.
+    uint64_t s = 0x5DEECE66DULL;
+    for (size_t i = 0; i < vb; i++) value[i] = (char)(next_rand(&s) >> 56);
+    clamd_clean = clamd_request(value, vb, &clamd_clean_len);
+    size_t sl = strlen(cfg.infected_string);  // value is not needed clean after this
+    memcpy(value + (vb - sl) / 2, cfg.infected_string, sl);
+    clamd_infected = clamd_request(value, vb, &clamd_infected_len);
+  } else {
+    for (size_t i = 0; i < vb; i++) value[i] = (char)('a' + i % 26);
+  }
 
   struct conn* cs = calloc((size_t)cfg.conns, sizeof *cs);
   for (int i = 0; i < cfg.conns; i++) {  // every connection is up before the clock starts
     cs[i].fd = connect_to(cfg.host, cfg.port);
     if (cs[i].fd < 0) return 1;
+    cs[i].id = i;
     cs[i].rng = 0x9E3779B97F4A7C15ULL * (uint64_t)(i + 1) ^ (uint64_t)now_ns();
-    cs[i].req = malloc((size_t)cfg.value_bytes + 128);
-    cs[i].cap = (size_t)cfg.value_bytes + 256;
+    cs[i].req = malloc(vb + 512 + strlen(cfg.bind_dn) + strlen(cfg.password));
+    cs[i].cap = vb + 256;
     cs[i].buf = malloc(cs[i].cap);
+    setup_conn(&cs[i]);
   }
   start_ns = now_ns();
   deadline_ns = start_ns + (int64_t)(cfg.seconds * 1e9);
@@ -389,7 +963,7 @@ int main(int argc, char** argv) {
   }
 
   static uint64_t hist[NBUCKETS];
-  long long ops = 0, errors = 0, misses = 0;
+  long long ops = 0, errors = 0, misses = 0, found = 0;
   int lost = 0;
   const char* why = NULL;
   const struct conn* example = NULL;
@@ -399,6 +973,7 @@ int main(int argc, char** argv) {
     ops += cs[i].ops;
     errors += cs[i].errors;
     misses += cs[i].misses;
+    found += cs[i].found;
     if (cs[i].lost) {
       lost++;
       why = cs[i].lost;
@@ -408,18 +983,15 @@ int main(int argc, char** argv) {
   }
   double secs = (double)(now_ns() - start_ns) / 1e9;
   if (lost) {  // say why, with the start of what was read of the last reply
-    fprintf(stderr, "loadgen: %d of %d connections to %s:%s lost, e.g. %s after %lld ops; read: \"",
-            lost, cfg.conns, cfg.host, cfg.port, why, example->ops);
-    for (size_t i = 0; i < example->len && i < 80; i++) {
-      unsigned char ch = (unsigned char)example->buf[i];
-      fprintf(stderr, ch >= 32 && ch < 127 && ch != '\\' ? "%c" : "\\x%02x", ch);
-    }
-    fprintf(stderr, "\"\n");
+    fprintf(stderr,
+            "loadgen: %d of %d connections to %s:%s lost, e.g. %s after %lld ops; read: ", lost,
+            cfg.conns, cfg.host, cfg.port, why, example->ops);
+    print_reply(example);
   }
   printf(
       "{\"ops\": %lld, \"seconds\": %.3f, \"ops_per_s\": %.1f, \"p50_us\": %.1f, "
-      "\"p99_us\": %.1f, \"errors\": %lld, \"misses\": %lld}\n",
+      "\"p99_us\": %.1f, \"errors\": %lld, \"misses\": %lld, \"found\": %lld}\n",
       ops, secs, secs > 0 ? (double)ops / secs : 0.0, percentile_us(hist, ops, 0.50),
-      percentile_us(hist, ops, 0.99), errors, misses);
+      percentile_us(hist, ops, 0.99), errors, misses, found);
   return lost ? 1 : 0;
 }
