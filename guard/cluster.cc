@@ -472,9 +472,32 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.path = o.dir + "/cluster.toml";
   for (int i = 0; i < o.replicas; i++)
     if (!StartReplica(o.dir, c, i, error)) return false;
+  // Waits for a leader; gives up early once a majority of the replicas has
+  // stopped (a server refused, a port taken), saying why from their logs.
   int leader = -1;
-  if (!WaitForLeader(c, 15000, &leader)) {
-    *error = "no leader was elected within 15 s; see the logs in " + o.dir;
+  auto stopped = [&] {
+    std::vector<int> gone;
+    for (int i = 0; i < o.replicas; i++)
+      if (!ReplicaPid(o.dir, i)) gone.push_back(i);
+    return gone;
+  };
+  for (int waited = 0; waited < 15000 && !WaitForLeader(c, 500, &leader); waited += 500)
+    if (static_cast<int>(stopped().size()) > o.replicas / 2) break;
+  if (leader < 0) {
+    std::vector<int> gone = stopped();
+    *error = gone.empty() ? "no leader was elected within 15 s; see the logs in " + o.dir
+                          : "no leader: replicas stopped (" + std::to_string(gone.size()) + " of " +
+                                std::to_string(o.replicas) + "); see the logs in " + o.dir;
+    for (int i : gone) {
+      std::ifstream f(o.dir + "/replica-" + std::to_string(i) + ".log");
+      std::string line, last, refused;  // its refusal if it said one, else its last line
+      while (std::getline(f, line)) {
+        if (line.find("REFUSED") != std::string::npos && refused.empty()) refused = line;
+        if (!line.empty()) last = line;
+      }
+      if (!refused.empty()) last = refused;
+      if (!last.empty()) *error += "\n  replica " + std::to_string(i) + ": " + last;
+    }
     return false;
   }
   *config = c;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
 #include <vector>
 
@@ -200,6 +201,16 @@ bool ServerPipeline::Healthy(uint64_t now) {
   }
   if (!server_ || !server_failed_.empty() || now < next_health_check_us_) return true;
   next_health_check_us_ = now + kHealthCheckUs;
+  if (uint32_t pid = shim_->forked_served()) {
+    // The shim said what that process did in the server's log: quote it.
+    std::ifstream f(me_.dir + "/server.log");
+    std::string line, said = "process " + std::to_string(pid) + " served a client";
+    while (std::getline(f, line))
+      if (line.find("REFUSED: ") != std::string::npos)
+        said = line.substr(line.find("REFUSED: ") + 9);
+    log_("REFUSED: %s; this replica stops", said.c_str());
+    return false;
+  }
   std::string how;
   if (server_->Exited(&how)) return Recover(how, now);
   uint64_t read = replayer_ ? replayer_->BytesRead() : 0;

@@ -194,6 +194,10 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
   return env;
 }
 
+uint32_t ShimChannel::forked_served() const {
+  return hdr_ ? hdr_->forked_served.load() : 0;
+}
+
 bool ShimChannel::shim_attached() const {
   return hdr_ && hdr_->shim_attached.load();
 }

@@ -68,6 +68,9 @@ class ShimChannel {
   std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
   int wake_daemon_fd() const { return wake_daemon_fd_; }
   bool shim_attached() const;
+  // The pid of a process the server forked that went to serve a client
+  // (refused by the shim), or 0.
+  uint32_t forked_served() const;
 
   void SetLeader(bool leader);
 

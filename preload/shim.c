@@ -103,6 +103,10 @@ static struct ls_order_record* order_ring;
 int wake_server_fd = -1; /* shim_internal.h */
 static int wake_daemon_fd = -1;
 static int client_port;
+/* A process started by one the server forked (LOCKSTEP_SHIM_PID names
+ * another): never attached; refused if it listens on or accepts from the
+ * client port (refuse_forked). */
+static int descendant;
 static uint32_t max_chunk;
 
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* shim_internal.h */
@@ -181,8 +185,17 @@ __attribute__((constructor)) static void shim_init(void) {
   real_pselect = dlsym(RTLD_NEXT, "pselect");
 
   /* Only the process the daemon started: an exec'd child inherits
-   * LD_PRELOAD but is not the server. */
-  if (env_int("LOCKSTEP_SHIM_PID") != (int)getpid()) goto out;
+   * LD_PRELOAD but is not the server. It may yet try to be (a wrapper that
+   * forks and execs the real server instead of exec'ing it): it listens on
+   * the client port, and is refused (refuse_forked). */
+  if (env_int("LOCKSTEP_SHIM_PID") != (int)getpid()) {
+    if (env_int("LOCKSTEP_SHIM_PID") > 0) {
+      descendant = 1;
+      client_port = env_int("LOCKSTEP_SHIM_PORT");
+      wake_daemon_fd = env_int("LOCKSTEP_SHIM_WAKE_DAEMON");
+    }
+    goto out;
+  }
   int shm_fd = env_int("LOCKSTEP_SHIM_FD");
   wake_server_fd = env_int("LOCKSTEP_SHIM_WAKE_SERVER");
   wake_daemon_fd = env_int("LOCKSTEP_SHIM_WAKE_DAEMON");
@@ -223,7 +236,37 @@ out:
   errno = saved;
 }
 
+/* A process the server forked is not replicated: what it reads from a client
+ * would be neither agreed nor replayed on the backups. Children that exec
+ * something else, or do their own work (redis's BGSAVE), never touch a
+ * client connection and run on; one that does (a prefork server's worker)
+ * is refused: it exits, telling why, and the daemon stops the replica
+ * (forked_served) rather than let clients be served unreplicated. */
+int forked_child;
+
+void refuse_forked(const char* what) {
+  shim_log(
+      "REFUSED: process %d, %s of the process lockstep started, %s: lockstep replicates a "
+      "server whose clients are served by the process it started (on any number of "
+      "threads), not by processes it forks or starts; run the server without worker "
+      "processes, and start it through a wrapper only if the wrapper execs it",
+      (int)getpid(), descendant ? "a descendant" : "a forked child", what);
+  struct ls_shim_header* h = hdr;
+  int shm_fd = env_int("LOCKSTEP_SHIM_FD");
+  if (!h && shm_fd >= 0) { /* a descendant: the region's fd stays open across exec */
+    void* p = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd, 0);
+    if (p != MAP_FAILED && ((struct ls_shim_header*)p)->magic == LS_SHIM_MAGIC) h = p;
+  }
+  if (h) atomic_store(&h->forked_served, (uint32_t)getpid());
+  if (wake_daemon_fd >= 0) {
+    uint64_t one = 1;
+    (void)!write(wake_daemon_fd, &one, sizeof one);
+  }
+  _exit(70); /* EX_SOFTWARE */
+}
+
 static void in_child_after_fork(void) {
+  forked_child = active;
   active = 0;
   out_after_fork();
 }
@@ -399,7 +442,7 @@ static struct chunk* push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
  * waits behind a gate for at most LS_REPLY_GATE_MAX_NS (a server whose
  * output differs, or comes from a timer, must not stop its replica: the
  * output comparison judges it), and everything after it waits too. */
-#define LS_REPLY_GATE_MAX_NS 1000000000ull
+#define LS_REPLY_GATE_MAX_NS 5000000000ull
 static _Atomic(int) gate_fd = -1;   /* waiting for output on this fd; -2: it came; -1: none */
 static _Atomic(uint64_t) gate_need; /* ... up to this stream offset */
 static uint64_t gate_tail;          /* the order record that waits */
@@ -1054,7 +1097,14 @@ static int after_accept(int lfd, int fd, int flags) {
   return -1;
 }
 
+void listen_check(int fd) {
+  if ((forked_child || descendant) && is_client_listener(fd))
+    refuse_forked("listens on the client port");
+}
+
 int accept4(int lfd, struct sockaddr* addr, socklen_t* addrlen, int flags) {
+  if ((forked_child || descendant) && is_client_listener(lfd))
+    refuse_forked("accepted a client connection");
   for (;;) {
     int fd = real_accept4(lfd, addr, addrlen, flags);
     if (!active || fd < 0) return fd;
@@ -1074,6 +1124,8 @@ int accept4(int lfd, struct sockaddr* addr, socklen_t* addrlen, int flags) {
 }
 
 int accept(int lfd, struct sockaddr* addr, socklen_t* addrlen) {
+  if ((forked_child || descendant) && is_client_listener(lfd))
+    refuse_forked("accepted a client connection");
   if (!active) return real_accept(lfd, addr, addrlen);
   return accept4(lfd, addr, addrlen, 0); /* the same call without flags */
 }

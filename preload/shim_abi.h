@@ -99,7 +99,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 10u
+#define LS_SHIM_VERSION 11u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -271,6 +271,10 @@ struct ls_shim_header {
   LS_ALIGN64 LS_ATOMIC(uint32_t) server_sleepers;
   LS_ATOMIC(uint32_t) shim_attached; /* the shim in the server mapped the region */
   LS_ATOMIC(uint32_t) out_enabled;   /* the shim hashes outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS) */
+  /* The pid of a process the server forked that went to serve a client
+   * (accept on the client port, or a read or wait on a connection): not
+   * replicated, so refused (shim.c, refuse_forked); the daemon stops. */
+  LS_ATOMIC(uint32_t) forked_served;
 
   /* Submission ring positions (monotonic byte counts). */
   LS_ALIGN64 LS_ATOMIC(uint64_t) sub_head; /* shim: bytes published */

@@ -150,8 +150,15 @@ LS_HIDDEN int serial_holding(const struct conn* c, int epfd);
 LS_HIDDEN uint64_t readable(struct conn* c); /* agreed bytes the server may read now */
 LS_HIDDEN int eof_ready(struct conn* c);     /* the server may read c's EOF now */
 /* The tracked connection under fd, or NULL. */
+LS_HIDDEN extern int forked_child; /* a process the server forked (shim.c) */
+LS_HIDDEN void refuse_forked(const char* what) __attribute__((noreturn));
+LS_HIDDEN void listen_check(int fd); /* before listen(): refused in a forked process */
 static inline struct conn* tracked(int fd) {
-  if (!active || fd < 0 || fd >= LS_MAX_FD) return NULL;
+  if (fd < 0 || fd >= LS_MAX_FD) return NULL;
+  if (!active) {
+    if (forked_child && by_fd[fd]) refuse_forked("used a client connection");
+    return NULL;
+  }
   return by_fd[fd];
 }
 

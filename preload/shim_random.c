@@ -712,6 +712,7 @@ static void reseed_app(void) {
 }
 
 int listen(int fd, int backlog) {
+  listen_check(fd); /* shim.c: only the process lockstep started may serve the port */
   RND_REAL(listen);
   int r = real_listen(fd, backlog);
   if (rnd_on && r == 0 && !atomic_load_explicit(&rnd_app_reseeded, memory_order_relaxed))

@@ -2,6 +2,8 @@
 
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,7 +187,9 @@ def test_app_and_command_exclude_each_other(cluster):
 
 def test_cluster_help_lists_the_apps():
     p = run("cluster", "--help")
-    assert "--app mariadb|memcached|redis" in p.stdout, p.stdout
+    apps = sorted(f.stem for f in (Path(__file__).parent.parent / "apps").glob("*.toml"))
+    assert {"redis", "memcached", "mariadb", "slapd", "clamd"} <= set(apps), apps
+    assert "--app " + "|".join(apps) in p.stdout, p.stdout
     assert "{port}" in p.stdout and "{dir}" in p.stdout
 
 
@@ -234,6 +238,35 @@ def test_server_port_already_taken(cluster):
         assert f"port {cluster.base_port + 201}" in p.stderr and "taken" in p.stderr
     finally:
         s.close()
+
+
+PREFORK = f"{sys.executable} {Path(__file__).with_name('prefork_server.py')} {{port}}"
+
+
+@pytest.mark.parametrize(
+    "command,says",
+    [
+        # Workers forked after listening: they accept.
+        (PREFORK, "a forked child of the process lockstep started, accepted a client"),
+        # A wrapper that forks the server instead of exec'ing it (`; true`
+        # keeps sh from exec'ing): the server is its child, and listens.
+        (
+            "sh -c \"redis-server --port {port} --bind 127.0.0.1 --dir {dir} --save '' ; true\"",
+            "a descendant of the process lockstep started, listens on the client port",
+        ),
+    ],
+)
+def test_server_that_serves_clients_from_another_process_is_refused(cluster, command, says):
+    # That process would read clients' requests that are neither agreed nor
+    # replayed: each replica stops, saying why, and `cluster up` fails
+    # quoting it, instead of serving unreplicated.
+    r = cluster.up(extra=("--", command), check=False)
+    assert r.returncode != 0, r.stdout
+    assert "REFUSED" in r.stderr and says in r.stderr, r.stderr
+    end = time.monotonic() + 20
+    while any(cluster.status()["replicas"][i]["pid"] for i in range(3)):
+        assert time.monotonic() < end, cluster.status()
+        time.sleep(0.2)
 
 
 def test_server_that_exits_at_start_is_reported(cluster):

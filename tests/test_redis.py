@@ -218,3 +218,21 @@ def test_server_started_through_a_wrapper_that_execs_it(cluster):
     assert s["replicas"][s["leader"]]["commit_index"] > 0, s
     _digest, size = assert_same_data(cluster)
     assert size == 100
+
+
+def test_a_forked_child_that_serves_no_client_runs_on(redis_cluster):
+    # BGSAVE forks a child that writes the data to disk and touches no
+    # client: the shim lets it be (only a forked process that serves a
+    # client is refused, tests/test_bad_input.py), and every replica goes on.
+    c = Redis(redis_cluster.client_addr())
+    assert c.pipeline([("SET", f"k{i}", i) for i in range(100)]) == ["OK"] * 100
+    assert c.call("BGSAVE") in ("Background saving started", "OK")
+    end = time.monotonic() + 20
+    while b"rdb_bgsave_in_progress:0" not in c.call("INFO", "persistence"):
+        assert time.monotonic() < end, "BGSAVE did not finish"
+        time.sleep(0.1)
+    assert b"rdb_last_bgsave_status:ok" in c.call("INFO", "persistence")
+    assert c.call("SET", "after", "bgsave") == "OK"
+    c.close()
+    assert all(r["role"] != "down" for r in redis_cluster.status()["replicas"])
+    assert assert_same_data(redis_cluster)[1] == 101

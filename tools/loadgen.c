@@ -1,15 +1,17 @@
-// loadgen — a closed-loop load generator for redis (RESP), memcached (text protocol), LDAPv3
-// servers such as slapd (hand-written BER, no libldap) and ClamAV's clamd (INSTREAM).
-// The same program drives every mode of scripts/bench (unreplicated, lockstep, aof-always,
-// redis-wait), so the numbers compare like with like.
+// loadgen — a closed-loop (and, for redis and memcached, open-loop) load generator for redis
+// (RESP), memcached (text protocol), LDAPv3 servers such as slapd (hand-written BER, no
+// libldap) and ClamAV's clamd (INSTREAM). The same program drives every mode of scripts/bench
+// (unreplicated, lockstep, aof-always, redis-wait), so the numbers compare like with like.
 //
 //   loadgen --proto redis|memcached|ldap|clamd --host H --port P --conns N [--ops-per-conn K]
 //           [--seconds S] --op OP [--value-bytes 64] [--keys 10000] [--wait-replicas 2]
+//           [--set-ratio P] [--rate R [--max-outstanding 64]]
 //           [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]
 //           [--infected-every 0] [--infected-string LOCKSTEP-TEST-SIGNATURE-7f3a9c]
 //
 // Each of the N connections has its own thread and one request outstanding: it sends a
-// request, waits for the whole reply, then sends the next (closed loop). A connection stops
+// request, waits for the whole reply, then sends the next (closed loop; --rate below makes
+// it an open loop). A connection stops
 // after K ops or S seconds, whichever comes first; a reply that has not come 5 s after the
 // deadline counts as an error and ends that connection, so a run always ends.
 //   set       redis `SET key:<n> <value>`, memcached `set key:<n> 0 0 <bytes>`
@@ -40,16 +42,43 @@
 // An error reply (redis -ERR, memcached ERROR, an LDAP resultCode not named above) is counted
 // in "errors" and the connection goes on; a reply that cannot be parsed, an LDAP message id or
 // a clamd request number that is not the request's ends the connection ("lost").
+// --set-ratio P (redis, memcached; 0 to 100, fractions allowed) mixes the workload: each op
+// is a set with probability P %, else a get (in place of --op, which may then only be set or
+// get). The JSON line then also has "sets", the number of sets made.
+//
+// Open loop (--rate R, redis and memcached, ops set and get): the N connections together
+// send R requests per second whether or not replies have come, so that a server that falls
+// behind sees its queue grow as it would under many independent clients, instead of slowing
+// the clients down with it (which a closed loop does, hiding the queueing). Each connection
+// has R/N of the rate and sends on its own schedule of exponential inter-arrival times
+// (Poisson arrivals: memoryless like independent clients, and N Poisson streams add up to one
+// of rate R; a fixed interval would send the connections' requests in lockstep bursts or
+// unrealistically evenly). A connection sends each request when its time comes and reads
+// replies as they arrive (pipelining, replies in order), with at most --max-outstanding
+// (default 64) requests unanswered: a request due while that many are unanswered goes out as
+// soon as a reply frees a slot, and is counted in "late". Every op's latency runs from its
+// scheduled send time, not from when it went out, so that waiting for a slot (or for a busy
+// loadgen thread) counts as the queueing it is ("coordinated omission" would hide it).
+// Requests due after --seconds are not sent; those due before it that were still waiting for
+// a slot at that moment are counted in "unsent" and not sent. Then the connection waits for
+// the replies still due, 5 s at most: one that has not come by then counts as an error and
+// ends the connection ("lost"), so a run always ends by --seconds + 5 s. --ops-per-conn does
+// not go with --rate.
 // Every op's latency (CLOCK_MONOTONIC) goes into a log-linear histogram (1.6% resolution).
 // Prints one JSON line on stdout:
 //   {"ops", "seconds", "ops_per_s", "p50_us", "p99_us", "errors", "misses", "found"}
+// with --set-ratio also "sets"; with --rate also "target_rate" (R), "achieved_rate" (ops
+// completed per second, = ops_per_s: ops over the time from the start until the last
+// connection was done), "late", "unsent" and "max_outstanding".
 // Exit status: 0; 1 when a connection cannot be made, set up (bind, IDSESSION) or is lost
 // (the JSON is still printed for a lost connection); 2 for a bad command line.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -60,6 +89,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,8 +124,11 @@ static const struct {
 
 static struct {
   int proto, op, conns, value_bytes, keys, wait_replicas, infected_every;
+  int max_outstanding;     // open loop: unanswered requests per connection
   long long ops_per_conn;  // 0: no limit
   double seconds;
+  double set_ratio;  // percent of ops that are sets; < 0: every op is --op
+  double rate;       // open loop: requests per second over all connections; 0: closed loop
   const char* host;
   const char* port;
   const char* bind_dn;
@@ -107,7 +140,9 @@ static struct {
          .value_bytes = 64,
          .keys = 10000,
          .wait_replicas = 2,
+         .max_outstanding = 64,
          .seconds = 10.0,
+         .set_ratio = -1,
          .host = "127.0.0.1",
          .bind_dn = "cn=admin,dc=lockstep,dc=test",
          .password = "secret",
@@ -123,6 +158,7 @@ struct conn {
   int expect;     // ldap: the response's protocolOp tag; clamd: CLAMD_*
   int result;     // ldap: the resultCode of the last response
   long long ops, errors, misses, found;
+  long long sets, late, unsent;  // --set-ratio: sets made; open loop: see the top comment
   uint64_t hist[NBUCKETS];
   char* req;  // request buffer
   char* buf;  // reply buffer
@@ -174,6 +210,16 @@ static uint64_t next_rand(uint64_t* s) {  // xorshift64
   *s ^= *s >> 7;
   *s ^= *s << 17;
   return *s;
+}
+
+static double uniform01(uint64_t* s) {  // in (0, 1]: never 0, so that log() of it is finite
+  return (double)((next_rand(s) >> 11) + 1) * 0x1p-53;
+}
+
+// The op of a connection's next request: --op, or with --set-ratio a set or a get at random.
+static int next_op(struct conn* c) {
+  if (cfg.set_ratio < 0) return cfg.op;
+  return uniform01(&c->rng) * 100.0 <= cfg.set_ratio ? OP_SET : OP_GET;
 }
 
 // Length of a complete reply at the head of buf, 0 if more bytes are needed, -1 if the
@@ -687,8 +733,10 @@ static void* run_conn(void* arg) {
     } else {
       k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
     }
+    int op = next_op(c);
+    if (op == OP_SET && cfg.set_ratio >= 0) c->sets++;
     size_t n;
-    const char* req = format_request(c, cfg.op == OP_SET_WAIT ? OP_SET : cfg.op, k, &n);
+    const char* req = format_request(c, op == OP_SET_WAIT ? OP_SET : op, k, &n);
     c->seq++;
     int64_t t0 = now_ns();
     int kind = round_trip(c, req, n);
@@ -707,6 +755,141 @@ static void* run_conn(void* arg) {
     c->ops++;
     c->hist[bucket_of((uint64_t)(t1 - t0))]++;
   }
+  return NULL;
+}
+
+// The open loop of one connection (--rate; see the top comment). One thread, one
+// non-blocking socket: it sleeps in ppoll until the next request is due or a reply comes,
+// reads every reply there is, then sends every request that is due and has a slot.
+static void* run_open(void* arg) {
+  struct conn* c = arg;
+  int max = cfg.max_outstanding;
+  double mean_ns = 1e9 * cfg.conns / cfg.rate;       // this connection's mean inter-arrival time
+  int64_t* due = malloc(sizeof *due * (size_t)max);  // ring: scheduled times of unanswered
+  int head = 0, inflight = 0, blocked = 0;           // requests, oldest (= next reply) first
+  int64_t late_before = INT64_MIN;                   // requests due by then waited for a slot
+  size_t out_cap = (size_t)max * ((size_t)cfg.value_bytes + 64), out_len = 0, out_off = 0;
+  char* out = malloc(out_cap);  // bytes of the unanswered requests not yet sent
+  int64_t next = start_ns + (int64_t)(-log(uniform01(&c->rng)) * mean_ns);
+  int64_t end = deadline_ns + GRACE_NS;
+  fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
+  // Wake when a request is due, not up to 50 us later (the default timer slack), which would
+  // be counted in every latency.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  c->len = 0;
+  for (;;) {
+    // Read what there is, in a few calls at most: a server that keeps sending cannot hold the
+    // thread here past the end (what is left wakes ppoll at once).
+    for (int reads = 0; reads < 8; reads++) {
+      if (c->len + 1 == c->cap) {  // one byte stays free for the terminating NUL
+        c->cap *= 2;
+        c->buf = realloc(c->buf, c->cap);
+      }
+      ssize_t got = recv(c->fd, c->buf + c->len, c->cap - c->len - 1, 0);
+      if (got > 0) {
+        c->len += (size_t)got;
+        c->buf[c->len] = '\0';  // so that atol and sscanf stop inside the buffer
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      c->lost = got == 0 ? "closed by the server" : strerror(errno);
+      goto done;
+    }
+    int64_t now = now_ns();  // every reply just read arrived by now
+    size_t off = 0;
+    while (inflight > 0) {
+      int kind;
+      long used = cfg.proto == PROTO_REDIS ? parse_redis(c->buf + off, c->len - off, &kind)
+                                           : parse_memcached(c->buf + off, c->len - off, &kind);
+      if (used < 0) {
+        c->lost = "garbled reply";
+        goto done;
+      }
+      if (used == 0) break;
+      off += (size_t)used;
+      int64_t at = due[head];
+      head = (head + 1) % max;
+      inflight--;
+      if (kind == REPLY_ERROR) {
+        c->errors++;
+        continue;
+      }
+      if (kind == REPLY_MISS) c->misses++;
+      c->ops++;
+      c->hist[bucket_of((uint64_t)(now - at))]++;
+    }
+    if (inflight == 0 && off < c->len) {
+      c->lost = "reply to no request";
+      goto done;
+    }
+    c->len -= off;
+    memmove(c->buf, c->buf + off, c->len + 1);  // with the NUL
+    if (out_off > 0) {  // keep the unsent bytes at the start, so that out_cap is enough
+      memmove(out, out + out_off, out_len - out_off);
+      out_len -= out_off;
+      out_off = 0;
+    }
+    if (blocked) {  // every request due by now had to wait for a slot
+      late_before = now;
+      blocked = 0;
+    }
+    while (next <= now && next < deadline_ns && inflight < max) {
+      int op = next_op(c);
+      long k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
+      size_t n;
+      const char* req = format_request(c, op, k, &n);
+      memcpy(out + out_len, req, n);
+      out_len += n;
+      due[(head + inflight) % max] = next;
+      inflight++;
+      c->seq++;
+      if (op == OP_SET && cfg.set_ratio >= 0) c->sets++;
+      if (next <= late_before) c->late++;
+      next += (int64_t)(-log(uniform01(&c->rng)) * mean_ns);
+    }
+    if (next <= now && next < deadline_ns) blocked = 1;  // due, but every slot is taken
+    if (now >= deadline_ns || next >= deadline_ns) {     // the schedule is over
+      while (next < deadline_ns) {  // due before the deadline, still without a slot: not sent
+        c->unsent++;
+        next += (int64_t)(-log(uniform01(&c->rng)) * mean_ns);
+      }
+      next = INT64_MAX;
+    }
+    while (out_off < out_len) {
+      ssize_t w = send(c->fd, out + out_off, out_len - out_off, MSG_NOSIGNAL);
+      if (w > 0) {
+        out_off += (size_t)w;
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      c->lost = strerror(errno);  // glibc: a static string for every errno value
+      goto done;
+    }
+    if (next == INT64_MAX && inflight == 0) break;  // all sent and answered
+    now = now_ns();
+    if (now >= end) {
+      c->errors += inflight;
+      c->lost = "no reply within 5 s after the deadline";
+      break;
+    }
+    // Wake for the next request if it has a slot (else only a reply can give it one), at
+    // the deadline if requests are still due (to count what is unsent), or at the end of
+    // the grace; a reply wakes it earlier.
+    int64_t wake = end;
+    if (next != INT64_MAX) wake = inflight < max ? next : deadline_ns;
+    int64_t left = wake > now ? wake - now : 0;
+    struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN | (out_off < out_len ? POLLOUT : 0)};
+    if (ppoll(&pf, 1, &ts, NULL) < 0 && errno != EINTR) {
+      c->lost = strerror(errno);
+      break;
+    }
+  }
+done:
+  free(due);
+  free(out);
   return NULL;
 }
 
@@ -799,10 +982,13 @@ static void usage(void) {
           "usage: loadgen --proto redis|memcached|ldap|clamd --port P [--host 127.0.0.1]\n"
           "               [--conns 1] [--ops-per-conn K] [--seconds 10] [--op OP]\n"
           "               [--value-bytes 64] [--keys 10000] [--wait-replicas 2]\n"
+          "               [--set-ratio P] [--rate R [--max-outstanding 64]]\n"
           "               [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]\n"
           "               [--infected-every 0] [--infected-string S]\n"
           "  OP: redis set|get|set-wait, memcached set|get, ldap add|modify|search|prefill,\n"
-          "      clamd scan\n");
+          "      clamd scan\n"
+          "  --set-ratio P: P %% sets, the rest gets (redis, memcached)\n"
+          "  --rate R: open loop, R requests/s over all connections (redis, memcached)\n");
   exit(2);
 }
 
@@ -812,6 +998,18 @@ static long num_arg(const char* name, const char* s, long lo, long hi) {
   long v = strtol(s, &end, 10);
   if (errno || *end || end == s || v < lo || v > hi) {
     fprintf(stderr, "loadgen: --%s expects a number in [%ld, %ld], got '%s'\n", name, lo, hi, s);
+    exit(2);
+  }
+  return v;
+}
+
+// A number in [lo, hi] (lo_open: in (lo, hi]) for option `name`, else exit 2.
+static double real_arg(const char* name, const char* s, double lo, double hi, int lo_open) {
+  char* end;
+  double v = strtod(s, &end);
+  if (*end || end == s || !(lo_open ? v > lo : v >= lo) || !(v <= hi)) {
+    fprintf(stderr, "loadgen: --%s expects a number in %c%g, %g], got '%s'\n", name,
+            lo_open ? '(' : '[', lo, hi, s);
     exit(2);
   }
   return v;
@@ -832,10 +1030,12 @@ static void parse_args(int argc, char** argv) {
                                        {"password", 1, 0, 'W'},
                                        {"infected-every", 1, 0, 'I'},
                                        {"infected-string", 1, 0, 'S'},
+                                       {"set-ratio", 1, 0, 'r'},
+                                       {"rate", 1, 0, 'R'},
+                                       {"max-outstanding", 1, 0, 'm'},
                                        {"help", 0, 0, '?'},
                                        {0, 0, 0, 0}};
-  int o, ldap_opts = 0, clamd_opts = 0;
-  char* end;
+  int o, ldap_opts = 0, clamd_opts = 0, max_given = 0;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (o) {
       case 'P':
@@ -853,12 +1053,12 @@ static void parse_args(int argc, char** argv) {
         break;
       case 'c': cfg.conns = (int)num_arg("conns", optarg, 1, 4096); break;
       case 'k': cfg.ops_per_conn = num_arg("ops-per-conn", optarg, 1, 1L << 40); break;
-      case 's':
-        cfg.seconds = strtod(optarg, &end);
-        if (*end || end == optarg || !(cfg.seconds > 0 && cfg.seconds <= 86400)) {
-          fprintf(stderr, "loadgen: --seconds expects a number in (0, 86400]\n");
-          exit(2);
-        }
+      case 's': cfg.seconds = real_arg("seconds", optarg, 0, 86400, 1); break;
+      case 'r': cfg.set_ratio = real_arg("set-ratio", optarg, 0, 100, 0); break;
+      case 'R': cfg.rate = real_arg("rate", optarg, 0, 1e8, 1); break;
+      case 'm':
+        cfg.max_outstanding = (int)num_arg("max-outstanding", optarg, 1, 1 << 16);
+        max_given = 1;
         break;
       case 'o':
         for (cfg.op = 0; cfg.op < NOPS; cfg.op++)
@@ -893,6 +1093,25 @@ static void parse_args(int argc, char** argv) {
     }
   }
   if (optind < argc || !cfg.port) usage();
+  if (cfg.set_ratio >= 0 || cfg.rate > 0) {
+    const char* what = cfg.rate > 0 ? "--rate" : "--set-ratio";
+    if (cfg.proto != PROTO_REDIS && cfg.proto != PROTO_MEMCACHED) {
+      fprintf(stderr, "loadgen: %s needs --proto redis or memcached\n", what);
+      exit(2);
+    }
+    if (cfg.op >= 0 && cfg.op != OP_SET && cfg.op != OP_GET) {
+      fprintf(stderr, "loadgen: %s goes with --op set or get only\n", what);
+      exit(2);
+    }
+  }
+  if (cfg.rate > 0 && cfg.ops_per_conn) {
+    fprintf(stderr, "loadgen: --ops-per-conn does not go with --rate\n");
+    exit(2);
+  }
+  if (max_given && cfg.rate == 0) {
+    fprintf(stderr, "loadgen: --max-outstanding needs --rate\n");
+    exit(2);
+  }
   if (cfg.op < 0) {
     if (cfg.proto == PROTO_LDAP) {
       fprintf(stderr, "loadgen: --proto ldap needs --op add, modify, search or prefill\n");
@@ -953,17 +1172,19 @@ int main(int argc, char** argv) {
     cs[i].buf = malloc(cs[i].cap);
     setup_conn(&cs[i]);
   }
-  start_ns = now_ns();
+  // The open loop's schedules start 20 ms from now, so that starting the threads is not
+  // counted as the first requests' latency.
+  start_ns = now_ns() + (cfg.rate > 0 ? 20000000 : 0);
   deadline_ns = start_ns + (int64_t)(cfg.seconds * 1e9);
   for (int i = 0; i < cfg.conns; i++) {
-    if (pthread_create(&cs[i].thread, NULL, run_conn, &cs[i]) != 0) {
+    if (pthread_create(&cs[i].thread, NULL, cfg.rate > 0 ? run_open : run_conn, &cs[i]) != 0) {
       fprintf(stderr, "loadgen: cannot start thread %d\n", i);
       return 1;
     }
   }
 
   static uint64_t hist[NBUCKETS];
-  long long ops = 0, errors = 0, misses = 0, found = 0;
+  long long ops = 0, errors = 0, misses = 0, found = 0, sets = 0, late = 0, unsent = 0;
   int lost = 0;
   const char* why = NULL;
   const struct conn* example = NULL;
@@ -974,6 +1195,9 @@ int main(int argc, char** argv) {
     errors += cs[i].errors;
     misses += cs[i].misses;
     found += cs[i].found;
+    sets += cs[i].sets;
+    late += cs[i].late;
+    unsent += cs[i].unsent;
     if (cs[i].lost) {
       lost++;
       why = cs[i].lost;
@@ -988,10 +1212,18 @@ int main(int argc, char** argv) {
             cfg.conns, cfg.host, cfg.port, why, example->ops);
     print_reply(example);
   }
+  double per_s = secs > 0 ? (double)ops / secs : 0.0;
   printf(
       "{\"ops\": %lld, \"seconds\": %.3f, \"ops_per_s\": %.1f, \"p50_us\": %.1f, "
-      "\"p99_us\": %.1f, \"errors\": %lld, \"misses\": %lld, \"found\": %lld}\n",
-      ops, secs, secs > 0 ? (double)ops / secs : 0.0, percentile_us(hist, ops, 0.50),
-      percentile_us(hist, ops, 0.99), errors, misses, found);
+      "\"p99_us\": %.1f, \"errors\": %lld, \"misses\": %lld, \"found\": %lld",
+      ops, secs, per_s, percentile_us(hist, ops, 0.50), percentile_us(hist, ops, 0.99), errors,
+      misses, found);
+  if (cfg.set_ratio >= 0) printf(", \"sets\": %lld", sets);
+  if (cfg.rate > 0)
+    printf(
+        ", \"target_rate\": %.1f, \"achieved_rate\": %.1f, \"late\": %lld, \"unsent\": %lld, "
+        "\"max_outstanding\": %d",
+        cfg.rate, per_s, late, unsent, cfg.max_outstanding);
+  printf("}\n");
   return lost ? 1 : 0;
 }
