@@ -23,7 +23,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import threading
+import time
 
 import pytest
 from conftest import run
@@ -77,14 +80,13 @@ def load(addr, seed):
     assert "transactions:" in out, out
 
 
-def assert_same_tables(cluster):
+def assert_same_tables(cluster, tables="sbtest.sbtest1, sbtest.sbtest2"):
     """Every replica's CHECKSUM TABLE equals the leader's once it applied the
     whole log; a replica whose tables still differ after a minute must have
     been reported diverged (never silently different). Returns the status."""
     addr = cluster.client_addr()
-    tables = "sbtest.sbtest1, sbtest.sbtest2"
     leader_sums = sql(addr, f"CHECKSUM TABLE {tables}")
-    assert leader_sums.count("\n") == 2, leader_sums
+    assert leader_sums.count("\n") == tables.count(",") + 1, leader_sums
     n = len(cluster.status()["replicas"])
     sums = {}
 
@@ -140,3 +142,66 @@ def test_a_backups_server_killed_comes_back_from_its_checkpoint(cluster):
     s = assert_same_tables(cluster)
     restored = s["replicas"][b]["checkpoint"]
     assert restored["restores"] >= 1 and restored["restored_from"] > 0, restored
+
+
+def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):
+    cluster.up(app="mariadb")
+    sql(cluster.client_addr(), "CREATE DATABASE t; CREATE TABLE t.rows (n INT PRIMARY KEY)")
+    old = cluster.leader()
+    done, errors = [], []
+
+    def inserter():
+        # One INSERT per client: one that fails (its leader gone) is sent
+        # again through whoever leads then; a duplicate key means an earlier
+        # try was done before its connection broke.
+        for i in range(150):
+            for _ in range(50):
+                try:
+                    sql(cluster.client_addr(timeout=20), f"INSERT INTO t.rows VALUES ({i})", 20)
+                    done.append(i)
+                    break
+                except AssertionError as e:
+                    if "Duplicate entry" in str(e):
+                        done.append(i)
+                        break
+                    time.sleep(0.2)
+            else:
+                errors.append(f"row {i} never inserted")
+
+    t = threading.Thread(target=inserter)
+    t.start()
+    cluster.wait(lambda s: len(done) >= 30, 60, "30 rows inserted")
+    os.kill(cluster.pid(old), signal.SIGKILL)
+    cluster.wait(lambda s: s["leader"] not in (None, old), 30, "a new leader")
+    t.join(300)
+    assert not errors, errors
+    assert sql(cluster.client_addr(), "SELECT COUNT(*), SUM(n) FROM t.rows").split() == [
+        "150",
+        str(sum(range(150))),
+    ]
+
+
+def test_bad_input_gets_errors_and_the_replicas_stay_alike(cluster):
+    cluster.up(app="mariadb")
+    addr = cluster.client_addr()
+    sql(addr, "CREATE DATABASE t; CREATE TABLE t.kv (k INT PRIMARY KEY, v LONGTEXT)")
+    host, port = addr
+    cmd = [MARIADB, "-h", host, "-P", str(port), "-u", "root", "--batch"]
+    # A malformed statement; a statement over max_allowed_packet (16 MiB).
+    r = subprocess.run(
+        [*cmd, "-e", "SELEC 1 FORM nowhere"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode != 0 and "syntax" in r.stderr, r.stderr
+    big = f"INSERT INTO t.kv VALUES (1, '{'x' * (17 << 20)}')"
+    r = subprocess.run(
+        [*cmd, "--max-allowed-packet=64M"], input=big, capture_output=True, text=True, check=False
+    )
+    assert r.returncode != 0 and ("packet" in r.stderr.lower() or "gone away" in r.stderr), r.stderr
+    # A client gone in the middle of a packet (its header says 1000 bytes).
+    s = socket.create_connection(addr)
+    s.recv(4096)  # the handshake
+    s.sendall(b"\xe8\x03\x00\x01" + b"z" * 10)
+    s.close()
+    sql(addr, "INSERT INTO t.kv VALUES (2, 'after')")
+    assert sql(addr, "SELECT k, v FROM t.kv").split() == ["2", "after"]
+    assert_same_tables(cluster, "t.kv")

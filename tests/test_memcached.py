@@ -7,6 +7,9 @@ leave every replica with the same values and CAS uniques (the last test):
 the shim delivers inputs in the log's order. A memcached backup made to
 diverge is caught and rolled back in tests/test_divergence.py."""
 
+import os
+import signal
+import socket
 import threading
 import time
 
@@ -149,3 +152,68 @@ def test_connections_racing_on_shared_keys_stay_identical(memcached_cluster):
     replicas = wait_replicas_match(memcached_cluster, view, leader_view)
     s = memcached_cluster.status()
     assert [r["output"]["divergences"] for r in s["replicas"]] == [0] * replicas, s
+
+
+def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(memcached_cluster):
+    c = memcached_cluster
+    old = c.leader()
+    stored, errors = [], []
+
+    def setter():
+        m = Memcached(c.client_addr())
+        for i in range(400):
+            for _ in range(50):  # a set lost with its leader is sent again
+                try:
+                    assert m.store("set", f"k{i}", f"v{i}") == "STORED"
+                    stored.append(i)
+                    break
+                except (OSError, ConnectionError):
+                    time.sleep(0.2)
+                    m.close()
+                    try:
+                        m = Memcached(c.client_addr(timeout=20))
+                    except OSError:
+                        pass
+            else:
+                errors.append(f"k{i} never stored")
+        m.close()
+
+    t = threading.Thread(target=setter)
+    t.start()
+    c.wait(lambda s: len(stored) >= 50, 30, "50 sets acknowledged")
+    os.kill(c.pid(old), signal.SIGKILL)
+    c.wait(lambda s: s["leader"] not in (None, old), 20, "a new leader")
+    t.join(120)
+    assert not errors, errors
+    m = Memcached(c.client_addr())
+    assert [m.get(f"k{i}") for i in range(400)] == [f"v{i}".encode() for i in range(400)]
+    m.close()
+
+
+def test_bad_input_gets_errors_and_the_replicas_stay_alike(memcached_cluster):
+    c = memcached_cluster
+    addr = c.client_addr()
+    m = Memcached(addr)
+    # An unknown command, a malformed one, a value over the 1 MiB item limit.
+    m.sock.sendall(b"frobnicate key\r\n")
+    assert m._line() == b"ERROR"
+    m.sock.sendall(b"set k 0 0 notanumber\r\n")
+    assert m._line().startswith(b"CLIENT_ERROR")
+    assert m.store("set", "huge", b"x" * (2 << 20)).startswith("SERVER_ERROR")
+    m.close()
+    # A client gone in the middle of a value.
+    s = socket.create_connection(addr)
+    s.sendall(b"set half 0 0 1000\r\n" + b"y" * 10)
+    s.close()
+    m = Memcached(addr)
+    assert m.store("set", "after", "ok") == "STORED"
+    assert m.get("half") is None and m.get("huge") is None
+    m.close()
+
+    def view(a):
+        v = Memcached(a)
+        out = {k: v.get(k) for k in ("after", "half", "huge")}
+        v.close()
+        return out
+
+    wait_replicas_match(c, view, {"after": b"ok", "half": None, "huge": None})
