@@ -11,7 +11,8 @@ SET (or GET) of a 64-byte value on one of 10000 keys, --seconds long. Modes, all
 
   unreplicated       the server alone, with the flags of lockstep's profiles
                      (redis: --save "" --appendonly no --protected-mode no;
-                     memcached: -U 0 -t 4 -u root); durability "none" (one process's RAM)
+                     memcached: -U 0 -t 4 -u root, four workers like the profile's);
+                     durability "none" (one process's RAM)
   replicated         `lockstep cluster up --replicas 3 --app APP --durability disk|memory`;
                      clients talk to "client_addr" from `lockstep cluster status --json`
   aof-always         redis only: one redis with --appendonly yes --appendfsync always, its
@@ -59,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 LOADGEN = ROOT / "build" / "bin" / "loadgen"
 REDIS_FLAGS = shlex.split('--save "" --appendonly no --protected-mode no')  # as apps/ profiles
-MEMCACHED_FLAGS = shlex.split("-U 0 -t 4 -u root")
+MEMCACHED_FLAGS = shlex.split("-U 0 -t 4 -u root")  # as apps/memcached.toml
 HOST = "127.0.0.1"
 T0 = time.monotonic()
 
@@ -83,10 +84,10 @@ class Procs:
     def __init__(self):
         self.procs = []
 
-    def start(self, cmd, logpath):
+    def start(self, cmd, logpath, cwd=None):
         with open(logpath, "ab") as out:
             p = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
             )
         p.cmd_name, p.logpath = Path(cmd[0]).name, logpath
         self.procs.append(p)
@@ -141,6 +142,9 @@ def server_ready(app, addr):
     try:
         if app == "redis":
             return redis_call(addr, "PING", timeout=1.0) == "PONG"
+        if app != "memcached":  # any other server (eval/appbench.py): it accepts connections
+            with socket.create_connection(split_addr(addr), timeout=1.0):
+                return True
         with socket.create_connection(split_addr(addr), timeout=1.0) as s:
             s.sendall(b"version\r\n")
             return s.recv(100).startswith(b"VERSION")
@@ -464,14 +468,16 @@ def usage(pids):
     return cpu, switches
 
 
-def loadgen(app, addr, conns, op, seconds, value_size, keys, pids=None):
+def loadgen(app, addr, conns, op, seconds, value_size, keys, pids=None, proto=None, extra=()):
     """One loadgen run; with pids ({class: [pid]}), also the CPU time and context switches
     per op of each class of process and of loadgen itself (its rusage), as
-    res["per_op"][class] = {"cpu_us", "switches"}."""
+    res["per_op"][class] = {"cpu_us", "switches"}. proto is loadgen's --proto (default:
+    app); extra, more loadgen arguments (--infected-every 10)."""
     host, port = split_addr(addr)
-    cmd = [str(LOADGEN), *f"--proto {app} --host {host} --port {port} --conns {conns}".split()]
+    proto = proto or app
+    cmd = [str(LOADGEN), *f"--proto {proto} --host {host} --port {port} --conns {conns}".split()]
     cmd += f"--seconds {seconds} --op {op} --value-bytes {value_size} --keys {keys}".split()
-    cmd += ["--wait-replicas", "2"]
+    cmd += ["--wait-replicas", "2", *map(str, extra)]
     pids = pids or {}
     before = {k: usage(v) for k, v in pids.items()}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -532,36 +538,38 @@ def run_mode(ctx, app, name, a):
                         f"{res['ops_per_s']:.0f} ops/s, p50 {res['p50_us']:.0f} µs, "
                         f"p99 {res['p99_us']:.0f} µs, errors {res['errors']}"
                     )
-    runs = []
-    for (conns, op, lg_op), rs in samples.items():
-        tput = [r["ops_per_s"] for r in rs]
-        runs.append(
-            {
-                "mode": mode,
-                "durability": durability,
-                "conns": conns,
-                "op": op,
-                "ops_per_s": statistics.median(tput),
-                "p50_us": statistics.median(r["p50_us"] for r in rs),
-                "p99_us": statistics.median(r["p99_us"] for r in rs),
-                "min_ops_per_s": min(tput),
-                "max_ops_per_s": max(tput),
-                "repeats": len(rs),
-                "loadgen_op": lg_op,
-                "errors": sum(r["errors"] for r in rs),
-                "misses": sum(r.get("misses", 0) for r in rs),
-                "samples": rs,
-            }
-        )
-        if all("per_op" in r for r in rs):
-            runs[-1]["per_op"] = {
-                k: {
-                    m: statistics.median(r["per_op"][k][m] for r in rs)
-                    for m in ("cpu_us", "switches")
-                }
-                for k in rs[0]["per_op"]
-            }
-    return runs
+    return [
+        summarise(mode, durability, conns, op, lg_op, rs)
+        for (conns, op, lg_op), rs in samples.items()
+    ]
+
+
+def summarise(mode, durability, conns, op, lg_op, rs):
+    """One row of the JSON's "runs" from the loadgen results rs of its repeats: medians,
+    min and max, every sample kept."""
+    tput = [r["ops_per_s"] for r in rs]
+    run = {
+        "mode": mode,
+        "durability": durability,
+        "conns": conns,
+        "op": op,
+        "ops_per_s": statistics.median(tput),
+        "p50_us": statistics.median(r["p50_us"] for r in rs),
+        "p99_us": statistics.median(r["p99_us"] for r in rs),
+        "min_ops_per_s": min(tput),
+        "max_ops_per_s": max(tput),
+        "repeats": len(rs),
+        "loadgen_op": lg_op,
+        "errors": sum(r["errors"] for r in rs),
+        "misses": sum(r.get("misses", 0) for r in rs),
+        "samples": rs,
+    }
+    if all("per_op" in r for r in rs):
+        run["per_op"] = {
+            k: {m: statistics.median(r["per_op"][k][m] for r in rs) for m in ("cpu_us", "switches")}
+            for k in rs[0]["per_op"]
+        }
+    return run
 
 
 CLASSES = ("daemons", "servers", "loadgen")
@@ -807,14 +815,16 @@ def targets_text(ts):
     return "\n".join(f"- {t['target']}: {verdict(t)} ({t['detail']})" for t in ts) + "\n"
 
 
-def plot(res, path):
+def plot(res, path, ops=("set", "get")):
+    """Throughput and latency per mode and connection count, a row of panels per op in ops
+    that res["runs"] has."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = res["runs"]
-    ops = [op for op in ("set", "get") if any(r["op"] == op for r in runs)]
+    ops = [op for op in ops if any(r["op"] == op for r in runs)]
     if not ops:
         return False
     fig, axes = plt.subplots(len(ops), 2, figsize=(13, 4.2 * len(ops)), squeeze=False)

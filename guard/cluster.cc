@@ -91,6 +91,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->same_clock = p.same_clock;
     server->serial_inputs = p.serial_inputs;
     server->serial_until_reply = p.serial_until_reply;
+    server->serial_sleep_keeps_turn = p.serial_sleep_keeps_turn;
     server->unchecked_greeting = p.unchecked_greeting;
     server->prepare = p.prepare;
     server->criu_file_locks = p.criu_file_locks;
@@ -174,6 +175,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("same_clock", &p.same_clock, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
       !t.TakeBool("serial_until_reply", &p.serial_until_reply, error) ||
+      !t.TakeBool("serial_sleep_keeps_turn", &p.serial_sleep_keeps_turn, error) ||
       !t.TakeBool("criu_file_locks", &p.criu_file_locks, error) ||
       !t.TakeBool("unchecked_greeting", &p.unchecked_greeting, error) ||
       !t.TakeString("prepare", &p.prepare, false, error) ||
@@ -181,9 +183,10 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
-  if (p.serial_until_reply && !p.serial_inputs)
-    return t.Fail(t.LineOf("serial_until_reply"),
-                  "field 'serial_until_reply' needs serial_inputs = true", error);
+  for (const char* f : {"serial_until_reply", "serial_sleep_keeps_turn"})
+    if (t.fields.count(f) && !p.serial_inputs)
+      return t.Fail(t.LineOf(f), std::string("field '") + f + "' needs serial_inputs = true",
+                    error);
   std::vector<std::string> argv;
   std::string why;
   if (!SplitCommand(p.command, &argv, &why)) return t.Fail(t.LineOf("command"), why, error);

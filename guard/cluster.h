@@ -44,12 +44,13 @@ struct AppProfile {
   std::string name;     // NAME
   std::string command;  // template: {port} and {dir} are replaced per replica
   uint64_t ready_timeout_ms = 10000;
-  bool same_random = false;         // the server's randomness is the same on every replica
-  bool same_clock = false;          // its wall clock too: the leader's time of each input
-  bool serial_inputs = false;       // one input executes at a time (config.h)
-  bool serial_until_reply = false;  // ... until its reply (config.h)
-  bool unchecked_greeting = false;  // output before a connection's first input: not compared
-  bool criu_file_locks = false;     // CheckpointPolicy::file_locks (config.h)
+  bool same_random = false;              // the server's randomness is the same on every replica
+  bool same_clock = false;               // its wall clock too: the leader's time of each input
+  bool serial_inputs = false;            // one input executes at a time (config.h)
+  bool serial_until_reply = false;       // ... until its reply (config.h)
+  bool serial_sleep_keeps_turn = false;  // ... also while asleep (config.h)
+  bool unchecked_greeting = false;       // output before a connection's first input: not compared
+  bool criu_file_locks = false;          // CheckpointPolicy::file_locks (config.h)
   // Run once by `cluster up` with {dir} = the cluster's data template; each
   // replica's server then starts from a copy of it (config.h, data_template).
   std::string prepare;

@@ -386,9 +386,11 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
     if (!s.TakeBool("serial_until_reply", &c.server.serial_until_reply, error)) return false;
-    if (c.server.serial_until_reply && !c.server.serial_inputs)
-      return fail(s.LineOf("serial_until_reply"),
-                  "field 'serial_until_reply' needs serial_inputs = true");
+    if (!s.TakeBool("serial_sleep_keeps_turn", &c.server.serial_sleep_keeps_turn, error))
+      return false;
+    for (const char* f : {"serial_until_reply", "serial_sleep_keeps_turn"})
+      if (s.fields.count(f) && !c.server.serial_inputs)
+        return fail(s.LineOf(f), std::string("field '") + f + "' needs serial_inputs = true");
     if (!s.TakeBool("unchecked_greeting", &c.server.unchecked_greeting, error)) return false;
     if (!s.TakeString("data_template", &c.server.data_template, false, error)) return false;
     if (!s.TakeFileList("rendered_files", &c.server.rendered_files, error)) return false;
@@ -515,6 +517,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.server.serial_until_reply)
       o << "# ... until the server replied on its connection (preload/shim_serial.c)\n"
         << "serial_until_reply = true\n";
+    if (c.server.serial_sleep_keeps_turn)
+      o << "# ... also while its thread sleeps in the kernel (preload/shim_serial.c)\n"
+        << "serial_sleep_keeps_turn = true\n";
     if (c.server.unchecked_greeting)
       o << "# what a server sends before a connection's first input is not compared\n"
         << "unchecked_greeting = true\n";

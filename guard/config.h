@@ -152,6 +152,12 @@ struct ClusterConfig {
     // hands it to a pool thread (slapd), whose listener waits again at once.
     // From the profile's `serial_until_reply`.
     bool serial_until_reply = false;
+    // With serial_inputs: a thread holding the turn that sleeps in the kernel
+    // keeps it (by default the next input goes in after two looks 1 ms apart
+    // find it asleep, for MariaDB's row-lock waits that only a later input
+    // ends). For a server whose requests never wait for another request, only
+    // for its own mutexes (memcached). From the profile's `serial_sleep_keeps_turn`.
+    bool serial_sleep_keeps_turn = false;
     // What a server sends on a connection before it reads anything from it
     // (a handshake with a random challenge, a banner naming the host) is left
     // out of the output comparison (preload/shim_output.c). From the

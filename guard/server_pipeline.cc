@@ -99,7 +99,11 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   server_fds_ = shim_->ServerFds();
   shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
   shim_->set_same_clock(cfg_.server.same_clock);
-  shim_->set_serial_inputs(!cfg_.server.serial_inputs ? 0 : cfg_.server.serial_until_reply ? 2 : 1);
+  const auto& sv = cfg_.server;
+  shim_->set_serial_inputs(
+      !sv.serial_inputs ? 0
+                        : LS_SERIAL_ON | (sv.serial_until_reply ? LS_SERIAL_UNTIL_REPLY : 0) |
+                              (sv.serial_sleep_keeps_turn ? LS_SERIAL_SLEEP_KEEPS : 0));
   shim_->set_unchecked_greeting(cfg_.server.unchecked_greeting);
   shim_->set_unchecked_replies(cfg_.server.unchecked_replies);
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),

@@ -56,8 +56,8 @@ class ShimChannel {
   void set_same_clock(bool on) { same_clock_ = on; }
   // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
   // whatever thread reads it (preload/shim_serial.c). Always set, as above.
-  // 0: off; 1: serial_inputs; 2: serial_inputs until the reply (config.h).
-  void set_serial_inputs(int mode) { serial_inputs_ = mode; }
+  // LOCKSTEP_SHIM_SERIAL: 0, or a sum of ls_serial_flag (shim_abi.h).
+  void set_serial_inputs(int flags) { serial_inputs_ = flags; }
   // LOCKSTEP_SHIM_UNCHECKED_GREETING: output before a connection's first
   // input is left out of the digests (preload/shim_output.c).
   void set_unchecked_greeting(bool on) { unchecked_greeting_ = on; }

@@ -119,6 +119,14 @@ enum ls_mode {
   LS_MODE_LEADER = 1       /* the leader: new connections' inputs are agreed first */
 };
 
+/* LOCKSTEP_SHIM_SERIAL (daemon -> shim, environment): serial_inputs and how
+ * an input's turn ends (preload/shim_serial.c), a sum of these. */
+enum ls_serial_flag {
+  LS_SERIAL_ON = 1,          /* the profile's serial_inputs */
+  LS_SERIAL_UNTIL_REPLY = 2, /* serial_until_reply */
+  LS_SERIAL_SLEEP_KEEPS = 4  /* serial_sleep_keeps_turn */
+};
+
 /* Submission record kinds (shim -> daemon). */
 enum ls_sub_kind {
   LS_SUB_ACCEPT = 1, /* conn was accepted; payload: the peer address as text */

@@ -115,7 +115,7 @@ LS_HIDDEN struct head_run find_head_run(void);
 LS_HIDDEN int ready(struct conn* c); /* the server may read c now (bytes or EOF) */
 /* serial_inputs (shim_serial.c); mu held, except serial_init. serial_done:
  * the calling thread has finished the input it read, if it read one. */
-LS_HIDDEN void serial_init(int mode); /* LOCKSTEP_SHIM_SERIAL: 0, 1, 2 (until the reply) */
+LS_HIDDEN void serial_init(int flags); /* LOCKSTEP_SHIM_SERIAL: ls_serial_flag */
 /* Without mu, from the send wrappers: the server's output on fd reached `end`. */
 LS_HIDDEN void serial_sent(int fd, uint64_t end);
 LS_HIDDEN int executing_other(const struct conn* c); /* not c's turn: another input runs */
@@ -136,7 +136,7 @@ LS_HIDDEN void waiters_relay(void);
  * serial_done writes to wake just the thread waiting in that set. */
 LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
 /* How long one input may hold the next connection's back (shim_serial.c). */
-#define LS_SERIAL_EXEC_NS 1000000000ull
+#define LS_SERIAL_EXEC_NS 5000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */
 #define LS_SERIAL_LOOK_NS 1000000ull
 /* 0: no thread holds an input (serial_inputs); 2: one does and the next

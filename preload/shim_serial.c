@@ -20,12 +20,14 @@
 #include "preload/shim_abi.h"
 #include "preload/shim_internal.h"
 
-static int serial_on;    /* LOCKSTEP_SHIM_SERIAL=1 or 2 */
-static int serial_reply; /* LOCKSTEP_SHIM_SERIAL=2: until the reply (below) */
+static int serial_on;          /* LOCKSTEP_SHIM_SERIAL has LS_SERIAL_ON */
+static int serial_reply;       /* ... LS_SERIAL_UNTIL_REPLY: until the reply (below) */
+static int serial_sleep_keeps; /* ... LS_SERIAL_SLEEP_KEEPS: asleep keeps the turn */
 
-void serial_init(int mode) {
-  serial_on = mode == 1 || mode == 2;
-  serial_reply = mode == 2;
+void serial_init(int flags) {
+  serial_on = flags > 0 && (flags & LS_SERIAL_ON);
+  serial_reply = serial_on && (flags & LS_SERIAL_UNTIL_REPLY);
+  serial_sleep_keeps = serial_on && (flags & LS_SERIAL_SLEEP_KEEPS);
 }
 
 /* Serial execution (LOCKSTEP_SHIM_SERIAL=1, the app profile's
@@ -53,7 +55,14 @@ void serial_init(int mode) {
  * the input executes until the server has sent output on its connection
  * after reading it (serial_sent, from the send wrappers, without mu), or
  * closed it; waiting again and reading dry do not count, nor does a thread
- * asleep (the listener sleeps in epoll as a matter of course). */
+ * asleep (the listener sleeps in epoll as a matter of course).
+ *
+ * Asleep keeps the turn (LS_SERIAL_SLEEP_KEEPS, the profile's
+ * `serial_sleep_keeps_turn`): for a server whose requests never wait for a
+ * later request, only for its own mutexes (memcached's item and LRU locks,
+ * which its maintainer threads take too), a sleeping holder is not blocked
+ * by anything a later input could end, and letting that input in would run
+ * the two at once. */
 static pid_t exec_tid;         /* the thread executing an input; 0: none */
 static struct conn* exec_conn; /* whose input */
 static uint64_t exec_since_ns;
@@ -112,7 +121,8 @@ int executing_other(const struct conn* c) {
     return 0;
   }
   uint64_t now = now_ns(), held = now - exec_since_ns;
-  if (held < LS_SERIAL_LOOK_NS || (until_reply && held < LS_SERIAL_EXEC_NS)) return 1;
+  if (held < LS_SERIAL_LOOK_NS || ((until_reply || serial_sleep_keeps) && held < LS_SERIAL_EXEC_NS))
+    return 1;
   /* Asleep at two looks LS_SERIAL_LOOK_NS apart: it waits for something
    * (an InnoDB row lock) that only a later input can release, such as
    * the lock holder's COMMIT: let that in. Every replica blocks at the same

@@ -2,10 +2,11 @@
 several threads set, get, incr and cas through the leader, and afterwards
 every key reads the same from each replica's own memcached.
 
-The profile runs one worker thread, so clients racing on the same keys
-leave every replica with the same values and CAS uniques (the last test):
-the shim delivers inputs in the log's order. A memcached backup made to
-diverge is caught and rolled back in tests/test_divergence.py."""
+The profile runs memcached's default four worker threads with
+serial_inputs and serial_sleep_keeps_turn, so clients racing on the same
+keys leave every replica with the same values and CAS uniques (the racing
+test). A memcached backup made to diverge is caught and rolled back in
+tests/test_divergence.py."""
 
 import os
 import signal
