@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmarks slapd or clamd under lockstep against the same server alone.
+"""Benchmarks slapd, clamd or tarantool under lockstep against the same server alone.
 
-    scripts/bench slapd|clamd [--seconds 3] [--repeats 3] [--conns 1,16] [--keys 2000]
+    scripts/bench slapd|clamd|tarantool [--seconds 3] [--repeats 3] [--conns 1,16] [--keys 2000]
                               [--modes unreplicated,replicated-disk,replicated-memory]
                               [--quick] [--json FILE]
     .venv/bin/python eval/appbench.py slapd --from-json eval/out/slapd.json   (redraw only)
@@ -32,6 +32,11 @@ What is measured:
          connection is an IDSESSION; each op a zINSTREAM of 16 KiB, every tenth carrying the
          test signature of apps/clamd/lockstep.ndb (must be answered FOUND, the others OK).
          One server (or cluster) per mode serves every repeat and connection count.
+  tarantool  `loadgen --proto tarantool` (iproto, the guest user), the stand-in for MongoDB
+         and SSDB: after `--op prefill` (documents 0..keys-1 and key-value pairs key:0..,
+         8 connections, not timed), doc-replace and doc-get (space docs, memtx: documents of
+         a 64-byte body), kv-set and kv-get (space kv, vinyl: an LSM tree on disk), one
+         request outstanding per connection. One server (or cluster) per mode.
 
 Repeats are spread over time (repeat 1 of every measurement of a mode, then repeat 2, ...);
 the JSON keeps the median over repeats, min and max, and every sample. For each (mode, op,
@@ -46,7 +51,8 @@ every replica's applied_index equals the leader's commit_index (`cluster status 
          (mdb readers do not block the running slapd; retried for up to 20 s)
   clamd  the number of "FOUND" lines in every replica's DIR/replica-N/server/clamd.log must be
          equal (retried for up to 20 s; the loadgen's own FOUND count is shown beside it)
-  both   `lockstep divergence list --json --dir DIR` must be empty (the list and the first
+  tarantool  spaces docs and kv read through every replica's own server must be identical
+  all    `lockstep divergence list --json --dir DIR` must be empty (the list and the first
          reports' `divergence show` are printed and kept in the JSON).
 A cluster whose load failed is checked too.
 A failed check keeps the cluster's logs in eval/out/APP-failed-logs/ and makes the exit
@@ -98,6 +104,16 @@ SPECS = {
         "extra": ["--infected-every", "10"],
         "server_per_measurement": False,
         "prefill": False,
+    },
+    "tarantool": {
+        "proto": "tarantool",
+        # documents (memtx: MongoDB's kind) and key-value pairs (vinyl: SSDB's kind)
+        "ops": ["doc-replace", "doc-get", "kv-set", "kv-get"],
+        "value_bytes": 64,
+        "extra": [],
+        "server_per_measurement": False,
+        "prefill": True,
+        "prefill_ops_per_key": 2,  # a document and a key-value pair
     },
 }
 PREFILL_CONNS = 8
@@ -259,12 +275,37 @@ def compare_replicas(app, d, ids, leader):
                 diff = [ln.decode(errors="replace") for ln in x.splitlines() if ln not in lead]
                 detail += f"replica {i}: lines not in the leader's: {diff[:8]}; "
         return same, summary, detail
+    if app == "tarantool":
+        return compare_tarantool(d, ids, leader)
     counts = {}
     for i in ids:
         f = d / f"replica-{i}" / "server" / "clamd.log"
         text = f.read_text(errors="replace") if f.exists() else ""
         counts[i] = {"found_lines": sum("FOUND" in ln for ln in text.splitlines())}
     return len({c["found_lines"] for c in counts.values()}) == 1, counts, ""
+
+
+def compare_tarantool(d, ids, leader):
+    """Every replica's spaces `docs` and `kv`, read through its own server (an inspection
+    connection: reads only), against the leader's."""
+    import tarantool  # requirements.txt
+
+    st = apps.cluster_status(d)
+    addrs = {r["id"]: apps.split_addr(r["server_addr"]) for r in st["replicas"]}
+    seen = {}
+    for i in ids:
+        c = tarantool.Connection(*addrs[i], connection_timeout=10, reconnect_max_attempts=0)
+        try:
+            rows = repr([list(map(list, c.select(sp))) for sp in ("docs", "kv")]).encode()
+        finally:
+            c.close()
+        seen[i] = rows
+    summary = {
+        i: {"bytes": len(x), "sha256": hashlib.sha256(x).hexdigest()[:16]} for i, x in seen.items()
+    }
+    same = len(set(seen.values())) == 1
+    detail = "" if same else f"replicas {[i for i in ids if seen[i] != seen[leader]]} differ"
+    return same, summary, detail
 
 
 def state_check(ctx, app, d, extra):
@@ -315,11 +356,19 @@ def state_check(ctx, app, d, extra):
 
 
 def check_text(c):
-    what = "slapcat dumps" if c.get("app") == "slapd" else "FOUND lines in clamd.log"
+    what = {
+        "slapd": "slapcat dumps",
+        "clamd": "FOUND lines in clamd.log",
+        "tarantool": "spaces docs and kv",
+    }.get(c.get("app"), "state")
     reps = c.get("replicas") or {}
     if c.get("app") == "slapd":
         state = ", ".join(
             f"r{i}: {v['entries']} entries {v['sha256']}" for i, v in sorted(reps.items())
+        )
+    elif c.get("app") == "tarantool":
+        state = ", ".join(
+            f"r{i}: {v['bytes']} bytes {v['sha256']}" for i, v in sorted(reps.items())
         )
     else:
         state = ", ".join(f"r{i}: {v['found_lines']}" for i, v in sorted(reps.items()))
@@ -402,7 +451,7 @@ def measure_session(app, name, a, res, samples, session, label, addr, pids, foun
         )  # fmt: skip
         r.update(mode=name, session=label)
         res["prefills"].append(r)
-        if r["errors"] or r["misses"] or r["ops"] != a.keys:
+        if r["errors"] or r["misses"] or r["ops"] != a.keys * spec.get("prefill_ops_per_key", 1):
             raise RuntimeError(f"prefill of {a.keys} entries: {r}")
         log(f"  prefill: {a.keys} entries at {r['ops_per_s']:.0f}/s")
     for rep, conns, op in session:
@@ -507,7 +556,11 @@ def versions():
 
     slapd = out("slapd", "-VV").splitlines()
     slapd = slapd[0].split("$OpenLDAP:")[-1].split("(")[0].strip() if slapd else ""
-    return {"slapd": slapd, "clamd": out("clamd", "--version")}
+    return {
+        "slapd": slapd,
+        "clamd": out("clamd", "--version"),
+        "tarantool": out("tarantool", "--version").split("\n")[0],
+    }
 
 
 def main():

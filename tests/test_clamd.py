@@ -101,16 +101,25 @@ def all_applied(cluster):
 
 def test_sessions_of_four_clients_leave_no_divergence(cluster):
     cluster.up(app="clamd")
+    leader = cluster.leader()
     res = scan_load(cluster.client_addr, clients=4, scans=150)
     assert res == {k: (120, 30) for k in range(4)}, res
     all_applied(cluster)
     time.sleep(1)  # the last digests reach the leader
     assert divergences(cluster) == []
+
     # A backup's last scans may still run after their inputs were handed over.
+    # A backup elected meanwhile (a stalled VM) closes the old leader's
+    # connections as it takes over, scans still queued in its clamd included:
+    # only its count may then be lower.
+    def short(counts):
+        new = cluster.status()["leader"]
+        return {r for r, n in counts.items() if n != 4 * 30 and not (r == new != leader)}
+
     end = time.monotonic() + 30
-    while set(counts := found_counts(cluster).values()) != {4 * 30} and time.monotonic() < end:
+    while short(counts := found_counts(cluster)) and time.monotonic() < end:
         time.sleep(0.2)
-    assert set(counts) == {4 * 30}, found_counts(cluster)
+    assert not short(counts), (counts, leader, cluster.status()["leader"])
 
 
 def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):

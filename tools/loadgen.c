@@ -1,13 +1,15 @@
-// loadgen — a closed-loop (and, for redis and memcached, open-loop) load generator for redis
-// (RESP), memcached (text protocol), LDAPv3 servers such as slapd (hand-written BER, no
-// libldap) and ClamAV's clamd (INSTREAM). The same program drives every mode of scripts/bench
-// (unreplicated, lockstep, aof-always, redis-wait), so the numbers compare like with like.
+// loadgen — a closed-loop (and, for redis, memcached and tarantool, open-loop) load generator
+// for redis (RESP), memcached (text protocol), LDAPv3 servers such as slapd (hand-written BER,
+// no libldap), ClamAV's clamd (INSTREAM) and Tarantool (iproto, hand-written MessagePack, no
+// msgpuck). The same program drives every mode of scripts/bench (unreplicated, lockstep,
+// aof-always, redis-wait), so the numbers compare like with like.
 //
-//   loadgen --proto redis|memcached|ldap|clamd --host H --port P --conns N [--ops-per-conn K]
-//           [--seconds S] --op OP [--value-bytes 64] [--keys 10000] [--wait-replicas 2]
-//           [--set-ratio P] [--rate R [--max-outstanding 64]]
+//   loadgen --proto redis|memcached|ldap|clamd|tarantool --host H --port P --conns N
+//           [--ops-per-conn K] [--seconds S] --op OP [--value-bytes 64] [--keys 10000]
+//           [--wait-replicas 2] [--set-ratio P] [--rate R [--max-outstanding 64]]
 //           [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]
 //           [--infected-every 0] [--infected-string LOCKSTEP-TEST-SIGNATURE-7f3a9c]
+//           [--space-docs 512] [--space-kv 513]
 //
 // Each of the N connections has its own thread and one request outstanding: it sends a
 // request, waits for the whole reply, then sends the next (closed loop; --rate below makes
@@ -34,44 +36,64 @@
 //             of a connection has --infected-string in the middle of its data instead and
 //             its reply must say FOUND (counted in "found"); ERROR, a clean stream FOUND or a
 //             marked one OK is an error
-// --op defaults to set (redis, memcached) and scan (clamd); ldap needs one. Before the clock
-// starts, every ldap connection makes a simple bind as --bind-dn with --password, and every
-// clamd connection sends `zIDSESSION` (so one connection carries all its scans, each reply
-// prefixed with the request's number) and checks it with `zPING`; these are not ops, and a
-// refusal exits 1. Keys are drawn uniformly from key:0 .. key:<keys-1> (ldap: cn=key<n>).
-// An error reply (redis -ERR, memcached ERROR, an LDAP resultCode not named above) is counted
-// in "errors" and the connection goes on; a reply that cannot be parsed, an LDAP message id or
-// a clamd request number that is not the request's ends the connection ("lost").
-// --set-ratio P (redis, memcached; 0 to 100, fractions allowed) mixes the workload: each op
-// is a set with probability P %, else a get (in place of --op, which may then only be set or
-// get). The JSON line then also has "sets", the number of sets made.
+// Tarantool (iproto; the spaces of apps/tarantool/init.lua, by id: --space-docs, memtx, index
+// 0 on field 1 unsigned, index 1 on field 2 string; --space-kv, vinyl, index 0 on field 1
+// string; a select that returns no tuple is counted in "misses"):
+//   doc-replace   REPLACE into docs [n, "owner<n%16>", {"body": <value-bytes>, "n": n}]
+//   doc-get       SELECT from docs index 0, key [n], limit 1
+//   doc-by-owner  SELECT from docs index 1 (the owner), key ["owner<n%16>"], limit 10
+//   kv-set        REPLACE into kv ["key:<n>", <value-bytes>]
+//   kv-get        SELECT from kv index 0, key ["key:<n>"], limit 1
+//   prefill       docs 0 .. <keys-1> and key:0 .. key:<keys-1>, as the others expect them,
+//                 replaced once (each key's doc, then its kv pair: two ops), split across the
+//                 connections, which then stop
+// --op defaults to set (redis, memcached) and scan (clamd); ldap and tarantool need one. Before
+// the clock starts, every ldap connection makes a simple bind as --bind-dn with --password,
+// every clamd connection sends `zIDSESSION` (so one connection carries all its scans, each
+// reply prefixed with the request's number) and checks it with `zPING`, and every tarantool
+// connection reads the server's 128-byte greeting and selects with limit 0 from each space and
+// index its op uses, with a key of the op's type (so a wrong or swapped --space-docs or
+// --space-kv exits at once, with the server's message, instead of making every op an error);
+// these are not ops, and a refusal exits 1.
+// Keys are drawn uniformly from key:0 .. key:<keys-1> (ldap: cn=key<n>; tarantool docs: n).
+// An error reply (redis -ERR, memcached ERROR, an LDAP resultCode not named above, a tarantool
+// response code 0x8000 | errcode) is counted in "errors" and the connection goes on; a reply
+// that cannot be parsed, an LDAP message id, a clamd request number or a tarantool
+// IPROTO_SYNC that is not the request's ends the connection ("lost").
+// --set-ratio P (redis, memcached, tarantool; 0 to 100, fractions allowed) mixes the workload:
+// each op is a set (tarantool: kv-set) with probability P %, else a get (kv-get), in place of
+// --op, which may then only be one of the two. The JSON line then also has "sets", the number
+// of sets made.
 //
-// Open loop (--rate R, redis and memcached, ops set and get): the N connections together
-// send R requests per second whether or not replies have come, so that a server that falls
-// behind sees its queue grow as it would under many independent clients, instead of slowing
-// the clients down with it (which a closed loop does, hiding the queueing). Each connection
-// has R/N of the rate and sends on its own schedule of exponential inter-arrival times
-// (Poisson arrivals: memoryless like independent clients, and N Poisson streams add up to one
-// of rate R; a fixed interval would send the connections' requests in lockstep bursts or
-// unrealistically evenly). A connection sends each request when its time comes and reads
-// replies as they arrive (pipelining, replies in order), with at most --max-outstanding
-// (default 64) requests unanswered: a request due while that many are unanswered goes out as
-// soon as a reply frees a slot, and is counted in "late". Every op's latency runs from its
-// scheduled send time, not from when it went out, so that waiting for a slot (or for a busy
-// loadgen thread) counts as the queueing it is ("coordinated omission" would hide it).
-// Requests due after --seconds are not sent; those due before it that were still waiting for
-// a slot at that moment are counted in "unsent" and not sent. Then the connection waits for
-// the replies still due, 5 s at most: one that has not come by then counts as an error and
-// ends the connection ("lost"), so a run always ends by --seconds + 5 s. --ops-per-conn does
-// not go with --rate.
+// Open loop (--rate R; redis and memcached, ops set and get; tarantool, every op but prefill):
+// the N connections together send R requests per second whether or not replies have come, so
+// that a server that falls behind sees its queue grow as it would under many independent
+// clients, instead of slowing the clients down with it (which a closed loop does, hiding the
+// queueing). Each connection has R/N of the rate and sends on its own schedule of exponential
+// inter-arrival times (Poisson arrivals: memoryless like independent clients, and N Poisson
+// streams add up to one of rate R; a fixed interval would send the connections' requests in
+// lockstep bursts or unrealistically evenly). A connection sends each request when its time
+// comes and reads replies as they arrive (pipelining; redis and memcached reply in order,
+// tarantool in the order its fibers finish, e.g. a memtx select before an earlier replace still
+// waiting for the WAL, so each reply is matched to its request by IPROTO_SYNC), with at most
+// --max-outstanding (default 64) requests unanswered: a request due while that many are
+// unanswered goes out as soon as a reply frees a slot, and is counted in "late". Every op's
+// latency runs from its scheduled send time, not from when it went out, so that waiting for a
+// slot (or for a busy loadgen thread) counts as the queueing it is ("coordinated omission"
+// would hide it). Requests due after --seconds are not sent; those due before it that were
+// still waiting for a slot at that moment are counted in "unsent" and not sent. Then the
+// connection waits for the replies still due, 5 s at most: one that has not come by then counts
+// as an error and ends the connection ("lost"), so a run always ends by --seconds + 5 s.
+// --ops-per-conn does not go with --rate.
 // Every op's latency (CLOCK_MONOTONIC) goes into a log-linear histogram (1.6% resolution).
 // Prints one JSON line on stdout:
 //   {"ops", "seconds", "ops_per_s", "p50_us", "p99_us", "errors", "misses", "found"}
 // with --set-ratio also "sets"; with --rate also "target_rate" (R), "achieved_rate" (ops
 // completed per second, = ops_per_s: ops over the time from the start until the last
 // connection was done), "late", "unsent" and "max_outstanding".
-// Exit status: 0; 1 when a connection cannot be made, set up (bind, IDSESSION) or is lost
-// (the JSON is still printed for a lost connection); 2 for a bad command line.
+// Exit status: 0; 1 when a connection cannot be made, set up (bind, IDSESSION, greeting, the
+// spaces) or is lost (the JSON is still printed for a lost connection); 2 for a bad command
+// line.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -94,13 +116,31 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { PROTO_REDIS, PROTO_MEMCACHED, PROTO_LDAP, PROTO_CLAMD, NPROTOS };
-enum { OP_SET, OP_GET, OP_SET_WAIT, OP_ADD, OP_MODIFY, OP_SEARCH, OP_PREFILL, OP_SCAN, NOPS };
+enum { PROTO_REDIS, PROTO_MEMCACHED, PROTO_LDAP, PROTO_CLAMD, PROTO_TARANTOOL, NPROTOS };
+enum {
+  OP_SET,
+  OP_GET,
+  OP_SET_WAIT,
+  OP_ADD,
+  OP_MODIFY,
+  OP_SEARCH,
+  OP_PREFILL,
+  OP_SCAN,
+  OP_DOC_REPLACE,
+  OP_DOC_GET,
+  OP_DOC_BY_OWNER,
+  OP_KV_SET,
+  OP_KV_GET,
+  NOPS
+};
 enum { LDAP_BIND = NOPS, LDAP_SUFFIX, LDAP_OU };  // ldap requests made before the clock starts
 enum { REPLY_OK, REPLY_MISS, REPLY_FOUND, REPLY_ERROR };
 enum { CLAMD_PONG, CLAMD_OK, CLAMD_FOUND };  // what a clamd reply must say
+enum { TNT_REPLY, TNT_GREETING };            // what a tarantool connection reads next
+enum { IPROTO_SELECT = 1, IPROTO_REPLACE = 3 };
 
-static const char* const proto_names[NPROTOS] = {"redis", "memcached", "ldap", "clamd"};
+static const char* const proto_names[NPROTOS] = {"redis", "memcached", "ldap", "clamd",
+                                                 "tarantool"};
 static const struct {
   const char* name;
   int protos;  // bit mask of the protocols that have the op
@@ -111,8 +151,13 @@ static const struct {
     {"add", 1 << PROTO_LDAP},
     {"modify", 1 << PROTO_LDAP},
     {"search", 1 << PROTO_LDAP},
-    {"prefill", 1 << PROTO_LDAP},
+    {"prefill", 1 << PROTO_LDAP | 1 << PROTO_TARANTOOL},
     {"scan", 1 << PROTO_CLAMD},
+    {"doc-replace", 1 << PROTO_TARANTOOL},
+    {"doc-get", 1 << PROTO_TARANTOOL},
+    {"doc-by-owner", 1 << PROTO_TARANTOOL},
+    {"kv-set", 1 << PROTO_TARANTOOL},
+    {"kv-get", 1 << PROTO_TARANTOOL},
 };
 
 #define SUB_BITS 6  // 64 sub-buckets per power of two
@@ -121,11 +166,15 @@ static const struct {
 #define BENCH_BASE "ou=bench,dc=lockstep,dc=test"
 #define LDAP_MAX_MESSAGE (1 << 28)  // longer than any reply to our requests: garbled
 #define CLAMD_CHUNK 8192            // clamdscan's INSTREAM chunk size
+#define TNT_GREETING_SIZE 128       // two 64-byte lines: version and instance UUID, salt
+#define TNT_MAX_PACKET 0x80000000u  // iproto's own limit (IPROTO_BODY_LEN_MAX): longer is garbled
+#define TNT_OWNERS 16               // doc n belongs to owner<n % 16>
 
 static struct {
   int proto, op, conns, value_bytes, keys, wait_replicas, infected_every;
-  int max_outstanding;     // open loop: unanswered requests per connection
-  long long ops_per_conn;  // 0: no limit
+  int max_outstanding;       // open loop: unanswered requests per connection
+  int space_docs, space_kv;  // tarantool: the spaces' ids
+  long long ops_per_conn;    // 0: no limit
   double seconds;
   double set_ratio;  // percent of ops that are sets; < 0: every op is --op
   double rate;       // open loop: requests per second over all connections; 0: closed loop
@@ -146,7 +195,9 @@ static struct {
          .host = "127.0.0.1",
          .bind_dn = "cn=admin,dc=lockstep,dc=test",
          .password = "secret",
-         .infected_string = "LOCKSTEP-TEST-SIGNATURE-7f3a9c"};
+         .infected_string = "LOCKSTEP-TEST-SIGNATURE-7f3a9c",
+         .space_docs = 512,  // the first two spaces a user makes: init.lua makes docs, then kv
+         .space_kv = 513};
 
 struct conn {
   pthread_t thread;
@@ -155,7 +206,9 @@ struct conn {
   uint64_t rng;
   long long seq;  // requests the op loop has made: add's entry number, scan's K-th
   int msgid;      // ldap: the request's message id; clamd: its IDSESSION request number
-  int expect;     // ldap: the response's protocolOp tag; clamd: CLAMD_*
+  int expect;     // ldap: the response's protocolOp tag; clamd: CLAMD_*; tarantool: TNT_*
+  int slot;       // tarantool, open loop: the slot of the request being made (see run_open)
+  uint64_t sync;  // tarantool: the IPROTO_SYNC of the last request made
   int result;     // ldap: the resultCode of the last response
   long long ops, errors, misses, found;
   long long sets, late, unsent;  // --set-ratio: sets made; open loop: see the top comment
@@ -216,10 +269,17 @@ static double uniform01(uint64_t* s) {  // in (0, 1]: never 0, so that log() of 
   return (double)((next_rand(s) >> 11) + 1) * 0x1p-53;
 }
 
-// The op of a connection's next request: --op, or with --set-ratio a set or a get at random.
+// The op of a connection's next request: --op; with --set-ratio a set or a get at random (the
+// sets counted in c->sets); tarantool's prefill alternates a doc and a kv pair.
 static int next_op(struct conn* c) {
-  if (cfg.set_ratio < 0) return cfg.op;
-  return uniform01(&c->rng) * 100.0 <= cfg.set_ratio ? OP_SET : OP_GET;
+  int tnt = cfg.proto == PROTO_TARANTOOL;
+  if (cfg.set_ratio >= 0) {
+    if (uniform01(&c->rng) * 100.0 > cfg.set_ratio) return tnt ? OP_KV_GET : OP_GET;
+    c->sets++;
+    return tnt ? OP_KV_SET : OP_SET;
+  }
+  if (tnt && cfg.op == OP_PREFILL) return c->seq % 2 ? OP_KV_SET : OP_DOC_REPLACE;
+  return cfg.op;
 }
 
 // Length of a complete reply at the head of buf, 0 if more bytes are needed, -1 if the
@@ -597,11 +657,291 @@ static long parse_clamd(struct conn* c, int* kind) {
   return nul - c->buf + 1;
 }
 
+// MessagePack (github.com/msgpack/msgpack/blob/master/spec.md) for iproto: the few forms our
+// requests need are written; every type is read, so that tuples of any shape (floats, nil,
+// bin, ext, nested arrays and maps, put there by another client) parse.
+static unsigned char* mp_be(unsigned char* p, uint64_t v, int bytes) {  // big-endian
+  for (int i = bytes - 1; i >= 0; i--) *p++ = (unsigned char)(v >> (8 * i));
+  return p;
+}
+
+static unsigned char* mp_uint(unsigned char* p, uint64_t v) {  // positive fixint or uint 8..64
+  if (v < 0x80) {
+    *p++ = (unsigned char)v;
+    return p;
+  }
+  int k = v <= 0xff ? 0 : v <= 0xffff ? 1 : v <= 0xffffffff ? 2 : 3;
+  *p++ = (unsigned char)(0xcc + k);
+  return mp_be(p, v, 1 << k);
+}
+
+static unsigned char* mp_str(unsigned char* p, const char* s, size_t n) {
+  if (n < 32) {
+    *p++ = (unsigned char)(0xa0 | n);
+  } else {
+    int k = n <= 0xff ? 0 : n <= 0xffff ? 1 : 2;  // str 8, 16, 32
+    *p++ = (unsigned char)(0xd9 + k);
+    p = mp_be(p, n, 1 << k);
+  }
+  memcpy(p, s, n);
+  return p + n;
+}
+
+// Every array and map we write has fewer than 16 elements: their fix forms do.
+static unsigned char* mp_array(unsigned char* p, int n) {
+  *p = (unsigned char)(0x90 | n);
+  return p + 1;
+}
+
+static unsigned char* mp_map(unsigned char* p, int n) {
+  *p = (unsigned char)(0x80 | n);
+  return p + 1;
+}
+
+enum { MP_UINT, MP_INT, MP_NIL, MP_BOOL, MP_FLOAT, MP_STR, MP_BIN, MP_EXT, MP_ARRAY, MP_MAP };
+
+// Reads the header of the value at *p and moves *p past it. Returns the value's type, or -1 if
+// the header runs past end or is 0xc1 (never used). *n is a uint's value, the number of an
+// array's elements or a map's pairs, or for every other type the bytes that follow the header
+// (an ext's with its type byte).
+static int mp_read(const unsigned char** p, const unsigned char* end, uint64_t* n) {
+  // 0xc0 .. 0xdf: type, bytes of the big-endian length (or value) field, bytes added to it
+  static const signed char forms[32][3] = {
+      {MP_NIL, 0, 0},   {-1, 0, 0},       {MP_BOOL, 0, 0}, {MP_BOOL, 0, 0},  // c0 .. c3
+      {MP_BIN, 1, 0},   {MP_BIN, 2, 0},   {MP_BIN, 4, 0},                    // bin 8 .. 32
+      {MP_EXT, 1, 1},   {MP_EXT, 2, 1},   {MP_EXT, 4, 1},                    // ext 8 .. 32
+      {MP_FLOAT, 0, 4}, {MP_FLOAT, 0, 8},                                    // float 32, 64
+      {MP_UINT, 1, 0},  {MP_UINT, 2, 0},  {MP_UINT, 4, 0}, {MP_UINT, 8, 0},  // uint 8 .. 64
+      {MP_INT, 0, 1},   {MP_INT, 0, 2},   {MP_INT, 0, 4},  {MP_INT, 0, 8},   // int 8 .. 64
+      {MP_EXT, 0, 2},   {MP_EXT, 0, 3},   {MP_EXT, 0, 5},  {MP_EXT, 0, 9},   // fixext 1 .. 8
+      {MP_EXT, 0, 17},  {MP_STR, 1, 0},   {MP_STR, 2, 0},  {MP_STR, 4, 0},   // fixext 16, str
+      {MP_ARRAY, 2, 0}, {MP_ARRAY, 4, 0}, {MP_MAP, 2, 0},  {MP_MAP, 4, 0}};  // 16, 32
+  const unsigned char* q = *p;
+  if (q >= end) return -1;
+  unsigned b = *q++;
+  int type;
+  if (b <= 0x7f || b >= 0xe0) {  // positive and negative fixint
+    type = b <= 0x7f ? MP_UINT : MP_INT;
+    *n = b <= 0x7f ? b : 0;
+  } else if (b <= 0xbf) {  // fixmap, fixarray, fixstr
+    type = b <= 0x8f ? MP_MAP : b <= 0x9f ? MP_ARRAY : MP_STR;
+    *n = b & (b <= 0x9f ? 0x0fu : 0x1fu);
+  } else {
+    const signed char* f = forms[b - 0xc0];
+    if (f[0] < 0 || end - q < f[1]) return -1;
+    uint64_t v = 0;
+    for (int i = 0; i < f[1]; i++) v = v << 8 | *q++;
+    type = f[0];
+    *n = v + (uint64_t)f[2];
+  }
+  *p = q;
+  return type;
+}
+
+// Moves *p past one value of any type, nested ones included (counting the values still to
+// skip, not recursing: a reply cannot nest deep enough to overflow the stack). -1 if it is not
+// MessagePack or not all before end.
+static int mp_skip(const unsigned char** p, const unsigned char* end) {
+  for (uint64_t left = 1; left > 0; left--) {
+    uint64_t n;
+    int type = mp_read(p, end, &n);
+    if (type < 0) return -1;
+    if (type == MP_ARRAY || type == MP_MAP) {
+      left += type == MP_MAP ? 2 * n : n;
+    } else if (type != MP_UINT) {
+      if (n > (uint64_t)(end - *p)) return -1;
+      *p += n;
+    }
+    if (left - 1 > (uint64_t)(end - *p)) return -1;  // each value takes a byte at least
+  }
+  return 0;
+}
+
+// An iproto request at c->req: <size: 0xce and 4 bytes> <header> <body>. Begins it with the
+// header {REQUEST_TYPE: type, SYNC}, the size left for tnt_end. The sync counts requests in its
+// high bits; its low 16 are c->slot, the open loop's slot for the request (0 otherwise), which
+// the reply's sync names, in whatever order replies come.
+static unsigned char* tnt_begin(struct conn* c, int type) {
+  c->sync = ((c->sync >> 16) + 1) << 16 | (uint64_t)c->slot;
+  unsigned char* p = mp_map((unsigned char*)c->req + 5, 2);
+  *p++ = 0x00;
+  p = mp_uint(p, (uint64_t)type);
+  *p++ = 0x01;
+  return mp_uint(p, c->sync);
+}
+
+static size_t tnt_end(struct conn* c, unsigned char* p) {  // returns the request's length
+  unsigned char* r = (unsigned char*)c->req;
+  r[0] = 0xce;
+  mp_be(r + 1, (uint64_t)(p - r - 5), 4);
+  return (size_t)(p - r);
+}
+
+// A SELECT's body, iterator EQ from offset 0, up to KEY's array header: its nkey parts follow.
+static unsigned char* tnt_select(unsigned char* p, int space, int index, int limit, int nkey) {
+  p = mp_map(p, 6);
+  *p++ = 0x10;  // SPACE_ID
+  p = mp_uint(p, (uint64_t)space);
+  *p++ = 0x11;  // INDEX_ID
+  p = mp_uint(p, (uint64_t)index);
+  *p++ = 0x12;  // LIMIT
+  p = mp_uint(p, (uint64_t)limit);
+  *p++ = 0x13;  // OFFSET
+  *p++ = 0;
+  *p++ = 0x14;  // ITERATOR: EQ
+  *p++ = 0;
+  *p++ = 0x20;  // KEY
+  return mp_array(p, nkey);
+}
+
+// The request for a tarantool op (not prefill: next_op resolves it) with key k; its length.
+static size_t format_tarantool(struct conn* c, int op, long k) {
+  char key[32], owner[32];
+  int kl = snprintf(key, sizeof key, "key:%ld", k);
+  int ol = snprintf(owner, sizeof owner, "owner%ld", k % TNT_OWNERS);
+  size_t vb = (size_t)cfg.value_bytes;
+  int replace = op == OP_DOC_REPLACE || op == OP_KV_SET;
+  unsigned char* p = tnt_begin(c, replace ? IPROTO_REPLACE : IPROTO_SELECT);
+  if (replace) {  // {SPACE_ID, TUPLE}
+    p = mp_map(p, 2);
+    *p++ = 0x10;
+    p = mp_uint(p, (uint64_t)(op == OP_KV_SET ? cfg.space_kv : cfg.space_docs));
+    *p++ = 0x21;
+  }
+  switch (op) {
+    case OP_DOC_REPLACE:  // [n, "owner<n%16>", {"body": <value>, "n": n}]
+      p = mp_array(p, 3);
+      p = mp_uint(p, (uint64_t)k);
+      p = mp_str(p, owner, (size_t)ol);
+      p = mp_map(p, 2);
+      p = mp_str(p, "body", 4);
+      p = mp_str(p, value, vb);
+      p = mp_str(p, "n", 1);
+      p = mp_uint(p, (uint64_t)k);
+      break;
+    case OP_KV_SET:  // ["key:<n>", <value>]
+      p = mp_array(p, 2);
+      p = mp_str(p, key, (size_t)kl);
+      p = mp_str(p, value, vb);
+      break;
+    case OP_DOC_GET:
+      p = tnt_select(p, cfg.space_docs, 0, 1, 1);
+      p = mp_uint(p, (uint64_t)k);
+      break;
+    case OP_DOC_BY_OWNER:
+      p = tnt_select(p, cfg.space_docs, 1, 10, 1);
+      p = mp_str(p, owner, (size_t)ol);
+      break;
+    default:  // OP_KV_GET
+      p = tnt_select(p, cfg.space_kv, 0, 1, 1);
+      p = mp_str(p, key, (size_t)kl);
+  }
+  return tnt_end(c, p);
+}
+
+struct tnt_reply {
+  uint64_t code;  // IPROTO_REQUEST_TYPE: 0 (OK) or 0x8000 | errcode
+  uint64_t sync;
+  uint64_t tuples;             // in IPROTO_DATA
+  const unsigned char* error;  // IPROTO_ERROR_24's message, or NULL
+  size_t error_len;
+};
+
+// Decodes the iproto response at the head of buf: <size: uint> <header: map> [<body: map>].
+// Returns its length, 0 if it is not all there yet, -1 if it is garbled (anything after the
+// body within the size, too).
+static long tnt_message(const unsigned char* buf, size_t len, struct tnt_reply* r) {
+  if (len == 0) return 0;
+  // The size is any uint (Tarantool sends 0xce and 4 bytes): as long as its first byte says.
+  size_t h = buf[0] <= 0x7f                     ? 1
+             : buf[0] >= 0xcc && buf[0] <= 0xcf ? 1 + (1u << (buf[0] - 0xcc))
+                                                : 0;
+  if (h == 0) return -1;
+  if (len < h) return 0;
+  const unsigned char* p = buf;
+  uint64_t size, n, key, v;
+  mp_read(&p, buf + h, &size);
+  if (size > TNT_MAX_PACKET) return -1;
+  if (size > len - h) return 0;
+  const unsigned char* end = p + size;
+  *r = (struct tnt_reply){0};
+  int have = 0;  // bit 0: the code came, bit 1: the sync
+  if (mp_read(&p, end, &n) != MP_MAP) return -1;
+  for (; n > 0; n--) {  // the header: other keys (SCHEMA_VERSION) are skipped
+    if (mp_read(&p, end, &key) != MP_UINT) return -1;
+    if (key > 0x01) {
+      if (mp_skip(&p, end) < 0) return -1;
+      continue;
+    }
+    if (mp_read(&p, end, &v) != MP_UINT) return -1;
+    *(key == 0x00 ? &r->code : &r->sync) = v;
+    have |= 1 << key;
+  }
+  if (have != 3) return -1;
+  if (p < end && mp_read(&p, end, &n) != MP_MAP) return -1;
+  for (; n > 0; n--) {  // the body, if any (n is 0 here if not): other keys are skipped
+    if (mp_read(&p, end, &key) != MP_UINT) return -1;
+    if (key == 0x30) {  // IPROTO_DATA: an array of tuples
+      if (mp_read(&p, end, &r->tuples) != MP_ARRAY) return -1;
+      for (uint64_t i = 0; i < r->tuples; i++)
+        if (mp_skip(&p, end) < 0) return -1;
+    } else if (key == 0x31) {  // IPROTO_ERROR_24: the message
+      if (mp_read(&p, end, &v) != MP_STR || v > (uint64_t)(end - p)) return -1;
+      r->error = p;
+      r->error_len = (size_t)v;
+      p += v;
+    } else if (mp_skip(&p, end) < 0) {
+      return -1;
+    }
+  }
+  return p == end ? (long)(h + size) : -1;
+}
+
+// What a response is: an error, a select that found nothing (a miss; a replace always returns
+// its tuple) or OK; -1 for any other type, such as a non-final IPROTO_CHUNK (box.session.push,
+// which none of our requests make).
+static int tnt_kind(const struct tnt_reply* r) {
+  if (r->code == 0) return r->tuples > 0 ? REPLY_OK : REPLY_MISS;
+  return r->code >> 15 == 1 ? REPLY_ERROR : -1;
+}
+
+// A tarantool response at c->buf + off; *sync its IPROTO_SYNC.
+static long parse_tnt_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
+  struct tnt_reply r;
+  long m = tnt_message((const unsigned char*)c->buf + off, c->len - off, &r);
+  if (m <= 0) return m;
+  *sync = r.sync;
+  *kind = tnt_kind(&r);
+  return *kind < 0 ? -1 : m;
+}
+
+// A tarantool reply: the greeting while it is due, else the response to the request c->sync.
+static long parse_tarantool(struct conn* c, int* kind) {
+  if (c->expect == TNT_GREETING) {
+    if (c->len < TNT_GREETING_SIZE) return 0;
+    if (memcmp(c->buf, "Tarantool ", 10) != 0 || c->buf[63] != '\n' || c->buf[127] != '\n') {
+      c->lost = "no Tarantool greeting";
+      return -1;
+    }
+    c->expect = TNT_REPLY;
+    *kind = REPLY_OK;
+    return TNT_GREETING_SIZE;
+  }
+  uint64_t sync;
+  long m = parse_tnt_at(c, 0, kind, &sync);
+  if (m > 0 && sync != c->sync) {
+    c->lost = "reply to another IPROTO_SYNC";
+    return -1;
+  }
+  return m;
+}
+
 static long parse_reply(struct conn* c, int* kind) {
   switch (cfg.proto) {
     case PROTO_REDIS: return parse_redis(c->buf, c->len, kind);
     case PROTO_MEMCACHED: return parse_memcached(c->buf, c->len, kind);
     case PROTO_LDAP: return parse_ldap(c, kind);
+    case PROTO_TARANTOOL: return parse_tarantool(c, kind);
     default: return parse_clamd(c, kind);
   }
 }
@@ -658,6 +998,10 @@ static int round_trip(struct conn* c, const char* req, size_t n) {
 
 // Returns the request for op with key k (add: the entry number), *n its length.
 static const char* format_request(struct conn* c, int op, long k, size_t* n) {
+  if (cfg.proto == PROTO_TARANTOOL) {
+    *n = format_tarantool(c, op, k);
+    return c->req;
+  }
   if (cfg.proto == PROTO_LDAP) {
     *n = format_ldap(c, op, k);
     return c->req;
@@ -725,8 +1069,8 @@ static void* run_conn(void* arg) {
   while ((cfg.ops_per_conn == 0 || c->ops + c->errors < cfg.ops_per_conn) &&
          now_ns() < deadline_ns) {
     long k;
-    if (cfg.op == OP_PREFILL) {
-      k = first + (long)c->seq;
+    if (cfg.op == OP_PREFILL) {  // tarantool: each key twice, its doc and its kv pair
+      k = first + (long)(cfg.proto == PROTO_TARANTOOL ? c->seq / 2 : c->seq);
       if (k >= end) break;
     } else if (cfg.op == OP_ADD) {
       k = (long)c->seq;
@@ -734,7 +1078,6 @@ static void* run_conn(void* arg) {
       k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
     }
     int op = next_op(c);
-    if (op == OP_SET && cfg.set_ratio >= 0) c->sets++;
     size_t n;
     const char* req = format_request(c, op == OP_SET_WAIT ? OP_SET : op, k, &n);
     c->seq++;
@@ -764,11 +1107,17 @@ static void* run_conn(void* arg) {
 static void* run_open(void* arg) {
   struct conn* c = arg;
   int max = cfg.max_outstanding;
-  double mean_ns = 1e9 * cfg.conns / cfg.rate;       // this connection's mean inter-arrival time
-  int64_t* due = malloc(sizeof *due * (size_t)max);  // ring: scheduled times of unanswered
-  int head = 0, inflight = 0, blocked = 0;           // requests, oldest (= next reply) first
-  int64_t late_before = INT64_MIN;                   // requests due by then waited for a slot
-  size_t out_cap = (size_t)max * ((size_t)cfg.value_bytes + 64), out_len = 0, out_off = 0;
+  double mean_ns = 1e9 * cfg.conns / cfg.rate;  // this connection's mean inter-arrival time
+  // The scheduled times of the unanswered requests, by slot. redis and memcached reply in
+  // order: their slots are a ring, oldest (= next reply) first. Tarantool's replies name their
+  // request by sync (see tnt_begin): its free slots are a stack.
+  int64_t* due = malloc(sizeof *due * (size_t)max);
+  uint64_t* sync = calloc((size_t)max, sizeof *sync);  // tarantool: each slot's sync; 0: free
+  int* spare = malloc(sizeof *spare * (size_t)max);    // tarantool: the free slots
+  int head = 0, inflight = 0, blocked = 0, nspare = max;
+  for (int i = 0; i < max; i++) spare[i] = max - 1 - i;
+  int64_t late_before = INT64_MIN;  // requests due by then waited for a slot
+  size_t out_cap = (size_t)max * ((size_t)cfg.value_bytes + 128), out_len = 0, out_off = 0;
   char* out = malloc(out_cap);  // bytes of the unanswered requests not yet sent
   int64_t next = start_ns + (int64_t)(-log(uniform01(&c->rng)) * mean_ns);
   int64_t end = deadline_ns + GRACE_NS;
@@ -799,17 +1148,30 @@ static void* run_open(void* arg) {
     int64_t now = now_ns();  // every reply just read arrived by now
     size_t off = 0;
     while (inflight > 0) {
-      int kind;
+      int kind, slot = head;
+      uint64_t id = 0;  // tarantool: the reply's sync
       long used = cfg.proto == PROTO_REDIS ? parse_redis(c->buf + off, c->len - off, &kind)
-                                           : parse_memcached(c->buf + off, c->len - off, &kind);
+                  : cfg.proto == PROTO_MEMCACHED
+                      ? parse_memcached(c->buf + off, c->len - off, &kind)
+                      : parse_tnt_at(c, off, &kind, &id);
       if (used < 0) {
         c->lost = "garbled reply";
         goto done;
       }
       if (used == 0) break;
       off += (size_t)used;
-      int64_t at = due[head];
-      head = (head + 1) % max;
+      if (cfg.proto == PROTO_TARANTOOL) {
+        slot = (int)(id & 0xffff);
+        if (slot >= max || sync[slot] != id) {
+          c->lost = "reply to no request";
+          goto done;
+        }
+        sync[slot] = 0;
+        spare[nspare++] = slot;
+      } else {
+        head = (head + 1) % max;
+      }
+      int64_t at = due[slot];
       inflight--;
       if (kind == REPLY_ERROR) {
         c->errors++;
@@ -837,14 +1199,16 @@ static void* run_open(void* arg) {
     while (next <= now && next < deadline_ns && inflight < max) {
       int op = next_op(c);
       long k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
+      int slot = cfg.proto == PROTO_TARANTOOL ? spare[--nspare] : (head + inflight) % max;
       size_t n;
+      c->slot = slot;
       const char* req = format_request(c, op, k, &n);
       memcpy(out + out_len, req, n);
       out_len += n;
-      due[(head + inflight) % max] = next;
+      due[slot] = next;
+      sync[slot] = c->sync;
       inflight++;
       c->seq++;
-      if (op == OP_SET && cfg.set_ratio >= 0) c->sets++;
       if (next <= late_before) c->late++;
       next += (int64_t)(-log(uniform01(&c->rng)) * mean_ns);
     }
@@ -889,6 +1253,8 @@ static void* run_open(void* arg) {
   }
 done:
   free(due);
+  free(sync);
+  free(spare);
   free(out);
   return NULL;
 }
@@ -932,10 +1298,52 @@ static void print_reply(const struct conn* c) {
 
 // What a connection does before the clock starts (not counted as ops). ldap: a simple bind,
 // and for prefill on the first connection the two entries above the keys, which the other
-// connections' adds need. clamd: IDSESSION, checked with PING (request number 1). Exits 1
+// connections' adds need. clamd: IDSESSION, checked with PING (request number 1). tarantool:
+// the greeting, and a select with limit 0 from every space and index the op uses. Exits 1
 // when the connection breaks or the server says no.
 static void setup_conn(struct conn* c) {
   deadline_ns = now_ns();  // so each reply may take GRACE_NS
+  if (cfg.proto == PROTO_TARANTOOL) {
+    c->expect = TNT_GREETING;
+    if (round_trip(c, "", 0) < 0) {  // nothing to send: the server speaks first
+      fprintf(stderr, "loadgen: tarantool connection %d to %s:%s failed: %s; read: ", c->id + 1,
+              cfg.host, cfg.port, c->lost);
+      print_reply(c);
+      exit(1);
+    }
+    int docs = cfg.op == OP_DOC_REPLACE || cfg.op == OP_DOC_GET || cfg.op == OP_PREFILL;
+    int kv = cfg.op == OP_KV_SET || cfg.op == OP_KV_GET || cfg.op == OP_PREFILL;
+    // Each with a key of the type of the op's keys, which the server checks against the index
+    // even with limit 0: swapped space ids are refused too.
+    const struct {
+      int used, space, index;
+      const char *key, *option;  // key NULL: the unsigned 0
+    } probes[] = {{docs, cfg.space_docs, 0, NULL, "--space-docs"},
+                  {cfg.op == OP_DOC_BY_OWNER, cfg.space_docs, 1, "owner0", "--space-docs"},
+                  {kv, cfg.space_kv, 0, "key:0", "--space-kv"}};
+    for (int i = 0; i < 3; i++) {
+      if (!probes[i].used) continue;
+      const char* key = probes[i].key;
+      unsigned char* p =
+          tnt_select(tnt_begin(c, IPROTO_SELECT), probes[i].space, probes[i].index, 0, 1);
+      p = key ? mp_str(p, key, strlen(key)) : mp_uint(p, 0);
+      int kind = round_trip(c, c->req, tnt_end(c, p));
+      if (kind == REPLY_OK || kind == REPLY_MISS) continue;  // limit 0: always no tuple
+      struct tnt_reply r = {.error = (const unsigned char*)""};
+      if (kind > 0) tnt_message((const unsigned char*)c->buf, c->len, &r);
+      fprintf(stderr, "loadgen: tarantool select from space %d index %d on %s:%s ", probes[i].space,
+              probes[i].index, cfg.host, cfg.port);
+      if (kind < 0) {
+        fprintf(stderr, "failed: %s; read: ", c->lost);
+        print_reply(c);
+      } else {
+        fprintf(stderr, "refused: error %llu: %.*s (%s?)\n", (unsigned long long)(r.code & 0x7fff),
+                (int)r.error_len, (const char*)r.error, probes[i].option);
+      }
+      exit(1);
+    }
+    return;
+  }
   if (cfg.proto == PROTO_CLAMD) {
     c->msgid = 1;
     c->expect = CLAMD_PONG;
@@ -979,16 +1387,18 @@ static void setup_conn(struct conn* c) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: loadgen --proto redis|memcached|ldap|clamd --port P [--host 127.0.0.1]\n"
-          "               [--conns 1] [--ops-per-conn K] [--seconds 10] [--op OP]\n"
-          "               [--value-bytes 64] [--keys 10000] [--wait-replicas 2]\n"
+          "usage: loadgen --proto redis|memcached|ldap|clamd|tarantool --port P\n"
+          "               [--host 127.0.0.1] [--conns 1] [--ops-per-conn K] [--seconds 10]\n"
+          "               [--op OP] [--value-bytes 64] [--keys 10000] [--wait-replicas 2]\n"
           "               [--set-ratio P] [--rate R [--max-outstanding 64]]\n"
           "               [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]\n"
           "               [--infected-every 0] [--infected-string S]\n"
+          "               [--space-docs 512] [--space-kv 513]\n"
           "  OP: redis set|get|set-wait, memcached set|get, ldap add|modify|search|prefill,\n"
-          "      clamd scan\n"
-          "  --set-ratio P: P %% sets, the rest gets (redis, memcached)\n"
-          "  --rate R: open loop, R requests/s over all connections (redis, memcached)\n");
+          "      clamd scan, tarantool doc-replace|doc-get|doc-by-owner|kv-set|kv-get|prefill\n"
+          "  --set-ratio P: P %% sets, the rest gets (redis, memcached; tarantool kv-set, kv-get)\n"
+          "  --rate R: open loop, R requests/s over all connections (redis, memcached,\n"
+          "            tarantool)\n");
   exit(2);
 }
 
@@ -1033,16 +1443,18 @@ static void parse_args(int argc, char** argv) {
                                        {"set-ratio", 1, 0, 'r'},
                                        {"rate", 1, 0, 'R'},
                                        {"max-outstanding", 1, 0, 'm'},
+                                       {"space-docs", 1, 0, 'd'},
+                                       {"space-kv", 1, 0, 'K'},
                                        {"help", 0, 0, '?'},
                                        {0, 0, 0, 0}};
-  int o, ldap_opts = 0, clamd_opts = 0, max_given = 0;
+  int o, ldap_opts = 0, clamd_opts = 0, tnt_opts = 0, max_given = 0;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (o) {
       case 'P':
         for (cfg.proto = 0; cfg.proto < NPROTOS; cfg.proto++)
           if (strcmp(optarg, proto_names[cfg.proto]) == 0) break;
         if (cfg.proto == NPROTOS) {
-          fprintf(stderr, "loadgen: --proto must be redis, memcached, ldap or clamd\n");
+          fprintf(stderr, "loadgen: --proto must be redis, memcached, ldap, clamd or tarantool\n");
           exit(2);
         }
         break;
@@ -1065,8 +1477,8 @@ static void parse_args(int argc, char** argv) {
           if (strcmp(optarg, op_table[cfg.op].name) == 0) break;
         if (cfg.op == NOPS) {
           fprintf(stderr,
-                  "loadgen: --op must be set, get, set-wait, add, modify, search, prefill or "
-                  "scan\n");
+                  "loadgen: --op must be set, get, set-wait, add, modify, search, prefill, scan, "
+                  "doc-replace, doc-get, doc-by-owner, kv-set or kv-get\n");
           exit(2);
         }
         break;
@@ -1089,18 +1501,36 @@ static void parse_args(int argc, char** argv) {
         cfg.infected_string = optarg;
         clamd_opts = 1;
         break;
+      case 'd':
+        cfg.space_docs = (int)num_arg("space-docs", optarg, 0, INT_MAX);
+        tnt_opts = 1;
+        break;
+      case 'K':
+        cfg.space_kv = (int)num_arg("space-kv", optarg, 0, INT_MAX);
+        tnt_opts = 1;
+        break;
       default: usage();
     }
   }
   if (optind < argc || !cfg.port) usage();
+  int tnt = cfg.proto == PROTO_TARANTOOL;
   if (cfg.set_ratio >= 0 || cfg.rate > 0) {
     const char* what = cfg.rate > 0 ? "--rate" : "--set-ratio";
-    if (cfg.proto != PROTO_REDIS && cfg.proto != PROTO_MEMCACHED) {
-      fprintf(stderr, "loadgen: %s needs --proto redis or memcached\n", what);
+    if (cfg.proto != PROTO_REDIS && cfg.proto != PROTO_MEMCACHED && !tnt) {
+      fprintf(stderr, "loadgen: %s needs --proto redis, memcached or tarantool\n", what);
       exit(2);
     }
-    if (cfg.op >= 0 && cfg.op != OP_SET && cfg.op != OP_GET) {
-      fprintf(stderr, "loadgen: %s goes with --op set or get only\n", what);
+    // --set-ratio mixes the protocol's set and get. The open loop sends any op that is one
+    // request (not set-wait) and has no end of its own (not prefill).
+    int set = tnt ? OP_KV_SET : OP_SET, get = tnt ? OP_KV_GET : OP_GET;
+    if (tnt && cfg.set_ratio < 0) {
+      if (cfg.op == OP_PREFILL) {
+        fprintf(stderr, "loadgen: --rate does not go with --op prefill\n");
+        exit(2);
+      }
+    } else if (cfg.op >= 0 && cfg.op != set && cfg.op != get) {
+      fprintf(stderr, "loadgen: %s goes with --op %s or %s only\n", tnt ? "--set-ratio" : what,
+              op_table[set].name, op_table[get].name);
       exit(2);
     }
   }
@@ -1117,7 +1547,13 @@ static void parse_args(int argc, char** argv) {
       fprintf(stderr, "loadgen: --proto ldap needs --op add, modify, search or prefill\n");
       exit(2);
     }
-    cfg.op = cfg.proto == PROTO_CLAMD ? OP_SCAN : OP_SET;
+    if (tnt && cfg.set_ratio < 0) {
+      fprintf(stderr,
+              "loadgen: --proto tarantool needs --op doc-replace, doc-get, doc-by-owner, kv-set, "
+              "kv-get or prefill\n");
+      exit(2);
+    }
+    cfg.op = cfg.proto == PROTO_CLAMD ? OP_SCAN : tnt ? OP_KV_SET : OP_SET;  // tnt: --set-ratio
   }
   if (!(op_table[cfg.op].protos & 1 << cfg.proto)) {
     fprintf(stderr, "loadgen: --op %s does not go with --proto %s (%s has:", op_table[cfg.op].name,
@@ -1133,6 +1569,10 @@ static void parse_args(int argc, char** argv) {
   }
   if (clamd_opts && cfg.proto != PROTO_CLAMD) {
     fprintf(stderr, "loadgen: --infected-every and --infected-string need --proto clamd\n");
+    exit(2);
+  }
+  if (tnt_opts && !tnt) {
+    fprintf(stderr, "loadgen: --space-docs and --space-kv need --proto tarantool\n");
     exit(2);
   }
   size_t sl = strlen(cfg.infected_string);

@@ -182,7 +182,10 @@ static void* epoll_worker(void* arg) {
       if (!open) continue;
       if (mode_flags & EPOLLONESHOT) {
         struct epoll_event re = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
-        if (epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &re) != 0) die("epoll_ctl MOD failed");
+        if (epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &re) != 0) {
+          fprintf(stderr, "mt_epoll_server: epoll_ctl MOD of fd %d: %s\n", c->fd, strerror(errno));
+          die("epoll_ctl MOD failed");
+        }
       }
     }
   }
