@@ -574,12 +574,9 @@ def main():
     ap.add_argument("--keys", type=int, default=2000, help="slapd: entries modify/search use")
     ap.add_argument("--modes", type=apps.csv(str), default=list(MODES))
     ap.add_argument("--quick", action="store_true", help="1 and 16 conns, 1 repeat of 2 s")
-    ap.add_argument("--json", help="output (default eval/out/APP.json); .md and .png beside it")
-    ap.add_argument("--tmp", help="where the servers' and clusters' directories go")
-    ap.add_argument("--from-json", help="only redraw the table and plot of an existing JSON")
+    apps.add_output_args(ap, "APP")
     a = ap.parse_args()
-    js = Path(a.json) if a.json else ROOT / "eval" / "out" / f"{a.app}.json"
-    js.parent.mkdir(parents=True, exist_ok=True)
+    js = apps.output_json(a, a.app)
     if a.from_json:
         report(json.loads(Path(a.from_json).read_text()), js)
         return 0

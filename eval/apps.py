@@ -899,6 +899,21 @@ def csv(kind):
     return lambda s: [kind(x) for x in s.split(",") if x]
 
 
+def add_output_args(ap, name):
+    """--json, --tmp and --from-json, as every app bench takes them; `name` is the JSON's
+    default base name ("APP" for the app's own)."""
+    ap.add_argument("--json", help=f"output (default eval/out/{name}.json); .md, .png beside it")
+    ap.add_argument("--tmp", help="where the servers' and clusters' directories go")
+    ap.add_argument("--from-json", help="only redraw the table and plot of an existing JSON")
+
+
+def output_json(a, name):
+    """Where a bench writes its JSON (--json, or eval/out/NAME.json), its folder made."""
+    js = Path(a.json) if a.json else ROOT / "eval" / "out" / f"{name}.json"
+    js.parent.mkdir(parents=True, exist_ok=True)
+    return js
+
+
 def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -917,12 +932,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="1 and 16 conns, 1 repeat, 1 s")
     ap.add_argument("--value-bytes", type=int, default=64)
     ap.add_argument("--keys", type=int, default=10000)
-    ap.add_argument("--json", help="output (default eval/out/APP.json); .md and .png beside it")
-    ap.add_argument("--tmp", help="where the servers' and clusters' directories go")
-    ap.add_argument("--from-json", help="only redraw the table and plot of an existing JSON")
+    add_output_args(ap, "APP")
     a = ap.parse_args()
-    js = Path(a.json) if a.json else ROOT / "eval" / "out" / f"{a.app}.json"
-    js.parent.mkdir(parents=True, exist_ok=True)
+    js = output_json(a, a.app)
     if a.from_json:
         report(json.loads(Path(a.from_json).read_text()), js)
         return 0

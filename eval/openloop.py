@@ -470,12 +470,9 @@ def main():
     ap.add_argument("--value-bytes", type=int, default=64)
     ap.add_argument("--keys", type=int, default=10000)
     ap.add_argument("--loadgen", default=str(apps.LOADGEN), help="default build/bin/loadgen")
-    ap.add_argument("--json", help="default eval/out/APP-openloop.json; .md, .png beside it")
-    ap.add_argument("--tmp", help="where the servers' and clusters' directories go")
-    ap.add_argument("--from-json", help="only redraw the table and plot of an existing JSON")
+    apps.add_output_args(ap, "APP-openloop")
     a = ap.parse_args()
-    js = Path(a.json) if a.json else ROOT / "eval" / "out" / f"{a.app}-openloop.json"
-    js.parent.mkdir(parents=True, exist_ok=True)
+    js = apps.output_json(a, f"{a.app}-openloop")
     if a.from_json:
         report(json.loads(Path(a.from_json).read_text()), js)
         return 0

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -43,6 +44,54 @@ def run(*args, check=True, timeout=120, **kw):
             f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
         )
     return p
+
+
+def on_threads(client, count, timeout=300):
+    """Runs client(k) for k in 0..count-1, each on a thread of its own, and
+    fails with what every client that raised said (all clients end first)."""
+    errors = []
+
+    def one(k):
+        try:
+            client(k)
+        except BaseException as e:  # noqa: BLE001 - every client's failure is reported
+            errors.append(f"client {k}: {e!r}")
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), f"clients still running after {timeout} s"
+    assert not errors, errors
+
+
+def kill_leader_during(cluster, load, started, timeout=300):
+    """Runs load() on a thread; once started() is true, SIGKILLs the leader's
+    daemon and waits for another leader; then waits for load to end (it must
+    go on through the new leader, and fails the test if it raised). Returns
+    the killed replica's id."""
+    old = cluster.leader()
+    failure = []
+
+    def run_load():
+        try:
+            load()
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            failure.append(e)
+
+    worker = threading.Thread(target=run_load)
+    worker.start()
+    end = time.monotonic() + 60
+    while not started() and worker.is_alive():
+        assert time.monotonic() < end, "the load did not get going within 60 s"
+        time.sleep(0.02)
+    os.kill(cluster.pid(old), signal.SIGKILL)
+    cluster.wait(lambda s: s["leader"] not in (None, old), 30, "a new leader")
+    worker.join(timeout)
+    assert not worker.is_alive(), f"the load still runs {timeout} s after the failover"
+    assert not failure, repr(failure[0])
+    return old
 
 
 class Cluster:

@@ -8,13 +8,12 @@ keys leave every replica with the same values and CAS uniques (the racing
 test). A memcached backup made to diverge is caught and rolled back in
 tests/test_divergence.py."""
 
-import os
-import signal
 import socket
 import threading
 import time
 
 import pytest
+from conftest import kill_leader_during
 from resp import Memcached
 
 THREADS = 6
@@ -157,8 +156,7 @@ def test_connections_racing_on_shared_keys_stay_identical(memcached_cluster):
 
 def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(memcached_cluster):
     c = memcached_cluster
-    old = c.leader()
-    stored, errors = [], []
+    stored = []
 
     def setter():
         m = Memcached(c.client_addr())
@@ -176,16 +174,10 @@ def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(memcached_c
                     except OSError:
                         pass
             else:
-                errors.append(f"k{i} never stored")
+                raise AssertionError(f"k{i} never stored")
         m.close()
 
-    t = threading.Thread(target=setter)
-    t.start()
-    c.wait(lambda s: len(stored) >= 50, 30, "50 sets acknowledged")
-    os.kill(c.pid(old), signal.SIGKILL)
-    c.wait(lambda s: s["leader"] not in (None, old), 20, "a new leader")
-    t.join(120)
-    assert not errors, errors
+    kill_leader_during(c, setter, lambda: len(stored) >= 50)
     m = Memcached(c.client_addr())
     assert [m.get(f"k{i}") for i in range(400)] == [f"v{i}".encode() for i in range(400)]
     m.close()

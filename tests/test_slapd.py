@@ -14,13 +14,11 @@ attributes included, compared entry by entry with slapcat.
 import json
 import os
 import shutil
-import signal
 import subprocess
-import threading
 import time
 
 import pytest
-from conftest import run
+from conftest import kill_leader_during, on_threads, run
 
 LDAPMODIFY = shutil.which("ldapmodify")
 SLAPCAT = shutil.which("slapcat") or "/usr/sbin/slapcat"
@@ -72,20 +70,7 @@ def people_ldif(client, n):
 
 
 def load(addr, clients, n):
-    errors = []
-
-    def one(k):
-        try:
-            ldap("ldapmodify", addr(), people_ldif(k, n), "-c")
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"client {k}: {e}")
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    on_threads(lambda k: ldap("ldapmodify", addr(), people_ldif(k, n), "-c"), clients)
 
 
 def slapcat(cluster, replica):
@@ -146,8 +131,7 @@ def test_four_clients_leave_identical_directories(cluster):
 def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):
     cluster.up(app="slapd")
     ldap("ldapmodify", cluster.client_addr(), base_ldif())
-    old = cluster.leader()
-    added, errors = [], []
+    added = []
 
     def adder():
         # One entry per ldapmodify: one that fails (the leader gone) is tried
@@ -171,15 +155,9 @@ def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):
                     break
                 time.sleep(0.2)
             else:
-                errors.append(f"entry k{i} never added: {r and r.stderr}")
+                raise AssertionError(f"entry k{i} never added: {r and r.stderr}")
 
-    worker = threading.Thread(target=adder)
-    worker.start()
-    cluster.wait(lambda s: len(added) >= 15, 60, "a quarter of the entries added")
-    os.kill(cluster.pid(old), signal.SIGKILL)
-    cluster.wait(lambda s: s["leader"] not in (None, old), 20, "a new leader")
-    worker.join(300)
-    assert not errors, errors
+    kill_leader_during(cluster, adder, lambda: len(added) >= 15)
     assert sorted(added) == list(range(60))
     # Every entry is there (those acknowledged before the kill included).
     r = ldap("ldapsearch", cluster.client_addr(), "", "-b", f"ou=people,{BASE}", "-LLL", "cn")

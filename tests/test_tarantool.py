@@ -9,15 +9,12 @@ inspection connection: reads only) once every replica applied the log.
 """
 
 import json
-import os
 import shutil
-import signal
 import socket
-import threading
 import time
 
 import pytest
-from conftest import run
+from conftest import kill_leader_during, on_threads, run
 
 tarantool = pytest.importorskip("tarantool", reason="the tarantool connector (requirements.txt)")
 
@@ -38,7 +35,6 @@ def load(addr_of, clients, n, retry=False):
     """`clients` connections each inserting n documents, replacing a key and
     selecting by owner per step; with `retry`, a request that fails (its
     leader gone) is sent again through whoever leads then."""
-    errors = []
 
     def client(k):
         c = connect(addr_of())
@@ -57,17 +53,10 @@ def load(addr_of, clients, n, retry=False):
                         time.sleep(0.2)
                         c.close()
                         c = connect(addr_of())
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"client {k}: {e!r}")
         finally:
             c.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    on_threads(client, clients)
 
 
 def spaces(addr):
@@ -104,16 +93,12 @@ def test_four_clients_leave_identical_spaces(cluster):
 
 def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):
     cluster.up(app="tarantool")
-    old = cluster.leader()
-    worker = threading.Thread(
-        target=load, args=(lambda: cluster.client_addr(timeout=20), 2, 300), kwargs={"retry": True}
+    started = time.monotonic()
+    kill_leader_during(
+        cluster,
+        lambda: load(lambda: cluster.client_addr(timeout=20), 2, 300, retry=True),
+        lambda: time.monotonic() > started + 1.0,
     )
-    worker.start()
-    time.sleep(1.0)
-    os.kill(cluster.pid(old), signal.SIGKILL)
-    cluster.wait(lambda s: s["leader"] not in (None, old), 20, "a new leader")
-    worker.join(300)
-    assert not worker.is_alive()
     assert_same_spaces(cluster, 2 * 300)
 
 
