@@ -500,9 +500,14 @@ static void drain_order(void) {
     const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
     if (r->slot >= LS_MAX_REPLAY) continue;
     struct conn* c = by_slot[r->slot];
-    if (!c && slot_closed_port[r->slot] &&
-        slot_closed_port[r->slot] == atomic_load(&hdr->replay[r->slot].port))
-      continue;    /* the server closed it: nothing to deliver */
+    /* Nothing to deliver when the server closed the slot's connection
+     * (slot_closed_port), or the daemon released the slot (port 0): it does
+     * so once the server closed it, and reuses it only after this ring
+     * named it for the last time (shim_channel.cc ReleaseReplaySlot). A
+     * server that closes after its reply while the client's EOF is still
+     * ordered (HTTP/1.0) leaves such records behind. */
+    uint32_t port = atomic_load(&hdr->replay[r->slot].port);
+    if (!c && (port == 0 || slot_closed_port[r->slot] == port)) continue;
     if (!c) break; /* not accepted yet: it and all after it wait */
     if (!gate_open(tail, c, r->out_before)) break;
     if (r->kind == LS_ORDER_DATA) {

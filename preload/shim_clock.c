@@ -73,6 +73,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -196,4 +197,99 @@ int timespec_get(struct timespec* ts, int base) {
   if (!t || base != TIME_UTC) return real_timespec_get(ts, base);
   to_timespec(t, ts);
   return base;
+}
+
+/* ------------------------------------------------------------ deadlines */
+
+/* Waits until a deadline on the wall clock. A server computes such a
+ * deadline from the clock it reads, now + timeout: here the stamp, which
+ * stands still between inputs and so falls behind the real clock while the
+ * server is idle. Waited for as given, the deadline would soon be long past,
+ * and every idle thread that waits with a timeout would wake at once, read
+ * the same stamp, compute the same past deadline and spin (MariaDB's and
+ * libupnp's thread pools in pthread_cond_timedwait: 60% of a core per idle
+ * mariadbd, 3.65 s of CPU per 10 s per idle gerbera). So a deadline on
+ * CLOCK_REALTIME is taken as "that long after the stamp" and waited for that
+ * long in real time; one at or before the stamp is already due. Timeouts are
+ * each replica's own business either way: nothing the server computes is
+ * stamped by when its wait ends, only by the inputs it reads. */
+static const struct timespec* clk_deadline(const struct timespec* abs, struct timespec* out) {
+  uint64_t t = clk_stamp();
+  if (!t || !abs || abs->tv_nsec < 0 || abs->tv_nsec >= 1000000000l || abs->tv_sec < 0)
+    return abs; /* the real clock, or not ours to judge (the call says EINVAL) */
+  int saved = errno;
+  struct timespec now;
+  CLK_REAL(clock_gettime);
+  real_clock_gettime(CLOCK_REALTIME, &now);
+  errno = saved;
+  uint64_t want = (uint64_t)abs->tv_sec * 1000000000ull + (uint64_t)abs->tv_nsec;
+  uint64_t real = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+  to_timespec(want > t ? real + (want - t) : real, out);
+  return out;
+}
+
+/* glibc's condition variables keep their clock in __wrefs (bit 1:
+ * CLOCK_MONOTONIC, set by pthread_condattr_setclock): a monotonic deadline
+ * is real already. */
+static int cond_is_monotonic(const pthread_cond_t* c) {
+  return (atomic_load_explicit((_Atomic(unsigned int)*)&c->__data.__wrefs, memory_order_relaxed) &
+          2) != 0;
+}
+
+static int (*real_pthread_cond_timedwait)(pthread_cond_t*, pthread_mutex_t*,
+                                          const struct timespec*);
+static int (*real_pthread_cond_clockwait)(pthread_cond_t*, pthread_mutex_t*, clockid_t,
+                                          const struct timespec*);
+static int (*real_pthread_mutex_timedlock)(pthread_mutex_t*, const struct timespec*);
+static int (*real_pthread_rwlock_timedrdlock)(pthread_rwlock_t*, const struct timespec*);
+static int (*real_pthread_rwlock_timedwrlock)(pthread_rwlock_t*, const struct timespec*);
+static int (*real_sem_timedwait)(sem_t*, const struct timespec*);
+static int (*real_clock_nanosleep)(clockid_t, int, const struct timespec*, struct timespec*);
+
+int pthread_cond_timedwait(pthread_cond_t* restrict c, pthread_mutex_t* restrict m,
+                           const struct timespec* restrict abs) {
+  /* The current version: the real one under the same name is glibc's old
+   * (2.2.5) condition variable, which would misread ours. */
+  if (!real_pthread_cond_timedwait)
+    real_pthread_cond_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
+  struct timespec d;
+  return real_pthread_cond_timedwait(c, m, cond_is_monotonic(c) ? abs : clk_deadline(abs, &d));
+}
+
+int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t id,
+                           const struct timespec* abs) {
+  CLK_REAL(pthread_cond_clockwait);
+  struct timespec d;
+  return real_pthread_cond_clockwait(c, m, id, id == CLOCK_REALTIME ? clk_deadline(abs, &d) : abs);
+}
+
+int pthread_mutex_timedlock(pthread_mutex_t* restrict m, const struct timespec* restrict abs) {
+  CLK_REAL(pthread_mutex_timedlock);
+  struct timespec d;
+  return real_pthread_mutex_timedlock(m, clk_deadline(abs, &d));
+}
+
+int pthread_rwlock_timedrdlock(pthread_rwlock_t* restrict l, const struct timespec* restrict abs) {
+  CLK_REAL(pthread_rwlock_timedrdlock);
+  struct timespec d;
+  return real_pthread_rwlock_timedrdlock(l, clk_deadline(abs, &d));
+}
+
+int pthread_rwlock_timedwrlock(pthread_rwlock_t* restrict l, const struct timespec* restrict abs) {
+  CLK_REAL(pthread_rwlock_timedwrlock);
+  struct timespec d;
+  return real_pthread_rwlock_timedwrlock(l, clk_deadline(abs, &d));
+}
+
+int sem_timedwait(sem_t* restrict s, const struct timespec* restrict abs) {
+  CLK_REAL(sem_timedwait);
+  struct timespec d;
+  return real_sem_timedwait(s, clk_deadline(abs, &d));
+}
+
+int clock_nanosleep(clockid_t id, int flags, const struct timespec* req, struct timespec* rem) {
+  CLK_REAL(clock_nanosleep);
+  struct timespec d;
+  if ((flags & TIMER_ABSTIME) && id == CLOCK_REALTIME) req = clk_deadline(req, &d);
+  return real_clock_nanosleep(id, flags, req, rem);
 }

@@ -162,3 +162,37 @@ def test_paused_backup_catches_up_through_a_full_ring(cluster, tmp_path):
     logs = [cluster.log(i) for i in range(3)]
     assert logs[0] == logs[1] == logs[2]
     assert [v for _, t, v in logs[paused] if t == "input"] == values
+
+
+def test_a_server_that_closes_after_each_reply_keeps_its_backups_going(cluster):
+    # HTTP/1.0: the server closes each connection once it replied, and the
+    # client closes too, so a backup's order ring holds that connection's EOF
+    # when its server has closed it already and the daemon released the slot.
+    # Such a record once stopped the backup's shim for good (it waited for the
+    # slot's connection to be accepted): backups executed nothing after it.
+    import http.client
+    import sys
+
+    server = Path(__file__).with_name("close_after_reply_server.py")
+    cluster.up(extra=("--", f"{sys.executable} {server} {{port}}"))
+    host, port = cluster.client_addr()
+    for _ in range(30):
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        c.request("POST", "/add", body=b"")
+        assert c.getresponse().read() == b"added\n"
+        c.close()
+
+    def counts(_):
+        got = []
+        for r in range(3):
+            c = http.client.HTTPConnection(*cluster.server_addr(r), timeout=5)
+            try:
+                c.request("GET", "/count")
+                got.append(c.getresponse().read())
+            except OSError:  # a stuck server: asked again until the wait ends
+                return False
+            finally:
+                c.close()
+        return got == [b"30\n"] * 3
+
+    cluster.wait(counts, 30, "every replica's server to have counted 30 requests")

@@ -197,3 +197,18 @@ def test_bad_input_gets_errors_and_the_replicas_stay_alike(cluster):
     sql(addr, "INSERT INTO t.kv VALUES (2, 'after')")
     assert sql(addr, "SELECT k, v FROM t.kv").split() == ["2", "after"]
     assert_same_tables(cluster, "t.kv")
+
+
+def test_now_is_the_same_on_every_replica(cluster):
+    # same_clock: NOW() is the leader's time of the input, on every replica,
+    # also on a backup that executes it later.
+    cluster.up(app="mariadb")
+    addr = cluster.client_addr()
+    sql(addr, "CREATE DATABASE t; CREATE TABLE t.at (n INT PRIMARY KEY, t DATETIME(6))")
+    for i in range(20):
+        sql(addr, f"INSERT INTO t.at VALUES ({i}, NOW(6))")
+        time.sleep(0.01)
+    times = sql(addr, "SELECT COUNT(DISTINCT t) FROM t.at").split()
+    assert times == ["20"], times  # the clock moves from input to input
+    assert_same_tables(cluster, "t.at")
+    assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
