@@ -94,8 +94,13 @@
 // Exit status: 0; 1 when a connection cannot be made, set up (bind, IDSESSION, greeting, the
 // spaces) or is lost (the JSON is still printed for a lost connection); 2 for a bad command
 // line.
+//
+// This file is the engine and the command line; each protocol's requests, replies and connection
+// setup are in their own file behind loadgen.h: loadgen_resp.c (redis, memcached), loadgen_ldap.c,
+// loadgen_clamd.c and loadgen_tarantool.c.
 #define _GNU_SOURCE
-#include <arpa/inet.h>
+#include "loadgen.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -115,29 +120,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-enum { PROTO_REDIS, PROTO_MEMCACHED, PROTO_LDAP, PROTO_CLAMD, PROTO_TARANTOOL, NPROTOS };
-enum {
-  OP_SET,
-  OP_GET,
-  OP_SET_WAIT,
-  OP_ADD,
-  OP_MODIFY,
-  OP_SEARCH,
-  OP_PREFILL,
-  OP_SCAN,
-  OP_DOC_REPLACE,
-  OP_DOC_GET,
-  OP_DOC_BY_OWNER,
-  OP_KV_SET,
-  OP_KV_GET,
-  NOPS
-};
-enum { LDAP_BIND = NOPS, LDAP_SUFFIX, LDAP_OU };  // ldap requests made before the clock starts
-enum { REPLY_OK, REPLY_MISS, REPLY_FOUND, REPLY_ERROR };
-enum { CLAMD_PONG, CLAMD_OK, CLAMD_FOUND };  // what a clamd reply must say
-enum { TNT_REPLY, TNT_GREETING };            // what a tarantool connection reads next
-enum { IPROTO_SELECT = 1, IPROTO_REPLACE = 3 };
 
 static const char* const proto_names[NPROTOS] = {"redis", "memcached", "ldap", "clamd",
                                                  "tarantool"};
@@ -160,68 +142,27 @@ static const struct {
     {"kv-get", 1 << PROTO_TARANTOOL},
 };
 
-#define SUB_BITS 6  // 64 sub-buckets per power of two
-#define NBUCKETS ((64 - SUB_BITS + 1) << SUB_BITS)
 #define GRACE_NS 5000000000LL  // how long an op may run past the deadline
-#define BENCH_BASE "ou=bench,dc=lockstep,dc=test"
-#define LDAP_MAX_MESSAGE (1 << 28)  // longer than any reply to our requests: garbled
-#define CLAMD_CHUNK 8192            // clamdscan's INSTREAM chunk size
-#define TNT_GREETING_SIZE 128       // two 64-byte lines: version and instance UUID, salt
-#define TNT_MAX_PACKET 0x80000000u  // iproto's own limit (IPROTO_BODY_LEN_MAX): longer is garbled
-#define TNT_OWNERS 16               // doc n belongs to owner<n % 16>
 
-static struct {
-  int proto, op, conns, value_bytes, keys, wait_replicas, infected_every;
-  int max_outstanding;       // open loop: unanswered requests per connection
-  int space_docs, space_kv;  // tarantool: the spaces' ids
-  long long ops_per_conn;    // 0: no limit
-  double seconds;
-  double set_ratio;  // percent of ops that are sets; < 0: every op is --op
-  double rate;       // open loop: requests per second over all connections; 0: closed loop
-  const char* host;
-  const char* port;
-  const char* bind_dn;
-  const char* password;
-  const char* infected_string;
-} cfg = {.proto = PROTO_REDIS,
-         .op = -1,  // the protocol's default
-         .conns = 1,
-         .value_bytes = 64,
-         .keys = 10000,
-         .wait_replicas = 2,
-         .max_outstanding = 64,
-         .seconds = 10.0,
-         .set_ratio = -1,
-         .host = "127.0.0.1",
-         .bind_dn = "cn=admin,dc=lockstep,dc=test",
-         .password = "secret",
-         .infected_string = "LOCKSTEP-TEST-SIGNATURE-7f3a9c",
-         .space_docs = 512,  // the first two spaces a user makes: init.lua makes docs, then kv
-         .space_kv = 513};
-
-struct conn {
-  pthread_t thread;
-  int fd, id;
-  const char* lost;  // why the connection was given up (closed, timed out, garbled), or NULL
-  uint64_t rng;
-  long long seq;  // requests the op loop has made: add's entry number, scan's K-th
-  int msgid;      // ldap: the request's message id; clamd: its IDSESSION request number
-  int expect;     // ldap: the response's protocolOp tag; clamd: CLAMD_*; tarantool: TNT_*
-  int slot;       // tarantool, open loop: the slot of the request being made (see run_open)
-  uint64_t sync;  // tarantool: the IPROTO_SYNC of the last request made
-  int result;     // ldap: the resultCode of the last response
-  long long ops, errors, misses, found;
-  long long sets, late, unsent;  // --set-ratio: sets made; open loop: see the top comment
-  uint64_t hist[NBUCKETS];
-  char* req;  // request buffer
-  char* buf;  // reply buffer
-  size_t cap, len;
-};
+struct config cfg = {
+    .proto = PROTO_REDIS,
+    .op = -1,  // the protocol's default
+    .conns = 1,
+    .value_bytes = 64,
+    .keys = 10000,
+    .wait_replicas = 2,
+    .max_outstanding = 64,
+    .seconds = 10.0,
+    .set_ratio = -1,
+    .host = "127.0.0.1",
+    .bind_dn = "cn=admin,dc=lockstep,dc=test",
+    .password = "secret",
+    .infected_string = "LOCKSTEP-TEST-SIGNATURE-7f3a9c",
+    .space_docs = 512,  // the first two spaces a user makes: init.lua makes docs, then kv
+    .space_kv = 513};
 
 static int64_t start_ns, deadline_ns;
-static char* value;
-static char *clamd_clean, *clamd_infected;  // whole INSTREAM requests, shared by all threads
-static size_t clamd_clean_len, clamd_infected_len;
+char* value;
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -258,13 +199,6 @@ static double percentile_us(const uint64_t* hist, long long total, double q) {
   return 0;
 }
 
-static uint64_t next_rand(uint64_t* s) {  // xorshift64
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
-
 static double uniform01(uint64_t* s) {  // in (0, 1]: never 0, so that log() of it is finite
   return (double)((next_rand(s) >> 11) + 1) * 0x1p-53;
 }
@@ -282,660 +216,6 @@ static int next_op(struct conn* c) {
   return cfg.op;
 }
 
-// Length of a complete reply at the head of buf, 0 if more bytes are needed, -1 if the
-// reply cannot be parsed. *kind says whether it is OK, a miss or an error reply.
-static long parse_redis(const char* buf, size_t len, int* kind) {
-  const char* eol = memmem(buf, len, "\r\n", 2);
-  if (!eol) return 0;
-  long line = eol - buf + 2;
-  *kind = REPLY_OK;
-  switch (buf[0]) {
-    case '+': return line;
-    case '-': *kind = REPLY_ERROR; return line;
-    case ':':
-      if (cfg.op == OP_SET_WAIT && atol(buf + 1) < cfg.wait_replicas) *kind = REPLY_ERROR;
-      return line;
-    case '$': {
-      long n = atol(buf + 1);
-      if (n < 0) {
-        *kind = REPLY_MISS;
-        return line;
-      }
-      return (size_t)(line + n + 2) <= len ? line + n + 2 : 0;
-    }
-    default: return -1;  // no array replies for SET, GET, WAIT
-  }
-}
-
-static long parse_memcached(const char* buf, size_t len, int* kind) {
-  const char* eol = memmem(buf, len, "\r\n", 2);
-  if (!eol) return 0;
-  long line = eol - buf + 2;
-  *kind = REPLY_OK;
-  if (strncmp(buf, "VALUE ", 6) == 0) {  // VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n
-    unsigned flags;
-    long n;
-    if (sscanf(buf + 6, "%*s %u %ld", &flags, &n) != 2 || n < 0) return -1;
-    long need = line + n + 2 + 5;
-    if ((size_t)need > len) return 0;
-    return memcmp(buf + need - 5, "END\r\n", 5) == 0 ? need : -1;
-  }
-  if (strncmp(buf, "STORED\r\n", 8) == 0) return line;
-  if (strncmp(buf, "END\r\n", 5) == 0) {
-    *kind = REPLY_MISS;
-    return line;
-  }
-  *kind = REPLY_ERROR;  // ERROR, CLIENT_ERROR ..., SERVER_ERROR ..., NOT_STORED
-  return line;
-}
-
-// BER for LDAP (RFC 4511 5.1: one-byte tags, definite lengths). A request is encoded by
-// running the same calls twice: the first run (p == NULL) only measures every constructed
-// element, the second writes each header with its length in the shortest form, so the value
-// is copied once and nothing has to be moved.
-struct ber {
-  unsigned char* p;  // NULL while measuring
-  size_t n;
-  int depth, next;  // elements open; constructed elements begun so far
-  int idx[8];       // measuring: which element each open one is
-  size_t start[8];  // measuring: n where each open element's contents begin
-  size_t len[16];   // the contents' length of each constructed element, in order of beginning
-};
-
-static void ber_head(struct ber* b, unsigned char tag, size_t len) {
-  int k = len < 0x80 ? 0 : len < 0x100 ? 1 : len < 0x10000 ? 2 : len < 0x1000000 ? 3 : 4;
-  if (b->p) {
-    b->p[b->n] = tag;
-    b->p[b->n + 1] = (unsigned char)(k == 0 ? len : 0x80u | (unsigned)k);
-    for (int i = 0; i < k; i++) b->p[b->n + 2 + i] = (unsigned char)(len >> (8 * (k - 1 - i)));
-  }
-  b->n += 2 + (size_t)k;
-}
-
-static void ber_put(struct ber* b, unsigned char tag, const void* v, size_t len) {
-  ber_head(b, tag, len);
-  if (b->p) memcpy(b->p + b->n, v, len);
-  b->n += len;
-}
-
-static void ber_str(struct ber* b, unsigned char tag, const char* s) {
-  ber_put(b, tag, s, strlen(s));
-}
-
-static void ber_int(struct ber* b, unsigned char tag, int v) {  // INTEGER or ENUMERATED, v >= 0
-  unsigned char be[5] = {0, (unsigned char)(v >> 24), (unsigned char)(v >> 16),
-                         (unsigned char)(v >> 8), (unsigned char)v};
-  int i = 0;
-  while (i < 4 && be[i] == 0 && !(be[i + 1] & 0x80)) i++;  // shortest two's complement
-  ber_put(b, tag, be + i, (size_t)(5 - i));
-}
-
-static void ber_begin(struct ber* b, unsigned char tag) {
-  int i = b->next++;
-  if (b->p) {
-    ber_head(b, tag, b->len[i]);
-  } else {
-    b->idx[b->depth] = i;
-    b->start[b->depth] = b->n;
-  }
-  b->depth++;
-}
-
-static void ber_end(struct ber* b) {
-  b->depth--;
-  if (!b->p) {  // now the length is known, and with it the header's size
-    size_t len = b->n - b->start[b->depth];
-    b->len[b->idx[b->depth]] = len;
-    ber_head(b, 0, len);
-  }
-}
-
-// An Attribute (or a modification's PartialAttribute): SEQUENCE { type, SET OF value }.
-static void attr_begin(struct ber* b, const char* type) {
-  ber_begin(b, 0x30);
-  ber_str(b, 0x04, type);
-  ber_begin(b, 0x31);
-}
-
-static void attr_end(struct ber* b) {
-  ber_end(b);
-  ber_end(b);
-}
-
-static void ber_attr(struct ber* b, const char* type, const char* v) {
-  attr_begin(b, type);
-  ber_str(b, 0x04, v);
-  attr_end(b);
-}
-
-static void ber_description(struct ber* b) {
-  attr_begin(b, "description");
-  ber_put(b, 0x04, value, (size_t)cfg.value_bytes);
-  attr_end(b);
-}
-
-// The LDAPMessage for request req (an op or LDAP_*) with message id c->msgid; k is the key
-// (add: the entry number). Sets c->expect to the response's protocolOp tag.
-static void ldap_request(struct ber* b, struct conn* c, int req, long k) {
-  char cn[48], dn[96];
-  if (req == OP_ADD) {
-    snprintf(cn, sizeof cn, "k%d-%ld", c->id, k);
-  } else {
-    snprintf(cn, sizeof cn, "key%ld", k);
-  }
-  snprintf(dn, sizeof dn, "cn=%s," BENCH_BASE, cn);
-  ber_begin(b, 0x30);
-  ber_int(b, 0x02, c->msgid);
-  switch (req) {
-    case LDAP_BIND:  // BindRequest: version 3, name, simple [0] password
-      c->expect = 0x61;
-      ber_begin(b, 0x60);
-      ber_int(b, 0x02, 3);
-      ber_str(b, 0x04, cfg.bind_dn);
-      ber_str(b, 0x80, cfg.password);
-      break;
-    case LDAP_SUFFIX:  // AddRequest: entry, attributes
-      c->expect = 0x69;
-      ber_begin(b, 0x68);
-      ber_str(b, 0x04, "dc=lockstep,dc=test");
-      ber_begin(b, 0x30);
-      attr_begin(b, "objectClass");
-      ber_str(b, 0x04, "dcObject");
-      ber_str(b, 0x04, "organization");
-      attr_end(b);
-      ber_attr(b, "dc", "lockstep");
-      ber_attr(b, "o", "lockstep");
-      ber_end(b);
-      break;
-    case LDAP_OU:
-      c->expect = 0x69;
-      ber_begin(b, 0x68);
-      ber_str(b, 0x04, BENCH_BASE);
-      ber_begin(b, 0x30);
-      ber_attr(b, "objectClass", "organizationalUnit");
-      ber_attr(b, "ou", "bench");
-      ber_end(b);
-      break;
-    case OP_ADD:
-    case OP_PREFILL:
-      c->expect = 0x69;
-      ber_begin(b, 0x68);
-      ber_str(b, 0x04, dn);
-      ber_begin(b, 0x30);
-      ber_attr(b, "objectClass", "person");
-      ber_attr(b, "cn", cn);
-      ber_attr(b, "sn", "bench");
-      ber_description(b);
-      ber_end(b);
-      break;
-    case OP_MODIFY:  // ModifyRequest: object, changes: one replace (2) of the description
-      c->expect = 0x67;
-      ber_begin(b, 0x66);
-      ber_str(b, 0x04, dn);
-      ber_begin(b, 0x30);
-      ber_begin(b, 0x30);
-      ber_int(b, 0x0a, 2);
-      ber_description(b);
-      ber_end(b);
-      ber_end(b);
-      break;
-    default:  // OP_SEARCH
-      // SearchRequest: base, scope baseObject, neverDerefAliases, no size or time limit,
-      // typesOnly FALSE, filter (objectClass=*), attributes
-      c->expect = 0x65;
-      ber_begin(b, 0x63);
-      ber_str(b, 0x04, dn);
-      ber_int(b, 0x0a, 0);
-      ber_int(b, 0x0a, 0);
-      ber_int(b, 0x02, 0);
-      ber_int(b, 0x02, 0);
-      ber_put(b, 0x01, "", 1);  // the BOOLEAN's one zero byte
-      ber_str(b, 0x87, "objectClass");
-      ber_begin(b, 0x30);
-      ber_str(b, 0x04, "description");
-      ber_end(b);
-  }
-  ber_end(b);  // the protocolOp
-  ber_end(b);  // the LDAPMessage
-}
-
-static size_t format_ldap(struct conn* c, int req, long k) {
-  c->msgid = c->msgid == INT_MAX ? 1 : c->msgid + 1;  // 0 is for unsolicited notifications
-  struct ber b = {0};
-  ldap_request(&b, c, req, k);
-  b.p = (unsigned char*)c->req;  // b.len keeps the lengths just measured
-  b.n = 0;
-  b.next = 0;
-  ldap_request(&b, c, req, k);
-  return b.n;
-}
-
-// Reads the tag and length of the BER element at p (n bytes there). Returns the header's
-// size, 0 if more bytes are needed, -1 if it is not BER as LDAP uses it (a multi-byte tag,
-// an indefinite length) or longer than any reply to our requests.
-static int ber_get_head(const unsigned char* p, size_t n, unsigned char* tag, size_t* len) {
-  if (n < 2) return 0;
-  if ((p[0] & 0x1f) == 0x1f) return -1;
-  *tag = p[0];
-  if (p[1] < 0x80) {
-    *len = p[1];
-    return 2;
-  }
-  size_t k = p[1] & 0x7fu;
-  if (k == 0 || k > 4) return -1;
-  if (n < 2 + k) return 0;
-  size_t l = 0;
-  for (size_t i = 0; i < k; i++) l = l << 8 | p[2 + i];
-  if (l > LDAP_MAX_MESSAGE) return -1;
-  *len = l;
-  return 2 + (int)k;
-}
-
-// Reads the element with tag `tag` at *p, which must lie wholly before end; moves *p past it.
-static int ber_get(const unsigned char** p, const unsigned char* end, unsigned char tag,
-                   const unsigned char** v, size_t* len) {
-  unsigned char t;
-  int h = ber_get_head(*p, (size_t)(end - *p), &t, len);
-  if (h <= 0 || t != tag || *len > (size_t)(end - *p) - (size_t)h) return -1;
-  *v = *p + h;
-  *p += (size_t)h + *len;
-  return 0;
-}
-
-static int ber_get_int(const unsigned char** p, const unsigned char* end, unsigned char tag,
-                       int* out) {
-  const unsigned char* v;
-  size_t len;
-  if (ber_get(p, end, tag, &v, &len) < 0 || len == 0 || len > 4 || (v[0] & 0x80)) return -1;
-  *out = 0;
-  for (size_t i = 0; i < len; i++) *out = *out << 8 | v[i];
-  return 0;
-}
-
-// Decodes the LDAPMessage at the head of buf: returns its size, 0 if it is not all there yet,
-// -1 if it is malformed. *code is its LDAPResult's resultCode, *diag its diagnosticMessage;
-// *code is -1 for a SearchResultEntry or SearchResultReference, which carry none.
-static long ldap_message(const unsigned char* buf, size_t len, int* msgid, unsigned char* op,
-                         int* code, const unsigned char** diag, size_t* diag_len) {
-  unsigned char tag;
-  size_t n, opn;
-  int h = ber_get_head(buf, len, &tag, &n);
-  if (h <= 0) return h;
-  if (tag != 0x30) return -1;
-  if (n > len - (size_t)h) return 0;
-  const unsigned char *p = buf + h, *end = p + n, *dn;
-  if (ber_get_int(&p, end, 0x02, msgid) < 0) return -1;
-  int oh = ber_get_head(p, (size_t)(end - p), op, &opn);  // controls may follow: not read
-  if (oh <= 0 || opn > (size_t)(end - p) - (size_t)oh || (*op & 0xe0) != 0x60) return -1;
-  *code = -1;
-  if (*op != 0x64 && *op != 0x73) {  // LDAPResult: resultCode, matchedDN, diagnosticMessage
-    const unsigned char *q = p + oh, *qend = q + opn;
-    size_t dnl;
-    if (ber_get_int(&q, qend, 0x0a, code) < 0 || ber_get(&q, qend, 0x04, &dn, &dnl) < 0 ||
-        ber_get(&q, qend, 0x04, diag, diag_len) < 0)
-      return -1;
-  }
-  return h + (long)n;
-}
-
-// An LDAP reply: the response to c->msgid, after any SearchResultEntry for a search.
-static long parse_ldap(struct conn* c, int* kind) {
-  size_t off = 0;
-  for (;;) {
-    int id, code;
-    unsigned char op;
-    const unsigned char* diag;
-    size_t diag_len;
-    long m = ldap_message((const unsigned char*)c->buf + off, c->len - off, &id, &op, &code, &diag,
-                          &diag_len);
-    if (m <= 0) return m;
-    off += (size_t)m;
-    if (id != c->msgid) {
-      c->lost = id == 0 ? "unsolicited notification (notice of disconnection?)"
-                        : "reply to another message id";
-      return -1;
-    }
-    if (code < 0 && c->expect == 0x65) continue;  // an entry or a referral: read and skipped
-    if (op != c->expect) return -1;
-    c->result = code;
-    if (code == 0) {
-      *kind = REPLY_OK;
-    } else if ((code == 32 && (cfg.op == OP_MODIFY || cfg.op == OP_SEARCH)) ||
-               (code == 68 && cfg.op == OP_PREFILL)) {
-      *kind = REPLY_MISS;  // noSuchObject; entryAlreadyExists
-    } else {
-      *kind = REPLY_ERROR;
-    }
-    return (long)off;
-  }
-}
-
-static const char* ldap_code_name(int code) {
-  switch (code) {
-    case 0: return "success";
-    case 1: return "operationsError";
-    case 2: return "protocolError";
-    case 7: return "authMethodNotSupported";
-    case 8: return "strongerAuthRequired";
-    case 17: return "undefinedAttributeType";
-    case 21: return "invalidAttributeSyntax";
-    case 32: return "noSuchObject";
-    case 34: return "invalidDNSyntax";
-    case 48: return "inappropriateAuthentication";
-    case 49: return "invalidCredentials";
-    case 50: return "insufficientAccessRights";
-    case 51: return "busy";
-    case 52: return "unavailable";
-    case 53: return "unwillingToPerform";
-    case 64: return "namingViolation";
-    case 65: return "objectClassViolation";
-    case 68: return "entryAlreadyExists";
-    case 80: return "other";
-    default: return "see RFC 4511";
-  }
-}
-
-// A clamd reply in an IDSESSION: "<request number>: <reply>\0".
-static long parse_clamd(struct conn* c, int* kind) {
-  const char* nul = memchr(c->buf, '\0', c->len);
-  if (!nul) return c->len > 4096 ? -1 : 0;
-  char* rest;
-  unsigned long id = strtoul(c->buf, &rest, 10);
-  if (c->buf[0] < '0' || c->buf[0] > '9' || id != (unsigned long)c->msgid ||
-      strncmp(rest, ": ", 2) != 0) {
-    c->lost = "reply without the request's IDSESSION number";
-    return -1;
-  }
-  const char* r = rest + 2;  // "stream: OK", "stream: <name> FOUND", "... ERROR", "PONG"
-  size_t rl = (size_t)(nul - r);
-  int found = strncmp(r, "stream: ", 8) == 0 && rl > 14 && memcmp(nul - 6, " FOUND", 6) == 0;
-  switch (c->expect) {
-    case CLAMD_PONG: *kind = strcmp(r, "PONG") == 0 ? REPLY_OK : REPLY_ERROR; break;
-    case CLAMD_OK: *kind = strcmp(r, "stream: OK") == 0 ? REPLY_OK : REPLY_ERROR; break;
-    default: *kind = found ? REPLY_FOUND : REPLY_ERROR;
-  }
-  return nul - c->buf + 1;
-}
-
-// MessagePack (github.com/msgpack/msgpack/blob/master/spec.md) for iproto: the few forms our
-// requests need are written; every type is read, so that tuples of any shape (floats, nil,
-// bin, ext, nested arrays and maps, put there by another client) parse.
-static unsigned char* mp_be(unsigned char* p, uint64_t v, int bytes) {  // big-endian
-  for (int i = bytes - 1; i >= 0; i--) *p++ = (unsigned char)(v >> (8 * i));
-  return p;
-}
-
-static unsigned char* mp_uint(unsigned char* p, uint64_t v) {  // positive fixint or uint 8..64
-  if (v < 0x80) {
-    *p++ = (unsigned char)v;
-    return p;
-  }
-  int k = v <= 0xff ? 0 : v <= 0xffff ? 1 : v <= 0xffffffff ? 2 : 3;
-  *p++ = (unsigned char)(0xcc + k);
-  return mp_be(p, v, 1 << k);
-}
-
-static unsigned char* mp_str(unsigned char* p, const char* s, size_t n) {
-  if (n < 32) {
-    *p++ = (unsigned char)(0xa0 | n);
-  } else {
-    int k = n <= 0xff ? 0 : n <= 0xffff ? 1 : 2;  // str 8, 16, 32
-    *p++ = (unsigned char)(0xd9 + k);
-    p = mp_be(p, n, 1 << k);
-  }
-  memcpy(p, s, n);
-  return p + n;
-}
-
-// Every array and map we write has fewer than 16 elements: their fix forms do.
-static unsigned char* mp_array(unsigned char* p, int n) {
-  *p = (unsigned char)(0x90 | n);
-  return p + 1;
-}
-
-static unsigned char* mp_map(unsigned char* p, int n) {
-  *p = (unsigned char)(0x80 | n);
-  return p + 1;
-}
-
-enum { MP_UINT, MP_INT, MP_NIL, MP_BOOL, MP_FLOAT, MP_STR, MP_BIN, MP_EXT, MP_ARRAY, MP_MAP };
-
-// Reads the header of the value at *p and moves *p past it. Returns the value's type, or -1 if
-// the header runs past end or is 0xc1 (never used). *n is a uint's value, the number of an
-// array's elements or a map's pairs, or for every other type the bytes that follow the header
-// (an ext's with its type byte).
-static int mp_read(const unsigned char** p, const unsigned char* end, uint64_t* n) {
-  // 0xc0 .. 0xdf: type, bytes of the big-endian length (or value) field, bytes added to it
-  static const signed char forms[32][3] = {
-      {MP_NIL, 0, 0},   {-1, 0, 0},       {MP_BOOL, 0, 0}, {MP_BOOL, 0, 0},  // c0 .. c3
-      {MP_BIN, 1, 0},   {MP_BIN, 2, 0},   {MP_BIN, 4, 0},                    // bin 8 .. 32
-      {MP_EXT, 1, 1},   {MP_EXT, 2, 1},   {MP_EXT, 4, 1},                    // ext 8 .. 32
-      {MP_FLOAT, 0, 4}, {MP_FLOAT, 0, 8},                                    // float 32, 64
-      {MP_UINT, 1, 0},  {MP_UINT, 2, 0},  {MP_UINT, 4, 0}, {MP_UINT, 8, 0},  // uint 8 .. 64
-      {MP_INT, 0, 1},   {MP_INT, 0, 2},   {MP_INT, 0, 4},  {MP_INT, 0, 8},   // int 8 .. 64
-      {MP_EXT, 0, 2},   {MP_EXT, 0, 3},   {MP_EXT, 0, 5},  {MP_EXT, 0, 9},   // fixext 1 .. 8
-      {MP_EXT, 0, 17},  {MP_STR, 1, 0},   {MP_STR, 2, 0},  {MP_STR, 4, 0},   // fixext 16, str
-      {MP_ARRAY, 2, 0}, {MP_ARRAY, 4, 0}, {MP_MAP, 2, 0},  {MP_MAP, 4, 0}};  // 16, 32
-  const unsigned char* q = *p;
-  if (q >= end) return -1;
-  unsigned b = *q++;
-  int type;
-  if (b <= 0x7f || b >= 0xe0) {  // positive and negative fixint
-    type = b <= 0x7f ? MP_UINT : MP_INT;
-    *n = b <= 0x7f ? b : 0;
-  } else if (b <= 0xbf) {  // fixmap, fixarray, fixstr
-    type = b <= 0x8f ? MP_MAP : b <= 0x9f ? MP_ARRAY : MP_STR;
-    *n = b & (b <= 0x9f ? 0x0fu : 0x1fu);
-  } else {
-    const signed char* f = forms[b - 0xc0];
-    if (f[0] < 0 || end - q < f[1]) return -1;
-    uint64_t v = 0;
-    for (int i = 0; i < f[1]; i++) v = v << 8 | *q++;
-    type = f[0];
-    *n = v + (uint64_t)f[2];
-  }
-  *p = q;
-  return type;
-}
-
-// Moves *p past one value of any type, nested ones included (counting the values still to
-// skip, not recursing: a reply cannot nest deep enough to overflow the stack). -1 if it is not
-// MessagePack or not all before end.
-static int mp_skip(const unsigned char** p, const unsigned char* end) {
-  for (uint64_t left = 1; left > 0; left--) {
-    uint64_t n;
-    int type = mp_read(p, end, &n);
-    if (type < 0) return -1;
-    if (type == MP_ARRAY || type == MP_MAP) {
-      left += type == MP_MAP ? 2 * n : n;
-    } else if (type != MP_UINT) {
-      if (n > (uint64_t)(end - *p)) return -1;
-      *p += n;
-    }
-    if (left - 1 > (uint64_t)(end - *p)) return -1;  // each value takes a byte at least
-  }
-  return 0;
-}
-
-// An iproto request at c->req: <size: 0xce and 4 bytes> <header> <body>. Begins it with the
-// header {REQUEST_TYPE: type, SYNC}, the size left for tnt_end. The sync counts requests in its
-// high bits; its low 16 are c->slot, the open loop's slot for the request (0 otherwise), which
-// the reply's sync names, in whatever order replies come.
-static unsigned char* tnt_begin(struct conn* c, int type) {
-  c->sync = ((c->sync >> 16) + 1) << 16 | (uint64_t)c->slot;
-  unsigned char* p = mp_map((unsigned char*)c->req + 5, 2);
-  *p++ = 0x00;
-  p = mp_uint(p, (uint64_t)type);
-  *p++ = 0x01;
-  return mp_uint(p, c->sync);
-}
-
-static size_t tnt_end(struct conn* c, unsigned char* p) {  // returns the request's length
-  unsigned char* r = (unsigned char*)c->req;
-  r[0] = 0xce;
-  mp_be(r + 1, (uint64_t)(p - r - 5), 4);
-  return (size_t)(p - r);
-}
-
-// A SELECT's body, iterator EQ from offset 0, up to KEY's array header: its nkey parts follow.
-static unsigned char* tnt_select(unsigned char* p, int space, int index, int limit, int nkey) {
-  p = mp_map(p, 6);
-  *p++ = 0x10;  // SPACE_ID
-  p = mp_uint(p, (uint64_t)space);
-  *p++ = 0x11;  // INDEX_ID
-  p = mp_uint(p, (uint64_t)index);
-  *p++ = 0x12;  // LIMIT
-  p = mp_uint(p, (uint64_t)limit);
-  *p++ = 0x13;  // OFFSET
-  *p++ = 0;
-  *p++ = 0x14;  // ITERATOR: EQ
-  *p++ = 0;
-  *p++ = 0x20;  // KEY
-  return mp_array(p, nkey);
-}
-
-// The request for a tarantool op (not prefill: next_op resolves it) with key k; its length.
-static size_t format_tarantool(struct conn* c, int op, long k) {
-  char key[32], owner[32];
-  int kl = snprintf(key, sizeof key, "key:%ld", k);
-  int ol = snprintf(owner, sizeof owner, "owner%ld", k % TNT_OWNERS);
-  size_t vb = (size_t)cfg.value_bytes;
-  int replace = op == OP_DOC_REPLACE || op == OP_KV_SET;
-  unsigned char* p = tnt_begin(c, replace ? IPROTO_REPLACE : IPROTO_SELECT);
-  if (replace) {  // {SPACE_ID, TUPLE}
-    p = mp_map(p, 2);
-    *p++ = 0x10;
-    p = mp_uint(p, (uint64_t)(op == OP_KV_SET ? cfg.space_kv : cfg.space_docs));
-    *p++ = 0x21;
-  }
-  switch (op) {
-    case OP_DOC_REPLACE:  // [n, "owner<n%16>", {"body": <value>, "n": n}]
-      p = mp_array(p, 3);
-      p = mp_uint(p, (uint64_t)k);
-      p = mp_str(p, owner, (size_t)ol);
-      p = mp_map(p, 2);
-      p = mp_str(p, "body", 4);
-      p = mp_str(p, value, vb);
-      p = mp_str(p, "n", 1);
-      p = mp_uint(p, (uint64_t)k);
-      break;
-    case OP_KV_SET:  // ["key:<n>", <value>]
-      p = mp_array(p, 2);
-      p = mp_str(p, key, (size_t)kl);
-      p = mp_str(p, value, vb);
-      break;
-    case OP_DOC_GET:
-      p = tnt_select(p, cfg.space_docs, 0, 1, 1);
-      p = mp_uint(p, (uint64_t)k);
-      break;
-    case OP_DOC_BY_OWNER:
-      p = tnt_select(p, cfg.space_docs, 1, 10, 1);
-      p = mp_str(p, owner, (size_t)ol);
-      break;
-    default:  // OP_KV_GET
-      p = tnt_select(p, cfg.space_kv, 0, 1, 1);
-      p = mp_str(p, key, (size_t)kl);
-  }
-  return tnt_end(c, p);
-}
-
-struct tnt_reply {
-  uint64_t code;  // IPROTO_REQUEST_TYPE: 0 (OK) or 0x8000 | errcode
-  uint64_t sync;
-  uint64_t tuples;             // in IPROTO_DATA
-  const unsigned char* error;  // IPROTO_ERROR_24's message, or NULL
-  size_t error_len;
-};
-
-// Decodes the iproto response at the head of buf: <size: uint> <header: map> [<body: map>].
-// Returns its length, 0 if it is not all there yet, -1 if it is garbled (anything after the
-// body within the size, too).
-static long tnt_message(const unsigned char* buf, size_t len, struct tnt_reply* r) {
-  if (len == 0) return 0;
-  // The size is any uint (Tarantool sends 0xce and 4 bytes): as long as its first byte says.
-  size_t h = buf[0] <= 0x7f                     ? 1
-             : buf[0] >= 0xcc && buf[0] <= 0xcf ? 1 + (1u << (buf[0] - 0xcc))
-                                                : 0;
-  if (h == 0) return -1;
-  if (len < h) return 0;
-  const unsigned char* p = buf;
-  uint64_t size, n, key, v;
-  mp_read(&p, buf + h, &size);
-  if (size > TNT_MAX_PACKET) return -1;
-  if (size > len - h) return 0;
-  const unsigned char* end = p + size;
-  *r = (struct tnt_reply){0};
-  int have = 0;  // bit 0: the code came, bit 1: the sync
-  if (mp_read(&p, end, &n) != MP_MAP) return -1;
-  for (; n > 0; n--) {  // the header: other keys (SCHEMA_VERSION) are skipped
-    if (mp_read(&p, end, &key) != MP_UINT) return -1;
-    if (key > 0x01) {
-      if (mp_skip(&p, end) < 0) return -1;
-      continue;
-    }
-    if (mp_read(&p, end, &v) != MP_UINT) return -1;
-    *(key == 0x00 ? &r->code : &r->sync) = v;
-    have |= 1 << key;
-  }
-  if (have != 3) return -1;
-  if (p < end && mp_read(&p, end, &n) != MP_MAP) return -1;
-  for (; n > 0; n--) {  // the body, if any (n is 0 here if not): other keys are skipped
-    if (mp_read(&p, end, &key) != MP_UINT) return -1;
-    if (key == 0x30) {  // IPROTO_DATA: an array of tuples
-      if (mp_read(&p, end, &r->tuples) != MP_ARRAY) return -1;
-      for (uint64_t i = 0; i < r->tuples; i++)
-        if (mp_skip(&p, end) < 0) return -1;
-    } else if (key == 0x31) {  // IPROTO_ERROR_24: the message
-      if (mp_read(&p, end, &v) != MP_STR || v > (uint64_t)(end - p)) return -1;
-      r->error = p;
-      r->error_len = (size_t)v;
-      p += v;
-    } else if (mp_skip(&p, end) < 0) {
-      return -1;
-    }
-  }
-  return p == end ? (long)(h + size) : -1;
-}
-
-// What a response is: an error, a select that found nothing (a miss; a replace always returns
-// its tuple) or OK; -1 for any other type, such as a non-final IPROTO_CHUNK (box.session.push,
-// which none of our requests make).
-static int tnt_kind(const struct tnt_reply* r) {
-  if (r->code == 0) return r->tuples > 0 ? REPLY_OK : REPLY_MISS;
-  return r->code >> 15 == 1 ? REPLY_ERROR : -1;
-}
-
-// A tarantool response at c->buf + off; *sync its IPROTO_SYNC.
-static long parse_tnt_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
-  struct tnt_reply r;
-  long m = tnt_message((const unsigned char*)c->buf + off, c->len - off, &r);
-  if (m <= 0) return m;
-  *sync = r.sync;
-  *kind = tnt_kind(&r);
-  return *kind < 0 ? -1 : m;
-}
-
-// A tarantool reply: the greeting while it is due, else the response to the request c->sync.
-static long parse_tarantool(struct conn* c, int* kind) {
-  if (c->expect == TNT_GREETING) {
-    if (c->len < TNT_GREETING_SIZE) return 0;
-    if (memcmp(c->buf, "Tarantool ", 10) != 0 || c->buf[63] != '\n' || c->buf[127] != '\n') {
-      c->lost = "no Tarantool greeting";
-      return -1;
-    }
-    c->expect = TNT_REPLY;
-    *kind = REPLY_OK;
-    return TNT_GREETING_SIZE;
-  }
-  uint64_t sync;
-  long m = parse_tnt_at(c, 0, kind, &sync);
-  if (m > 0 && sync != c->sync) {
-    c->lost = "reply to another IPROTO_SYNC";
-    return -1;
-  }
-  return m;
-}
-
 static long parse_reply(struct conn* c, int* kind) {
   switch (cfg.proto) {
     case PROTO_REDIS: return parse_redis(c->buf, c->len, kind);
@@ -946,7 +226,7 @@ static long parse_reply(struct conn* c, int* kind) {
   }
 }
 
-static int send_all(int fd, const char* p, size_t n) {
+int send_all(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
@@ -959,7 +239,7 @@ static int send_all(int fd, const char* p, size_t n) {
 
 // Sends one request and reads its reply. Returns the reply kind, or -1 (reason in c->lost)
 // when the connection broke, the reply was garbled, or no reply came by the deadline + grace.
-static int round_trip(struct conn* c, const char* req, size_t n) {
+int round_trip(struct conn* c, const char* req, size_t n) {
   if (send_all(c->fd, req, n) < 0) {
     c->lost = strerror(errno);  // glibc: a static string for every errno value
     return -1;
@@ -998,71 +278,19 @@ static int round_trip(struct conn* c, const char* req, size_t n) {
 
 // Returns the request for op with key k (add: the entry number), *n its length.
 static const char* format_request(struct conn* c, int op, long k, size_t* n) {
-  if (cfg.proto == PROTO_TARANTOOL) {
-    *n = format_tarantool(c, op, k);
-    return c->req;
+  switch (cfg.proto) {
+    case PROTO_TARANTOOL: *n = format_tarantool(c, op, k); return c->req;
+    case PROTO_LDAP: *n = format_ldap(c, op, k); return c->req;
+    case PROTO_CLAMD: return clamd_scan_request(c, n);
+    default: *n = format_redis_memcached(c, op, k); return c->req;
   }
-  if (cfg.proto == PROTO_LDAP) {
-    *n = format_ldap(c, op, k);
-    return c->req;
-  }
-  if (cfg.proto == PROTO_CLAMD) {
-    int infected = cfg.infected_every && (c->seq + 1) % cfg.infected_every == 0;
-    c->msgid++;
-    c->expect = infected ? CLAMD_FOUND : CLAMD_OK;
-    *n = infected ? clamd_infected_len : clamd_clean_len;
-    return infected ? clamd_infected : clamd_clean;
-  }
-  char key[32];
-  int kl = snprintf(key, sizeof key, "key:%ld", k);
-  int vb = cfg.value_bytes, h;
-  if (cfg.proto == PROTO_REDIS) {
-    if (op == OP_GET) {
-      *n = (size_t)sprintf(c->req, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", kl, key);
-      return c->req;
-    }
-    h = sprintf(c->req, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n", kl, key, vb);
-  } else {
-    if (op == OP_GET) {
-      *n = (size_t)sprintf(c->req, "get %s\r\n", key);
-      return c->req;
-    }
-    h = sprintf(c->req, "set %s 0 0 %d\r\n", key, vb);
-  }
-  memcpy(c->req + h, value, (size_t)vb);
-  memcpy(c->req + h + vb, "\r\n", 2);
-  *n = (size_t)(h + vb + 2);
-  return c->req;
-}
-
-// `zINSTREAM` and data in chunks of <4-byte big-endian length><bytes>, ending with length 0.
-static char* clamd_request(const char* data, size_t len, size_t* n) {
-  char* r = malloc(len + 4 * (len / CLAMD_CHUNK + 2) + 16);
-  memcpy(r, "zINSTREAM", 10);
-  size_t o = 10;
-  uint32_t part = 0;
-  for (size_t at = 0;; at += part) {
-    part = len - at < CLAMD_CHUNK ? (uint32_t)(len - at) : CLAMD_CHUNK;
-    uint32_t be = htonl(part);
-    memcpy(r + o, &be, 4);
-    memcpy(r + o + 4, data + at, part);
-    o += 4 + part;
-    if (part == 0) break;
-  }
-  *n = o;
-  return r;
 }
 
 static void* run_conn(void* arg) {
   struct conn* c = arg;
   char wait_req[64];
   size_t wait_len = 0;
-  if (cfg.op == OP_SET_WAIT) {
-    char num[16];
-    int nl = snprintf(num, sizeof num, "%d", cfg.wait_replicas);
-    wait_len = (size_t)snprintf(wait_req, sizeof wait_req,
-                                "*3\r\n$4\r\nWAIT\r\n$%d\r\n%s\r\n$1\r\n0\r\n", nl, num);
-  }
+  if (cfg.op == OP_SET_WAIT) wait_len = format_redis_wait(wait_req, sizeof wait_req);
   // prefill: this connection's share of the keys
   long first = (long)((long long)cfg.keys * c->id / cfg.conns);
   long end = (long)((long long)cfg.keys * (c->id + 1) / cfg.conns);
@@ -1110,7 +338,7 @@ static void* run_open(void* arg) {
   double mean_ns = 1e9 * cfg.conns / cfg.rate;  // this connection's mean inter-arrival time
   // The scheduled times of the unanswered requests, by slot. redis and memcached reply in
   // order: their slots are a ring, oldest (= next reply) first. Tarantool's replies name their
-  // request by sync (see tnt_begin): its free slots are a stack.
+  // request by sync (see tnt_begin in loadgen_tarantool.c): its free slots are a stack.
   int64_t* due = malloc(sizeof *due * (size_t)max);
   uint64_t* sync = calloc((size_t)max, sizeof *sync);  // tarantool: each slot's sync; 0: free
   int* spare = malloc(sizeof *spare * (size_t)max);    // tarantool: the free slots
@@ -1153,7 +381,7 @@ static void* run_open(void* arg) {
       long used = cfg.proto == PROTO_REDIS ? parse_redis(c->buf + off, c->len - off, &kind)
                   : cfg.proto == PROTO_MEMCACHED
                       ? parse_memcached(c->buf + off, c->len - off, &kind)
-                      : parse_tnt_at(c, off, &kind, &id);
+                      : parse_tarantool_at(c, off, &kind, &id);
       if (used < 0) {
         c->lost = "garbled reply";
         goto done;
@@ -1287,7 +515,7 @@ static int connect_to(const char* host, const char* port) {
 }
 
 // The start of what was read of c's last reply, escaped, for a message on stderr.
-static void print_reply(const struct conn* c) {
+void print_reply(const struct conn* c) {
   fprintf(stderr, "\"");
   for (size_t i = 0; i < c->len && i < 80; i++) {
     unsigned char ch = (unsigned char)c->buf[i];
@@ -1303,85 +531,10 @@ static void print_reply(const struct conn* c) {
 // when the connection breaks or the server says no.
 static void setup_conn(struct conn* c) {
   deadline_ns = now_ns();  // so each reply may take GRACE_NS
-  if (cfg.proto == PROTO_TARANTOOL) {
-    c->expect = TNT_GREETING;
-    if (round_trip(c, "", 0) < 0) {  // nothing to send: the server speaks first
-      fprintf(stderr, "loadgen: tarantool connection %d to %s:%s failed: %s; read: ", c->id + 1,
-              cfg.host, cfg.port, c->lost);
-      print_reply(c);
-      exit(1);
-    }
-    int docs = cfg.op == OP_DOC_REPLACE || cfg.op == OP_DOC_GET || cfg.op == OP_PREFILL;
-    int kv = cfg.op == OP_KV_SET || cfg.op == OP_KV_GET || cfg.op == OP_PREFILL;
-    // Each with a key of the type of the op's keys, which the server checks against the index
-    // even with limit 0: swapped space ids are refused too.
-    const struct {
-      int used, space, index;
-      const char *key, *option;  // key NULL: the unsigned 0
-    } probes[] = {{docs, cfg.space_docs, 0, NULL, "--space-docs"},
-                  {cfg.op == OP_DOC_BY_OWNER, cfg.space_docs, 1, "owner0", "--space-docs"},
-                  {kv, cfg.space_kv, 0, "key:0", "--space-kv"}};
-    for (int i = 0; i < 3; i++) {
-      if (!probes[i].used) continue;
-      const char* key = probes[i].key;
-      unsigned char* p =
-          tnt_select(tnt_begin(c, IPROTO_SELECT), probes[i].space, probes[i].index, 0, 1);
-      p = key ? mp_str(p, key, strlen(key)) : mp_uint(p, 0);
-      int kind = round_trip(c, c->req, tnt_end(c, p));
-      if (kind == REPLY_OK || kind == REPLY_MISS) continue;  // limit 0: always no tuple
-      struct tnt_reply r = {.error = (const unsigned char*)""};
-      if (kind > 0) tnt_message((const unsigned char*)c->buf, c->len, &r);
-      fprintf(stderr, "loadgen: tarantool select from space %d index %d on %s:%s ", probes[i].space,
-              probes[i].index, cfg.host, cfg.port);
-      if (kind < 0) {
-        fprintf(stderr, "failed: %s; read: ", c->lost);
-        print_reply(c);
-      } else {
-        fprintf(stderr, "refused: error %llu: %.*s (%s?)\n", (unsigned long long)(r.code & 0x7fff),
-                (int)r.error_len, (const char*)r.error, probes[i].option);
-      }
-      exit(1);
-    }
-    return;
-  }
-  if (cfg.proto == PROTO_CLAMD) {
-    c->msgid = 1;
-    c->expect = CLAMD_PONG;
-    int kind = send_all(c->fd, "zIDSESSION", 11) < 0 ? -1 : round_trip(c, "zPING", 6);
-    if (kind == REPLY_OK) return;
-    const char* why = kind < 0 ? (c->lost ? c->lost : strerror(errno)) : "PING not answered PONG";
-    fprintf(stderr, "loadgen: IDSESSION %d with %s:%s failed: %s%s; read: ", c->id + 1, cfg.host,
-            cfg.port, why,
-            c->id > 0 && strncmp(why, "no reply", 8) == 0
-                ? " (clamd serves at most MaxQueue sessions at once, 100 by default)"
-                : "");
-    print_reply(c);
-    exit(1);
-  }
-  if (cfg.proto != PROTO_LDAP) return;
-  int reqs[3] = {LDAP_BIND, LDAP_SUFFIX, LDAP_OU};
-  int nreqs = cfg.op == OP_PREFILL && c->id == 0 ? 3 : 1;
-  for (int i = 0; i < nreqs; i++) {
-    int kind = round_trip(c, c->req, format_ldap(c, reqs[i], 0));
-    const char* what = reqs[i] == LDAP_BIND ? "bind as"
-                       : reqs[i] == LDAP_OU ? "add of " BENCH_BASE " by"
-                                            : "add of dc=lockstep,dc=test by";
-    if (kind < 0) {
-      fprintf(stderr, "loadgen: ldap %s %s on %s:%s failed: %s; read: ", what, cfg.bind_dn,
-              cfg.host, cfg.port, c->lost);
-      print_reply(c);
-      exit(1);
-    }
-    if (c->result == 0 || (c->result == 68 && reqs[i] != LDAP_BIND)) continue;
-    int id, code;
-    unsigned char op;
-    const unsigned char* diag = (const unsigned char*)"";
-    size_t diag_len = 0;
-    ldap_message((const unsigned char*)c->buf, c->len, &id, &op, &code, &diag, &diag_len);
-    fprintf(stderr, "loadgen: ldap %s %s on %s:%s refused: resultCode %d (%s)%s%.*s\n", what,
-            cfg.bind_dn, cfg.host, cfg.port, c->result, ldap_code_name(c->result),
-            diag_len ? ": " : "", (int)diag_len, (const char*)diag);
-    exit(1);
+  switch (cfg.proto) {
+    case PROTO_TARANTOOL: setup_tarantool(c); break;
+    case PROTO_CLAMD: setup_clamd(c); break;
+    case PROTO_LDAP: setup_ldap(c); break;
   }
 }
 
@@ -1589,14 +742,7 @@ int main(int argc, char** argv) {
   size_t vb = (size_t)cfg.value_bytes;
   value = malloc(vb);
   if (cfg.proto == PROTO_CLAMD) {
-    // Random-looking bytes, typed as plain data by clamd (letters would be text, which it
-    // scans differently); the same in every op and run, so clamd's cache of clean files hits.
-    uint64_t s = 0x5DEECE66DULL;
-    for (size_t i = 0; i < vb; i++) value[i] = (char)(next_rand(&s) >> 56);
-    clamd_clean = clamd_request(value, vb, &clamd_clean_len);
-    size_t sl = strlen(cfg.infected_string);  // value is not needed clean after this
-    memcpy(value + (vb - sl) / 2, cfg.infected_string, sl);
-    clamd_infected = clamd_request(value, vb, &clamd_infected_len);
+    make_clamd_streams();
   } else {
     for (size_t i = 0; i < vb; i++) value[i] = (char)('a' + i % 26);
   }
