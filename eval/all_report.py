@@ -4,7 +4,8 @@
     .venv/bin/python eval/all_report.py [--dir eval/out] [--status eval/out/all-status.jsonl]
 
 Reads only JSON, so it can be re-run: eval/out/APP.json of redis and memcached (eval/apps.py),
-mariadb (eval/mariadb.py), slapd, clamd and tarantool (eval/appbench.py), and, when `scripts/bench all`
+mariadb (eval/mariadb.py), slapd, clamd and tarantool (eval/appbench.py), gerbera (eval/gerbera.py:
+ab's requests/s and p50 of GET /cm.xml), and, when `scripts/bench all`
 wrote it, all-status.jsonl (one line per app: its exit status, when it started and ended, its
 log). For each app, op and connection count (1 and 16; MariaDB: sysbench threads), the
 replicated modes (lockstep, durability disk and memory) against unreplicated from the same
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ["redis", "memcached", "mariadb", "slapd", "clamd", "tarantool"]
+APPS = ["redis", "memcached", "mariadb", "slapd", "clamd", "tarantool", "gerbera"]
 OPS = {  # the ops in the order shown; the others an app's JSON has follow
     "redis": ["set", "get"],
     "memcached": ["set", "get"],
@@ -32,6 +33,7 @@ OPS = {  # the ops in the order shown; the others an app's JSON has follow
     "slapd": ["modify", "search", "add"],
     "clamd": ["scan"],
     "tarantool": ["doc-replace", "doc-get", "kv-set", "kv-get"],
+    "gerbera": ["GET /cm.xml"],
 }
 CONNS = [1, 16]
 DURABILITIES = ["disk", "memory"]

@@ -148,20 +148,20 @@ def prepare_profile_dir(profile, d, port):
             (d / src.name).write_bytes(data.replace(b"{dir}", str(d).encode()))
 
 
-def start_profile_server(ctx, app, name="unreplicated"):
+def start_profile_server(ctx, app, name="unreplicated", port=None, host=HOST):
     """Starts apps/APP.toml's server alone (no shim) in a fresh directory under ctx.work,
-    on a free loopback port, cwd that directory, and waits until it accepts connections
-    (the profile's ready_timeout_ms). Returns (proc, addr, dir); stop it with
-    ctx.procs.stop(proc) and remove dir."""
+    on port (default: a free loopback port), cwd that directory, and waits until it accepts
+    connections at host:port (the profile's ready_timeout_ms). Returns (proc, addr, dir);
+    stop it with ctx.procs.stop(proc) and remove dir."""
     profile = load_profile(app)
     timeout = profile.get("ready_timeout_ms", 10000) / 1000
     for attempt in range(3):
         d = Path(tempfile.mkdtemp(prefix=f"{app}-{name}-", dir=ctx.work))
-        port = apps.free_port()
-        prepare_profile_dir(profile, d, port)
-        argv = [render(x, port, d) for x in shlex.split(profile["command"])]
+        srv_port = port or apps.free_port()
+        prepare_profile_dir(profile, d, srv_port)
+        argv = [render(x, srv_port, d) for x in shlex.split(profile["command"])]
         p = ctx.procs.start(argv, d / "server.log", cwd=d)
-        addr = f"{HOST}:{port}"
+        addr = f"{host}:{srv_port}"
         try:
             apps.wait_ready(app, addr, p, timeout=timeout)
             return p, addr, d
@@ -174,9 +174,9 @@ def start_profile_server(ctx, app, name="unreplicated"):
 
 
 @contextlib.contextmanager
-def profile_server(ctx, app, name="unreplicated"):
+def profile_server(ctx, app, name="unreplicated", port=None, host=HOST):
     """start_profile_server as a context: yields (proc, addr, dir), then stops and removes."""
-    p, addr, d = start_profile_server(ctx, app, name)
+    p, addr, d = start_profile_server(ctx, app, name, port, host)
     try:
         yield p, addr, d
     finally:
@@ -327,6 +327,17 @@ def state_check(ctx, app, d, extra):
         out.update(same_state=same, replicas=summary)
         if not same:
             out["reason"] = "replicas' state differs: " + (detail or json.dumps(summary))
+    divergence_check(d, out)
+    out["ok"] = "reason" not in out
+    if not out["ok"]:
+        apps.keep_logs(ctx, d)
+    return out
+
+
+def divergence_check(d, out):
+    """`lockstep divergence list --json --dir D` into out["divergences"] (None if it failed);
+    any report: the list, the first reports' `divergence show`, and out["reason"] unless
+    one is there already."""
     r = apps.lockstep_run(["divergence", "list", "--json", "--dir", d], timeout=60)
     try:
         div = json.loads(r.stdout) if r.returncode == 0 else None
@@ -349,10 +360,6 @@ def state_check(ctx, app, d, extra):
             first = next(iter(shows.items()))
             log(f"  divergence show {first[0]}:\n{first[1][:3000]}")
         out.setdefault("reason", f"{len(div)} divergence report(s)")
-    out["ok"] = "reason" not in out
-    if not out["ok"]:
-        apps.keep_logs(ctx, d)
-    return out
 
 
 def check_text(c):

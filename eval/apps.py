@@ -377,16 +377,16 @@ def keep_logs(ctx, d):
 
 
 @contextlib.contextmanager
-def lockstep_cluster(ctx, app, durability, replicas=3, extra=()):
-    """Yields (dir, status JSON) of a running `cluster up --app APP [EXTRA]`; always brings
-    it down."""
+def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), base_port=None):
+    """Yields (dir, status JSON) of a running `cluster up --app APP [EXTRA]` (--base-port
+    base_port, or a free one); always brings it down."""
     why = lockstep_has_app()
     if why:
         raise Skip(why)
     d = Path(tempfile.mkdtemp(prefix=f"lockstep-{durability}-", dir=ctx.work))
     try:
         for attempt in range(3):
-            base = pick_base_port()
+            base = base_port or pick_base_port()
             cmd = ["cluster", "up", "--dir", d]
             cmd += f"--replicas {replicas} --base-port {base} --app {app}".split()
             cmd += f"--durability {durability} --transport shm".split() + list(extra)
@@ -468,6 +468,48 @@ def usage(pids):
     return cpu, switches
 
 
+def run_counted(cmd, pids, timeout):
+    """Runs cmd (a load generator) to its end, killed after timeout s (and on an error or
+    Ctrl-C), counting the CPU time and context switches of the processes pids ({class:
+    [pid]}) over its run. Returns (returncode, stdout, stderr, {class: (CPU s, switches)},
+    cmd's own rusage)."""
+    before = {k: usage(v) for k, v in pids.items()}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + timeout
+            while (done := os.wait4(p.pid, os.WNOHANG))[0] == 0:
+                if time.monotonic() > deadline:
+                    p.kill()
+                    done = os.wait4(p.pid, 0)
+                    break
+                time.sleep(0.05)
+        except BaseException:
+            if p.returncode is None:
+                with contextlib.suppress(OSError):
+                    p.kill()
+                    p.wait()
+            raise
+        p.returncode = os.waitstatus_to_exitcode(done[1])
+        after = {k: usage(v) for k, v in pids.items()}
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    spent = {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in pids}
+    return p.returncode, stdout, stderr, spent, done[2]
+
+
+def per_op(spent, rusage, n, own="loadgen"):
+    """{class: {"cpu_us", "switches"}} per op of n ops, from run_counted's spent and rusage
+    (the load generator's own under the class `own`)."""
+    out = {k: {"cpu_us": cpu * 1e6 / n, "switches": sw / n} for k, (cpu, sw) in spent.items()}
+    out[own] = {
+        "cpu_us": (rusage.ru_utime + rusage.ru_stime) * 1e6 / n,
+        "switches": (rusage.ru_nvcsw + rusage.ru_nivcsw) / n,
+    }
+    return out
+
+
 def loadgen(app, addr, conns, op, seconds, value_size, keys, pids=None, proto=None, extra=()):
     """One loadgen run; with pids ({class: [pid]}), also the CPU time and context switches
     per op of each class of process and of loadgen itself (its rusage), as
@@ -479,37 +521,12 @@ def loadgen(app, addr, conns, op, seconds, value_size, keys, pids=None, proto=No
     cmd += f"--seconds {seconds} --op {op} --value-bytes {value_size} --keys {keys}".split()
     cmd += ["--wait-replicas", "2", *map(str, extra)]
     pids = pids or {}
-    before = {k: usage(v) for k, v in pids.items()}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + seconds + 60
-        while (done := os.wait4(p.pid, os.WNOHANG))[0] == 0:
-            if time.monotonic() > deadline:
-                p.kill()
-                done = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.05)
-        p.returncode = os.waitstatus_to_exitcode(done[1])
-        after = {k: usage(v) for k, v in pids.items()}
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if p.returncode != 0:
-        raise RuntimeError(f"loadgen failed ({p.returncode}): {stderr.strip()} {stdout.strip()}")
+    rc, stdout, stderr, spent, ru = run_counted(cmd, pids, seconds + 60)
+    if rc != 0:
+        raise RuntimeError(f"loadgen failed ({rc}): {stderr.strip()} {stdout.strip()}")
     res = json.loads(stdout.strip().splitlines()[-1])
     if pids and res["ops"]:
-        ru, n = done[2], res["ops"]
-        res["per_op"] = {
-            k: {
-                "cpu_us": (after[k][0] - before[k][0]) * 1e6 / n,
-                "switches": (after[k][1] - before[k][1]) / n,
-            }
-            for k in pids
-        }
-        res["per_op"]["loadgen"] = {
-            "cpu_us": (ru.ru_utime + ru.ru_stime) * 1e6 / n,
-            "switches": (ru.ru_nvcsw + ru.ru_nivcsw) / n,
-        }
+        res["per_op"] = per_op(spent, ru, res["ops"])
     return res
 
 

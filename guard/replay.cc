@@ -234,7 +234,6 @@ void Replayer::Reattach(const std::vector<OpenConn>& conns) {
 }
 
 bool Replayer::Pump(uint64_t now_us) {
-  (void)now_us;
   bool did = false;
   gated_ = false;
   // A connection's inputs of this pass go in one send at the end (its order
@@ -251,6 +250,22 @@ bool Replayer::Pump(uint64_t now_us) {
     Step& s = queue_.front();
     auto it = conns_.find(s.key);
     bool live = it != conns_.end() && !it->second.server_closed && it->second.slot >= 0;
+    // A connection opens once the server has taken every input ordered before
+    // it (or after kAcceptAheadMaxUs, should the server wait for this
+    // connection before it reads those). Else a backup's server, whose
+    // replayed inputs arrive as fast as the log, would accept connections far
+    // ahead of executing them, where the leader's had no more open than its
+    // clients: libupnp's pool then refused the surplus ("too many jobs", 100)
+    // with replies the leader never sent.
+    if (s.kind == Kind::kAccept && it == conns_.end() && shim_->OrderPending() > 0) {
+      if (!accept_waiting_since_us_) accept_waiting_since_us_ = now_us;
+      if (now_us - accept_waiting_since_us_ < kAcceptAheadMaxUs) {
+        gated_ = true;
+        send_all();
+        return did;
+      }
+    }
+    if (s.kind == Kind::kAccept) accept_waiting_since_us_ = 0;
     // The order comes first: the shim lets the server read these bytes only
     // after everything ordered before them.
     if (s.kind != Kind::kAccept && live &&

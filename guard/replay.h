@@ -53,7 +53,8 @@ class Replayer {
   // Moves queued inputs into the sockets (and their order into the order
   // ring). True if it did anything.
   bool Pump(uint64_t now_us);
-  // True while the order ring is full: the server must read first.
+  // True while the order ring is full, or an accept waits: the server must
+  // read first.
   bool Gated() const { return gated_; }
   bool Owns(int fd) const { return by_fd_.count(fd) != 0; }
   void OnEvent(int fd, uint32_t events);
@@ -151,6 +152,10 @@ class Replayer {
   static constexpr size_t kGoneKept = 4096;
   std::map<uint32_t, ConnKey> gone_;  // shim connection number -> key, for ended ones
   bool gated_ = false;
+  // Accepts wait for the server to take what was ordered before them (Pump),
+  // for at most kAcceptAheadMaxUs: since when the current one waits, or 0.
+  static constexpr uint64_t kAcceptAheadMaxUs = 100000;
+  uint64_t accept_waiting_since_us_ = 0;
 };
 
 }  // namespace lockstep

@@ -266,6 +266,11 @@ void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn, uint64_t 
   unflushed_.push_back(ls_done_record{seq, conn, kind, clock_ns});
 }
 
+uint64_t ShimChannel::OrderPending() const {
+  uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
+  return order_written_ > tail ? order_written_ - tail : 0;
+}
+
 bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns,
                             uint64_t out_before) {
   LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);

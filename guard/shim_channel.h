@@ -93,6 +93,8 @@ class ShimChannel {
   // `slot` (LS_ORDER_DATA), or its EOF, after everything pushed before.
   // clock_ns: the input's wall-clock stamp (log_input.h). False when the
   // ring is full (wait for the shim). Published by Flush().
+  // Order records pushed that the shim has not taken yet.
+  uint64_t OrderPending() const;
   // out_before: the input's reply gate (log_input.h).
   bool PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns = 0,
                  uint64_t out_before = 0);
