@@ -525,17 +525,33 @@ def table(res):
             f"\nPrefill ({res['keys']} entries, {PREFILL_CONNS} connections, not timed "
             f"above), entries/s per server or cluster in order: {', '.join(rates)}\n"
         )
-    text += "\n## State checks (replicated modes, end of every cluster's life)\n\n"
-    text += "\n".join(check_text(c) for c in res["checks"]) or "none ran"
+    return text + checks_and_failures(res)
+
+
+def checks_and_failures(res, describe=None):
+    """The end of a bench's table: its state checks (each a line by describe, check_text
+    by default), then its failed phases."""
+    describe = describe or check_text
+    text = "\n## State checks (replicated modes, end of every cluster's life)\n\n"
+    text += "\n".join(describe(c) for c in res["checks"]) or "none ran"
     text += "\n"
     for f in res["failed"]:
         text += f"\nFAILED: {f['phase']}: {f['reason']}"
     return text + "\n"
 
 
-def report(res, js):
+def write_report(res, js, head, text, ops):
+    """Writes the JSON at js, and beside it the .md (head, text and the plot of ops) and
+    the .png; prints the text."""
     md, png = js.with_suffix(".md"), js.with_suffix(".png")
     js.write_text(json.dumps(res, indent=1) + "\n")
+    drew = apps.plot(res, png, ops=ops)
+    md.write_text(head + text + (f"\n![plot]({png.name})\n" if drew else ""))
+    print(text)
+    print(f"wrote {js}, {md}" + (f" and {png}" if drew else ""))
+
+
+def report(res, js):
     m = res["machine"]
     head = (
         f"# {res['app']} under lockstep — {m.get('date', '')}\n\n"
@@ -546,11 +562,7 @@ def report(res, js):
         f"against unreplicated in this run. CPU per op: daemons and servers from /proc (every "
         f"thread), loadgen from its rusage; medians over repeats.\n\n"
     )
-    text = table(res)
-    drew = apps.plot(res, png, ops=SPECS[res["app"]]["ops"])
-    md.write_text(head + text + (f"\n![plot]({png.name})\n" if drew else ""))
-    print(text)
-    print(f"wrote {js}, {md}" + (f" and {png}" if drew else ""))
+    write_report(res, js, head, table(res), SPECS[res["app"]]["ops"])
 
 
 def versions():

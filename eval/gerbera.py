@@ -315,17 +315,10 @@ def table(res):
             f"| {fmt(total, '{:.0f}')} |"
         )
     text = "\n".join(rows) + "\n"
-    text += "\n## State checks (replicated modes, end of every cluster's life)\n\n"
-    text += "\n".join(check_text(c) for c in res["checks"]) or "none ran"
-    text += "\n"
-    for f in res["failed"]:
-        text += f"\nFAILED: {f['phase']}: {f['reason']}"
-    return text + "\n"
+    return text + appbench.checks_and_failures(res, check_text)
 
 
 def report(res, js):
-    md, png = js.with_suffix(".md"), js.with_suffix(".png")
-    js.write_text(json.dumps(res, indent=1) + "\n")
     m = res["machine"]
     head = (
         f"# gerbera under lockstep — {m.get('date', '')}\n\n"
@@ -338,11 +331,7 @@ def report(res, js):
         f"(-e). Ratios are against unreplicated in this run. CPU per request: daemons and "
         f"servers from /proc (every thread), ab from its rusage; medians over repeats.\n\n"
     )
-    text = table(res)
-    drew = apps.plot(res, png, ops=[OP])
-    md.write_text(head + text + (f"\n![plot]({png.name})\n" if drew else ""))
-    print(text)
-    print(f"wrote {js}, {md}" + (f" and {png}" if drew else ""))
+    appbench.write_report(res, js, head, table(res), [OP])
 
 
 def versions():
