@@ -195,26 +195,39 @@ def mode_unreplicated(ctx, app):
         yield addr, {"servers": [p.pid]}, None
 
 
+def cluster_pids(st):
+    """{process class: [pid]} of a cluster's status, for the CPU accounting."""
+    reps = st["replicas"]
+    return {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
+
+
+@contextlib.contextmanager
+def naming_leader_change(d, st):
+    """Re-raises a RuntimeError of its body saying whether the cluster in d changed
+    leaders since status st (its clients lose their connections then)."""
+    try:
+        yield
+    except RuntimeError as e:
+        now = {}
+        with contextlib.suppress(Exception):
+            now = apps.cluster_status(d)
+        was = (st["leader"], st["client_addr"])
+        if now and (now.get("leader"), now.get("client_addr")) != was:
+            raise RuntimeError(
+                f"{e} [the leader changed during the run: replica {was[0]} at {was[1]} -> "
+                f"replica {now.get('leader')} at {now.get('client_addr')}]"
+            ) from e
+        raise
+
+
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx, app):
         with apps.lockstep_cluster(ctx, app, durability) as (d, st):
             addr = st["client_addr"]
             apps.wait_ready(app, addr)
-            reps = st["replicas"]
-            pids = {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
-            try:
-                yield addr, pids, d
-            except RuntimeError as e:  # say whether the leader moved (clients lose it then)
-                now = {}
-                with contextlib.suppress(Exception):
-                    now = apps.cluster_status(d)
-                if now and (now.get("leader"), now.get("client_addr")) != (st["leader"], addr):
-                    raise RuntimeError(
-                        f"{e} [the leader changed during the run: replica {st['leader']} at "
-                        f"{addr} -> replica {now.get('leader')} at {now.get('client_addr')}]"
-                    ) from e
-                raise
+            with naming_leader_change(d, st):
+                yield addr, cluster_pids(st), d
 
     return mode
 

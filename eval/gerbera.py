@@ -109,24 +109,8 @@ def mode_replicated(durability):
             port = apps.split_addr(st["client_addr"])[1]
             addr = f"{netns.ADDR}:{port}"
             apps.wait_ready(APP, addr)
-            reps = st["replicas"]
-            pids = {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
-            try:
-                yield addr, pids, d
-            except RuntimeError as e:  # say whether the leader moved (clients lose it then)
-                now = {}
-                with contextlib.suppress(Exception):
-                    now = apps.cluster_status(d)
-                if now and (now.get("leader"), now.get("client_addr")) != (
-                    st["leader"],
-                    st["client_addr"],
-                ):
-                    raise RuntimeError(
-                        f"{e} [the leader changed during the run: replica {st['leader']} at "
-                        f"{st['client_addr']} -> replica {now.get('leader')} at "
-                        f"{now.get('client_addr')}]"
-                    ) from e
-                raise
+            with appbench.naming_leader_change(d, st):
+                yield addr, appbench.cluster_pids(st), d
 
     return mode
 

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LOCKSTEP
+from conftest import LOCKSTEP, Cluster
 from netns import ADDR, BASE_PORT, IP, Netns, NotPermitted, cluster_server_ports
 
 pytestmark = pytest.mark.skipif(
@@ -135,12 +135,13 @@ def _client_main():
 # ---------------------------------------------------------------- namespace and cluster
 
 
-class NsCluster:
-    """conftest.Cluster's calls, every lockstep command run in the namespace."""
+class NsCluster(Cluster):
+    """conftest.Cluster, every lockstep command run in the namespace (its
+    waits and addresses come from status(), which runs there)."""
 
     def __init__(self, ns, directory):
+        super().__init__(directory, BASE_PORT)
         self.ns = ns
-        self.dir = directory
         self.dir.mkdir()
 
     def lockstep(self, *args, check=True, timeout=120):
@@ -151,30 +152,12 @@ class NsCluster:
 
     def up(self):
         self.lockstep(
-            *("cluster", "up", "--dir", self.dir, "--base-port", BASE_PORT),
+            *("cluster", "up", "--dir", self.dir, "--base-port", self.base_port),
             *("--replicas", 3, "--transport", "shm", "--app", "gerbera"),
         )
 
     def status(self):
         return json.loads(self.lockstep("cluster", "status", "--json", "--dir", self.dir).stdout)
-
-    def wait(self, predicate, timeout=10.0, what="condition"):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            s = self.status()
-            if predicate(s):
-                return s
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}: {self.status()}")
-
-    def client_addr(self, timeout=10.0):
-        s = self.wait(lambda s: s.get("client_addr"), timeout, "a leader's server")
-        host, port = s["client_addr"].rsplit(":", 1)
-        return host, int(port)
-
-    def server_addr(self, replica):
-        host, port = self.status()["replicas"][replica]["server_addr"].rsplit(":", 1)
-        return host, int(port)
 
     def applied(self, timeout=60):
         def done(s):
