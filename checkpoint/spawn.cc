@@ -1,9 +1,11 @@
 // spawn.cc — fork+exec of a helper program from a multithreaded daemon (see spawn.h).
 #include "checkpoint/spawn.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -237,6 +239,43 @@ SpawnResult Spawn(const SpawnOptions& o) {
   }
   result.pid = pid;
   return result;
+}
+
+bool ProcessEnded(pid_t pid) {
+  // Every thread exiting or a zombie. Killed threads that a tracer (criu)
+  // has not reaped stay zombies one by one, and the last thread of a pid
+  // namespace's init waits in its exit until they are reaped; a leader
+  // thread that exited alone is a zombie while its process runs on.
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING in /proc/PID/stat's flags
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", static_cast<int>(pid));
+  DIR* tasks = opendir(path);
+  if (!tasks) return errno == ENOENT || errno == ESRCH;
+  bool ended = true;
+  while (struct dirent* t = readdir(tasks)) {
+    if (t->d_name[0] == '.') continue;
+    char stat_path[96];
+    snprintf(stat_path, sizeof stat_path, "/proc/%d/task/%s/stat", static_cast<int>(pid),
+             t->d_name);
+    FILE* f = fopen(stat_path, "re");
+    if (!f) continue;  // that thread is gone
+    char buf[512];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    // "tid (comm) state ppid pgrp session tty tpgid flags ...": comm may
+    // hold spaces and parentheses.
+    const char* close = strrchr(buf, ')');
+    char state = '?';
+    unsigned long flags = 0;
+    if (!close || sscanf(close + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2 ||
+        (state != 'Z' && state != 'X' && !(flags & kExiting))) {
+      ended = false;
+      break;
+    }
+  }
+  closedir(tasks);
+  return ended;
 }
 
 }  // namespace lockstep

@@ -81,4 +81,9 @@ SpawnResult Spawn(const SpawnOptions& options);
 // -1 with errno if the dup fails.
 int MoveAboveStdio(int fd);
 
+// True once process pid has ended: gone, or a zombie its parent (or a
+// tracer) has not reaped yet. Reads /proc only: it never reaps, so it may
+// ask about another's child or a traced process.
+bool ProcessEnded(pid_t pid);
+
 }  // namespace lockstep

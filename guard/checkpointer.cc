@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "checkpoint/spawn.h"
 #include "guard/client.h"
 
 namespace lockstep {
@@ -109,6 +110,7 @@ bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pi
   }
   pending_extra_ = std::move(extra);
   pending_started_us_ = now_us;
+  dump_server_pid_ = server_pid;
   return true;
 }
 
@@ -123,7 +125,10 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
   if (commit_thread_.joinable() && commit_done_.load()) FinishCommit();
   if (!job_ || !job_->running()) return;
   CriuResult r;
-  if (!job_->Poll(&r)) return;
+  if (!job_->Poll(&r)) {
+    if (ProcessEnded(dump_server_pid_)) AbandonDump("the server died during the dump");
+    return;
+  }
   uint64_t index = pending_.index;
   if (!r.ok) {
     // criu's log goes with the aborted images: keep a copy where people look.
@@ -149,7 +154,11 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
     // dump) fails every time: stop trying instead of freezing it again and
     // again. A timeout may be a passing stall, and a full file system may
     // get space back: try again at the next turn.
-    bool passing = r.timed_out || no_space;
+    // Nor does one whose server died under it (killed, or crashed: the
+    // guard restores it).
+    bool server_died = ProcessEnded(dump_server_pid_);
+    if (server_died) last_error_ += "; the server died during the dump";
+    bool passing = r.timed_out || no_space || server_died;
     if (!passing) broken_ = r.error;
     log_("CHECKPOINT FAILED: " + last_error_ +
          (no_space ? "; the checkpoints' file system (" + store_.dir() +

@@ -63,7 +63,10 @@ class Checkpointer {
   // is about to be replaced: its data directory no longer matches them).
   void AbandonDump(const std::string& why);
   // Collects a finished dump: copies data_dir (the server is still paused)
-  // and starts the commit thread. Collects a finished commit too.
+  // and starts the commit thread. Collects a finished commit too. A dump
+  // whose server died under it is abandoned at once: criu may wait on the
+  // dead process far longer than the timeout the caller could bear, and the
+  // server cannot be reaped (and restored) while criu traces it.
   void Poll(const std::string& data_dir, uint64_t now_us);
 
   // The newest good checkpoint with index <= max_index; damaged ones are
@@ -100,6 +103,7 @@ class Checkpointer {
   LogFn log_;
   CheckpointStore store_;
   std::unique_ptr<CriuJob> job_;
+  pid_t dump_server_pid_ = 0;  // the server the dump in flight is of
   PendingCheckpoint pending_;
   std::string pending_extra_;
   uint64_t pending_started_us_ = 0;

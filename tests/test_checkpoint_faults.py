@@ -10,6 +10,9 @@
   left or listed, the server comes back from the newest good checkpoint
   plus the log, every replica holds the same data, and no criu, redis or
   daemon of the killed replica lives on.
+- A backup's server SIGKILLed while CRIU holds it seized: the dump is
+  dropped at once and the server restored (criu used to keep the dead
+  server for the dump's whole timeout), and checkpoints go on.
 - A backup whose checkpoint directory is a small tmpfs that a checkpoint
   does not fit in: the failure is reported (the CLI, cluster status and the
   replica's log name the lack of space), nothing half-written counts as a
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run
+from conftest import LOCKSTEP, run
 from resp import Redis
 from test_checkpoint import backups, checkpoints, ck, kill_server_and_await_restore, replica_log
 from test_redis import assert_same_data
@@ -84,6 +87,20 @@ def children(pid):
         if ppid == pid:
             out.append((int(p.name), comm))
     return out
+
+
+def criu_child(daemon):
+    """The pid of a criu the daemon runs, or None (reads only the daemon's
+    own children lists: quick enough to poll in a tight loop)."""
+    for task in Path(f"/proc/{daemon}/task").iterdir():
+        try:
+            kids = (task / "children").read_text().split()
+            for k in kids:
+                if Path(f"/proc/{k}/comm").read_text().strip() == "criu":
+                    return int(k)
+        except OSError:
+            continue
+    return None
 
 
 def processes_of(directory):
@@ -300,6 +317,82 @@ def test_daemon_killed_while_criu_dumps(cluster, moment):
         # Whatever the outcome, the criu this test made a stray does not
         # outlive the test (by pid, only if it is still that process).
         if alive(criu, criu_t0):
+            os.kill(criu, signal.SIGKILL)
+
+
+def test_server_killed_while_criu_holds_it(cluster):
+    # A backup's server SIGKILLed while CRIU has it seized (CI: a memcached
+    # killed while criu waited in wait4() for it to run injected code). criu
+    # then waits on the dead server past any bearable time, and the daemon
+    # cannot reap it while criu traces it: that replica's server stayed down
+    # for the whole dump timeout (60 s), and the failed dump then turned its
+    # checkpoints off for good. Made certain here by stopping criu once it
+    # has seized the server: the daemon must drop the dump, restore the
+    # server, and keep taking checkpoints.
+    c = cluster
+    c.up(app="redis", extra=("--checkpoint-entries", "1000000"))
+    client = Redis(c.client_addr())
+    load_keys(client, 0, 1000, "v")
+    b = backups(c)[0]
+    wait_caught_up(c, b)
+    run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir)
+    load_keys(client, 1000, 50_000, "x" * 64)  # a dump long enough to catch
+    wait_caught_up(c, b)
+    s = c.status()["replicas"][b]
+    daemon, server, failed = s["pid"], s["server_pid"], ck(c.status(), b)["failed"]
+    criu = criu_t0 = None
+    try:
+        for attempt in range(20):
+            load_keys(client, 51_000 + attempt, 1, "t")  # each try a new index
+            wait_caught_up(c, b)
+            asked = subprocess.Popen(
+                [str(LOCKSTEP), "checkpoint", "now", "--id", str(b), "--dir", str(c.dir)],
+                stdout=subprocess.DEVNULL,
+            )
+            # Polled without sleeping: the dump lasts tens of ms.
+            end = time.monotonic() + 30
+            while not (criu := criu_child(daemon)):
+                assert time.monotonic() < end, f"no criu child of replica {b}'s daemon"
+            criu_t0 = start_time(criu)
+            # Stop criu at a moment it holds every thread of the server.
+            while alive(criu, criu_t0):
+                os.kill(criu, signal.SIGSTOP)
+                if thread_state(server) == "t":
+                    break
+                os.kill(criu, signal.SIGCONT)
+                time.sleep(0.002)
+            asked.wait(30)
+            if alive(criu, criu_t0):
+                break
+            # Missed (the dump ended first): again, once it is committed.
+            c.wait(lambda s: not ck(s, b)["dumping"], 30, "the missed dump")
+        assert thread_state(server) == "t", "criu never caught holding the server"
+        os.kill(server, signal.SIGKILL)
+        s = c.wait(
+            lambda s: (
+                s["replicas"][b]["server_pid"] not in (0, server)
+                and ck(s, b).get("server_state") == "running"
+            ),
+            20,
+            f"replica {b}'s server restored while criu is stopped",
+        )
+        assert s["replicas"][b]["pid"] == daemon
+        assert not alive(criu, criu_t0) or thread_state(criu) == "Z", "criu was not ended"
+        log = replica_log(c, b)
+        assert "abandoned: the server died during the dump" in log, log[-3000:]
+        assert "restored checkpoint" in log, log[-3000:]
+        # Not taken for a server CRIU cannot dump: checkpoints go on.
+        assert ck(s, b)["enabled"] and not ck(s, b)["error"], ck(s, b)
+        load_keys(client, 60_000, 100, "y")
+        wait_caught_up(c, b)
+        taken = ck(c.status(), b)["taken"]
+        run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir)
+        after = ck(c.status(), b)
+        assert after["taken"] > taken and after["failed"] == failed, after
+        _digest, size = assert_same_data(c, timeout=60)
+        assert size == 51_100 + attempt + 1
+    finally:
+        if criu and alive(criu, criu_t0):
             os.kill(criu, signal.SIGKILL)
 
 
