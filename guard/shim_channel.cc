@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -356,9 +357,19 @@ int ShimChannel::ClaimReplaySlot(int port) {
   s.read_bytes.store(0);
   s.eof_read.store(0);
   s.accepted.store(0);
+  s.claim.store(NextClaim());
   s.port.store(static_cast<uint32_t>(port));
   hdr_->replay_port_bits[port / 64].fetch_or(uint64_t{1} << (port % 64));
   return slot;
+}
+
+uint32_t ShimChannel::NextClaim() {
+  // From a random start: a server restored from a checkpoint remembers
+  // claims of an earlier daemon's region, which must not match this one's.
+  if (!last_claim_ && getrandom(&last_claim_, sizeof last_claim_, 0) != sizeof last_claim_)
+    last_claim_ = static_cast<uint32_t>(time(nullptr)) * 2654435761u;
+  if (++last_claim_ == 0) ++last_claim_;
+  return last_claim_;
 }
 
 int ShimChannel::ReattachReplaySlot(int slot, int port) {
@@ -366,6 +377,7 @@ int ShimChannel::ReattachReplaySlot(int slot, int port) {
       port > static_cast<int>(kMaxPort))
     return -1;
   ls_replay_slot& s = hdr_->replay[slot];
+  s.claim.store(NextClaim());
   uint32_t old = s.port.exchange(static_cast<uint32_t>(port));
   if (old && old <= kMaxPort)
     hdr_->replay_port_bits[old / 64].fetch_and(~(uint64_t{1} << (old % 64)));

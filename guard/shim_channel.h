@@ -189,6 +189,7 @@ class ShimChannel {
  private:
   void Fail(const std::string& why);
   void ReuseSlots();
+  uint32_t NextClaim();  // a fresh ls_replay_slot::claim
   void UseRings();
   bool TakeOutputHead(uint64_t* head);
 
@@ -221,6 +222,7 @@ class ShimChannel {
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned
   std::vector<ls_done_record> unflushed_;
   std::vector<int> free_slots_;
+  uint32_t last_claim_ = 0;  // ls_replay_slot::claim: the last one drawn (random start)
   std::deque<std::pair<int, uint64_t>> held_slots_;  // (slot, order records written then)
   std::string error_;
 };

@@ -116,10 +116,10 @@ static struct conn* by_slot[LS_MAX_REPLAY];     /* replay connections by slot */
  * none): the slot's order records are skipped while the slot still names
  * that port, and wait (a new connection, not accepted yet) once the daemon
  * has given the slot to another port. */
-static uint32_t slot_closed_port[LS_MAX_REPLAY];
-static uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
-uint8_t wake_in_epfd[LS_MAX_FD];       /* shim_internal.h */
-int set_wake_fd[LS_MAX_FD];            /* shim_internal.h */
+static uint32_t slot_closed_claim[LS_MAX_REPLAY]; /* the claim whose connection the server closed */
+static uint8_t listen_kind[LS_MAX_FD];            /* 0 unknown, 1 client port, 2 other */
+uint8_t wake_in_epfd[LS_MAX_FD];                  /* shim_internal.h */
+int set_wake_fd[LS_MAX_FD];                       /* shim_internal.h */
 static struct chunk fifo[LS_FIFO_SLOTS];
 uint64_t fifo_head_seq = 1, fifo_count; /* shim_internal.h */
 static uint64_t next_conn_no = 1;
@@ -501,13 +501,23 @@ static void drain_order(void) {
     if (r->slot >= LS_MAX_REPLAY) continue;
     struct conn* c = by_slot[r->slot];
     /* Nothing to deliver when the server closed the slot's connection
-     * (slot_closed_port), or the daemon released the slot (port 0): it does
+     * (slot_closed_claim), or the daemon released the slot (port 0): it does
      * so once the server closed it, and reuses it only after this ring
      * named it for the last time (shim_channel.cc ReleaseReplaySlot). A
      * server that closes after its reply while the client's EOF is still
-     * ordered (HTTP/1.0) leaves such records behind. */
+     * ordered (HTTP/1.0) leaves such records behind. Not by port: the next
+     * claim of the slot may get the same port, and its first input was then
+     * dropped as the closed one's (gerbera under load: a backup's libupnp
+     * read EOF first and answered 400). */
     uint32_t port = atomic_load(&hdr->replay[r->slot].port);
-    if (!c && (port == 0 || slot_closed_port[r->slot] == port)) continue;
+    uint32_t claim = atomic_load(&hdr->replay[r->slot].claim);
+    /* Every record of an earlier claim was taken before the daemon claimed
+     * the slot again: the record is the current claim's. A connection of an
+     * earlier claim still under the slot was shut down by the server, not
+     * yet closed (libupnp: shutdown, then close; the daemon released the
+     * slot at the shutdown): the record waits for the new one's accept. */
+    if (c && c->replay_claim != claim) c = NULL;
+    if (!c && (port == 0 || slot_closed_claim[r->slot] == claim)) continue;
     if (!c) break; /* not accepted yet: it and all after it wait */
     if (!gate_open(tail, c, r->out_before)) break;
     if (r->kind == LS_ORDER_DATA) {
@@ -1020,6 +1030,7 @@ static int after_accept(int lfd, int fd, int flags) {
       struct conn* restored = by_slot[slot];
       if (restored && restored->fd >= 0) {
         reattach(restored, fd); /* the server keeps its fd; this one is not its business */
+        restored->replay_claim = atomic_load(&hdr->replay[slot].claim);
         atomic_store(&hdr->replay[slot].accepted, 1);
         drain_done();
         pthread_mutex_unlock(&mu);
@@ -1035,9 +1046,10 @@ static int after_accept(int lfd, int fd, int flags) {
       r->fd = fd;
       r->epfd = -1;
       r->replay_slot = slot;
+      r->replay_claim = atomic_load(&hdr->replay[slot].claim); /* set before the port */
       r->accept_state = ACCEPT_COMMITTED;
       pthread_mutex_lock(&mu);
-      slot_closed_port[slot] = 0;
+      slot_closed_claim[slot] = 0; /* claims are never 0 */
       r->no = (uint32_t)next_conn_no++;
       by_fd[fd] = r;
       by_slot[slot] = r;
@@ -1148,7 +1160,9 @@ int close(int fd) {
       by_fd[fd] = NULL;
       if (c->replay_slot >= 0 && by_slot[c->replay_slot] == c) {
         by_slot[c->replay_slot] = NULL;
-        slot_closed_port[c->replay_slot] = atomic_load(&hdr->replay[c->replay_slot].port);
+        /* Its own claim, not the slot's: after the server's shutdown() the
+         * daemon may have released the slot and claimed it again already. */
+        slot_closed_claim[c->replay_slot] = c->replay_claim;
       }
       /* The server closed a client connection on its own: the backups'
        * copies must close theirs at the same point of the log. */

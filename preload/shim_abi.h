@@ -99,7 +99,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 11u
+#define LS_SHIM_VERSION 12u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -249,6 +249,12 @@ struct ls_replay_slot {
   /* The shim's number of the connection (the `conn` of its output records),
    * set before `accepted`. */
   LS_ATOMIC(uint32_t) conn;
+  /* Which use of the slot this is: a number the daemon draws anew (never 0,
+   * from a random start) each time it claims or reattaches the slot, set
+   * before `port`. The shim remembers the claim whose connection its server
+   * closed, to drop that connection's leftover order records: a port cannot
+   * tell, since the next claim may get the same port from the kernel. */
+  LS_ATOMIC(uint32_t) claim;
 };
 
 struct ls_shim_header {

@@ -58,8 +58,9 @@ struct conn {
   int broken;          /* an input was dropped: nothing past it is delivered */
   int gap;         /* client bytes were discarded (not the leader): none past them is submitted */
   int replay_slot; /* >= 0: the daemon's replay connection (order from the order ring) */
-  int detached;    /* a dead restored socket, taken out of the kernel's epoll set */
-  char* inbox;     /* stream bytes from inbox_base on */
+  uint32_t replay_claim; /* the slot's claim it was accepted (or reattached) under */
+  int detached;          /* a dead restored socket, taken out of the kernel's epoll set */
+  char* inbox;           /* stream bytes from inbox_base on */
   uint64_t inbox_base, inbox_cap;
   uint64_t received;      /* stream bytes taken from the kernel */
   uint64_t committed_end; /* stream bytes agreed (contiguous) */
