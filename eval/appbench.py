@@ -148,6 +148,16 @@ def prepare_profile_dir(profile, d, port):
             (d / src.name).write_bytes(data.replace(b"{dir}", str(d).encode()))
 
 
+def wait_log(proc, text, timeout):
+    """Waits until proc's log holds text (the profile's ready_log: a server that
+    listens before it serves says when it serves); nothing to wait for without it."""
+    end = time.monotonic() + timeout
+    while text and text not in Path(proc.logpath).read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(f"{proc.cmd_name}'s log never said {text!r}")
+        time.sleep(0.05)
+
+
 def start_profile_server(ctx, app, name="unreplicated", port=None, host=HOST):
     """Starts apps/APP.toml's server alone (no shim) in a fresh directory under ctx.work,
     on port (default: a free loopback port), cwd that directory, and waits until it accepts
@@ -164,6 +174,7 @@ def start_profile_server(ctx, app, name="unreplicated", port=None, host=HOST):
         addr = f"{host}:{srv_port}"
         try:
             apps.wait_ready(app, addr, p, timeout=timeout)
+            wait_log(p, profile.get("ready_log"), timeout)
             return p, addr, d
         except RuntimeError:
             ctx.procs.stop(p)

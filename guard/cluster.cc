@@ -87,6 +87,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->command = p.command;
     server->app = p.name;
     server->ready_timeout_ms = p.ready_timeout_ms;
+    server->ready_log = p.ready_log;
     server->same_random = p.same_random;
     server->same_clock = p.same_clock;
     server->serial_inputs = p.serial_inputs;
@@ -171,6 +172,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeString("description", &p.description, false, error) ||
       !t.TakeString("bench", &p.bench, false, error) ||
       !t.TakeInt("ready_timeout_ms", &timeout, false, 100, 3600000, error) ||
+      !t.TakeString("ready_log", &p.ready_log, false, error) ||
       !t.TakeBool("same_random", &p.same_random, error) ||
       !t.TakeBool("same_clock", &p.same_clock, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||

@@ -44,6 +44,7 @@ struct AppProfile {
   std::string name;     // NAME
   std::string command;  // template: {port} and {dir} are replaced per replica
   uint64_t ready_timeout_ms = 10000;
+  std::string ready_log;                 // ServerConfig::ready_log (config.h)
   bool same_random = false;              // the server's randomness is the same on every replica
   bool same_clock = false;               // its wall clock too: the leader's time of each input
   bool serial_inputs = false;            // one input executes at a time (config.h)

@@ -382,6 +382,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     n = 0;
     if (!s.TakeInt("ready_timeout_ms", &n, false, 100, 3600000, error)) return false;
     if (n) c.server.ready_timeout_ms = n;
+    if (!s.TakeString("ready_log", &c.server.ready_log, false, error)) return false;
     if (!s.TakeBool("same_random", &c.server.same_random, error)) return false;
     if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
@@ -504,6 +505,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       << "command = " << TomlQuote(c.server.command) << "\n";
     if (!c.server.app.empty()) o << "app = " << TomlQuote(c.server.app) << "\n";
     o << "ready_timeout_ms = " << c.server.ready_timeout_ms << "\n";
+    if (!c.server.ready_log.empty())
+      o << "# ready once it listens and its log says this\n"
+        << "ready_log = " << TomlQuote(c.server.ready_log) << "\n";
     if (c.server.same_random)
       o << "# the server's randomness is the same on every replica (preload/shim_random.c)\n"
         << "same_random = true\n";

@@ -18,6 +18,8 @@
 //                           # shell would ('...', "...", backslash), run without a shell
 //   app = "redis"           # optional: the apps/ profile it came from (informational)
 //   ready_timeout_ms = 10000  # optional: how long the server may take to listen
+//   ready_log = "text"      # optional: the server is ready once it listens and its log
+//                           # (stdout and stderr) holds this text
 //   unchecked_replies = "INFO, CLIENT LIST"  # optional: redis-protocol commands whose
 //                           # replies are not compared between replicas (shim_unchecked.c)
 //   same_random = true      # optional (false): the server's randomness is the same on every
@@ -128,6 +130,8 @@ struct ClusterConfig {
     std::string command;  // template: {port} and {dir} are replaced per replica
     std::string app;      // the apps/ profile it came from, if any
     uint64_t ready_timeout_ms = 10000;
+    // Not ready until its log holds this text (empty: once it listens).
+    std::string ready_log;
     // Every replica's server draws the same random numbers (getrandom,
     // /dev/urandom, the libc generators' seeds: preload/shim_random.c), so
     // that commands picking at random (redis SPOP, SRANDMEMBER, RANDOMKEY)

@@ -68,6 +68,13 @@ std::string Describe(int status) {
 }
 
 // The last `lines` non-empty lines of a file, each indented; "" if none.
+// The file holds `text` (read whole: a server's log at start-up is small).
+bool LogHas(const std::string& path, const std::string& text) {
+  std::ifstream f(path, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return all.find(text) != std::string::npos;
+}
+
 std::string Tail(const std::string& path, int lines) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return "";
@@ -444,7 +451,7 @@ void ServerProcess::Kill() {
 }
 
 bool ServerProcess::WaitReady(const std::string& host, int port, uint64_t timeout_ms,
-                              std::string* error) {
+                              std::string* error, const std::string& ready_log) {
   std::string where = host + ":" + std::to_string(port);
   if (!pid_) {
     *error = "no server was started";
@@ -467,32 +474,41 @@ bool ServerProcess::WaitReady(const std::string& host, int port, uint64_t timeou
   };
   auto start = std::chrono::steady_clock::now();
   auto deadline = start + std::chrono::milliseconds(timeout_ms);
-  bool ready = false;
+  bool ready = false, listening = false;
   for (;;) {
     std::string how;
     if (Exited(&how)) {
-      *error = "server " + name_ + " " + how + " before listening on " + where;
+      *error = "server " + name_ + " " + how + " before " +
+               (listening ? "its log said \"" + ready_log + "\"" : "listening on " + where);
       if (how == "exited with status 0") *error += " (it must stay in the foreground)";
       *error += log_tail();
       break;
     }
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    // One connection that succeeds is enough: each is one more the server
+    // sees (and one more in its backlog while it does not accept yet).
+    int fd = listening ? -1 : socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd >= 0) {
       if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-        ready = true;
+        listening = true;
       } else if (errno == EINPROGRESS) {
         pollfd p{fd, POLLOUT, 0};
         int err = 0;
         socklen_t len = sizeof err;
-        ready = poll(&p, 1, 100) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
-                err == 0;
+        listening = poll(&p, 1, 100) == 1 &&
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
       }
       close(fd);
     }
+    // Some servers listen before they serve (gerbera answers 500 until it
+    // has registered its web handlers): their log says when.
+    ready = listening && (ready_log.empty() || LogHas(log_path_, ready_log));
     if (ready) break;
     if (std::chrono::steady_clock::now() >= deadline) {
-      *error = "server " + name_ + " (pid " + std::to_string(pid_) + ") is not listening on " +
-               where + " after " + std::to_string(timeout_ms) + " ms" + log_tail();
+      *error = "server " + name_ + " (pid " + std::to_string(pid_) + ") " +
+               (listening ? "listens on " + where + " but its log has not said \"" + ready_log +
+                                "\" (the profile's ready_log)"
+                          : "is not listening on " + where) +
+               " after " + std::to_string(timeout_ms) + " ms" + log_tail();
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -82,9 +82,11 @@ class ServerProcess {
   void Adopt(pid_t pid, const std::string& name, const std::string& log_path);
 
   // Polls every 5 ms until a TCP connection to host:port succeeds (it is
-  // closed at once), the server exits, or timeout_ms passes; the error then
+  // closed at once) and, if ready_log is not empty, the server's log holds
+  // that text; or the server exits, or timeout_ms passes: the error then
   // says which and quotes the last lines of the log.
-  bool WaitReady(const std::string& host, int port, uint64_t timeout_ms, std::string* error);
+  bool WaitReady(const std::string& host, int port, uint64_t timeout_ms, std::string* error,
+                 const std::string& ready_log = "");
 
   // Non-blocking: true once the server has exited, with how = "exited with
   // status 1" or "killed by signal 9" (reaped; what is left of its process

@@ -111,7 +111,8 @@ bool ServerPipeline::LaunchServer(std::string* error) {
     *error = "cannot start the server: " + *error;
     return false;
   }
-  if (!server_->WaitReady(me_.host, me_.server_port, cfg_.server.ready_timeout_ms, error))
+  if (!server_->WaitReady(me_.host, me_.server_port, cfg_.server.ready_timeout_ms, error,
+                          cfg_.server.ready_log))
     return false;
   if (!shim_->shim_attached()) {
     *error =

@@ -211,6 +211,30 @@ TEST(ServerProcess, WaitReady) {
   EXPECT_EQ(how, "killed by signal 15");
 }
 
+// A server that listens before it serves says so in its log (ready_log):
+// listening alone is not ready then.
+TEST(ServerProcess, WaitReadyForTheLogLine) {
+  TempDir t;
+  int port;
+  int lfd = Listen(&port);
+  ServerProcess s;
+  std::string err;
+  ASSERT_TRUE(s.Start({"sh", "-c", "echo starting; sleep 0.5; echo serving now; sleep 100"},
+                      t.path(), t.path() + "/log", {}, {}, &err))
+      << err;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(s.WaitReady("127.0.0.1", port, 5000, &err, "serving now")) << err;
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(400));
+  EXPECT_FALSE(s.WaitReady("127.0.0.1", port, 200, &err, "never said"));
+  EXPECT_NE(err.find("listens on 127.0.0.1:" + std::to_string(port) +
+                     " but its log has not said \"never said\" (the profile's ready_log) after "
+                     "200 ms"),
+            std::string::npos)
+      << err;
+  close(lfd);
+  s.Stop();
+}
+
 TEST(ServerProcess, ExitBeforeListeningQuotesTheLog) {
   TempDir t;
   std::string log = t.path() + "/server.log";

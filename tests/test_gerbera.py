@@ -437,6 +437,13 @@ def assert_no_divergence(cluster):
 
 def test_pages_and_the_web_ui_through_the_leader_replicas_alike(gerbera):
     addr = gerbera.client_addr()
+    # `cluster up` returned once the leader's gerbera serves, not merely
+    # listens (the profile's ready_log): before that it answers 500, and the
+    # first request after `up` did, on the leader alone.
+    leader_log = gerbera.dir / f"replica-{gerbera.leader()}" / "server.log"
+    assert "The Web UI can be reached" in leader_log.read_text(errors="replace")
+    first = http(gerbera, addr, [get("/cm.xml")])[0]
+    assert first.startswith("HTTP/1.1 200"), first[:300]
     sid = new_session(gerbera, addr)  # first: see new_session
     check_pages(gerbera, addr)
     titles = [f"album-{i}" for i in range(8)]
