@@ -248,3 +248,63 @@ def pytest_runtest_makereport(item, call):
         noise = (" slow ", " slept ", "not scheduled for")
         shown = [line for line in lines if not any(n in line for n in noise)][-40:]
         report.sections.append((f"end of {log.parent.name}/{log.name}", "\n".join(shown)))
+
+
+# ---------------------------------------------------------------- skips
+#
+# A skipped test proves nothing, so a skip fails the run unless it is
+# declared in tests/declared_skips.txt (a node id, or the start of one, and
+# why); every skip is printed at the end either way. On a machine that lacks
+# what scripts/setup installs, LOCKSTEP_ALLOW_SKIPS=1 lets undeclared skips
+# pass (they are still printed and counted).
+
+DECLARED_SKIPS_FILE = ROOT / "tests" / "declared_skips.txt"
+_skips = []  # (node id, reason)
+
+
+def declared_skips():
+    """[(node id prefix, why)] from tests/declared_skips.txt."""
+    out = []
+    for line in DECLARED_SKIPS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            nodeid, _, why = line.partition(" ")
+            out.append((nodeid, why.strip()))
+    return out
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+
+def undeclared_skips():
+    declared = [d for d, _ in declared_skips()]
+    return [(n, r) for n, r in _skips if not any(n.startswith(d) for d in declared)]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _skips:
+        return
+    undeclared = undeclared_skips()
+    tr = terminalreporter
+    tr.section(f"{len(_skips)} skipped ({len(undeclared)} not declared)")
+    for nodeid, reason in _skips:
+        mark = "UNDECLARED" if (nodeid, reason) in undeclared else "declared"
+        tr.line(f"{mark:10} {nodeid}: {reason}")
+    if undeclared and os.environ.get("LOCKSTEP_ALLOW_SKIPS") != "1":
+        tr.line(
+            f"{len(undeclared)} undeclared skip(s) fail this run: declare them in "
+            f"{DECLARED_SKIPS_FILE.relative_to(ROOT)} with a reason, or give the machine "
+            "what they need (scripts/setup); LOCKSTEP_ALLOW_SKIPS=1 lets them pass"
+        )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if (
+        undeclared_skips()
+        and os.environ.get("LOCKSTEP_ALLOW_SKIPS") != "1"
+        and session.exitstatus == pytest.ExitCode.OK
+    ):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
