@@ -775,9 +775,14 @@ void Replica::OnAck(uint64_t now_us, int from, const AckWord& w) {
   if (role_ != Role::kLeader || from < 0 || from >= config_.replicas || from == config_.id) return;
   PeerStream& p = peers_[from];
   if (!p.ready || w.ballot != promised_ || w.stream_id != p.stream_id) return;
+  // A peer acks on its stream only what we sent it: an ack past our log end
+  // is corrupt or forged (its check is a checksum, not a MAC), and comes from
+  // the network: dropped and counted, never trusted, never asserted on.
+  if (w.durable_index > last_index()) {
+    rejected_acks_++;
+    return;
+  }
   p.last_heard_us = now_us;
-  LS_ASSERT(w.durable_index <= last_index(), "peer %d acks %lu past our log end %lu", from,
-            (unsigned long)w.durable_index, (unsigned long)last_index());
   p.match = std::max(p.match, w.durable_index);
   if (w.consumed_pos > p.consumed_pos && w.consumed_pos <= p.sent_pos) {
     p.consumed_pos = w.consumed_pos;

@@ -218,6 +218,8 @@ class Replica {
   // Leader only: how far each peer's durable index trails the commit index.
   uint64_t PeerMatch(int peer) const { return peers_[peer].match; }
   bool PeerReady(int peer) const { return peers_[peer].ready; }
+  // Acks dropped because they claimed more than this leader sent (OnAck).
+  uint64_t rejected_acks() const { return rejected_acks_; }
   bool may_vote() const { return may_vote_; }
   // Backup: non-zero when the leader said our log is behind its truncation:
   // the lowest checkpoint index that brings us forward.
@@ -283,6 +285,7 @@ class Replica {
   Ballot promised_ = 0;  // in memory; durable once its persist completes
   Ballot durable_promised_ = 0;
   uint64_t max_round_seen_ = 0;
+  uint64_t rejected_acks_ = 0;
   bool may_vote_ = true;
   // Pre-vote (as in Raft's PreVote): a replica whose timer fired first asks
   // whether a majority also lost its leader, so one slow or restarted replica

@@ -898,6 +898,30 @@ TEST(Core, HandOverToACutOffSuccessorWithoutHoldStillMakesProgress) {
 // ---------------------------------------------------------------- the checker itself
 
 // LS_ASSERT inside the core becomes a reported violation, with the seed.
+// An ack that passes its checksum but claims entries the leader never sent
+// (corrupt, or forged by someone who can write the leader's memory) used to
+// trip an assertion and abort the leader. Dropped and counted now; the
+// cluster goes on committing.
+TEST(Core, AckPastTheLogEndIsRejectedNotAsserted) {
+  SimCluster c(Quiet(3, 21));
+  ASSERT_GT(CommitOnLeader(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  int p = (l + 1) % 3;
+  Replica& leader = *c.replica(l);
+  AckWord w = c.LastAck(l, p);
+  ASSERT_EQ(w.ballot, leader.promised()) << "no ack of this ballot read yet";
+  uint64_t commit = leader.commit_index(), match = leader.PeerMatch(p);
+  w.durable_index = leader.last_index() + 100;
+  SealAck(&w);
+  leader.OnAck(c.now(), p, w);
+  EXPECT_EQ(leader.rejected_acks(), 1u);
+  EXPECT_EQ(leader.commit_index(), commit);
+  EXPECT_EQ(leader.PeerMatch(p), match);
+  ASSERT_GT(CommitOnLeader(c, "b"), 0u) << Report(c);
+  EXPECT_EQ(c.Leader(), l);
+  ASSERT_CLEAN(c);
+}
+
 TEST(Checker, CoreAssertionIsReported) {
   SimCluster c(Quiet(3, 14));
   int l = WaitLeader(c);

@@ -211,6 +211,8 @@ class SimCluster {
 
   // Queries.
   Replica* replica(int r) { return nodes_[r].rep.get(); }
+  // The last ack word leader r read from peer p's slot (zero if none).
+  AckWord LastAck(int r, int p) const { return nodes_[r].last_acks[p]; }
   const Replica* replica(int r) const { return nodes_[r].rep.get(); }
   const DurableState& durable(int r) const { return nodes_[r].durable; }
   // Fault injection for tests of the checker itself: a disk that lies, or

@@ -308,7 +308,13 @@ bool PeerLink::PollMemory(uint64_t now) {
       if (memcmp(&w, &last_ack_[r], sizeof w) == 0) continue;
       last_ack_[r] = w;
       SawLifeFrom(r);
+      uint64_t rejected = core_.rejected_acks();
       core_.OnAck(now, r, w);
+      if (core_.rejected_acks() != rejected && rejected < 10)
+        log_(
+            "REJECTED an ack from replica %d: it claims entries up to %lu durable, past this "
+            "leader's log end %lu (corrupt or forged; ignored)",
+            r, (unsigned long)w.durable_index, (unsigned long)core_.last_index());
       busy = true;
     }
     return busy;
