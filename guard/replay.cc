@@ -172,6 +172,19 @@ bool Replayer::ReadPast(const HandedMark& mark) const {
   return true;
 }
 
+bool Replayer::ServerTookAll(uint64_t* progress) const {
+  bool all = true;
+  uint64_t read = shim_->OrderTaken();
+  for (const auto& [k, c] : conns_) {
+    if (c.server_closed || c.fd < 0 || c.slot < 0) continue;
+    uint64_t r = shim_->ReplayRead(c.slot);
+    read += r;
+    if (!shim_->ReplayAccepted(c.slot) || !c.out.empty() || r < c.appended) all = false;
+  }
+  *progress = read;
+  return all;
+}
+
 bool Replayer::Idle() const {
   if (!queue_.empty()) return false;
   for (const auto& [k, c] : conns_)
@@ -250,15 +263,23 @@ bool Replayer::Pump(uint64_t now_us) {
     Step& s = queue_.front();
     auto it = conns_.find(s.key);
     bool live = it != conns_.end() && !it->second.server_closed && it->second.slot >= 0;
-    // A connection opens once the server has taken every input ordered before
-    // it (or after kAcceptAheadMaxUs, should the server wait for this
-    // connection before it reads those). Else a backup's server, whose
-    // replayed inputs arrive as fast as the log, would accept connections far
-    // ahead of executing them, where the leader's had no more open than its
-    // clients: libupnp's pool then refused the surplus ("too many jobs", 100)
-    // with replies the leader never sent.
-    if (s.kind == Kind::kAccept && it == conns_.end() && shim_->OrderPending() > 0) {
-      if (!accept_waiting_since_us_) accept_waiting_since_us_ = now_us;
+    // A connection opens once the server has read every input handed to it
+    // before (or once it has read nothing for kAcceptAheadMaxUs, should it
+    // wait for this connection before it reads those). Else a backup's
+    // server, whose replayed inputs arrive as fast as the log, would accept
+    // connections far ahead of executing them, where the leader's had no more
+    // open than its clients: libupnp's pool then refused the surplus ("too
+    // many jobs", 100) with replies the leader never sent, or closed them
+    // unread. Not "the shim took their order records" (it takes them as soon
+    // as their connection is accepted), and not a fixed 100 ms: under ab at 16
+    // connections a busy backup's gerbera closed hundreds of connections
+    // unread per 4000 requests that way.
+    uint64_t progress = 0;
+    if (s.kind == Kind::kAccept && it == conns_.end() && !ServerTookAll(&progress)) {
+      if (!accept_waiting_since_us_ || progress != accept_waiting_progress_) {
+        accept_waiting_since_us_ = now_us;
+        accept_waiting_progress_ = progress;
+      }
       if (now_us - accept_waiting_since_us_ < kAcceptAheadMaxUs) {
         gated_ = true;
         send_all();

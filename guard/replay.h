@@ -60,6 +60,9 @@ class Replayer {
   void OnEvent(int fd, uint32_t events);
   // Nothing queued, and the server has read everything handed to it.
   bool Idle() const;
+  // Every open connection is accepted, written out and read by the server up
+  // to what was handed to it; *progress grows whenever the server reads.
+  bool ServerTookAll(uint64_t* progress) const;
   // What has been handed to the server so far, and
   // whether the server has read it all since: "executed up to here" for a
   // repair's timing, which Idle() cannot say while new inputs keep coming.
@@ -152,10 +155,13 @@ class Replayer {
   static constexpr size_t kGoneKept = 4096;
   std::map<uint32_t, ConnKey> gone_;  // shim connection number -> key, for ended ones
   bool gated_ = false;
-  // Accepts wait for the server to take what was ordered before them (Pump),
-  // for at most kAcceptAheadMaxUs: since when the current one waits, or 0.
+  // Accepts wait for the server to read what was handed to it before them
+  // (Pump), while it reads some at least every kAcceptAheadMaxUs: since when
+  // the current one waits without the server reading (or 0), and what
+  // ServerTookAll's progress said then.
   static constexpr uint64_t kAcceptAheadMaxUs = 100000;
   uint64_t accept_waiting_since_us_ = 0;
+  uint64_t accept_waiting_progress_ = 0;
 };
 
 }  // namespace lockstep

@@ -267,6 +267,10 @@ void ShimChannel::Complete(uint32_t kind, uint64_t seq, uint32_t conn, uint64_t 
   unflushed_.push_back(ls_done_record{seq, conn, kind, clock_ns});
 }
 
+uint64_t ShimChannel::OrderTaken() const {
+  return hdr_->order_tail.load(std::memory_order_acquire);
+}
+
 uint64_t ShimChannel::OrderPending() const {
   uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
   return order_written_ > tail ? order_written_ - tail : 0;

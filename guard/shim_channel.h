@@ -95,6 +95,8 @@ class ShimChannel {
   // ring is full (wait for the shim). Published by Flush().
   // Order records pushed that the shim has not taken yet.
   uint64_t OrderPending() const;
+  // Order records the shim has taken so far (it grows as the server reads).
+  uint64_t OrderTaken() const;
   // out_before: the input's reply gate (log_input.h).
   bool PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns = 0,
                  uint64_t out_before = 0);

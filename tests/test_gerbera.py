@@ -419,7 +419,20 @@ def assert_replicas_alike(cluster, must_have):
     lead = dumps[st["leader"]]
     diff = {r: [row[5] for row in d if row not in lead][:5] for r, d in dumps.items()}
     counts = {r: len(d) for r, d in dumps.items()}
-    what = f"objects per replica {counts} (leader {st['leader']}); not in the leader's: {diff}"
+    # The columns that differ, by object id: (column, the leader's value, theirs).
+    by_id = {row[0]: row for row in lead}
+    cols = {
+        r: {
+            row[0]: [(i, by_id[row[0]][i], v) for i, v in enumerate(row) if by_id[row[0]][i] != v]
+            for row in d
+            if row[0] in by_id and row != by_id[row[0]]
+        }
+        for r, d in dumps.items()
+    }
+    what = (
+        f"objects per replica {counts} (leader {st['leader']}); not in the leader's: {diff}; "
+        f"differing columns: {cols}"
+    )
     raise AssertionError(
         f"replicas' databases differ: {what}; parked: {sorted(parked(cluster))[:6]}"
     )
