@@ -187,10 +187,10 @@ def pin(pid, cpus, nice=None):
             pass
 
 
-@pytest.mark.parametrize("moment", ["starting", "injecting"])
-def test_daemon_killed_while_criu_dumps(cluster, moment):
-    c = cluster
-    # No checkpoint by policy: only the ones asked for below.
+def redis_with_a_checkpoint(c):
+    """Starts redis on c with no checkpoint by policy (only those asked for),
+    writes 1000 keys and has a backup take one checkpoint; returns (a client
+    of the leader, that backup)."""
     c.up(app="redis", extra=("--checkpoint-entries", "1000000"))
     client = Redis(c.client_addr())
     load_keys(client, 0, 1000, "v")
@@ -198,6 +198,13 @@ def test_daemon_killed_while_criu_dumps(cluster, moment):
     wait_caught_up(c, b)
     run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir)
     assert ck(c.status(), b)["index"] > 0
+    return client, b
+
+
+@pytest.mark.parametrize("moment", ["starting", "injecting"])
+def test_daemon_killed_while_criu_dumps(cluster, moment):
+    c = cluster
+    client, b = redis_with_a_checkpoint(c)
     # 200k keys of 64 bytes: a dump of a few hundred ms on this machine.
     load_keys(client, 1000, 200_000, "x" * 64)
     keys = 201_000
@@ -330,12 +337,7 @@ def test_server_killed_while_criu_holds_it(cluster):
     # has seized the server: the daemon must drop the dump, restore the
     # server, and keep taking checkpoints.
     c = cluster
-    c.up(app="redis", extra=("--checkpoint-entries", "1000000"))
-    client = Redis(c.client_addr())
-    load_keys(client, 0, 1000, "v")
-    b = backups(c)[0]
-    wait_caught_up(c, b)
-    run("checkpoint", "now", "--id", b, "--wait", "--dir", c.dir)
+    client, b = redis_with_a_checkpoint(c)
     load_keys(client, 1000, 50_000, "x" * 64)  # a dump long enough to catch
     wait_caught_up(c, b)
     s = c.status()["replicas"][b]
