@@ -589,14 +589,17 @@ def report(res, js):
     write_report(res, js, head, table(res), SPECS[res["app"]]["ops"])
 
 
-def versions():
-    def out(*cmd):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
-            return (r.stdout + r.stderr).strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
+def command_output(*cmd):
+    """What cmd prints (stdout and stderr, stripped), or "" if it cannot run: version lines."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        return (r.stdout + r.stderr).strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
+
+def versions():
+    out = command_output
     slapd = out("slapd", "-VV").splitlines()
     slapd = slapd[0].split("$OpenLDAP:")[-1].split("(")[0].strip() if slapd else ""
     return {
@@ -654,11 +657,18 @@ def main():
     }
     log(f"{a.app}: modes {', '.join(a.modes)}; conns {a.conns}, {a.repeats} x {a.seconds:g} s")
     steps = [(m, lambda m=m: measure_mode(ctx, a.app, m, a, res)) for m in a.modes]
+    return run_and_report(ctx, work, res, js, steps, MODES, report)
+
+
+def run_and_report(ctx, work, res, js, steps, modes, report_fn):
+    """Runs the (mode, measure) steps (apps.run_phases), names each failed mode's mode and
+    durability from modes, writes the report with report_fn(res, js); returns the exit code:
+    1 if a mode failed or a state check did not pass."""
     apps.run_phases(ctx, work, res, steps)
     for f in res["failed"]:
-        if f["phase"] in MODES:
-            f["mode"], f["durability"] = MODES[f["phase"]][:2]
-    report(res, js)
+        if f["phase"] in modes:
+            f["mode"], f["durability"] = modes[f["phase"]][:2]
+    report_fn(res, js)
     return 1 if res["failed"] or not all(c["ok"] for c in res["checks"]) else 0
 
 

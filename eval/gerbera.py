@@ -70,7 +70,6 @@ import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -319,13 +318,7 @@ def report(res, js):
 
 
 def versions():
-    def out(*cmd):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
-            return (r.stdout + r.stderr).strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
+    out = appbench.command_output
     ab = re.search(r"Version ([\d.]+)", out(AB, "-V"))
     return {
         "gerbera": " ".join(out("gerbera", "--version").split()[:5]),
@@ -377,12 +370,7 @@ def main():
     }
     log(f"gerbera: modes {', '.join(a.modes)}; conns {a.conns}, {a.repeats} x {a.seconds} s")
     steps = [(m, lambda m=m: measure_mode(m, a, res, ctx)) for m in a.modes]
-    apps.run_phases(ctx, work, res, steps)
-    for f in res["failed"]:
-        if f["phase"] in MODES:
-            f["mode"], f["durability"] = MODES[f["phase"]][:2]
-    report(res, js)
-    return 1 if res["failed"] or not all(c["ok"] for c in res["checks"]) else 0
+    return appbench.run_and_report(ctx, work, res, js, steps, MODES, report)
 
 
 if __name__ == "__main__":
