@@ -67,7 +67,6 @@ std::string Describe(int status) {
   return "stopped (status " + std::to_string(status) + ")";
 }
 
-// The last `lines` non-empty lines of a file, each indented; "" if none.
 // The file holds `text` (read whole: a server's log at start-up is small).
 bool LogHas(const std::string& path, const std::string& text) {
   std::ifstream f(path, std::ios::binary);
@@ -75,6 +74,7 @@ bool LogHas(const std::string& path, const std::string& text) {
   return all.find(text) != std::string::npos;
 }
 
+// The last `lines` non-empty lines of a file, each indented; "" if none.
 std::string Tail(const std::string& path, int lines) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return "";

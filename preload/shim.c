@@ -112,14 +112,14 @@ static uint32_t max_chunk;
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* shim_internal.h */
 struct conn* by_fd[LS_MAX_FD];                  /* shim_internal.h */
 static struct conn* by_slot[LS_MAX_REPLAY];     /* replay connections by slot */
-/* The port of the replay connection the server closed on this slot (0:
- * none): the slot's order records are skipped while the slot still names
- * that port, and wait (a new connection, not accepted yet) once the daemon
- * has given the slot to another port. */
-static uint32_t slot_closed_claim[LS_MAX_REPLAY]; /* the claim whose connection the server closed */
-static uint8_t listen_kind[LS_MAX_FD];            /* 0 unknown, 1 client port, 2 other */
-uint8_t wake_in_epfd[LS_MAX_FD];                  /* shim_internal.h */
-int set_wake_fd[LS_MAX_FD];                       /* shim_internal.h */
+/* The claim (ls_replay_slot::claim) of the replay connection the server
+ * closed on this slot (0: none): the slot's order records are skipped while
+ * the slot is still under that claim, and wait (a new connection, not
+ * accepted yet) once the daemon has claimed the slot again (drain_order). */
+static uint32_t slot_closed_claim[LS_MAX_REPLAY];
+static uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
+uint8_t wake_in_epfd[LS_MAX_FD];       /* shim_internal.h */
+int set_wake_fd[LS_MAX_FD];            /* shim_internal.h */
 static struct chunk fifo[LS_FIFO_SLOTS];
 uint64_t fifo_head_seq = 1, fifo_count; /* shim_internal.h */
 static uint64_t next_conn_no = 1;
