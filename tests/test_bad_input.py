@@ -375,10 +375,26 @@ def test_full_disk_refuses_proposals_and_loses_nothing_acknowledged(small_disk):
         assert refused is not None, "the disk never filled up"
         assert "disk full" in refused or "No space left" in refused, refused
         assert len(acked) > 10
-        # Nothing acknowledged is lost: every replica that answers holds all of it.
+        # Nothing acknowledged is lost: the leader's log holds all of it, and
+        # each acknowledged entry is in a majority of the replicas' committed
+        # logs (a backup learns the commit index a little later: waited for).
+        # Every replica must answer (c.log fails on one that does not), and
+        # no two hold different values at one index.
         leader = c.leader()
         log = [v for _, t, v in c.log(leader) if t == "input"]
         assert log[: len(acked)] == acked
+        end = time.monotonic() + 15
+        while True:
+            logs = {r: {i: v for i, t, v in c.log(r) if t == "input"} for r in range(3)}
+            held = [sum(a in logs[r].values() for r in logs) for a in acked]
+            if min(held) >= 2 or time.monotonic() > end:
+                break
+            time.sleep(0.2)
+        short = [(n, h) for n, h in enumerate(held) if h < 2]
+        assert not short, f"acknowledged entries on fewer than 2 replicas: {short[:5]}"
+        for i in set().union(*logs.values()):
+            values = {logs[r][i] for r in logs if i in logs[r]}
+            assert len(values) == 1, f"replicas disagree at index {i}"
         # Proposals keep being refused with the same clear error, and nothing crashes.
         p = c.propose("one-more", check=False)
         assert p.returncode != 0
