@@ -453,6 +453,7 @@ bool Daemon::DrainOnce(uint64_t now) {
   NoteRoleChange();
   front_->ReplyWaiters(now);
   front_->FlushClients();
+  front_->ExpireHandshakes(now);
   return busy;
 }
 

@@ -158,12 +158,50 @@ bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
     if (fd < 0) return false;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    // At the limit of connections still authenticating, the oldest one goes.
+    FrameConn* oldest = nullptr;
+    size_t authenticating = 0;
+    for (auto& [f, c] : conns_) {
+      if (c->authenticated || c->role == ConnRole::kOutbound) continue;
+      authenticating++;
+      if (!oldest || c->opened_us < oldest->opened_us) oldest = c.get();
+    }
+    if (authenticating >= kMaxHandshaking && oldest)
+      DropHandshake(oldest, "more than " + std::to_string(kMaxHandshaking) +
+                                " connections authenticating at once; the oldest is dropped");
     AddConn(std::make_unique<FrameConn>(fd, role));
   }
 }
 
+void FrontDoor::DropHandshake(FrameConn* c, const std::string& why) {
+  handshakes_dropped_++;
+  if (handshakes_dropped_ <= 10 || handshakes_dropped_ % 1000 == 0) {
+    sockaddr_storage a;
+    socklen_t len = sizeof a;
+    char host[64] = "?";
+    if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
+    log_("closed an unauthenticated %s connection from %s: %s (%lu such so far)",
+         ConnRoleName(c->role), host, why.c_str(), (unsigned long)handshakes_dropped_);
+  }
+  CloseConn(c, why);
+}
+
+void FrontDoor::ExpireHandshakes(uint64_t now) {
+  if (now < next_handshake_sweep_us_) return;
+  next_handshake_sweep_us_ = now + 100000;
+  std::vector<FrameConn*> late;
+  for (auto& [f, c] : conns_)
+    if (!c->authenticated && c->role != ConnRole::kOutbound && now - c->opened_us > kHandshakeUs)
+      late.push_back(c.get());
+  for (FrameConn* c : late)
+    DropHandshake(
+        c, "it did not authenticate within " + std::to_string(kHandshakeUs / 1000000) + " s");
+}
+
 void FrontDoor::AddConn(std::unique_ptr<FrameConn> c) {
   int fd = c->fd();
+  c->opened_us = NowUs();
   loop_.Add(fd, [this, fd](uint32_t events) { return OnConnEvent(fd, events); });
   conns_[fd] = std::move(c);
 }
@@ -222,7 +260,10 @@ void FrontDoor::OnConnReadable(FrameConn* c) {
   std::string err;
   bool ok = c->ReadFrames([&](FrameKind k, std::string_view body) { OnFrame(c, k, body); }, &err);
   if (!ok) {
-    CloseConn(c, err);
+    if (!c->authenticated && c->role != ConnRole::kOutbound)
+      DropHandshake(c, err);
+    else
+      CloseConn(c, err);
     return;
   }
   // Closed here, not inside ReadFrames: the callback must not free the
@@ -235,6 +276,7 @@ void FrontDoor::OnConnReadable(FrameConn* c) {
 }
 
 void FrontDoor::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
+  if (!c->close_after_read.empty()) return;  // closing: what else it sent is not looked at
   if (!c->authenticated) {
     OnHandshake(c, kind, body);
     return;
@@ -266,12 +308,11 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
   if (kind == FrameKind::kHello && c->nonce.empty()) {
     Hello hello;
     if (!DecodeHello(body, &hello) || hello.magic != kWireMagic) {
-      c->Queue(FrameKind::kRefused, "not a lockstep handshake");
+      Refuse(c, "not a lockstep handshake");
       return;
     }
     if (hello.version != kWireVersion) {
-      c->Queue(FrameKind::kRefused,
-               "wire version " + std::to_string(hello.version) + " not supported");
+      Refuse(c, "wire version " + std::to_string(hello.version) + " not supported");
       return;
     }
     // A peer on the client port (or the reverse) is refused: the role is
@@ -280,7 +321,7 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
     if (!ParseHelloRole(hello.role, &role) || role != c->role ||
         (role == ConnRole::kPeer &&
          (hello.from >= static_cast<uint32_t>(n_) || static_cast<int>(hello.from) == me_.id))) {
-      c->Queue(FrameKind::kRefused, "wrong port for role '" + hello.role + "' or bad replica id");
+      Refuse(c, "wrong port for role '" + hello.role + "' or bad replica id");
       return;
     }
     c->peer_id = static_cast<int>(hello.from);
@@ -303,10 +344,19 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
     log_("refused an unauthenticated %s connection from %s: it does not know the cluster secret",
          ConnRoleName(c->role), host);
-    c->Queue(FrameKind::kRefused, "authentication failed: wrong cluster secret");
+    Refuse(c, "authentication failed: wrong cluster secret");
     return;
   }
-  c->Queue(FrameKind::kRefused, "handshake out of order");
+  Refuse(c, "handshake out of order");
+}
+
+// One refusal per connection: it is written and the connection closed, so
+// that nobody tries one secret after another on it.
+void FrontDoor::Refuse(FrameConn* c, const std::string& why) {
+  c->Queue(FrameKind::kRefused, why);
+  std::string err;
+  c->Flush(&err);
+  c->close_after_read = "refused: " + why;
 }
 
 void FrontDoor::SendToPeer(Message* m) {

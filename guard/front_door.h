@@ -77,6 +77,15 @@ class FrontDoor {
   void FailWaiters(const std::string& why);
   // Writes what client connections have queued.
   void FlushClients();
+  // Closes connections that have not authenticated within kHandshakeUs.
+  void ExpireHandshakes(uint64_t now);
+
+  // Limits before authentication (besides kMaxHandshakeFrame, wire.h): the
+  // time a connection has to authenticate, and how many may be at it at
+  // once (the oldest is dropped for a newcomer, so that a flood of idle
+  // connections cannot lock the replica's own clients and peers out).
+  static constexpr uint64_t kHandshakeUs = 5000000;
+  static constexpr size_t kMaxHandshaking = 64;
 
  private:
   // A client's proposal, answered once its index commits.
@@ -112,8 +121,12 @@ class FrontDoor {
 
   int peer_listen_ = -1, client_listen_ = -1;
   std::map<int, std::unique_ptr<FrameConn>> conns_;  // by fd
-  std::vector<FrameConn*> outbound_;                 // by replica id
-  std::deque<Waiter> waiters_;                       // in index order
+  uint64_t next_handshake_sweep_us_ = 0;
+  uint64_t handshakes_dropped_ = 0;  // closed before authenticating (logged sparingly)
+  void DropHandshake(FrameConn* c, const std::string& why);
+  void Refuse(FrameConn* c, const std::string& why);
+  std::vector<FrameConn*> outbound_;  // by replica id
+  std::deque<Waiter> waiters_;        // in index order
 
   // Shared with the connector thread.
   std::mutex connected_mu_;

@@ -470,6 +470,7 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
     if (n > 0) {
       in_.append(buf, n);
       if (static_cast<size_t>(n) < sizeof buf) break;
+      if (!authenticated && in_.size() > 2 * kMaxHandshakeFrame) break;  // judged below
       continue;
     }
     if (n == 0) {
@@ -487,6 +488,11 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
     memcpy(&len, in_.data() + off, 4);
     if (len > kMaxFrame) {
       *error = "frame of " + std::to_string(len) + " bytes exceeds the limit";
+      return false;
+    }
+    if (!authenticated && len > kMaxHandshakeFrame) {
+      *error = "frame of " + std::to_string(len) + " bytes before authenticating (the limit is " +
+               std::to_string(kMaxHandshakeFrame) + ")";
       return false;
     }
     if (in_.size() - off - 5 < len) break;

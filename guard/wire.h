@@ -51,6 +51,9 @@ enum class FrameKind : uint8_t {
   kDivergenceResult = 37,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
+// Before a connection has authenticated: HELLO and AUTH are a few dozen
+// bytes; nobody unknown gets to make the daemon buffer more.
+inline constexpr uint32_t kMaxHandshakeFrame = 4096;
 inline constexpr uint32_t kWireMagic = 0x4c4b5354;  // "LKST"
 inline constexpr uint32_t kWireVersion = 1;
 
@@ -295,6 +298,7 @@ class FrameConn {
   bool authenticated = false;
   std::string nonce;
   int peer_id = -1;
+  uint64_t opened_us = 0;  // when it was accepted (handshake deadline)
 
  private:
   int fd_;

@@ -1,9 +1,12 @@
 """Bad input gets a clear error and loses nothing."""
 
 import re
+import socket
+import struct
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -402,3 +405,97 @@ def test_full_disk_refuses_proposals_and_loses_nothing_acknowledged(small_disk):
         assert all(r["pid"] for r in s["replicas"]), s
     finally:
         c.down()
+
+
+# ---------------------------------------------------------------- before authentication
+
+HELLO, CHALLENGE, AUTH, REFUSED = 1, 2, 3, 5
+
+
+def _frame(kind, body=b""):
+    return struct.pack("<IB", len(body), kind) + body
+
+
+def _read_frame(sock):
+    """(kind, body) of the next frame, or None at EOF (or a reset)."""
+    head = b""
+    try:
+        while len(head) < 5:
+            got = sock.recv(5 - len(head))
+            if not got:
+                return None
+            head += got
+        n, kind = struct.unpack("<IB", head)
+        body = b""
+        while len(body) < n:
+            got = sock.recv(n - len(body))
+            if not got:
+                return None
+            body += got
+    except ConnectionResetError:
+        return None
+    return kind, body
+
+
+def _hello():
+    role = b"client"
+    body = struct.pack("<II", 0x4C4B5354, 1) + struct.pack("<I", len(role)) + role
+    return _frame(HELLO, body + struct.pack("<I", 0))
+
+
+def _closed_within(sock, seconds):
+    """Seconds until the daemon closed sock (reading whatever it sent), or None."""
+    sock.settimeout(seconds)
+    t0 = time.monotonic()
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - t0
+
+
+def test_unauthenticated_connections_are_bounded(cluster):
+    # Before: a connection could send up to 1 GiB before authenticating,
+    # stay unauthenticated for ever, and try one secret after another.
+    cluster.up()
+    cluster.propose("genuine")
+    leader = cluster.leader()
+    conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
+    rep = next(r for r in conf["replica"] if r["id"] == leader)
+    addr = (rep["host"], rep["client_port"])
+    # A frame larger than any handshake: closed at once, nothing buffered.
+    with socket.create_connection(addr) as s:
+        s.sendall(struct.pack("<IB", 1 << 20, HELLO) + b"x" * 65536)
+        assert _closed_within(s, 5) is not None
+    # A wrong proof: refused, and the connection closed; a second proof sent
+    # with it is not looked at.
+    with socket.create_connection(addr) as s:
+        s.sendall(_hello())
+        kind, nonce = _read_frame(s)
+        assert kind == CHALLENGE and len(nonce) == 32
+        s.sendall(_frame(AUTH, b"\0" * 32) + _frame(AUTH, b"\1" * 32))
+        kind, why = _read_frame(s)
+        assert kind == REFUSED and b"wrong cluster secret" in why, why
+        assert _read_frame(s) is None
+    # Silence: closed once the handshake time (5 s) is up.
+    with socket.create_connection(addr) as s:
+        took = _closed_within(s, 15)
+        assert took is not None and took >= 4, took
+    # A flood of idle connections: the oldest are dropped for newcomers, and
+    # the replica's own clients still get through.
+    idle = [socket.create_connection(addr) for _ in range(100)]
+    try:
+        cluster.propose("still-served")
+        assert [v for _, _, v in cluster.log(leader)] == ["genuine", "still-served"]
+        closed = sum(_closed_within(s, 0.2) is not None for s in idle[:30])
+        assert closed == 30, closed
+    finally:
+        for s in idle:
+            s.close()
+    log = (cluster.dir / f"replica-{leader}.log").read_text()
+    assert "before authenticating (the limit is 4096)" in log, log[-3000:]
+    assert "did not authenticate within 5 s" in log, log[-3000:]
+    assert "connections authenticating at once; the oldest is dropped" in log, log[-3000:]
