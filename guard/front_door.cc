@@ -462,8 +462,17 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
   }
   std::string error;
   ProposeResult pr;
+  uint64_t uncommitted = core_.last_index() - std::min(core_.last_index(), core_.commit_index());
   if (!disk_error_.empty()) {
     error = "this replica cannot write its log: " + disk_error_ + "; proposals are refused";
+  } else if (c->proposals_waiting >= kMaxProposalsWaiting) {
+    error = std::to_string(c->proposals_waiting) +
+            " proposals of this connection are waiting for their commit (the limit): wait for "
+            "their replies before sending more; this one is not in the log";
+  } else if (core_.role() == Role::kLeader && uncommitted >= kMaxUncommitted) {
+    error = "the log holds " + std::to_string(uncommitted) +
+            " entries not yet committed (no majority keeps up): try again later; this one is "
+            "not in the log";
   } else {
     pr = core_.Propose(now, req.type, std::move(req.payload));
     if (!pr.ok) error = pr.error;
@@ -473,6 +482,7 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
     return;
   }
   waiters_.push_back(Waiter{pr.index, core_.promised(), now, 0, c});
+  c->proposals_waiting++;
 }
 
 std::string FrontDoor::StatusJson() {
@@ -504,6 +514,7 @@ std::string FrontDoor::StatusJson() {
 void FrontDoor::FailWaiters(const std::string& why) {
   for (auto& w : waiters_) {
     if (!w.conn) continue;
+    w.conn->proposals_waiting--;
     w.conn->Queue(FrameKind::kProposeResult, EncodeProposeReply({false, w.index, why}));
   }
   waiters_.clear();
@@ -518,6 +529,7 @@ void FrontDoor::ReplyWaiters(uint64_t now) {
     Waiter w = waiters_.front();
     waiters_.pop_front();
     if (!w.conn) continue;
+    w.conn->proposals_waiting--;
     const Entry* e = core_.At(w.index);
     if (!e || e->ballot != w.ballot) {  // the slot was decided under another ballot
       w.conn->Queue(FrameKind::kProposeResult,

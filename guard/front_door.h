@@ -86,6 +86,12 @@ class FrontDoor {
   // connections cannot lock the replica's own clients and peers out).
   static constexpr uint64_t kHandshakeUs = 5000000;
   static constexpr size_t kMaxHandshaking = 64;
+  // Limits after authentication: proposals of one connection waiting for
+  // their commit, and entries of the log not yet committed (a leader without
+  // a majority that keeps up would otherwise hold every proposal in memory,
+  // without bound). Each refusal says which, and nothing refused is logged.
+  static constexpr uint32_t kMaxProposalsWaiting = 4096;
+  static constexpr uint64_t kMaxUncommitted = 65536;
 
  private:
   // A client's proposal, answered once its index commits.

@@ -298,7 +298,8 @@ class FrameConn {
   bool authenticated = false;
   std::string nonce;
   int peer_id = -1;
-  uint64_t opened_us = 0;  // when it was accepted (handshake deadline)
+  uint64_t opened_us = 0;          // when it was accepted (handshake deadline)
+  uint32_t proposals_waiting = 0;  // its proposals not yet answered (FrontDoor)
 
  private:
   int fd_;

@@ -1,6 +1,10 @@
 """Bad input gets a clear error and loses nothing."""
 
+import hashlib
+import hmac
+import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -499,3 +503,104 @@ def test_unauthenticated_connections_are_bounded(cluster):
     assert "before authenticating (the limit is 4096)" in log, log[-3000:]
     assert "did not authenticate within 5 s" in log, log[-3000:]
     assert "connections authenticating at once; the oldest is dropped" in log, log[-3000:]
+
+
+# ---------------------------------------------------------------- after authentication
+
+PROPOSE, PROPOSE_RESULT, WELCOME = 20, 21, 4
+
+
+def _authenticated_client(cluster, replica):
+    """A raw socket to replica's client port, past the handshake."""
+    conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
+    rep = next(r for r in conf["replica"] if r["id"] == replica)
+    s = socket.create_connection((rep["host"], rep["client_port"]))
+    s.sendall(_hello())
+    kind, nonce = _read_frame(s)
+    assert kind == CHALLENGE
+    proof = hmac.new(
+        conf["cluster"]["secret"].encode(), b"lockstep-auth-v1|client|0|" + nonce, hashlib.sha256
+    ).digest()
+    s.sendall(_frame(AUTH, proof))
+    kind, _ = _read_frame(s)
+    assert kind == WELCOME
+    return s
+
+
+def _propose_frame(value):
+    return _frame(PROPOSE, struct.pack("<BI", 1, len(value)) + value)
+
+
+def _propose_reply(sock):
+    """(ok, error text) of the next propose reply."""
+    kind, body = _read_frame(sock)
+    assert kind == PROPOSE_RESULT, kind
+    (n,) = struct.unpack_from("<I", body, 9)
+    return body[0] == 1, body[13 : 13 + n].decode()
+
+
+def test_proposals_waiting_per_connection_are_bounded(cluster):
+    # A client could pipeline proposals without limit, each held in the
+    # leader's memory until it commits, which, without a majority keeping
+    # up, is never. Backups frozen: the leader takes 4096 of one
+    # connection's proposals and refuses the rest at once, saying why.
+    cluster.up()
+    leader = cluster.leader()
+    s = _authenticated_client(cluster, leader)
+    backups = [cluster.pid(r) for r in range(3) if r != leader]
+    total, limit = 5000, 4096
+    try:
+        for pid in backups:
+            os.kill(pid, signal.SIGSTOP)
+        s.sendall(b"".join(_propose_frame(b"p%d" % i) for i in range(total)))
+        s.settimeout(20)
+        refused = [_propose_reply(s) for _ in range(total - limit)]
+        assert all(not ok and "waiting for their commit (the limit)" in e for ok, e in refused), (
+            refused[:3]
+        )
+    finally:
+        for pid in backups:
+            os.kill(pid, signal.SIGCONT)
+    accepted = [_propose_reply(s) for _ in range(limit)]
+    assert all(ok for ok, _ in accepted), [e for ok, e in accepted if not ok][:3]
+    s.close()
+    inputs = [v for _, t, v in cluster.log(leader) if t == "input"]
+    assert inputs == [f"p{i}" for i in range(limit)], (len(inputs), inputs[-3:])
+
+
+def test_uncommitted_entries_are_bounded(cluster):
+    # Many connections, each under its own limit: the leader holds at most
+    # 65536 entries not yet committed and refuses more, saying why, until a
+    # majority keeps up again. (A long election timeout: a leader cut off
+    # from its backups steps down after four of them.)
+    cluster.up(extra=("--election-timeout-ms", "3000-4000"))
+    leader = cluster.leader()
+    backups = [cluster.pid(r) for r in range(3) if r != leader]
+    clients = [_authenticated_client(cluster, leader) for _ in range(17)]
+    try:
+        for pid in backups:
+            os.kill(pid, signal.SIGSTOP)
+        sizes = [4096] * 16  # 65536 entries: the limit
+        for n, s in enumerate(clients[:16]):
+            s.sendall(b"".join(_propose_frame(b"c%d-%d" % (n, i)) for i in range(sizes[n])))
+        cluster.wait(
+            lambda st: st["replicas"][leader]["last_index"] >= 65536,
+            30,
+            "65536 uncommitted entries in the leader's log",
+        )
+        last = clients[16]
+        last.settimeout(20)
+        last.sendall(b"".join(_propose_frame(b"late-%d" % i) for i in range(10)))
+        refused = [_propose_reply(last) for _ in range(10)]
+        assert all(not ok and "entries not yet committed" in e for ok, e in refused), refused[:2]
+    finally:
+        for pid in backups:
+            os.kill(pid, signal.SIGCONT)
+    for n, s in enumerate(clients[:16]):
+        s.settimeout(60)
+        replies = [_propose_reply(s) for _ in range(sizes[n])]
+        assert all(ok for ok, _ in replies), [e for ok, e in replies if not ok][:3]
+        s.close()
+    clients[16].close()
+    inputs = [v for _, t, v in cluster.log(leader) if t == "input"]
+    assert len(inputs) == 65536 and not any(v.startswith("late-") for v in inputs)
