@@ -103,6 +103,23 @@ def criu_child(daemon):
     return None
 
 
+def wait_for_criu(daemon, gone, timeout=30):
+    """The pid of a criu the daemon runs, looked for without sleeping (a dump
+    lasts tens of ms); None once gone() says the dump ended unseen (asked
+    every 0.2 s). Fails after timeout."""
+    end = time.monotonic() + timeout
+    next_ask = 0.0
+    while time.monotonic() < end:
+        criu = criu_child(daemon)
+        if criu:
+            return criu
+        if time.monotonic() >= next_ask:
+            if gone():
+                return None
+            next_ask = time.monotonic() + 0.2
+    raise AssertionError(f"no criu child of the daemon (pid {daemon}) within {timeout} s")
+
+
 def processes_of(directory):
     """{pid: description} of every process whose cwd or command line names
     `directory` (or a path under it)."""
@@ -225,13 +242,18 @@ def test_daemon_killed_while_criu_dumps(cluster, moment):
         load_keys(client, keys, 10, "t")  # one more entry: each try a new index
         keys += 10
         wait_caught_up(c, b, timeout=120)
-        taken = ck(c.status(), b)["taken"]
-        run("checkpoint", "now", "--id", b, "--dir", c.dir)
-        criu = wait_for(
-            lambda: [p for p, comm in children(daemon) if comm == "criu"],
-            30,
-            f"a criu child of replica {b}'s daemon (pid {daemon})",
-        )[0]
+        # A dump can come and go between two looks: asked again then, at a
+        # new index, without counting as a try.
+        for _look in range(5):
+            taken = ck(c.status(), b)["taken"]
+            run("checkpoint", "now", "--id", b, "--dir", c.dir)
+            criu = wait_for_criu(daemon, lambda t=taken: ck(c.status(), b)["taken"] > t)
+            if criu:
+                break
+            load_keys(client, keys, 10, "t")
+            keys += 10
+            wait_caught_up(c, b, timeout=120)
+        assert criu, "criu was never seen running: each dump came and went between two looks"
         criu_t0 = start_time(criu)
         end = time.monotonic() + 30
         hit = attempt == 11
@@ -347,14 +369,15 @@ def test_server_killed_while_criu_holds_it(cluster):
         for attempt in range(20):
             load_keys(client, 51_000 + attempt, 1, "t")  # each try a new index
             wait_caught_up(c, b)
+            taken = ck(c.status(), b)["taken"]
             asked = subprocess.Popen(
                 [str(LOCKSTEP), "checkpoint", "now", "--id", str(b), "--dir", str(c.dir)],
                 stdout=subprocess.DEVNULL,
             )
-            # Polled without sleeping: the dump lasts tens of ms.
-            end = time.monotonic() + 30
-            while not (criu := criu_child(daemon)):
-                assert time.monotonic() < end, f"no criu child of replica {b}'s daemon"
+            criu = wait_for_criu(daemon, lambda t=taken: ck(c.status(), b)["taken"] > t)
+            if not criu:  # it came and went between two looks: again
+                asked.wait(30)
+                continue
             criu_t0 = start_time(criu)
             # Stop criu at a moment it holds every thread of the server.
             while alive(criu, criu_t0):
