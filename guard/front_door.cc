@@ -272,7 +272,13 @@ void FrontDoor::OnConnReadable(FrameConn* c) {
     CloseConn(c, c->close_after_read);
     return;
   }
-  if (!c->Flush(&err)) CloseConn(c, err);
+  if (!c->Flush(&err)) {
+    CloseConn(c, err);
+  } else if (c->role == ConnRole::kClient && c->queued_bytes() > kMaxQueuedReplyBytes) {
+    log_("closed a client connection that does not read its replies (%zu bytes queued)",
+         c->queued_bytes());
+    CloseConn(c, "it does not read its replies");
+  }
 }
 
 void FrontDoor::OnFrame(FrameConn* c, FrameKind kind, std::string_view body) {
@@ -393,6 +399,14 @@ bool FrontDoor::SendFrameToPeer(int to, FrameKind kind, std::string_view body) {
 // ---------------------------------------------------------------- clients
 
 void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body) {
+  // Replies piling up unread: nothing more is answered, and it goes.
+  if (c->queued_bytes() > kMaxQueuedReplyBytes) {
+    if (c->close_after_read.empty())
+      log_("closed a client connection that does not read its replies (%zu bytes queued)",
+           c->queued_bytes());
+    c->close_after_read = "it does not read its replies";
+    return;
+  }
   uint64_t now = NowUs();
   switch (kind) {
     case FrameKind::kPropose: OnPropose(c, body, now); return;
@@ -403,11 +417,13 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       uint64_t first = std::max(req.from, core_.first_index());
       uint64_t last = std::min(core_.commit_index(), first + req.max - 1);
       std::vector<const Entry*> entries;
-      for (uint64_t i = first; last >= first && i <= last; i++) {
+      uint64_t bytes = 0;
+      for (uint64_t i = first; last >= first && i <= last && bytes < kMaxReadReplyBytes; i++) {
         const Entry* e = core_.At(i);
         LS_ASSERT(e != nullptr, "committed slot %lu missing (log %lu..%lu)", (unsigned long)i,
                   (unsigned long)core_.first_index(), (unsigned long)core_.last_index());
         entries.push_back(e);
+        bytes += e->payload.size();
       }
       c->Queue(FrameKind::kReadResult, EncodeReadReply(core_.commit_index(), entries));
       return;
@@ -554,6 +570,10 @@ void FrontDoor::FlushClients() {
     if (c->role == ConnRole::kClient && c->WantsWrite()) {
       if (!c->Flush(&err)) {
         CloseConn(c, err);
+      } else if (c->queued_bytes() > kMaxQueuedReplyBytes) {
+        log_("closed a client connection that does not read its replies (%zu bytes queued)",
+             c->queued_bytes());
+        CloseConn(c, "it does not read its replies");
       } else if (c->WantsWrite()) {
         loop_.Watch(c->fd(), true);
       }

@@ -92,6 +92,11 @@ class FrontDoor {
   // without bound). Each refusal says which, and nothing refused is logged.
   static constexpr uint32_t kMaxProposalsWaiting = 4096;
   static constexpr uint64_t kMaxUncommitted = 65536;
+  // A read's reply holds entries up to this many payload bytes (at least
+  // one entry; clients page on), and a client that lets more than
+  // kMaxQueuedReplyBytes of replies pile up unread is disconnected.
+  static constexpr uint64_t kMaxReadReplyBytes = 16u << 20;
+  static constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
 
  private:
   // A client's proposal, answered once its index commits.

@@ -604,3 +604,41 @@ def test_uncommitted_entries_are_bounded(cluster):
     clients[16].close()
     inputs = [v for _, t, v in cluster.log(leader) if t == "input"]
     assert len(inputs) == 65536 and not any(v.startswith("late-") for v in inputs)
+
+
+READ = 24
+
+
+def test_replies_a_client_does_not_read_are_bounded(cluster):
+    # A read's reply holds at most 16 MiB of entries (clients page on), and
+    # a client that lets 64 MiB of replies pile up unread is disconnected:
+    # before, one read could ask for the whole log in one reply, and any
+    # number of replies piled up in the daemon's memory.
+    cluster.up()
+    leader = cluster.leader()
+    writer = _authenticated_client(cluster, leader)
+    value = b"v" * 100_000
+    writer.sendall(b"".join(_propose_frame(b"%03d" % i + value) for i in range(200)))
+    writer.settimeout(60)
+    assert all(ok for ok, _ in (_propose_reply(writer) for _ in range(200)))
+    writer.close()
+    # The log reads back whole, page by page (lockstep log).
+    inputs = [v for _, t, v in cluster.log(leader) if t == "input"]
+    assert len(inputs) == 200 and inputs[199].startswith("199v")
+    reader = _authenticated_client(cluster, leader)
+    reader.sendall(b"".join(_frame(READ, struct.pack("<QI", 1, 1_000_000)) for _ in range(40)))
+    time.sleep(2)  # the daemon answers, and the replies pile up
+    got, largest = 0, 0
+    reader.settimeout(30)
+    while True:
+        frame = _read_frame(reader)
+        if frame is None:
+            break
+        got += 1
+        largest = max(largest, len(frame[1]))
+    reader.close()
+    assert got < 40, f"all {got} replies came: the connection was not closed"
+    assert largest <= (16 << 20) + 200_000, largest
+    log = (cluster.dir / f"replica-{leader}.log").read_text()
+    assert "closed a client connection that does not read its replies" in log, log[-2000:]
+    cluster.propose("still-served")
