@@ -173,17 +173,22 @@ bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
   }
 }
 
+// The IPv4 address at the other end of fd, for the log ("?" if none).
+static std::string PeerHost(int fd) {
+  sockaddr_storage a;
+  socklen_t len = sizeof a;
+  char host[64] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
+  return host;
+}
+
 void FrontDoor::DropHandshake(FrameConn* c, const std::string& why) {
   handshakes_dropped_++;
-  if (handshakes_dropped_ <= 10 || handshakes_dropped_ % 1000 == 0) {
-    sockaddr_storage a;
-    socklen_t len = sizeof a;
-    char host[64] = "?";
-    if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
+  if (handshakes_dropped_ <= 10 || handshakes_dropped_ % 1000 == 0)
     log_("closed an unauthenticated %s connection from %s: %s (%lu such so far)",
-         ConnRoleName(c->role), host, why.c_str(), (unsigned long)handshakes_dropped_);
-  }
+         ConnRoleName(c->role), PeerHost(c->fd()).c_str(), why.c_str(),
+         (unsigned long)handshakes_dropped_);
   CloseConn(c, why);
 }
 
@@ -343,13 +348,8 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
       c->Queue(FrameKind::kWelcome, "");
       return;
     }
-    sockaddr_storage a;
-    socklen_t len = sizeof a;
-    char host[64] = "?";
-    if (getpeername(c->fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
     log_("refused an unauthenticated %s connection from %s: it does not know the cluster secret",
-         ConnRoleName(c->role), host);
+         ConnRoleName(c->role), PeerHost(c->fd()).c_str());
     Refuse(c, "authentication failed: wrong cluster secret");
     return;
   }
