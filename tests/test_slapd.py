@@ -101,15 +101,30 @@ def assert_same_directory(cluster, entries):
         cluster.wait(same, 20, "the same directory on every replica")
     except AssertionError:
         reports = run("divergence", "list", "--dir", cluster.dir).stdout
-        lead = dumps[st["leader"]].splitlines()
-        for r, d in dumps.items():
-            diff = [x for x in d.splitlines() if x not in set(lead)][:10]
-            print(f"replica {r}: {len(d)} bytes; lines not in the leader's: {diff}")
+        entries_of = {r: _entries(d) for r, d in dumps.items()}
+        lead = entries_of[st["leader"]]
+        for r, es in entries_of.items():
+            differ = [dn for dn, e in es.items() if lead.get(dn) != e][:3]
+            print(f"replica {r}: {len(es)} entries; differing from the leader's: {differ}")
+            for dn in differ:
+                print(f"  replica {r}:\n{es[dn]}\n  leader:\n{lead.get(dn)}")
+            log = cluster.dir / f"replica-{r}" / "server.log"
+            if log.exists():
+                print(f"  replica {r} server.log tail:\n{log.read_text()[-1500:]}")
         raise AssertionError(f"replicas' directories differ; divergence reports: {reports}")
     dump = dumps[0]
     assert dump.count("\ndn: ") + dump.startswith("dn: ") == entries, dump[-2000:]
     assert "entryCSN: " in dump and "entryUUID: " in dump
     return dump
+
+
+def _entries(dump):
+    """slapcat output as {dn: the entry's lines}."""
+    out = {}
+    for block in dump.strip().split("\n\n"):
+        first = block.split("\n", 1)[0]
+        out[first] = block
+    return out
 
 
 def divergences(cluster):
@@ -126,6 +141,30 @@ def test_four_clients_leave_identical_directories(cluster):
     # Searches see it all through the leader.
     r = ldap("ldapsearch", addr, "", "-b", f"ou=people,{BASE}", "-LLL", "(sn=s7)", "cn")
     assert r.stdout.count("dn: ") == 4, r.stdout
+
+
+def test_a_backup_behind_executes_one_connections_requests_one_at_a_time(cluster):
+    """A backup that is behind finds a connection's next requests already
+    there when it reads one, where the leader's slapd got each only after it
+    had replied to the one before. Were the backup's listener to hand the
+    next one to another pool thread at once, two adds would run together and
+    the first could take the second's clock (entryCSN, entryUUID). The reply
+    gate (guard/log_input.h out_before) keeps each request unread until the
+    backup's server has replied as far as the leader's had."""
+    import signal
+
+    cluster.up(app="slapd")
+    addr = cluster.client_addr()
+    ldap("ldapmodify", addr, base_ldif())
+    st = cluster.status()
+    backup = next(r for r in st["replicas"] if r["id"] != st["leader"])
+    os.kill(backup["server_pid"], signal.SIGSTOP)
+    try:
+        ldap("ldapmodify", addr, people_ldif(0, 150))
+    finally:
+        os.kill(backup["server_pid"], signal.SIGCONT)
+    assert_same_directory(cluster, 2 + 150)
+    assert divergences(cluster) == []
 
 
 def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(cluster):
