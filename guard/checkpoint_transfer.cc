@@ -189,7 +189,7 @@ void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first,
 
 bool CheckpointFetcher::FetchFrom(int peer, uint64_t min_index, uint64_t* index,
                                   std::string* error) {
-  auto client = Client::Connect(cfg_, peer, 1000, error);
+  auto client = Client::Connect(cfg_, peer, 1000, error, Principal::kReplica);
   if (!client) return false;
   std::string staging = store_->dir() + "/tmp-fetch-" + RandomSuffix();
   uint64_t bytes = 0;

@@ -14,15 +14,33 @@
 
 namespace lockstep {
 
+bool SecretFor(const ClusterConfig& config, Principal as, std::string* secret, std::string* error) {
+  switch (as) {
+    case Principal::kClient: *secret = config.client_secret; break;
+    case Principal::kAdmin: *secret = config.admin_secret; break;
+    case Principal::kPeer:
+    case Principal::kReplica: *secret = config.secret; break;
+  }
+  if (!secret->empty()) return true;
+  const char* field = as == Principal::kClient  ? "client_secret"
+                      : as == Principal::kAdmin ? "admin_secret"
+                                                : "secret";
+  *error = "this needs the " + std::string(PrincipalName(as)) + " credential, and " +
+           (config.path.empty() ? std::string("the cluster's configuration") : config.path) +
+           " has no '" + field + "' (a client's copy?)";
+  return false;
+}
+
 std::unique_ptr<Client> Client::Connect(const ClusterConfig& config, int replica, int timeout_ms,
-                                        std::string* error) {
+                                        std::string* error, Principal as) {
   if (replica < 0 || replica >= static_cast<int>(config.replicas.size())) {
     *error = "no replica " + std::to_string(replica);
     return nullptr;
   }
+  std::string secret;
+  if (!SecretFor(config, as, &secret, error)) return nullptr;
   const auto& r = config.replicas[replica];
-  int fd = ConnectAuthenticated(r.host, r.client_port, config.secret, ConnRole::kClient, 0,
-                                timeout_ms, error);
+  int fd = ConnectAuthenticated(r.host, r.client_port, secret, as, 0, timeout_ms, error);
   if (fd < 0) return nullptr;
   auto c = std::unique_ptr<Client>(new Client);
   c->fd_ = fd;
@@ -34,18 +52,32 @@ Client::~Client() {
   if (fd_ >= 0) close(fd_);
 }
 
+bool Client::Await(FrameKind want, std::string* reply, int timeout_ms, std::string* error) {
+  FrameKind kind;
+  if (!ReadFrame(fd_, &kind, reply, timeout_ms, error)) return false;
+  if (kind == FrameKind::kRefused) {
+    *error = "refused by replica " + std::to_string(replica_) + ": " + *reply;
+    return false;
+  }
+  if (kind != want) {
+    *error = "unexpected reply (a daemon of another version?)";
+    return false;
+  }
+  return true;
+}
+
+bool Client::Ask(FrameKind kind, std::string_view body, FrameKind want, std::string* reply,
+                 int timeout_ms, std::string* error) {
+  return WriteFrame(fd_, kind, body, error) && Await(want, reply, timeout_ms, error);
+}
+
 bool Client::SendPropose(EntryType type, std::string_view payload, std::string* error) {
   return WriteFrame(fd_, FrameKind::kPropose, EncodeProposeRequest(type, payload), error);
 }
 
 bool Client::ReadProposeReply(ProposeReply* reply, std::string* error, int timeout_ms) {
-  FrameKind kind;
   std::string body;
-  if (!ReadFrame(fd_, &kind, &body, timeout_ms, error)) return false;
-  if (kind != FrameKind::kProposeResult) {
-    *error = "unexpected reply";
-    return false;
-  }
+  if (!Await(FrameKind::kProposeResult, &body, timeout_ms, error)) return false;
   if (!DecodeProposeReply(body, reply)) {
     *error = "malformed reply";
     return false;
@@ -59,22 +91,17 @@ bool Client::Propose(EntryType type, std::string_view payload, ProposeReply* rep
 }
 
 bool Client::Status(std::string* json, std::string* error, int timeout_ms) {
-  FrameKind kind;
-  if (!WriteFrame(fd_, FrameKind::kStatus, "", error) ||
-      !ReadFrame(fd_, &kind, json, timeout_ms, error))
-    return false;
-  return kind == FrameKind::kStatusResult;
+  return Ask(FrameKind::kStatus, "", FrameKind::kStatusResult, json, timeout_ms, error);
 }
 
 bool Client::Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
                   std::string* error, int timeout_ms) {
-  FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd_, FrameKind::kRead, EncodeReadRequest(ReadRequest{from, max}), error) ||
-      !ReadFrame(fd_, &kind, &body, timeout_ms, error))
+  if (!Ask(FrameKind::kRead, EncodeReadRequest(ReadRequest{from, max}), FrameKind::kReadResult,
+           &body, timeout_ms, error))
     return false;
   ReadReply reply;
-  if (kind != FrameKind::kReadResult || !DecodeReadReply(body, &reply)) {
+  if (!DecodeReadReply(body, &reply)) {
     *error = "malformed read reply";
     return false;
   }
@@ -84,11 +111,9 @@ bool Client::Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vect
 }
 
 bool Client::Truncate(uint64_t below, uint64_t* first_index, std::string* error) {
-  FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd_, FrameKind::kTruncate, EncodeTruncateRequest(TruncateRequest{below}),
-                  error) ||
-      !ReadFrame(fd_, &kind, &body, 5000, error))
+  if (!Ask(FrameKind::kTruncate, EncodeTruncateRequest(TruncateRequest{below}),
+           FrameKind::kTruncateResult, &body, 5000, error))
     return false;
   TruncateReply reply;
   if (!DecodeTruncateReply(body, &reply)) {
@@ -97,18 +122,17 @@ bool Client::Truncate(uint64_t below, uint64_t* first_index, std::string* error)
   }
   *first_index = reply.first_index;
   if (!reply.ok)
-    *error = "cannot truncate at " + std::to_string(below) + " (beyond the commit index?)";
+    *error = "cannot truncate below " + std::to_string(below) +
+             " (beyond the commit index, or below the first entry kept)";
   return reply.ok;
 }
 
 bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error) {
-  FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd_, FrameKind::kCheckpoint, EncodeCheckpointRequest(CheckpointRequest{op}),
-                  error) ||
-      !ReadFrame(fd_, &kind, &body, 10000, error))
+  if (!Ask(FrameKind::kCheckpoint, EncodeCheckpointRequest(CheckpointRequest{op}),
+           FrameKind::kCheckpointResult, &body, 10000, error))
     return false;
-  if (kind != FrameKind::kCheckpointResult || !DecodeCheckpointReply(body, reply)) {
+  if (!DecodeCheckpointReply(body, reply)) {
     *error = "malformed checkpoint reply (a daemon of another version?)";
     return false;
   }
@@ -116,15 +140,8 @@ bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* er
 }
 
 bool Client::Divergence(const DivergenceRequest& req, std::string* json, std::string* error) {
-  FrameKind kind;
-  if (!WriteFrame(fd_, FrameKind::kDivergence, EncodeDivergenceRequest(req), error) ||
-      !ReadFrame(fd_, &kind, json, 10000, error))
-    return false;
-  if (kind != FrameKind::kDivergenceResult) {
-    *error = "malformed divergence reply (a daemon of another version?)";
-    return false;
-  }
-  return true;
+  return Ask(FrameKind::kDivergence, EncodeDivergenceRequest(req), FrameKind::kDivergenceResult,
+             json, 10000, error);
 }
 
 bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, uint64_t* index,
@@ -151,6 +168,11 @@ bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, ui
     if (!ReadFrame(fd_, &kind, &body, 30000, error)) {
       close_out();
       *error = "checkpoint transfer broke off: " + *error;
+      return false;
+    }
+    if (kind == FrameKind::kRefused) {
+      close_out();
+      *error = "refused by replica " + std::to_string(replica_) + ": " + body;
       return false;
     }
     if (kind == FrameKind::kCheckpointDone) {

@@ -1,6 +1,8 @@
 // client.h — the C++ client of a replica's client port: propose, read the
 // committed log, status, truncate. The command-line tools and the benchmarks
-// use it; every call is blocking with a timeout.
+// use it; every call is blocking with a timeout. A connection is made as one
+// principal (wire.h): what the daemon refuses it (an admin's request from a
+// client) comes back as an error saying so, and the connection stays.
 #pragma once
 
 #include <memory>
@@ -17,7 +19,7 @@ namespace lockstep {
 class Client {
  public:
   static std::unique_ptr<Client> Connect(const ClusterConfig& config, int replica, int timeout_ms,
-                                         std::string* error);
+                                         std::string* error, Principal as = Principal::kClient);
   ~Client();
   int replica() const { return replica_; }
   bool Propose(EntryType type, std::string_view payload, ProposeReply* reply, std::string* error,
@@ -41,10 +43,19 @@ class Client {
                        uint64_t* bytes, std::string* error);
 
  private:
+  // Sends one request and reads its reply, which must be of kind `want`;
+  // a refusal (kRefused) is an error that says why.
+  bool Ask(FrameKind kind, std::string_view body, FrameKind want, std::string* reply,
+           int timeout_ms, std::string* error);
+  // Reads one reply of kind `want` (or a refusal, as above).
+  bool Await(FrameKind want, std::string* reply, int timeout_ms, std::string* error);
   int fd_ = -1;
   int replica_ = -1;
 };
 
+// The secret that proves principal `as` from this config; false (error:
+// what is missing) when a client's copy of cluster.toml does not hold it.
+bool SecretFor(const ClusterConfig& config, Principal as, std::string* secret, std::string* error);
 // Asks every replica; returns the id of the one that says it leads, or -1.
 int FindLeader(const ClusterConfig& config, int timeout_ms);
 // A field of the flat status JSON a daemon returns ("role", "commit_index"...),

@@ -417,6 +417,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   ClusterConfig c;
   c.secret = Hex(RandomBytes(16));
+  c.client_secret = Hex(RandomBytes(16));
+  c.admin_secret = Hex(RandomBytes(16));
   c.transport = o.transport;
   c.durability = o.durability;
   c.ring_bytes = o.ring_bytes;

@@ -336,9 +336,23 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
 
   if (!cluster) return fail(1, "missing [cluster] section");
   TomlTable& t = *cluster;
-  if (!t.TakeString("secret", &c.secret, true, error)) return false;
-  if (c.secret.size() < 16)
-    return fail(t.LineOf("secret"), "field 'secret': must be at least 16 characters");
+  // A client's copy of cluster.toml may leave out what it must not hold.
+  for (auto [name, value] : {std::pair<const char*, std::string*>{"secret", &c.secret},
+                             {"client_secret", &c.client_secret},
+                             {"admin_secret", &c.admin_secret}}) {
+    if (!t.TakeString(name, value, false, error)) return false;
+    if (t.Has(name) && value->size() < 16)
+      return fail(t.LineOf(name),
+                  std::string("field '") + name + "': must be at least 16 characters");
+  }
+  if (c.secret.empty() && c.client_secret.empty() && c.admin_secret.empty())
+    return fail(1,
+                "[cluster] needs 'secret' (the replicas'), or at least 'client_secret' in a "
+                "client's copy");
+  if (!c.secret.empty()) {
+    if (c.client_secret.empty()) c.client_secret = DerivedSecret(c.secret, "client");
+    if (c.admin_secret.empty()) c.admin_secret = DerivedSecret(c.secret, "admin");
+  }
   if (!t.TakeString("transport", &c.transport, false, error)) return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
     return fail(t.LineOf("transport"),
@@ -489,8 +503,12 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
   std::ostringstream o;
   o << "# lockstep cluster configuration: the same file on every replica.\n"
     << "[cluster]\n"
-    << "secret = " << TomlQuote(c.secret) << "\n"
-    << "transport = " << TomlQuote(c.transport) << "\n"
+    << "# the replicas' own secret, and those of clients and admins (a client's copy keeps\n"
+    << "# only client_secret: see guard/config.h)\n";
+  if (!c.secret.empty()) o << "secret = " << TomlQuote(c.secret) << "\n";
+  if (!c.client_secret.empty()) o << "client_secret = " << TomlQuote(c.client_secret) << "\n";
+  if (!c.admin_secret.empty()) o << "admin_secret = " << TomlQuote(c.admin_secret) << "\n";
+  o << "transport = " << TomlQuote(c.transport) << "\n"
     << "durability = " << TomlQuote(c.durability) << "\n"
     << "ring_bytes = " << c.ring_bytes << "\n"
     << "segment_bytes = " << c.segment_bytes << "\n"
@@ -570,13 +588,13 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
   return o.str();
 }
 
-std::string ServerRandomSeed(const ClusterConfig& c) {
-  if (!c.server.same_random) return "";
-  const std::string data = "lockstep same_random seed v1\n" + c.secret;
+namespace {
+// 64 hex digits of SHA-256 of data ("" if OpenSSL fails).
+std::string Sha256Hex(const std::string& data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (!EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) || len != 32)
-    return "";  // the shim then changes nothing (and the replicas may diverge)
+    return "";
   static const char kHex[] = "0123456789abcdef";
   std::string hex;
   for (unsigned int i = 0; i < len; i++) {
@@ -584,6 +602,17 @@ std::string ServerRandomSeed(const ClusterConfig& c) {
     hex += kHex[md[i] & 15];
   }
   return hex;
+}
+}  // namespace
+
+std::string DerivedSecret(const std::string& secret, const std::string& label) {
+  return Sha256Hex("lockstep " + label + " secret v1\n" + secret);
+}
+
+std::string ServerRandomSeed(const ClusterConfig& c) {
+  if (!c.server.same_random) return "";
+  // "": the shim then changes nothing (and the replicas may diverge)
+  return Sha256Hex("lockstep same_random seed v1\n" + c.secret);
 }
 
 }  // namespace lockstep

@@ -2,7 +2,12 @@
 // and the small TOML reader it shares with the server profiles in apps/.
 //
 //   [cluster]
-//   secret = "..."          # authenticates daemons to each other (required)
+//   secret = "..."          # the replicas' own: authenticates daemons to each other
+//                           # (required to run a replica; a client's copy leaves it out)
+//   client_secret = "..."   # clients: propose, read, status, divergence reports
+//   admin_secret = "..."    # admins: also truncate, take and fetch checkpoints
+//                           # (each at least 16 characters; one left out is derived from
+//                           # `secret`, and a copy without `secret` must name it)
 //   transport = "shm"       # shm | tcp | auto (auto: UCX picks, RDMA where present)
 //   durability = "disk"     # disk | memory (memory: a majority holds entries in RAM only)
 //   ring_bytes = 1048576    # log region ring per backup and ballot (max proposal: about half)
@@ -99,7 +104,9 @@ struct CheckpointPolicy {
 };
 
 struct ClusterConfig {
-  std::string secret;
+  std::string secret;         // "" in a client's copy (cluster.toml without it)
+  std::string client_secret;  // given, or derived from secret (DerivedSecret)
+  std::string admin_secret;   // the same
   std::string transport = "shm";
   std::string durability = "disk";
   uint64_t ring_bytes = 1 << 20;
@@ -201,6 +208,11 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                         std::string* error);
 bool LoadClusterConfig(const std::string& path, ClusterConfig* out, std::string* error);
 std::string FormatClusterConfig(const ClusterConfig& c);
+// A secret derived from the replicas' one under a label ("client",
+// "admin"): 64 hex digits of SHA-256, so a cluster.toml that names only
+// `secret` (older ones, hand-written ones) still has the other two, and
+// neither gives the replicas' secret away.
+std::string DerivedSecret(const std::string& secret, const std::string& label);
 // The seed of the server's randomness (LOCKSTEP_SHIM_RANDOM_SEED, 64 hex
 // digits) when c.server.same_random, else "": SHA-256 of the cluster's
 // secret under a label, so the same on every replica and in every run of

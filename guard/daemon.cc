@@ -370,7 +370,7 @@ void Daemon::PollPeerCheckpoints() {
       for (int r = 0; r < n_ && !stop_poll_.load(); r++) {
         if (r == me_.id) continue;
         std::string err, json;
-        auto c = Client::Connect(cfg_, r, 300, &err);
+        auto c = Client::Connect(cfg_, r, 300, &err, Principal::kReplica);
         if (!c || !c->Status(&json, &err, 1000)) continue;
         size_t at = json.find("\"checkpoint\":{");
         std::string idx = at == std::string::npos ? "" : JsonField(json.substr(at), "index");
@@ -542,6 +542,13 @@ int RunReplica(const DaemonOptions& options) {
   if (options.id < 0 || options.id >= static_cast<int>(options.config.replicas.size())) {
     fprintf(stderr, "lockstep replica: --id %d is not in %s (replicas 0..%zu)\n", options.id,
             options.config.path.c_str(), options.config.replicas.size() - 1);
+    return 2;
+  }
+  if (options.config.secret.empty()) {
+    fprintf(stderr,
+            "lockstep replica: %s has no 'secret' in [cluster]: that is a client's copy; a "
+            "replica needs the cluster's own (the file `lockstep cluster up` wrote)\n",
+            options.config.path.c_str());
     return 2;
   }
   Daemon d(options);

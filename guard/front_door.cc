@@ -111,7 +111,7 @@ void FrontDoor::ConnectorThread() {
       if (outbound_connected_[r].load() || NowUs() < next_try[r]) continue;
       std::string err;
       const auto& p = cfg_.replicas[r];
-      int fd = ConnectAuthenticated(p.host, p.peer_port, cfg_.secret, ConnRole::kPeer, me_.id,
+      int fd = ConnectAuthenticated(p.host, p.peer_port, cfg_.secret, Principal::kPeer, me_.id,
                                     kPeerConnectTimeoutMs, &err);
       if (fd < 0) {
         next_try[r] = NowUs() + kPeerRetryUs;
@@ -328,32 +328,57 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
     }
     // A peer on the client port (or the reverse) is refused: the role is
     // part of what the proof covers.
-    ConnRole role;
-    if (!ParseHelloRole(hello.role, &role) || role != c->role ||
-        (role == ConnRole::kPeer &&
-         (hello.from >= static_cast<uint32_t>(n_) || static_cast<int>(hello.from) == me_.id))) {
+    Principal who = Principal::kClient;
+    bool ok = ParsePrincipal(hello.role, &who) && PortOf(who) == c->role;
+    if (ok && (who == Principal::kPeer || who == Principal::kReplica))
+      ok = hello.from < static_cast<uint32_t>(n_) &&
+           !(who == Principal::kPeer && static_cast<int>(hello.from) == me_.id);
+    if (!ok) {
       Refuse(c, "wrong port for role '" + hello.role + "' or bad replica id");
       return;
     }
-    c->peer_id = static_cast<int>(hello.from);
+    c->principal = who;
+    c->peer_id = static_cast<int>(hello.from);  // an id only for peers and replicas
     c->nonce = RandomBytes(kNonceBytes);
     c->Queue(FrameKind::kChallenge, c->nonce);
     return;
   }
   if (kind == FrameKind::kAuth && !c->nonce.empty()) {
-    std::string expect = AuthProof(cfg_.secret, c->nonce, c->role, c->peer_id);
+    std::string secret, unused;
+    SecretFor(cfg_, c->principal, &secret, &unused);  // a replica's config has all three
+    std::string expect = AuthProof(secret, c->nonce, c->principal, c->peer_id);
     if (body.size() == expect.size() &&
         CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
       c->authenticated = true;
       c->Queue(FrameKind::kWelcome, "");
       return;
     }
-    log_("refused an unauthenticated %s connection from %s: it does not know the cluster secret",
-         ConnRoleName(c->role), PeerHost(c->fd()).c_str());
-    Refuse(c, "authentication failed: wrong cluster secret");
+    const char* which = c->principal == Principal::kClient  ? "client"
+                        : c->principal == Principal::kAdmin ? "admin"
+                                                            : "cluster";
+    log_("refused an unauthenticated %s connection from %s: it does not know the %s secret",
+         PrincipalName(c->principal), PeerHost(c->fd()).c_str(), which);
+    Refuse(c, std::string("authentication failed: wrong ") + which + " secret");
     return;
   }
   Refuse(c, "handshake out of order");
+}
+
+// The client port's rights: a request that `c`'s principal may not make is
+// refused (kRefused, saying which credential it needs) and logged; the
+// connection stays, and nothing else changes.
+bool FrontDoor::Permit(FrameConn* c, std::initializer_list<Principal> allowed, const char* what) {
+  for (Principal p : allowed)
+    if (c->principal == p) return true;
+  std::string needs;
+  for (Principal p : allowed) needs += std::string(needs.empty() ? "" : " or ") + PrincipalName(p);
+  std::string why = std::string(what) + " is not for a " + PrincipalName(c->principal) +
+                    (needs.empty() ? ": nobody may, through the client port"
+                                   : ": it needs the " + needs + " credential");
+  log_("refused a request of a %s from %s: %s", PrincipalName(c->principal),
+       PeerHost(c->fd()).c_str(), why.c_str());
+  c->Queue(FrameKind::kRefused, why);
+  return false;
 }
 
 // One refusal per connection: it is written and the connection closed, so
@@ -429,6 +454,7 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       return;
     }
     case FrameKind::kTruncate: {
+      if (!Permit(c, {Principal::kAdmin}, "truncating the log")) return;
       TruncateRequest req;
       bool ok = DecodeTruncateRequest(body, &req) && core_.TruncateBelow(req.below);
       c->Queue(FrameKind::kTruncateResult, EncodeTruncateReply({ok, core_.first_index()}));
@@ -437,11 +463,19 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
     case FrameKind::kCheckpoint: {
       CheckpointRequest req;
       CheckpointReply reply{false, "malformed checkpoint request"};
-      if (DecodeCheckpointRequest(body, &req)) reply = hooks_.checkpoint(req.op);
+      if (!DecodeCheckpointRequest(body, &req)) {
+      } else if (req.op == CheckpointOp::kNow &&
+                 !Permit(c, {Principal::kAdmin}, "taking a checkpoint")) {
+        return;
+      } else {
+        reply = hooks_.checkpoint(req.op);
+      }
       c->Queue(FrameKind::kCheckpointResult, EncodeCheckpointReply(reply));
       return;
     }
     case FrameKind::kFetchCheckpoint: {
+      // A checkpoint is the server's whole memory: no client's to read.
+      if (!Permit(c, {Principal::kAdmin, Principal::kReplica}, "fetching a checkpoint")) return;
       FetchCheckpointRequest req;
       if (!DecodeFetchCheckpointRequest(body, &req)) {
         c->close_after_read = "malformed checkpoint fetch";
@@ -476,6 +510,11 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
     c->Queue(FrameKind::kProposeResult, EncodeProposeReply({false, 0, "malformed proposal"}));
     return;
   }
+  // Output checks are the leader's own entries (a forged one could start
+  // repairs); membership is the admin's.
+  if (req.type == EntryType::kOutputCheck && !Permit(c, {}, "proposing an output check")) return;
+  if (req.type == EntryType::kConfig && !Permit(c, {Principal::kAdmin}, "changing the cluster"))
+    return;
   std::string error;
   ProposeResult pr;
   uint64_t uncommitted = core_.last_index() - std::min(core_.last_index(), core_.commit_index());

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -136,6 +137,7 @@ class FrontDoor {
   uint64_t handshakes_dropped_ = 0;  // closed before authenticating (logged sparingly)
   void DropHandshake(FrameConn* c, const std::string& why);
   void Refuse(FrameConn* c, const std::string& why);
+  bool Permit(FrameConn* c, std::initializer_list<Principal> allowed, const char* what);
   std::vector<FrameConn*> outbound_;  // by replica id
   std::deque<Waiter> waiters_;        // in index order
 

@@ -45,6 +45,7 @@ const char* kUsage =
     "              with a replicated server: cluster up --app redis (or -- ANY COMMAND)\n"
     "  propose     agree values through the replicated log\n"
     "  log         print a replica's committed log\n"
+    "  truncate    drop a replica's committed entries below an index (admin)\n"
     "  checkpoint  take a checkpoint of a backup's server now, or list the checkpoints\n"
     "  divergence  list the divergence reports (replicas whose output differed), or show one\n"
     "  sim         run the protocol core under the deterministic simulator\n"
@@ -283,6 +284,34 @@ int CmdLog(int argc, char** argv) {
   }
 }
 
+int CmdTruncate(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help"});
+  if (WantsHelp(a) || !a.Has("below")) {
+    printf(
+        "usage: lockstep truncate --below I [--replica N] [--dir DIR | --config FILE]\n\n"
+        "Drops the committed entries below index I from replica N's log (the leader's by\n"
+        "default). Replicas do this themselves once a checkpoint covers the entries; this is\n"
+        "for an operator, and needs the admin credential (admin_secret in cluster.toml).\n");
+    return WantsHelp(a) ? 0 : 2;
+  }
+  if (!a.error.empty()) return Fail(a.error);
+  ClusterConfig c;
+  std::string err;
+  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
+  long long target, below;
+  if (!a.GetInt("replica", -1, &target) || !a.GetInt("below", 0, &below)) return Fail(a.error);
+  if (below < 1) return Fail("--below needs a log index of 1 or more");
+  int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
+  if (r < 0) return Fail("no leader found (is the cluster up? `lockstep cluster status`)");
+  auto client = Client::Connect(c, r, 1000, &err, Principal::kAdmin);
+  if (!client) return Fail(err);
+  uint64_t first = 0;
+  if (!client->Truncate(static_cast<uint64_t>(below), &first, &err))
+    return Fail("replica " + std::to_string(r) + ": " + err);
+  printf("replica %d keeps its log from index %lu\n", r, (unsigned long)first);
+  return 0;
+}
+
 // ------------------------------------------------------------------ checkpoint
 
 int CmdCheckpoint(int argc, char** argv) {
@@ -310,7 +339,7 @@ int CmdCheckpoint(int argc, char** argv) {
     if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
       return Fail("checkpoint now needs --id N, a replica of 0.." +
                   std::to_string(c.replicas.size() - 1));
-    auto client = Client::Connect(c, static_cast<int>(id), 1000, &err);
+    auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
     if (!client) return Fail(err);
     std::string before_json;
     if (!client->Status(&before_json, &err)) return Fail(err);
@@ -543,6 +572,7 @@ int main(int argc, char** argv) {
   if (cmd == "cluster") return CmdCluster(argc, argv);
   if (cmd == "propose") return CmdPropose(argc, argv);
   if (cmd == "log") return CmdLog(argc, argv);
+  if (cmd == "truncate") return CmdTruncate(argc, argv);
   if (cmd == "checkpoint") return CmdCheckpoint(argc, argv);
   if (cmd == "divergence") return CmdDivergence(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);

@@ -75,21 +75,32 @@ const char* ConnRoleName(ConnRole role) {
   return "?";
 }
 
-bool ParseHelloRole(std::string_view name, ConnRole* role) {
-  for (ConnRole r : {ConnRole::kPeer, ConnRole::kClient}) {
-    if (name == ConnRoleName(r)) {
-      *role = r;
+const char* PrincipalName(Principal p) {
+  switch (p) {
+    case Principal::kPeer: return "peer";
+    case Principal::kClient: return "client";
+    case Principal::kAdmin: return "admin";
+    case Principal::kReplica: return "replica";
+  }
+  return "?";
+}
+
+bool ParsePrincipal(std::string_view name, Principal* p) {
+  for (Principal q :
+       {Principal::kPeer, Principal::kClient, Principal::kAdmin, Principal::kReplica}) {
+    if (name == PrincipalName(q)) {
+      *p = q;
       return true;
     }
   }
   return false;
 }
 
-std::string EncodeHello(ConnRole role, int from_id) {
+std::string EncodeHello(Principal who, int from_id) {
   ByteWriter w;
   w.u32(kWireMagic);
   w.u32(kWireVersion);
-  w.bytes(ConnRoleName(role));
+  w.bytes(PrincipalName(who));
   w.u32(static_cast<uint32_t>(from_id));
   return std::move(w.str());
 }
@@ -452,9 +463,9 @@ std::string RandomBytes(size_t n) {
   return s;
 }
 
-std::string AuthProof(const std::string& secret, const std::string& nonce, ConnRole role,
+std::string AuthProof(const std::string& secret, const std::string& nonce, Principal who,
                       int from_id) {
-  return HmacSha256(secret, "lockstep-auth-v1|" + std::string(ConnRoleName(role)) + "|" +
+  return HmacSha256(secret, "lockstep-auth-v1|" + std::string(PrincipalName(who)) + "|" +
                                 std::to_string(from_id) + "|" + nonce);
 }
 
@@ -651,12 +662,12 @@ bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::
 }
 
 int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
-                         ConnRole role, int from_id, int timeout_ms, std::string* error) {
+                         Principal who, int from_id, int timeout_ms, std::string* error) {
   int fd = ConnectTcp(host, port, timeout_ms, error);
   if (fd < 0) return -1;
   FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd, FrameKind::kHello, EncodeHello(role, from_id), error) ||
+  if (!WriteFrame(fd, FrameKind::kHello, EncodeHello(who, from_id), error) ||
       !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
     close(fd);
     return -1;
@@ -666,7 +677,7 @@ int ConnectAuthenticated(const std::string& host, int port, const std::string& s
     close(fd);
     return -1;
   }
-  if (!WriteFrame(fd, FrameKind::kAuth, AuthProof(secret, body, role, from_id), error) ||
+  if (!WriteFrame(fd, FrameKind::kAuth, AuthProof(secret, body, who, from_id), error) ||
       !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
     close(fd);
     return -1;

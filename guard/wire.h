@@ -106,26 +106,38 @@ bool DecodeMessage(std::string_view in, Message* m);
 // What a connection is for, on the daemon's side: a peer or a client that
 // connected to us, or our own send-only connection to a peer.
 enum class ConnRole : uint8_t { kPeer, kOutbound, kClient };
-// "peer", "outbound", "client". "peer" and "client" are also the role
-// strings a HELLO carries on the wire (and that the proof covers): keep them.
-const char* ConnRoleName(ConnRole role);
-// The role a HELLO names; false for anything but "peer" and "client".
-bool ParseHelloRole(std::string_view name, ConnRole* role);
+const char* ConnRoleName(ConnRole role);  // "peer", "outbound", "client"
+
+// Who a connector says it is in its HELLO, which its proof covers. On the
+// peer port: a peer (with its replica id). On the client port, each with a
+// secret of its own (cluster.toml): a client may propose inputs, read the
+// log, status and divergence reports (client_secret); an admin may also
+// truncate the log, take checkpoints and fetch them (admin_secret); a
+// replica is a daemon asking a peer for its status or its checkpoint (the
+// replicas' own secret). Their names are the HELLO's role strings ("peer"
+// and "client" as before this split): keep them.
+enum class Principal : uint8_t { kPeer, kClient, kAdmin, kReplica };
+const char* PrincipalName(Principal p);
+bool ParsePrincipal(std::string_view name, Principal* p);  // false: none of the four
+// The port a principal connects to.
+inline ConnRole PortOf(Principal p) {
+  return p == Principal::kPeer ? ConnRole::kPeer : ConnRole::kClient;
+}
 
 // The connector's first frame: who it is.
 struct Hello {
   uint32_t magic = 0;  // kWireMagic
   uint32_t version = 0;
-  std::string role;  // as sent (see ParseHelloRole)
+  std::string role;  // as sent (see ParsePrincipal)
   uint32_t from = 0;
 };
-std::string EncodeHello(ConnRole role, int from_id);
+std::string EncodeHello(Principal who, int from_id);
 bool DecodeHello(std::string_view in, Hello* hello);  // false: truncated
 
 std::string HmacSha256(const std::string& key, const std::string& data);
 std::string RandomBytes(size_t n);
-// What a connector proves: it knows the secret, and who it is.
-std::string AuthProof(const std::string& secret, const std::string& nonce, ConnRole role,
+// What a connector proves: it knows its principal's secret, and who it is.
+std::string AuthProof(const std::string& secret, const std::string& nonce, Principal who,
                       int from_id);
 
 // Client requests (kPropose, kRead, kTruncate). Decoders check the layout
@@ -298,8 +310,9 @@ class FrameConn {
   bool authenticated = false;
   std::string nonce;
   int peer_id = -1;
-  uint64_t opened_us = 0;          // when it was accepted (handshake deadline)
-  uint32_t proposals_waiting = 0;  // its proposals not yet answered (FrontDoor)
+  Principal principal = Principal::kClient;  // who its HELLO said it is
+  uint64_t opened_us = 0;                    // when it was accepted (handshake deadline)
+  uint32_t proposals_waiting = 0;            // its proposals not yet answered (FrontDoor)
 
  private:
   int fd_;
@@ -312,8 +325,8 @@ class FrameConn {
 int ConnectTcp(const std::string& host, int port, int timeout_ms, std::string* error);
 bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* error);
 bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::string* error);
-// Connects and authenticates as `role` (kPeer or kClient) with the cluster secret.
+// Connects and authenticates as `who` with that principal's secret.
 int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
-                         ConnRole role, int from_id, int timeout_ms, std::string* error);
+                         Principal who, int from_id, int timeout_ms, std::string* error);
 
 }  // namespace lockstep

@@ -304,7 +304,7 @@ def test_unauthenticated_client_is_refused(cluster, tmp_path):
     forged.write_text(re.sub(r'secret = "[^"]*"', 'secret = "not-the-real-secret-at-all"', text))
     p = run("propose", "--config", forged, "--replica", cluster.leader(), "forged", check=False)
     assert p.returncode != 0
-    assert "wrong cluster secret" in p.stderr
+    assert "wrong client secret" in p.stderr
     logs = "".join(Path(cluster.dir, f"replica-{i}.log").read_text() for i in range(3))
     assert "refused an unauthenticated client connection" in logs
     assert [v for _, _, v in cluster.log(cluster.leader())] == ["genuine"]
@@ -441,10 +441,9 @@ def _read_frame(sock):
     return kind, body
 
 
-def _hello():
-    role = b"client"
+def _hello(role=b"client", sender=0):
     body = struct.pack("<II", 0x4C4B5354, 1) + struct.pack("<I", len(role)) + role
-    return _frame(HELLO, body + struct.pack("<I", 0))
+    return _frame(HELLO, body + struct.pack("<I", sender))
 
 
 def _closed_within(sock, seconds):
@@ -482,7 +481,7 @@ def test_unauthenticated_connections_are_bounded(cluster):
         assert kind == CHALLENGE and len(nonce) == 32
         s.sendall(_frame(AUTH, b"\0" * 32) + _frame(AUTH, b"\1" * 32))
         kind, why = _read_frame(s)
-        assert kind == REFUSED and b"wrong cluster secret" in why, why
+        assert kind == REFUSED and b"wrong client secret" in why, why
         assert _read_frame(s) is None
     # Silence: closed once the handshake time (5 s) is up.
     with socket.create_connection(addr) as s:
@@ -510,20 +509,29 @@ def test_unauthenticated_connections_are_bounded(cluster):
 PROPOSE, PROPOSE_RESULT, WELCOME = 20, 21, 4
 
 
-def _authenticated_client(cluster, replica):
-    """A raw socket to replica's client port, past the handshake."""
+def _handshake(cluster, replica, role="client", secret_field="client_secret"):
+    """A raw socket to replica's client port after HELLO as `role` and a
+    proof made with cluster.toml's `secret_field`: (socket, the acceptor's
+    last frame: (WELCOME, b"") or (REFUSED, why))."""
     conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
     rep = next(r for r in conf["replica"] if r["id"] == replica)
     s = socket.create_connection((rep["host"], rep["client_port"]))
-    s.sendall(_hello())
+    s.sendall(_hello(role.encode()))
     kind, nonce = _read_frame(s)
     assert kind == CHALLENGE
     proof = hmac.new(
-        conf["cluster"]["secret"].encode(), b"lockstep-auth-v1|client|0|" + nonce, hashlib.sha256
+        conf["cluster"][secret_field].encode(),
+        f"lockstep-auth-v1|{role}|0|".encode() + nonce,
+        hashlib.sha256,
     ).digest()
     s.sendall(_frame(AUTH, proof))
-    kind, _ = _read_frame(s)
-    assert kind == WELCOME
+    return s, _read_frame(s)
+
+
+def _authenticated_client(cluster, replica, role="client", secret_field="client_secret"):
+    """A raw socket to replica's client port, past the handshake."""
+    s, (kind, why) = _handshake(cluster, replica, role, secret_field)
+    assert kind == WELCOME, why
     return s
 
 
@@ -648,3 +656,76 @@ def test_replies_a_client_does_not_read_are_bounded(cluster):
     log = (cluster.dir / f"replica-{leader}.log").read_text()
     assert "closed a client connection that does not read its replies" in log, log[-2000:]
     cluster.propose("still-served")
+
+
+# ---------------------------------------------------------------- rights
+
+STATUS, STATUS_RESULT, TRUNCATE, CHECKPOINT, FETCH_CHECKPOINT = 22, 23, 26, 28, 30
+
+
+def _client_copy(cluster, tmp_path, keep):
+    """cluster.toml with only the secrets named in keep (a client's copy)."""
+    lines = (cluster.dir / "cluster.toml").read_text().splitlines()
+    drop = {"secret", "client_secret", "admin_secret"} - set(keep)
+    kept = [x for x in lines if x.split(" = ")[0].strip() not in drop]
+    path = tmp_path / ("-".join(keep) + ".toml")
+    path.write_text("\n".join(kept) + "\n")
+    return path
+
+
+def test_a_client_proposes_and_reads_and_only_an_admin_truncates(cluster, tmp_path):
+    # Before: one secret for peers and clients, and any client holding it
+    # could truncate the log. Now clients, admins and replicas each prove a
+    # secret of their own, and the daemon checks each request's right.
+    cluster.up()
+    leader = cluster.leader()
+    mine = _client_copy(cluster, tmp_path, ["client_secret"])
+    run("propose", "--config", mine, "a", "b", "c")
+    assert "\tb" in run("log", "--config", mine, "--replica", leader).stdout
+    # The client's copy has no admin secret: the CLI says so, sends nothing.
+    p = run("truncate", "--config", mine, "--below", 2, check=False)
+    assert p.returncode != 0 and "has no 'admin_secret'" in p.stderr, p.stderr
+    # A client that asks anyway is refused, request by request; its
+    # connection stays and serves what it may ask.
+    s = _authenticated_client(cluster, leader)
+    forbidden = [
+        (_frame(TRUNCATE, struct.pack("<Q", 3)), b"truncating the log"),
+        (_frame(CHECKPOINT, bytes([1])), b"taking a checkpoint"),
+        (_frame(FETCH_CHECKPOINT, struct.pack("<Q", 0)), b"fetching a checkpoint"),
+        (_frame(PROPOSE, bytes([3]) + struct.pack("<I", 2) + b"xx"), b"output check"),
+        (_frame(PROPOSE, bytes([4]) + struct.pack("<I", 2) + b"xx"), b"changing the cluster"),
+    ]
+    for request, what in forbidden:
+        s.sendall(request)
+        kind, why = _read_frame(s)
+        assert kind == REFUSED and what in why, (kind, why)
+    s.sendall(_frame(STATUS))
+    kind, body = _read_frame(s)
+    assert kind == STATUS_RESULT and b'"first_index":1' in body, body
+    s.close()
+    # Claiming to be an admin, or a replica, with the client's secret fails.
+    s, (kind, why) = _handshake(cluster, leader, role="admin")
+    assert kind == REFUSED and b"wrong admin secret" in why, why
+    s.close()
+    s, (kind, why) = _handshake(cluster, leader, role="replica")
+    assert kind == REFUSED and b"wrong cluster secret" in why, why
+    s.close()
+    log = (cluster.dir / f"replica-{leader}.log").read_text()
+    assert "refused a request of a client" in log and "needs the admin credential" in log
+    # The admin truncates; nothing was dropped before.
+    assert [i for i, _, _ in cluster.log(leader)] == [1, 2, 3]
+    admin = _client_copy(cluster, tmp_path, ["admin_secret"])
+    out = run("truncate", "--config", admin, "--below", 3, "--replica", leader).stdout
+    assert "keeps its log from index 3" in out, out
+    assert [i for i, _, _ in cluster.log(leader)] == [3]
+
+
+def test_a_replica_will_not_run_from_a_clients_copy(cluster, tmp_path):
+    cluster.up()
+    mine = _client_copy(cluster, tmp_path, ["client_secret"])
+    p = run("replica", "--config", mine, "--id", 0, check=False, timeout=20)
+    assert p.returncode == 2 and "has no 'secret'" in p.stderr, p.stderr
+    # A copy without any secret is no cluster.toml at all.
+    none = _client_copy(cluster, tmp_path, [])
+    p = run("propose", "--config", none, "x", check=False)
+    assert p.returncode != 0 and "[cluster] needs 'secret'" in p.stderr, p.stderr
