@@ -167,13 +167,16 @@ bool ShimChannel::Adopt(pid_t server_pid, const std::vector<int>& server_fds, st
   UseRings();
   // Our positions are the ones we had published when the dump was taken.
   sub_tail_ = hdr_->sub_tail.load();
+  if (sub_tail_ % 8 != 0) {  // the server's memory: rejected, never asserted on
+    *error = "the restored shim region's submission tail " + std::to_string(sub_tail_) +
+             " is not 8-aligned";
+    return false;
+  }
   done_head_ = hdr_->done_head.load();
   order_written_ = order_published_ = hdr_->order_head.load();
   // Output records published before the dump are history: not delivered again.
   out_tail_ = hdr_->out_head.load();
   hdr_->out_tail.store(out_tail_);
-  LS_ASSERT(sub_tail_ % 8 == 0, "restored submission tail %lu not 8-aligned",
-            (unsigned long)sub_tail_);
   for (int i = LS_MAX_REPLAY - 1; i >= 0; i--)
     if (hdr_->replay[i].port.load() == 0) free_slots_.push_back(i);
   return true;
@@ -207,51 +210,70 @@ void ShimChannel::SetLeader(bool leader) {
   hdr_->mode.store(leader ? LS_MODE_LEADER : LS_MODE_PASSTHROUGH);
 }
 
+SubmissionAt ParseSubmission(const char* ring, uint64_t ring_bytes, uint64_t tail, uint64_t head,
+                             ShimChannel::Submission* s, uint64_t* size, std::string* error) {
+  if (ring_bytes == 0 || ring_bytes % 8 != 0 || tail % 8 != 0) {  // ours: never in the daemon
+    *error = "submission ring: geometry " + std::to_string(ring_bytes) + ", tail " +
+             std::to_string(tail);
+    return SubmissionAt::kCorrupt;
+  }
+  if (head == tail) return SubmissionAt::kEmpty;
+  // The shim publishes whole 8-aligned records, never more than the ring holds.
+  uint64_t avail = head - tail;
+  if (head % 8 != 0 || avail > ring_bytes) {
+    *error = "submission ring: head " + std::to_string(head) + " against tail " +
+             std::to_string(tail) + " in a ring of " + std::to_string(ring_bytes);
+    return SubmissionAt::kCorrupt;
+  }
+  uint64_t at = tail % ring_bytes;
+  const auto* r = reinterpret_cast<const ls_sub_record*>(ring + at);
+  if (r->kind == LS_SUB_WRAP) {  // its kind and len fit in the 8 bytes left at least
+    uint64_t waste = ring_bytes - at;
+    if (waste > avail) {
+      *error = "submission ring: wrap at " + std::to_string(at) + " past the head";
+      return SubmissionAt::kCorrupt;
+    }
+    *size = waste;
+    return SubmissionAt::kWrap;
+  }
+  // Copied once: the shim's memory may change under us, the checked length may not.
+  ls_sub_record h;
+  if (at + sizeof h > ring_bytes) {
+    *error = "submission ring: record header at " + std::to_string(at) + " crosses the end";
+    return SubmissionAt::kCorrupt;
+  }
+  memcpy(&h, r, sizeof h);
+  uint64_t record = (sizeof h + uint64_t{h.len} + 7) & ~uint64_t{7};
+  if (at + record > ring_bytes || record > avail) {
+    *error = "submission ring: record of " + std::to_string(h.len) + " bytes at " +
+             std::to_string(at) + " outside the ring or past the head";
+    return SubmissionAt::kCorrupt;
+  }
+  s->kind = h.kind;
+  s->conn = h.conn;
+  s->seq = h.seq;
+  s->out_before = h.out_before;
+  s->bytes = std::string_view(reinterpret_cast<const char*>(r + 1), h.len);
+  *size = record;
+  return SubmissionAt::kRecord;
+}
+
 bool ShimChannel::Peek(Submission* s) {
   if (!error_.empty()) return false;
   for (;;) {
     LS_ASSERT(sub_tail_ % 8 == 0, "submission tail %lu not 8-aligned", (unsigned long)sub_tail_);
     uint64_t head = hdr_->sub_head.load(std::memory_order_acquire);
-    if (head == sub_tail_) return false;
-    // The shim publishes whole 8-aligned records, never more than the ring holds.
-    uint64_t avail = head - sub_tail_;
-    if (head % 8 != 0 || avail > sub_bytes_) {
-      Fail("submission ring: head " + std::to_string(head) + " against tail " +
-           std::to_string(sub_tail_) + " in a ring of " + std::to_string(sub_bytes_));
-      return false;
+    uint64_t size = 0;
+    std::string why;
+    switch (ParseSubmission(sub_ring_, sub_bytes_, sub_tail_, head, s, &size, &why)) {
+      case SubmissionAt::kEmpty: return false;
+      case SubmissionAt::kCorrupt: Fail(why); return false;
+      case SubmissionAt::kWrap:
+        sub_tail_ += size;
+        hdr_->sub_tail.store(sub_tail_, std::memory_order_release);
+        continue;
+      case SubmissionAt::kRecord: peeked_bytes_ = size; return true;
     }
-    uint64_t at = sub_tail_ % sub_bytes_;
-    const auto* r = reinterpret_cast<const ls_sub_record*>(sub_ring_ + at);
-    if (r->kind == LS_SUB_WRAP) {  // its kind and len fit in the 8 bytes left at least
-      uint64_t waste = sub_bytes_ - at;
-      if (waste > avail) {
-        Fail("submission ring: wrap at " + std::to_string(at) + " past the head");
-        return false;
-      }
-      sub_tail_ += waste;
-      hdr_->sub_tail.store(sub_tail_, std::memory_order_release);
-      continue;
-    }
-    // Copied once: the shim's memory may change under us, the checked length may not.
-    ls_sub_record h;
-    if (at + sizeof h > sub_bytes_) {
-      Fail("submission ring: record header at " + std::to_string(at) + " crosses the end");
-      return false;
-    }
-    memcpy(&h, r, sizeof h);
-    uint64_t size = (sizeof h + uint64_t{h.len} + 7) & ~uint64_t{7};
-    if (at + size > sub_bytes_ || size > avail) {
-      Fail("submission ring: record of " + std::to_string(h.len) + " bytes at " +
-           std::to_string(at) + " outside the ring or past the head");
-      return false;
-    }
-    s->kind = h.kind;
-    s->conn = h.conn;
-    s->seq = h.seq;
-    s->out_before = h.out_before;
-    s->bytes = std::string_view(reinterpret_cast<const char*>(r + 1), h.len);
-    peeked_bytes_ = size;
-    return true;
   }
 }
 
@@ -466,14 +488,20 @@ bool ShimChannel::PollOutput(OutputDigest* d) {
   memcpy(&r, &out_ring_[out_tail_ % out_slots_], sizeof r);
   out_tail_++;
   if (out_tail_ % kOutputTailBatch == 0) hdr_->out_tail.store(out_tail_, std::memory_order_release);
-  constexpr uint32_t kFlags = LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST;
-  if ((r.replay_slot != LS_OUT_NONE && r.replay_slot >= LS_MAX_REPLAY) ||
-      (r.out_slot != LS_OUT_NONE && r.out_slot >= LS_OUT_SLOTS) || (r.flags & ~kFlags) != 0) {
+  if (!DecodeOutputRecord(r, d)) {
     Fail("output ring: record " + std::to_string(out_tail_ - 1) + " names replay slot " +
          std::to_string(r.replay_slot) + ", output slot " + std::to_string(r.out_slot) +
          ", flags " + std::to_string(r.flags));
     return false;
   }
+  return true;
+}
+
+bool ShimChannel::DecodeOutputRecord(const ls_out_record& r, OutputDigest* d) {
+  constexpr uint32_t kFlags = LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST;
+  if ((r.replay_slot != LS_OUT_NONE && r.replay_slot >= LS_MAX_REPLAY) ||
+      (r.out_slot != LS_OUT_NONE && r.out_slot >= LS_OUT_SLOTS) || (r.flags & ~kFlags) != 0)
+    return false;
   d->conn = r.conn;
   d->replay_slot = r.replay_slot == LS_OUT_NONE ? -1 : r.replay_slot;
   d->out_slot = r.out_slot == LS_OUT_NONE ? -1 : r.out_slot;

@@ -159,6 +159,10 @@ class ShimChannel {
   // Until the first call, Flush() discards what the shim published (so that
   // a daemon that does not compare outputs leaves the ring room).
   bool PollOutput(OutputDigest* d);
+  // One output record as the shim wrote it, checked (PollOutput's check,
+  // on its own for fuzz/fuzz_shim_ring.cc): false when it names a replay or
+  // output slot out of range or an unknown flag (*d then untouched).
+  static bool DecodeOutputRecord(const ls_out_record& r, OutputDigest* d);
   // The latest bytes a connection sent, up to LS_OUT_WINDOW of them:
   // `bytes` are the stream's bytes [start, start + bytes.size()). False if
   // out_slot no longer holds connection `conn` (a closed connection's window
@@ -228,5 +232,16 @@ class ShimChannel {
   std::deque<std::pair<int, uint64_t>> held_slots_;  // (slot, order records written then)
   std::string error_;
 };
+
+// What the submission ring holds at the daemon's tail, read from memory the
+// server may scribble on: Peek's parser, a pure function of the ring's
+// bytes and the two positions (fuzz/fuzz_shim_ring.cc drives it with any
+// bytes). ring_bytes and tail are the daemon's own (8-aligned; anything
+// else is kCorrupt); head is the shim's. kRecord fills *s (bytes point into
+// the ring) and *size (the record's bytes, padded to 8); kWrap: skip *size
+// bytes to the ring's start; kCorrupt: *error says why.
+enum class SubmissionAt { kEmpty, kRecord, kWrap, kCorrupt };
+SubmissionAt ParseSubmission(const char* ring, uint64_t ring_bytes, uint64_t tail, uint64_t head,
+                             ShimChannel::Submission* s, uint64_t* size, std::string* error);
 
 }  // namespace lockstep
