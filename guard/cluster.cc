@@ -22,6 +22,7 @@
 
 #include "checkpoint/spawn.h"
 #include "guard/client.h"
+#include "guard/netns_hosts.h"
 #include "guard/server.h"
 #include "guard/wire.h"
 
@@ -434,10 +435,22 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.server = server;
   c.checkpoint.file_locks = server.criu_file_locks;
   if (!MakeDataTemplate(&c.server, o.dir, error)) return false;
+  const bool netns = o.hosts == "netns";
+  NetnsHosts hosts = PlanNetnsHosts(o.dir, o.replicas);
+  if (netns) {
+    std::string ignored_error;
+    if (!CreateNetnsHosts(o.dir, hosts, error)) {
+      *error = "cannot make the network namespaces: " + *error;
+      RemoveNetnsHosts(o.dir, true, &ignored_error);
+      return false;
+    }
+    c.client_netns = hosts.client;
+  }
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
     r.id = i;
-    r.host = "127.0.0.1";
+    r.host = netns ? hosts.ReplicaAddr(i) : "127.0.0.1";
+    if (netns) r.netns = hosts.replicas[i];
     r.peer_port = o.base_port + i;
     r.client_port = o.base_port + 100 + i;
     r.dir = o.dir + "/replica-" + std::to_string(i);
@@ -446,7 +459,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
       r.server_port = o.base_port + 200 + i;
       ports.push_back(r.server_port);
     }
-    for (int port : ports) {
+    for (int port : netns ? std::vector<int>{} : ports) {  // fresh namespaces: all ports free
       // A cluster stopped a moment ago may still be closing its sockets.
       for (int wait = 0; wait < 40 && !PortFree(port); wait++)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -477,6 +490,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   chmod((o.dir + "/cluster.toml").c_str(), 0600);
   c.path = o.dir + "/cluster.toml";
+  // From here on this process is a client (FindLeader); each daemon moves to its own namespace.
+  if (!EnterClientSide(c, error)) return false;
   for (int i = 0; i < o.replicas; i++)
     if (!StartReplica(o.dir, c, i, error)) return false;
   // Waits for a leader; gives up early once a majority of the replicas has
@@ -657,9 +672,21 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
   return out;
 }
 
+bool EnterClientSide(const ClusterConfig& config, std::string* error) {
+  return config.client_netns.empty() || EnterNetns(config.client_netns, error);
+}
+
 bool ClusterDown(const std::string& dir, bool quiet, std::string* error) {
   ClusterConfig c;
-  if (!LoadClusterDir(dir, &c, error)) return false;
+  if (!LoadClusterDir(dir, &c, error)) {
+    // No configuration (an `up` that crashed before writing it): its namespaces, if any.
+    std::string load_error = *error;
+    bool had_netns = access((dir + "/netns").c_str(), F_OK) == 0;
+    error->clear();
+    if (!RemoveNetnsHosts(dir, quiet, error)) return false;
+    *error = load_error;
+    return had_netns;
+  }
   std::vector<int> pids;
   for (size_t i = 0; i < c.replicas.size(); i++) {
     int pid = ReplicaPid(dir, static_cast<int>(i));
@@ -680,7 +707,7 @@ bool ClusterDown(const std::string& dir, bool quiet, std::string* error) {
     unlink(PidPath(dir, static_cast<int>(i)).c_str());
     if (!quiet && pids[i]) printf("replica %zu (pid %d) stopped\n", i, pids[i]);
   }
-  return true;
+  return RemoveNetnsHosts(dir, quiet, error);
 }
 
 bool ParseElectionTimeout(const std::string& text, ClusterUpOptions* o, std::string* error) {

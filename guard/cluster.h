@@ -30,9 +30,15 @@ struct ClusterUpOptions {
   std::string command;  // a server command template with {port} and {dir}; neither: no server
   uint64_t ready_timeout_ms = 0;  // 0: the profile's, else 10000
   bool checkpoints = true;
+  std::string hosts = "loopback";  // or "netns": a network namespace per replica (netns_hosts.h)
   uint64_t checkpoint_every_entries = 0;  // 0: the default policy's
   uint64_t lagging_backup_grace_s = 0;    // 0: the default policy's
 };
+
+// For a cluster of namespace hosts (client_netns in its config): moves the
+// calling thread to the clients' namespace, from where every replica is
+// reachable. Nothing to do (true) for any other cluster.
+bool EnterClientSide(const ClusterConfig& config, std::string* error);
 
 // "MIN-MAX" or "MS" (both ends the same), in milliseconds, as `cluster up
 // --election-timeout-ms` and `bench failover` take it; false with *error

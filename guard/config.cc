@@ -353,6 +353,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (c.client_secret.empty()) c.client_secret = DerivedSecret(c.secret, "client");
     if (c.admin_secret.empty()) c.admin_secret = DerivedSecret(c.secret, "admin");
   }
+  if (!t.TakeString("client_netns", &c.client_netns, false, error)) return false;
   if (!t.TakeString("transport", &c.transport, false, error)) return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
     return fail(t.LineOf("transport"),
@@ -516,6 +517,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "spin_us = " << c.spin_us << "\n"
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
+  if (!c.client_netns.empty()) o << "client_netns = " << TomlQuote(c.client_netns) << "\n";
   if (c.has_server()) {
     o << "\n# The server each daemon runs under the shim; {port} is the replica's server_port,\n"
       << "# {dir} its dir + \"/server\".\n"

@@ -16,10 +16,14 @@
 //   spin_us = 0             # busy-poll this long after activity, then sleep (see below)
 //   election_timeout_min_us = 50000  # see ClusterConfig
 //   election_timeout_max_us = 100000
+//   client_netns = ""       # optional: the network namespace clients (and the lockstep
+//                           # CLI, which enters it) reach the replicas from (cluster up
+//                           # --hosts netns: guard/netns_hosts.h)
 //
 //   [server]                # optional: the server each replica's daemon runs under the shim
-//   command = "redis-server --port {port} --dir {dir}"   # required in [server]; {port} is the
-//                           # replica's server_port, {dir} its dir + "/server"; split like a
+//   command = "redis-server --port {port} --bind {host} --dir {dir}"   # required in [server];
+//                           # {port} is the replica's server_port, {dir} its dir + "/server",
+//                           # {host} its host (where the server must listen); split like a
 //                           # shell would ('...', "...", backslash), run without a shell
 //   app = "redis"           # optional: the apps/ profile it came from (informational)
 //   ready_timeout_ms = 10000  # optional: how long the server may take to listen
@@ -107,6 +111,7 @@ struct ClusterConfig {
   std::string secret;         // "" in a client's copy (cluster.toml without it)
   std::string client_secret;  // given, or derived from secret (DerivedSecret)
   std::string admin_secret;   // the same
+  std::string client_netns;   // "" : clients reach the replicas from anywhere
   std::string transport = "shm";
   std::string durability = "disk";
   uint64_t ring_bytes = 1 << 20;

@@ -31,6 +31,7 @@
 #include "guard/client.h"
 #include "guard/event_loop.h"
 #include "guard/front_door.h"
+#include "guard/netns_hosts.h"
 #include "guard/output_guard.h"
 #include "guard/peer_link.h"
 #include "guard/replica_log.h"
@@ -549,6 +550,13 @@ int RunReplica(const DaemonOptions& options) {
             "lockstep replica: %s has no 'secret' in [cluster]: that is a client's copy; a "
             "replica needs the cluster's own (the file `lockstep cluster up` wrote)\n",
             options.config.path.c_str());
+    return 2;
+  }
+  // A replica of namespace hosts lives in its own (its server with it).
+  const std::string& netns = options.config.replicas[options.id].netns;
+  std::string err;
+  if (!netns.empty() && !EnterNetns(netns, &err)) {
+    fprintf(stderr, "lockstep replica: %s\n", err.c_str());
     return 2;
   }
   Daemon d(options);

@@ -94,7 +94,7 @@ int CmdCluster(int argc, char** argv) {
         "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
         "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
         "                      [--checkpoint-entries N] [--no-checkpoints] [--backup-grace-s S]\n"
-        "                      [--election-timeout-ms MIN-MAX]\n"
+        "                      [--election-timeout-ms MIN-MAX] [--hosts loopback|netns]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
@@ -115,7 +115,11 @@ int CmdCluster(int argc, char** argv) {
         "gone longer comes back from a checkpoint, fetched from a peer if need be.\n"
         "A backup that hears nothing from the leader for a random time between MIN and MAX ms\n"
         "(default 50-100) stands for election; time it spent not running itself does not\n"
-        "count.\n",
+        "count.\n"
+        "--hosts netns runs each replica (daemon and server) in a network namespace of its own\n"
+        "with its own address, bridged to the others and to a client namespace (UCX over tcp);\n"
+        "the lockstep commands enter the client namespace themselves, other clients run there\n"
+        "(`ip netns exec NAME`, NAME: client_netns in cluster.toml). `down` removes them all.\n",
         apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
     return sub.empty() ? 2 : 0;
   }
@@ -151,7 +155,13 @@ int CmdCluster(int argc, char** argv) {
     o.replicas = static_cast<int>(n);
     o.base_port = static_cast<int>(port);
     o.ring_bytes = static_cast<uint64_t>(ring);
-    o.transport = a.Get("transport", "shm");
+    o.hosts = a.Get("hosts", "loopback");
+    if (o.hosts != "loopback" && o.hosts != "netns")
+      return Fail("--hosts must be loopback or netns (got '" + o.hosts + "')");
+    // Namespaces share no shm doorbells nor peer-death detection: tcp between them.
+    o.transport = a.Get("transport", o.hosts == "netns" ? "tcp" : "shm");
+    if (o.hosts == "netns" && o.transport == "shm")
+      return Fail("--hosts netns needs --transport tcp (or auto): shm does not cross namespaces");
     o.durability = a.Get("durability", "disk");
     o.app = a.Get("app");
     o.ready_timeout_ms = static_cast<uint64_t>(ready);
@@ -179,8 +189,10 @@ int CmdCluster(int argc, char** argv) {
     printf("%s", FormatStatusTable(s, "lockstep cluster status --dir " + dir).c_str());
     return 0;
   }
+  // down also removes what a crashed `up` left (its namespaces) without a cluster.toml.
+  if (sub == "down") return ClusterDown(dir, a.Has("quiet"), &err) ? 0 : Fail(err);
   ClusterConfig c;
-  if (!LoadClusterDir(dir, &c, &err)) return Fail(err);
+  if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
   if (sub == "status") {
     ClusterStatus s = GetClusterStatus(dir, c);
     if (a.Has("json")) {
@@ -190,7 +202,6 @@ int CmdCluster(int argc, char** argv) {
     }
     return 0;
   }
-  if (sub == "down") return ClusterDown(dir, a.Has("quiet"), &err) ? 0 : Fail(err);
   if (sub == "restart") {
     long long id;
     if (!a.GetInt("id", -1, &id)) return Fail(a.error);
@@ -206,9 +217,12 @@ int CmdCluster(int argc, char** argv) {
 
 // ------------------------------------------------------------------ propose / log
 
+// Loads the cluster's configuration and, for a cluster of namespace hosts,
+// moves this process to the clients' side of it.
 bool LoadConfigFromArgs(const Args& a, ClusterConfig* c, std::string* err) {
-  if (a.Has("config")) return LoadClusterConfig(a.Get("config"), c, err);
-  return LoadClusterDir(a.Get("dir", DefaultClusterDir()), c, err);
+  bool ok = a.Has("config") ? LoadClusterConfig(a.Get("config"), c, err)
+                            : LoadClusterDir(a.Get("dir", DefaultClusterDir()), c, err);
+  return ok && EnterClientSide(*c, err);
 }
 
 int CmdPropose(int argc, char** argv) {

@@ -102,11 +102,15 @@ std::string Tail(const std::string& path, int lines) {
 
 }  // namespace
 
-std::string SubstituteCommand(const std::string& tmpl, int port, const std::string& dir) {
+std::string SubstituteCommand(const std::string& tmpl, int port, const std::string& dir,
+                              const std::string& host) {
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
     if (tmpl.compare(i, 6, "{port}") == 0) {
       out += std::to_string(port);
+      i += 6;
+    } else if (tmpl.compare(i, 6, "{host}") == 0) {
+      out += host;
       i += 6;
     } else if (tmpl.compare(i, 5, "{dir}") == 0) {
       out += dir;
@@ -118,7 +122,8 @@ std::string SubstituteCommand(const std::string& tmpl, int port, const std::stri
   return out;
 }
 
-bool RenderFile(const std::string& path, int port, const std::string& dir, std::string* error) {
+bool RenderFile(const std::string& path, int port, const std::string& dir, const std::string& host,
+                std::string* error) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
@@ -127,7 +132,7 @@ bool RenderFile(const std::string& path, int port, const std::string& dir, std::
     return false;
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << SubstituteCommand(text.str(), port, dir);
+  out << SubstituteCommand(text.str(), port, dir, host);
   out.close();
   if (!out) {
     *error = "cannot write " + path + ": " + strerror(errno);

@@ -16,12 +16,14 @@ namespace lockstep {
 
 // Replaces every {port} and {dir} in a command template. Apply it to each
 // argument after SplitCommand, so that a dir with spaces stays one argument.
-std::string SubstituteCommand(const std::string& tmpl, int port, const std::string& dir);
+std::string SubstituteCommand(const std::string& tmpl, int port, const std::string& dir,
+                              const std::string& host = "127.0.0.1");
 
 // The same for a file, in place: a configuration file that names the
 // server's port or directory (a profile's `files`). false and *error when it
 // cannot be read or written.
-bool RenderFile(const std::string& path, int port, const std::string& dir, std::string* error);
+bool RenderFile(const std::string& path, int port, const std::string& dir, const std::string& host,
+                std::string* error);
 
 // Splits a command line into argv the way a shell would without expansions:
 // whitespace separates, '...' quotes literally, "..." quotes with backslash

@@ -84,14 +84,14 @@ bool ServerPipeline::LaunchServer(std::string* error) {
     }
   }
   for (const std::string& name : cfg_.server.rendered_files)
-    if (!RenderFile(dir + "/" + name, me_.server_port, dir, error)) return false;
+    if (!RenderFile(dir + "/" + name, me_.server_port, dir, me_.host, error)) return false;
   // Split first, then substitute: a data directory with spaces stays one argument.
   std::vector<std::string> argv;
   if (!SplitCommand(cfg_.server.command, &argv, error)) {
     *error = "server command: " + *error;
     return false;
   }
-  for (auto& a : argv) a = SubstituteCommand(a, me_.server_port, dir);
+  for (auto& a : argv) a = SubstituteCommand(a, me_.server_port, dir, me_.host);
   std::string cmd = JoinCommand(argv);
   server_ = std::make_unique<ServerProcess>();
   // Pid 1 of its own pid namespace: CRIU can then restore it under the same pid.

@@ -84,6 +84,9 @@ TEST(Command, Substitute) {
   EXPECT_EQ(SubstituteCommand("srv --port {port} --dir {dir}/x {port}", 7600, "/d"),
             "srv --port 7600 --dir /d/x 7600");
   EXPECT_EQ(SubstituteCommand("{por} {dir", 1, "/d"), "{por} {dir");
+  // {host}: the replica's address (127.0.0.1 unless given).
+  EXPECT_EQ(SubstituteCommand("--bind {host}:{port}", 7600, "/d"), "--bind 127.0.0.1:7600");
+  EXPECT_EQ(SubstituteCommand("--bind {host}", 7600, "/d", "10.201.1.10"), "--bind 10.201.1.10");
 }
 
 TEST(Command, Split) {

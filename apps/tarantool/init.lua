@@ -1,6 +1,6 @@
 -- apps/tarantool/init.lua — Tarantool's start-up script under lockstep
--- (apps/tarantool.toml). Copied into every replica's data directory, {port}
--- and {dir} replaced by its own.
+-- (apps/tarantool.toml). Copied into every replica's data directory, {port},
+-- {dir} and {host} replaced by its own.
 -- Listening comes last (below), once the spaces exist: a client that
 -- connects as soon as the port answers finds them.
 box.cfg{
@@ -28,4 +28,4 @@ box.once('lockstep-schema', function()
     local kv = box.schema.space.create('kv', {engine = 'vinyl'})
     kv:create_index('primary', {type = 'tree', parts = {1, 'string'}})
 end)
-box.cfg{listen = '127.0.0.1:{port}'}
+box.cfg{listen = '{host}:{port}'}
