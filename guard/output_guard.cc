@@ -245,8 +245,11 @@ void OutputGuard::StartRepair(Repair rep, uint64_t now) {
     if (pipeline_.RollBack(order.max_index, &restored, &err)) {
       rep.result.restored_index = restored;
       rep.result.restore_us = NowUs() - now;
-      rep.result.action = "rolled back to its checkpoint " + std::to_string(restored) +
-                          " and replayed the log from entry " + std::to_string(restored + 1);
+      rep.result.action = restored ? "rolled back to its checkpoint " + std::to_string(restored) +
+                                         " and replayed the log from entry " +
+                                         std::to_string(restored + 1)
+                                   : "started its server afresh (no checkpoint yet) and "
+                                     "replayed the whole log";
     } else {
       log_("REPAIR %s: cannot roll back (%s): fetching a checkpoint from a peer instead",
            order.id.c_str(), err.c_str());
@@ -283,6 +286,7 @@ void OutputGuard::RepairStep(uint64_t now) {
       }
       case ServerPipeline::RepairTransfer::kFailed:
       case ServerPipeline::RepairTransfer::kNone:
+        rep.result.action += "tried to take a peer's checkpoint";
         rep.result.error =
             "no peer's checkpoint could be restored: " + pipeline_.repair_transfer_error();
         rep.transferring = false;

@@ -346,20 +346,34 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
     RebuildFromPeer("the server died");
     return true;
   }
-  DropServer();
   std::string err;
-  if (!LaunchServer(&err)) {
+  if (!StartAfresh("the server died", &err)) {
     server_failed_ = "the server died and cannot be started again: " + err;
     log_("SERVER NOT RESTORED: %s", server_failed_.c_str());
+  }
+  return true;
+}
+
+bool ServerPipeline::StartAfresh(const char* why, std::string* error) {
+  LS_ASSERT(core_.first_index() == 1, "a fresh server needs the whole log (it starts at %lu)",
+            (unsigned long)core_.first_index());
+  if (dump_watch_fd_ >= 0) {
+    loop_.Remove(dump_watch_fd_);
+    dump_watch_fd_ = -1;
+    checkpointer_->AbandonDump("the server is started afresh");
+  }
+  if (server_) server_->Kill();  // its state is being replaced: no graceful stop
+  DropServer();
+  if (!LaunchServer(error)) {
     DropServer();
-    return true;
+    return false;
   }
   open_conns_.clear();
   restored_index_ = 0;
   ResumeRole();
   bytes_read_seen_ = 0;
   last_read_change_us_ = NowUs();
-  log_("no checkpoint to restore: started the server afresh; replaying the whole log");
+  log_("%s; no checkpoint to restore: started the server afresh; replaying the whole log", why);
   return true;
 }
 

@@ -79,18 +79,23 @@ std::vector<SendStack> ServerPipeline::DescribeSends(const ShimChannel::OutputWi
 }
 
 bool ServerPipeline::RollBack(uint64_t max_index, uint64_t* restored, std::string* error) {
-  if (!checkpointer_) {
-    *error = "checkpoints are off on this replica";
-    return false;
+  if (checkpointer_ && RestoreNewest(max_index, "rolling back a divergent server")) {
+    *restored = applied_;
+    return true;
   }
-  if (!RestoreNewest(max_index, "rolling back a divergent server")) {
-    *error = "no good checkpoint at or below entry " + std::to_string(max_index) +
-             " that this replica's log (from entry " + std::to_string(core_.first_index()) +
-             ") can bring forward";
-    return false;
+  // No checkpoint (none taken yet, or checkpoints off), but the whole log:
+  // the empty server it started as is the oldest checkpoint of all.
+  if (core_.first_index() == 1) {
+    if (!StartAfresh("rolling back a divergent server", error)) return false;
+    *restored = 0;
+    return true;
   }
-  *restored = applied_;
-  return true;
+  *error = !checkpointer_ ? "checkpoints are off on this replica, and its log starts at entry " +
+                                std::to_string(core_.first_index())
+                          : "no good checkpoint at or below entry " + std::to_string(max_index) +
+                                " that this replica's log (from entry " +
+                                std::to_string(core_.first_index()) + ") can bring forward";
+  return false;
 }
 
 // Failpoint for the test of a divergent leader: LOCKSTEP_FAILPOINT=

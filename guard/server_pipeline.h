@@ -163,6 +163,10 @@ class ServerPipeline {
   // The server died: restore it (or start it afresh) and replay; false
   // when it cannot be brought back (server_failed_ says why).
   bool Recover(const std::string& how, uint64_t now);
+  // Replaces the server (dead or alive) with a fresh one that replays the
+  // whole log, which must start at entry 1; false (*error) when it does not
+  // start, and then there is no server.
+  bool StartAfresh(const char* why, std::string* error);
   // After a new server (restored or fresh) took over: its shim's mode, and
   // on a leader the catch-up before it serves again.
   void ResumeRole();

@@ -111,6 +111,33 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     assert output_status(c, c.leader())["checks"] > st["checks"]
 
 
+@pytest.mark.parametrize("checkpoints", ["none taken yet", "off"])
+def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(cluster, checkpoints):
+    # Before: a divergence found before any checkpoint was taken (or with
+    # checkpoints off) could not be repaired ("no good checkpoint"), though
+    # the backup held the whole log: the empty server it started as is the
+    # oldest checkpoint of all.
+    extra = ["--no-checkpoints"] if checkpoints == "off" else []
+    cluster.up(app="redis", extra=extra)
+    client = Redis(cluster.client_addr())
+    for i in range(20):
+        assert client.call("INCR", "n") == i + 1
+    b = backups(cluster)[0]
+    cluster.wait(lambda s: s["replicas"][b]["applied_index"] >= 20, 10, "the backup applied")
+    # An inspection connection changes the backup's copy behind the log's back.
+    assert Redis(cluster.server_addr(b)).call("INCR", "n") == 21
+    assert client.call("INCR", "n") == 21  # the leader's reply; the backup's says 22
+    rs = wait_reports(
+        cluster, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repair"
+    )
+    assert len(rs) == 1 and rs[0]["replica"] == b, rs
+    r = rs[0]
+    assert r["status"] == "repaired" and r["how"] == "rollback", r
+    assert "started its server afresh" in r["action"] and r["restored_index"] == 0, r
+    assert_same_data(cluster)
+    assert Redis(cluster.server_addr(b)).call("GET", "n") == b"21"
+
+
 def test_identical_replicas_report_nothing_and_are_checked(redis_cluster):
     c = redis_cluster
     clients = [Redis(c.client_addr()) for _ in range(4)]
