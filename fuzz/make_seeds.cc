@@ -316,6 +316,32 @@ void ShimRing() {
   Put("shim_ring", "output_records", Byte(1) + outs);
 }
 
+std::string Multibulk(const std::vector<std::string>& args) {
+  std::string s = "*" + std::to_string(args.size()) + "\r\n";
+  for (const auto& a : args) s += "$" + std::to_string(a.size()) + "\r\n" + a + "\r\n";
+  return s;
+}
+
+void RespScan() {
+  // list NUL, read cut u8, send cut u8, request bytes u16, requests, replies
+  // (fuzz_resp_scan.cc): a redis session with INFO and CLIENT LIST unchecked.
+  std::string info = "$31\r\n# Server\r\nprocess_id:4242\r\nup\r\n";
+  std::string req = Multibulk({"SET", "k", "v"}) + Multibulk({"info"}) + Multibulk({"GET", "k"}) +
+                    "info  memory\r\n" + Multibulk({"CLIENT", "LIST"}) + "PING\r\n" +
+                    Multibulk({"MULTI"}) + Multibulk({"INFO"}) + Multibulk({"EXEC"}) +
+                    Multibulk({"HELLO", "3"}) + Multibulk({"SUBSCRIBE", "ch"});
+  std::string rep = "+OK\r\n" + info + "$1\r\nv\r\n" + info + "$12\r\nid=3 addr=x\r\n" +
+                    "+PONG\r\n+OK\r\n+QUEUED\r\n*1\r\n" + info +
+                    "%2\r\n+server\r\n$5\r\nredis\r\n+proto\r\n:3\r\n" +
+                    ">3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n";
+  uint16_t n = static_cast<uint16_t>(req.size());
+  std::string len(reinterpret_cast<const char*>(&n), 2);
+  Put("resp_scan", "session",
+      std::string("INFO, CLIENT LIST") + Byte(0) + Byte(0) + Byte(0) + len + req + rep);
+  Put("resp_scan", "session_cut",
+      std::string("INFO, CLIENT LIST, MEMORY") + Byte(0) + Byte(3) + Byte(5) + len + req + rep);
+}
+
 }  // namespace
 }  // namespace lockstep
 
@@ -331,5 +357,6 @@ int main(int argc, char** argv) {
   lockstep::Config(argv[2]);
   lockstep::ManifestSeeds();
   lockstep::ShimRing();
+  lockstep::RespScan();
   return 0;
 }
