@@ -17,8 +17,8 @@ client id. The history is written as JSON and checked by build/bin/lincheck
 
 From the command line (the checker must be built: scripts/setup):
 
-    python tests/lincheck.py --addr 127.0.0.1:6379 --seconds 5
-    python tests/lincheck.py --dir /tmp/lockstep-cluster --seconds 5
+    python eval/history.py --addr 127.0.0.1:6379 --seconds 5
+    python eval/history.py --dir /tmp/lockstep-cluster --seconds 5
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "eval"))
 from resp import Redis, RespError
 
 LINCHECK = ROOT / "build" / "bin" / "lincheck"
@@ -161,6 +160,7 @@ class Workload:
         timeout=1.0,
         max_ops=None,
         seed=None,
+        think_s=0.0,
     ):
         self.resolver = _Resolver(find_addr)
         self.clients = clients
@@ -168,6 +168,9 @@ class Workload:
         self.incr_keys = list(incr_keys)
         self.timeout = timeout
         self.max_ops = max_ops  # per client thread
+        # A pause between a client's ops: fewer ops per second keep a long history
+        # checkable (porcupine's search grows fast with concurrent unknown writes).
+        self.think_s = think_s
         self.rng = random.Random(seed)
         self.ops: list[dict] = []
         self.stats = Stats()
@@ -299,6 +302,8 @@ class Workload:
                     outcome = "conn"
                 self._record(op, outcome)
                 done += 1
+                if self.think_s:
+                    self.stop_event.wait(self.think_s * (0.5 + rng.random()))
                 if op["unknown"]:
                     # The old connection may still deliver this op later: start afresh,
                     # as a new client (so each client id has one op in flight at a time).

@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 
 IP = shutil.which("ip")
 NFT = shutil.which("nft")
@@ -164,3 +165,33 @@ class Netns:
             yield self
         finally:
             self.delete()
+
+
+def run_in_netns(name, fn, timeout=120):
+    """fn() on a thread inside the existing namespace `name` (/run/netns/NAME), for
+    clients of a `lockstep cluster up --hosts netns` cluster: setns(2) moves only the
+    calling thread, and threads fn starts are in the namespace too. Returns fn's result,
+    or raises its exception."""
+    out = {}
+
+    def body():
+        try:
+            fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+            try:
+                if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into {name}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"a client in namespace {name} still runs after {timeout} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]

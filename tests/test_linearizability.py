@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import Cluster
 from conftest import run as lockstep_run
-from lincheck import LINCHECK, Conn, RespError, Workload, check, lockstep_find_addr
+from history import LINCHECK, Conn, RespError, Workload, check, lockstep_find_addr
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,43 +10,15 @@ cluster.toml). Killing a leader is a real SIGKILL; cutting one off is its
 link taken down in the hub namespace, as a pulled cable would.
 """
 
-import ctypes
 import os
 import signal
 import subprocess
-import threading
 import time
 import tomllib
 
 from conftest import run
-from resp import Redis  # eval/resp.py (conftest puts eval/ on sys.path)
-
-CLONE_NEWNET = 0x40000000
-
-
-def in_netns(ns, fn):
-    """fn() on a thread inside network namespace ns; its result (or its exception)."""
-    out = {}
-
-    def body():
-        try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-            try:
-                if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns {ns}")
-            finally:
-                os.close(fd)
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            out["error"] = e
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join(120)
-    assert not t.is_alive(), f"a client in {ns} still runs after 120 s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+from netns import run_in_netns  # eval/netns.py (conftest puts eval/ on sys.path)
+from resp import Redis
 
 
 def namespaces():
@@ -83,13 +55,13 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
         addr = cluster.client_addr()
         return [redis_on(addr, "INCR", "k") for _ in range(n)][-1]
 
-    assert in_netns(client_ns, lambda: incr_n(20)) == 20
+    assert run_in_netns(client_ns, lambda: incr_n(20)) == 20
 
     # The leader's daemon SIGKILLed: another leads, nothing acknowledged lost.
     old = cluster.leader()
     os.kill(cluster.pid(old), signal.SIGKILL)
     cluster.wait(lambda s: s["leader"] not in (None, old), 30, "a new leader")
-    assert in_netns(client_ns, lambda: incr_n(5)) == 25
+    assert run_in_netns(client_ns, lambda: incr_n(5)) == 25
     run("cluster", "restart", "--dir", cluster.dir, "--id", old)
 
     # The leader cut off by its link: the other two elect one and serve on;
@@ -100,7 +72,7 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
     subprocess.run(["ip", "-n", hub, "link", "set", f"r{cut}", "down"], check=True)
     try:
         cluster.wait(lambda s: s["leader"] not in (None, cut), 30, "a leader on the other side")
-        assert in_netns(client_ns, lambda: incr_n(5)) == 30
+        assert run_in_netns(client_ns, lambda: incr_n(5)) == 30
     finally:
         subprocess.run(["ip", "-n", hub, "link", "set", f"r{cut}", "up"], check=True)
 
@@ -114,8 +86,8 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
     assert st["replicas"][cut]["role"] == "backup", st
     addrs = [(r["host"], r["server_port"]) for r in conf["replica"]]
     # (DEBUG DIGEST is for local connections only, and these are not.)
-    sizes = in_netns(client_ns, lambda: [redis_on(a, "DBSIZE") for a in addrs])
-    values = in_netns(client_ns, lambda: [redis_on(a, "GET", "k") for a in addrs])
+    sizes = run_in_netns(client_ns, lambda: [redis_on(a, "DBSIZE") for a in addrs])
+    values = run_in_netns(client_ns, lambda: [redis_on(a, "GET", "k") for a in addrs])
     assert sizes == [1] * 3 and values == [b"30"] * 3, (sizes, values)
 
     run("cluster", "down", "--dir", cluster.dir)
