@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 from resp import Redis, RespError
 
 LINCHECK = ROOT / "build" / "bin" / "lincheck"
-LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
+# The build the tests use (LOCKSTEP_BUILD, as tests/conftest.py), else build/.
+LOCKSTEP = Path(os.environ.get("LOCKSTEP_BUILD", ROOT / "build")) / "bin" / "lockstep"
 
 # INCR error replies that are a definite answer (the value is unchanged).
 _DEFINITE_ERRORS = ("ERR value is not an integer", "ERR increment or decrement would overflow")
