@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <thread>
 
 #include "guard/wire.h"
@@ -196,9 +197,25 @@ bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, ui
     fs::path rel(part.path);
     bool safe = !part.path.empty() && rel.is_relative();
     for (const auto& c : rel) safe &= c != ".." && c != ".";
+    // Nor through a symlink it sent before ("x" -> "/etc", then "x/passwd"): every
+    // directory on the way must be a real one under dest_dir.
+    fs::path walk(dest_dir);
+    for (auto it = rel.begin(); safe && std::next(it) != rel.end(); ++it) {
+      walk /= *it;
+      safe = !fs::is_symlink(fs::symlink_status(walk, ec));
+    }
     if (!safe) {
       close_out();
       *error = "the peer sent a path outside the checkpoint: " + part.path;
+      return false;
+    }
+    // No checkpoint is this large: a made-up offset would make a huge sparse file.
+    constexpr uint64_t kMaxCheckpointFileBytes = 256ull << 30;
+    if (part.offset > kMaxCheckpointFileBytes ||
+        part.bytes.size() > kMaxCheckpointFileBytes - part.offset) {
+      close_out();
+      *error = "the peer sent a part at offset " + std::to_string(part.offset) + " of " +
+               part.path + ", beyond any checkpoint";
       return false;
     }
     fs::path dst = fs::path(dest_dir) / rel;
