@@ -2,6 +2,7 @@
 // lookup, fork+exec under the preload shim, readiness, stop.
 #include "guard/server.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -276,6 +277,31 @@ std::string AppsDir() {
   return LOCKSTEP_APPS_DIR;
 }
 
+#ifdef __SANITIZE_ADDRESS__
+// An AddressSanitizer build (cmake -DLOCKSTEP_SANITIZE=ON, scripts/sanitize):
+// the shim is instrumented too, and an uninstrumented server can load it only
+// with the ASan runtime first in its initial library list. So the runtime
+// this daemon runs with goes first in LD_PRELOAD, and the server runs with the
+// daemon's ASAN_OPTIONS (log_path, halt_on_error) but without leak checking:
+// the server's own leaks are not ours.
+static void AddAsanRuntime(std::vector<std::pair<std::string, std::string>>* vars) {
+  Dl_info info{};
+  void* init = dlsym(RTLD_DEFAULT, "__asan_init");
+  if (!init || !dladdr(init, &info) || !info.dli_fname) return;
+  for (auto& kv : *vars) {
+    if (kv.first == "LD_PRELOAD" && kv.second.rfind(info.dli_fname, 0) != 0)
+      kv.second = std::string(info.dli_fname) + ":" + kv.second;
+  }
+  std::string options = "detect_leaks=0";
+  for (auto& kv : *vars)
+    if (kv.first == "ASAN_OPTIONS") {
+      kv.second += ":" + options;
+      return;
+    }
+  vars->push_back({"ASAN_OPTIONS", options});
+}
+#endif
+
 // ------------------------------------------------------------ ServerProcess
 
 bool ServerProcess::Start(const std::vector<std::string>& argv, const std::string& dir,
@@ -336,6 +362,9 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
   for (const auto& kv : vars)
     if (kv.first == "LD_PRELOAD") ld_preload = kv.second;
   set("LD_PRELOAD", ld_preload.empty() ? preload : ld_preload + ":" + preload);
+#ifdef __SANITIZE_ADDRESS__
+  AddAsanRuntime(&vars);
+#endif
   for (const auto& kv : env) set(kv.first, kv.second);
   const std::string kPidVar = "LOCKSTEP_SHIM_PID";
   std::vector<std::string> env_strings;

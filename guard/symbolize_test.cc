@@ -15,7 +15,11 @@
 extern "C" __attribute__((noinline)) int lockstep_symbolize_probe(std::vector<uint64_t>* pcs) {
   void* frames[8];
   int n = backtrace(frames, 8);
-  for (int i = 0; i < n; i++) pcs->push_back(reinterpret_cast<uint64_t>(frames[i]));
+  int first = 0;
+#ifdef __SANITIZE_ADDRESS__
+  first = 1;  // ASan's interceptor of backtrace() is frame 0
+#endif
+  for (int i = first; i < n; i++) pcs->push_back(reinterpret_cast<uint64_t>(frames[i]));
   return n;
 }
 
