@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -1007,8 +1009,18 @@ TEST(Checker, RunSimulationReportsAndIsDeterministic) {
 
 // ---------------------------------------------------------------- many seeds
 
+// LOCKSTEP_SIM_SEEDS_PERCENT=N runs N% of each test's seeds (at least one):
+// scripts/sanitize runs these tests under ASan, several times slower.
+uint64_t ScaledSeeds(uint64_t count) {
+  const char* p = getenv("LOCKSTEP_SIM_SEEDS_PERCENT");
+  int percent = p ? atoi(p) : 100;
+  if (percent <= 0 || percent >= 100) return count;
+  return std::max<uint64_t>(1, count * percent / 100);
+}
+
 void RunSeeds(int replicas, uint64_t first, uint64_t count, uint64_t duration_us,
               const std::function<void(SimOptions*)>& tune = nullptr) {
+  count = ScaledSeeds(count);
   auto t0 = std::chrono::steady_clock::now();
   uint64_t committed = 0, crashes = 0, elections = 0;
   int failures = 0;

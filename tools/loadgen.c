@@ -811,5 +811,11 @@ int main(int argc, char** argv) {
         "\"max_outstanding\": %d",
         cfg.rate, per_s, late, unsent, cfg.max_outstanding);
   printf("}\n");
+  for (int i = 0; i < cfg.conns; i++) {  // freed for LeakSanitizer (scripts/sanitize)
+    free(cs[i].req);
+    free(cs[i].buf);
+  }
+  free(cs);
+  free(value);
   return lost ? 1 : 0;
 }
