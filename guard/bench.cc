@@ -551,7 +551,15 @@ int BenchFailover(Args& o) {
   ClusterUpOptions up;
   up.dir = dir;
   up.replicas = static_cast<int>(o.IntOr("replicas", 3));
-  up.transport = o.Get("transport", "shm");
+  up.hosts = o.Get("hosts", "loopback");
+  if (up.hosts != "loopback" && up.hosts != "netns") {
+    fprintf(stderr, "lockstep bench failover: --hosts is loopback or netns, not '%s'\n",
+            up.hosts.c_str());
+    return 2;
+  }
+  // Namespace hosts talk tcp (see cluster up --hosts); the bench's clients
+  // run in the client namespace (ClusterUp moves this process there).
+  up.transport = o.Get("transport", up.hosts == "netns" ? "tcp" : "shm");
   up.durability = o.Get("durability", "disk");
   up.base_port = static_cast<int>(o.IntOr("base-port", 7700));
   std::string err;
@@ -651,7 +659,8 @@ int CmdBench(int argc, char** argv) {
         "  lockstep bench failover [--kills N] [--clients C] [--transport shm|tcp] [--durability "
         "disk|memory]\n"
         "                          [--fault kill|freeze] [--election-timeout-ms MIN-MAX] [--json "
-        "FILE]\n\n"
+        "FILE]\n"
+        "                          [--hosts loopback|netns]\n\n"
         "consensus: for every combination, starts a fresh local cluster, measures the disk's own\n"
         "durable-write latency (the floor) in the same directory, then runs closed-loop clients\n"
         "against the leader and reports commit latency (split into the leader's durable write and\n"
@@ -660,7 +669,8 @@ int CmdBench(int argc, char** argv) {
         "closes, only the election timeout notices) the leader N times under load, timing until\n"
         "a new leader commits; a killed leader is restarted, a frozen one continued (it must step\n"
         "down); then checks that every acknowledged entry is on every replica (one that does not\n"
-        "answer counts as everything lost).\n");
+        "answer counts as everything lost). --hosts netns: each replica in a network namespace\n"
+        "of its own (cluster up --hosts netns), UCX over tcp.\n");
     return which.empty() ? 2 : 0;
   }
   if (which == "consensus") return BenchConsensus(o);

@@ -27,7 +27,7 @@ def faults(tmp_path, *args):
 
 def test_a_short_fault_campaign_is_clean(tmp_path):
     p = faults(
-        tmp_path, "--runs", 2, "--seconds", 5, "--seed", 7, "--kinds", "kill-daemon,partition"
+        tmp_path, "--runs", 2, "--seconds", 5, "--seed", 7, "--kinds", "stop-daemon,partition"
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -36,7 +36,7 @@ def test_a_short_fault_campaign_is_clean(tmp_path):
         assert r["faults"] >= 1 and r["known_ops"] > 100, r
         assert r["linearizable"] and r["lost_acknowledged"] == 0 and r["replicas_identical"], r
         assert all(e["unavailable_ms"] is not None for e in r["events"]), r["events"]
-    assert "| kill-daemon |" in (tmp_path / "out" / "summary.md").read_text()
+    assert "| stop-daemon |" in (tmp_path / "out" / "summary.md").read_text()
     # Every namespace the runs made is gone.
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert "-hub" not in ns.stdout, ns.stdout
