@@ -344,8 +344,14 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
     return;
   }
   if (kind == FrameKind::kAuth && !c->nonce.empty()) {
-    std::string secret, unused;
-    SecretFor(cfg_, c->principal, &secret, &unused);  // a replica's config has all three
+    std::string secret, missing;
+    // A replica's config has all three; an empty one would accept an HMAC
+    // under the empty key, so none is no way in.
+    if (!SecretFor(cfg_, c->principal, &secret, &missing)) {
+      Refuse(c,
+             std::string("this replica takes no ") + PrincipalName(c->principal) + " credential");
+      return;
+    }
     std::string expect = AuthProof(secret, c->nonce, c->principal, c->peer_id);
     if (body.size() == expect.size() &&
         CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
