@@ -80,6 +80,8 @@ import time
 import tomllib
 from pathlib import Path
 
+import inspector  # eval/inspector.py: connections to a backup's own server
+
 import apps  # eval/apps.py: processes, clusters, loadgen, /proc usage, plots, machine facts
 from apps import HOST, ROOT, log
 
@@ -318,11 +320,12 @@ def compare_tarantool(d, ids, leader):
     addrs = {r["id"]: apps.split_addr(r["server_addr"]) for r in st["replicas"]}
     seen = {}
     for i in ids:
-        c = tarantool.Connection(*addrs[i], connection_timeout=10, reconnect_max_attempts=0)
-        try:
-            rows = repr([list(map(list, c.select(sp))) for sp in ("docs", "kv")]).encode()
-        finally:
-            c.close()
+        with inspector.Relay(addrs[i]) as local:  # a backup's server: privileged ports only
+            c = tarantool.Connection(*local, connection_timeout=10, reconnect_max_attempts=0)
+            try:
+                rows = repr([list(map(list, c.select(sp))) for sp in ("docs", "kv")]).encode()
+            finally:
+                c.close()
         seen[i] = rows
     summary = {
         i: {"bytes": len(x), "sha256": hashlib.sha256(x).hexdigest()[:16]} for i, x in seen.items()

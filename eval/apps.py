@@ -129,9 +129,10 @@ def split_addr(addr):
     return host.strip("[]") or HOST, int(port)
 
 
-def redis_call(addr, *args, timeout=5.0):
-    """Sends one command on a fresh connection; returns the reply (raises on an error reply)."""
-    c = Redis(split_addr(addr), timeout=timeout)
+def redis_call(addr, *args, timeout=5.0, inspect=False):
+    """Sends one command on a fresh connection; returns the reply (raises on an error reply).
+    inspect=True: from a privileged port, as a backup's own server requires (inspector.py)."""
+    c = Redis(split_addr(addr), timeout=timeout, inspect=inspect)
     try:
         return c.call(*args)
     finally:

@@ -177,8 +177,8 @@ def wait_checkpoints_settled(d, quiet_s=3.0, timeout=90.0):
     return wait_quiet(d)
 
 
-def redis_call(addr, *args, timeout=30.0):
-    c = Redis(split_addr(addr), timeout=timeout)
+def redis_call(addr, *args, timeout=30.0, inspect=False):
+    c = Redis(split_addr(addr), timeout=timeout, inspect=inspect)
     try:
         return c.call(*args)
     finally:
@@ -412,8 +412,8 @@ def phase_checkpoint(ctx, a, res):
         st = wait_quiet(d)
         bs = backups(st)
         b0 = replica(st, bs[0])
-        dbsize = redis_call(b0["server_addr"], "DBSIZE")
-        info = redis_call(b0["server_addr"], "INFO", "memory")
+        dbsize = redis_call(b0["server_addr"], "DBSIZE", inspect=True)
+        info = redis_call(b0["server_addr"], "INFO", "memory", inspect=True)
         used = int(re.search(rb"used_memory:(\d+)", info).group(1))
         res["data"] = {"keys": a.keys, "dbsize_backup": dbsize, "used_memory_backup": used}
         res["data"]["commit_index_after_load"] = leader_of(st)["commit_index"]
@@ -705,8 +705,8 @@ def restart_once(d, bid, cap, sync_cap, lc, wipe=False):
         if time.monotonic() > deadline:
             raise Failed(f"replica {ref['id']} never showed the marker")
         time.sleep(0.05)
-    digest = redis_call(ref["server_addr"], "DEBUG", "DIGEST", timeout=120)
-    dbsize = redis_call(ref["server_addr"], "DBSIZE")
+    digest = redis_call(ref["server_addr"], "DEBUG", "DIGEST", timeout=120, inspect=True)
+    dbsize = redis_call(ref["server_addr"], "DBSIZE", inspect=True)
     target = ld["commit_index"]
     logf = d / f"replica-{bid}.log"
     log_from = logf.stat().st_size if logf.exists() else 0
@@ -720,10 +720,10 @@ def restart_once(d, bid, cap, sync_cap, lc, wipe=False):
     }
     # Was this backup's redis in sync before it was killed?
     with contextlib.suppress(OSError, RespError):
-        before = redis_call(rep["server_addr"], "DEBUG", "DIGEST", timeout=120)
+        before = redis_call(rep["server_addr"], "DEBUG", "DIGEST", timeout=120, inspect=True)
         res["in_sync_before_kill"] = before == digest
         if before != digest:
-            res["dbsize_before_kill"] = redis_call(rep["server_addr"], "DBSIZE")
+            res["dbsize_before_kill"] = redis_call(rep["server_addr"], "DBSIZE", inspect=True)
     os.kill(rep["pid"], signal.SIGKILL)
     t_kill = time.monotonic()
     if not wait_dead(rep["pid"], 10):
@@ -767,8 +767,8 @@ def restart_once(d, bid, cap, sync_cap, lc, wipe=False):
             applied_s = applied_s or time.monotonic() - t0
             t_call = time.monotonic()
             try:
-                size = redis_call(now["server_addr"], "DBSIZE", timeout=3)
-                mark = redis_call(now["server_addr"], "GET", MARKER, timeout=3)
+                size = redis_call(now["server_addr"], "DBSIZE", timeout=3, inspect=True)
+                mark = redis_call(now["server_addr"], "GET", MARKER, timeout=3, inspect=True)
             except TimeoutError:
                 hangs.append(round(t_call - t0, 3))
             except (OSError, RespError):
@@ -776,7 +776,9 @@ def restart_once(d, bid, cap, sync_cap, lc, wipe=False):
             if size == dbsize and mark == token.encode():
                 t_ask, got = time.monotonic() - t0, None
                 with contextlib.suppress(OSError, RespError):
-                    got = redis_call(now["server_addr"], "DEBUG", "DIGEST", timeout=120)
+                    got = redis_call(
+                        now["server_addr"], "DEBUG", "DIGEST", timeout=120, inspect=True
+                    )
                 if got == digest:
                     # in sync by the time the digest was asked for; its answer came later
                     res["in_sync_s"], res["confirmed_s"] = t_ask, time.monotonic() - t0

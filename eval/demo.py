@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import inspector  # eval/inspector.py: connections to a backup's own server
+
 import apps  # eval/apps.py: the same servers, cluster handling and clean-up as scripts/bench
 
 
@@ -48,7 +50,13 @@ def benchmark(addr, conns, requests):
 
 
 def redis_cli(addr, *args):
-    host, port = apps.split_addr(addr)
+    """redis-cli against a replica's own server (through an inspector.Relay:
+    a backup's server answers only privileged source ports)."""
+    with inspector.Relay(apps.split_addr(addr)) as (host, port):
+        return _redis_cli(host, port, *args)
+
+
+def _redis_cli(host, port, *args):
     r = subprocess.run(
         ["redis-cli", "-h", host, "-p", str(port), *args],
         check=False,

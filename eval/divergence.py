@@ -542,7 +542,7 @@ def watch(d, a, t, known, t_reply, wall_reply, bid, me, key, value, bad_value, w
             last_get = now
             try:
                 if conn is None:
-                    conn = Redis(split_addr(me["server_addr"]), timeout=2)
+                    conn = Redis(split_addr(me["server_addr"]), timeout=2, inspect=True)
                 got = conn.call("GET", key)
                 if not values or values[-1][1] != got:
                     values.append((round(time.monotonic() - t_reply, 4), got))
@@ -598,7 +598,9 @@ def digests(d, t, me, others, key, value):
     t0, errors = time.monotonic(), []
     for _ in range(100):
         try:
-            mine = checkpoints.redis_call(me["server_addr"], "DEBUG", "DIGEST", timeout=10)
+            mine = checkpoints.redis_call(
+                me["server_addr"], "DEBUG", "DIGEST", timeout=10, inspect=True
+            )
             lead = checkpoints.redis_call(status(d)["client_addr"], "DEBUG", "DIGEST", timeout=10)
             t["digest_backup"], t["digest_leader"] = mine, lead
             if mine == lead:
@@ -615,8 +617,12 @@ def digests(d, t, me, others, key, value):
         got = {"replica": o["id"]}
         t1 = time.monotonic()
         try:
-            got["value"] = checkpoints.redis_call(o["server_addr"], "GET", key, timeout=10)
-            got["digest"] = checkpoints.redis_call(o["server_addr"], "DEBUG", "DIGEST", timeout=10)
+            got["value"] = checkpoints.redis_call(
+                o["server_addr"], "GET", key, timeout=10, inspect=True
+            )
+            got["digest"] = checkpoints.redis_call(
+                o["server_addr"], "DEBUG", "DIGEST", timeout=10, inspect=True
+            )
             got["equal"] = got["digest"] == t.get("digest_backup")
         except (OSError, RespError, TimeoutError) as e:
             got["error"] = f"{type(e).__name__}: {e}"[:200]
@@ -647,7 +653,7 @@ def phase_divergence(ctx, a, phases, res):
         res["load_s"] = checkpoints.load_keys(addr, a.keys, VALUE_BYTES)
         st = wait_quiet(d)
         res["dbsize_backup"] = checkpoints.redis_call(
-            replica(st, backups(st)[0])["server_addr"], "DBSIZE"
+            replica(st, backups(st)[0])["server_addr"], "DBSIZE", inspect=True
         )
         for b in backups(st):
             cp = checkpoints.checkpoint_now(d, b)

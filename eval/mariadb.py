@@ -34,6 +34,8 @@ import time
 import tomllib
 from pathlib import Path
 
+import inspector  # eval/inspector.py: connections to a backup's own server
+
 import apps  # eval/apps.py: processes, clusters, /proc usage, machine facts
 from apps import HOST, ROOT, log
 
@@ -158,6 +160,13 @@ def wait_sql(addr, proc=None, timeout=60.0):
             time.sleep(0.2)
 
 
+def inspect_sql(addr, statement, timeout=60):
+    """sql() on a replica's own server, through an inspector.Relay (a backup's
+    server answers only privileged source ports)."""
+    with inspector.Relay(apps.split_addr(addr)) as (host, port):
+        return sql(f"{host}:{port}", statement, timeout)
+
+
 def same_tables(cluster_dir, leader_addr):
     """Every replica's CHECKSUM TABLE equal to the leader's, once all applied the log."""
     tables = ", ".join(f"sbtest.sbtest{i + 1}" for i in range(TABLES))
@@ -168,7 +177,8 @@ def same_tables(cluster_dir, leader_addr):
         commit = st["replicas"][st["leader"]]["commit_index"]
         if all(r["applied_index"] >= commit for r in st["replicas"]):
             got = {
-                r["id"]: sql(r["server_addr"], f"CHECKSUM TABLE {tables}") for r in st["replicas"]
+                r["id"]: inspect_sql(r["server_addr"], f"CHECKSUM TABLE {tables}")
+                for r in st["replicas"]
             }
             if all(v == want for v in got.values()):
                 return {

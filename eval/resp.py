@@ -6,16 +6,22 @@ misbehave on purpose (half a command, then close)."""
 import socket
 import time
 
+import inspector
+
 
 class RespError(Exception):
     pass
 
 
 class _Connection:
-    """A TCP connection with a receive buffer."""
+    """A TCP connection with a receive buffer. inspect=True connects from a
+    privileged source port, as a backup's server requires (inspector.py)."""
 
-    def __init__(self, addr, timeout=10.0):
-        self.sock = socket.create_connection(addr, timeout=timeout)
+    def __init__(self, addr, timeout=10.0, inspect=False):
+        if inspect:
+            self.sock = inspector.connect(addr, timeout=timeout)
+        else:
+            self.sock = socket.create_connection(addr, timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
 

@@ -1005,6 +1005,23 @@ static int peer_port_of(int fd, char* text, size_t text_len) {
   return port;
 }
 
+/* Says (at most once a second, with a count) that client connections were
+ * closed because this replica does not lead: the server's log then explains
+ * a client's resets. */
+static void refused_on_backup(const char* peer) {
+  static _Atomic(uint64_t) refused, last_said_ns, said_count;
+  uint64_t n = atomic_fetch_add(&refused, 1) + 1;
+  uint64_t now = now_ns(), last = atomic_load(&last_said_ns);
+  if (last && now - last < 1000000000ull) return;
+  if (!atomic_compare_exchange_strong(&last_said_ns, &last, now)) return;
+  uint64_t before = atomic_exchange(&said_count, n);
+  shim_log(
+      "closed %llu client connection(s) (latest from %s): this replica does not lead; "
+      "clients must connect to the leader (cluster status), inspectors from a source "
+      "port <= %d",
+      (unsigned long long)(n - before), peer, LS_INSPECT_PORT_MAX);
+}
+
 static int find_replay_slot(int port) {
   for (uint32_t i = 0; i < LS_MAX_REPLAY; i++)
     if (atomic_load(&hdr->replay[i].port) == (uint32_t)port) return (int)i;
@@ -1062,6 +1079,15 @@ static int after_accept(int lfd, int fd, int flags) {
     }
   }
   if (atomic_load(&hdr->mode) != LS_MODE_LEADER) {
+    if (port <= 0 || port > LS_INSPECT_PORT_MAX) {
+      /* A client, not an inspector: most likely one whose leader address
+       * went stale. Served here, its writes would be acknowledged and never
+       * agreed; closed, it asks for the leader again. */
+      refused_on_backup(peer);
+      real_close(fd);
+      errno = EAGAIN;
+      return -1;
+    }
     /* Inspection only, and only while this replica does not lead (see
      * inspect_ino). Should it lead already, the first read says EOF. */
     struct stat st;

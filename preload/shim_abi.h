@@ -119,6 +119,15 @@ enum ls_mode {
   LS_MODE_LEADER = 1       /* the leader: new connections' inputs are agreed first */
 };
 
+/* The highest source port an inspection connection may come from. A client
+ * connection a replica accepts while it does not lead is served only when
+ * its peer's port is at most this (a privileged port: only root on the
+ * inspecting machine can bind one, and the kernel never picks one as an
+ * ephemeral port); any other is closed unread. Otherwise a client holding a
+ * stale leader address would be answered by a backup's server, its writes
+ * acknowledged and never agreed (eval/inspect.py connects from such ports). */
+#define LS_INSPECT_PORT_MAX 1023
+
 /* LOCKSTEP_SHIM_SERIAL (daemon -> shim, environment): serial_inputs and how
  * an input's turn ends (preload/shim_serial.c), a sum of these. */
 enum ls_serial_flag {

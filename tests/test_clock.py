@@ -68,7 +68,7 @@ def micros(reading):
 def idle_time(cluster, r):
     """TIME on replica r's redis over a connection of its own, outside the
     log (a backup's: not an input), in microseconds."""
-    c = Redis(cluster.server_addr(r))
+    c = Redis(cluster.server_addr(r), inspect=True)
     try:
         sec, usec = c.call("TIME")
     finally:
@@ -77,7 +77,7 @@ def idle_time(cluster, r):
 
 
 def backup_view(cluster, r, key):
-    c = Redis(cluster.server_addr(r))
+    c = Redis(cluster.server_addr(r), inspect=True)
     try:
         return c.call("LRANGE", key, 0, -1)
     finally:
@@ -92,7 +92,7 @@ def wait_read(cluster, lengths, timeout=20.0):
     for r in backups(cluster):
         while True:
             try:
-                c = Redis(cluster.server_addr(r))
+                c = Redis(cluster.server_addr(r), inspect=True)
             except OSError:  # a restarted replica's redis, not up yet
                 got = None
             else:

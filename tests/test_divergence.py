@@ -93,7 +93,7 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     assert "\n#1 _writeToClient+0x" in r["stack"] and "aeMain+0x" in r["stack"], r["stack"]
     # Repaired: every replica holds the same data, the backup's fk is right.
     assert_same_data(c)
-    assert Redis(c.server_addr(b)).call("GET", "fk") == b"flipme-A"
+    assert Redis(c.server_addr(b), inspect=True).call("GET", "fk") == b"flipme-A"
     # People read it too.
     shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
     assert f"replica {b} diverged" in shown and "rollback" in shown and ">>" in shown, shown
@@ -125,7 +125,7 @@ def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(cluster, 
     b = backups(cluster)[0]
     cluster.wait(lambda s: s["replicas"][b]["applied_index"] >= 20, 10, "the backup applied")
     # An inspection connection changes the backup's copy behind the log's back.
-    assert Redis(cluster.server_addr(b)).call("INCR", "n") == 21
+    assert Redis(cluster.server_addr(b), inspect=True).call("INCR", "n") == 21
     assert client.call("INCR", "n") == 21  # the leader's reply; the backup's says 22
     rs = wait_reports(
         cluster, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repair"
@@ -135,7 +135,7 @@ def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(cluster, 
     assert r["status"] == "repaired" and r["how"] == "rollback", r
     assert "started its server afresh" in r["action"] and r["restored_index"] == 0, r
     assert_same_data(cluster)
-    assert Redis(cluster.server_addr(b)).call("GET", "n") == b"21"
+    assert Redis(cluster.server_addr(b), inspect=True).call("GET", "n") == b"21"
 
 
 def test_identical_replicas_report_nothing_and_are_checked(redis_cluster):
@@ -290,7 +290,7 @@ def test_a_divergent_leader_steps_down_is_repaired_and_clients_move(cluster, mon
     assert new.call("SET", "after", "moved") == "OK" and new.call("GET", "after") == b"moved"
     # The old leader is repaired: same data everywhere, its fk as the log says.
     assert_same_data(c, timeout=30)
-    assert Redis(c.server_addr(old)).call("GET", "fk") == b"leadflip-@"
+    assert Redis(c.server_addr(old), inspect=True).call("GET", "fk") == b"leadflip-@"
 
     # Checked again: the old leader reports to the new one, which agrees.
     sent = output_status(c, old)["points_sent"]
@@ -336,7 +336,7 @@ def test_a_divergent_memcached_backup_is_detected_reported_and_rolled_back(clust
     assert "flipme-A" in outs[cluster.leader()] and "flipme-@" in outs[b], outs
     assert "memcached" in r["stack"], r["stack"]
     # Repaired: the backup's memcached holds what the leader's does.
-    assert Memcached(cluster.server_addr(b)).get("fk") == b"flipme-A"
+    assert Memcached(cluster.server_addr(b), inspect=True).get("fk") == b"flipme-A"
     for r in range(3):
-        m = Memcached(cluster.server_addr(r))
+        m = Memcached(cluster.server_addr(r), inspect=True)
         assert [m.get(f"k{i}") for i in range(60)] == [b"v%d" % i for i in range(60)], r

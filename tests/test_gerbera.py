@@ -77,8 +77,14 @@ pytestmark = pytest.mark.skipif(
 LIMIT = 1 << 20
 
 
-def _exchange(host, port, raw, how="read", timeout=15.0):
-    s = socket.create_connection((host, port), timeout=timeout)
+def _exchange(host, port, raw, how="read", timeout=15.0, inspect=False):
+    if inspect:  # a backup's own server: from a privileged port (eval/inspector.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+        import inspector
+
+        s = inspector.connect((host, port), timeout=timeout)
+    else:
+        s = socket.create_connection((host, port), timeout=timeout)
     try:
         if how == "gone":  # a client gone mid-request: part of it, then away
             s.sendall(raw[: max(1, len(raw) // 2)])
@@ -106,7 +112,7 @@ def _client_main():
         out = []
         for raw, how in reqs:
             try:
-                out.append(_exchange(host, port, raw, how))
+                out.append(_exchange(host, port, raw, how, inspect=spec.get("inspect", False)))
             except OSError as e:
                 out.append(f"!{e.__class__.__name__}: {e}")
         json.dump(out, sys.stdout)
@@ -565,7 +571,8 @@ def test_description_names_each_replica_own_port(gerbera):
     seen = {}
     for r in backups:
         host, port = gerbera.server_addr(r)
-        status, _, body = parse(http(gerbera, (host, port), [get("/description.xml")])[0])
+        reply = http(gerbera, (host, port), [get("/description.xml")], inspect=True)[0]
+        status, _, body = parse(reply)
         assert status == 200, body[:300]
         assert "<UDN>uuid:6c6f636b-7374-4570-8000-676572626572</UDN>" in body, body
         assert "<presentationURL>/</presentationURL>" in body, body

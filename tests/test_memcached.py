@@ -44,7 +44,7 @@ def worker(addr, t, errors):
 
 
 def snapshot(addr):
-    m = Memcached(addr)
+    m = Memcached(addr, inspect=True)
     out = {}
     for t in range(THREADS):
         for k in range(KEYS_PER_THREAD):
@@ -102,7 +102,7 @@ def test_a_server_without_a_profile_runs_under_double_dash(cluster):
         views = []
         for r in range(replicas):
             try:
-                c = Memcached(cluster.server_addr(r))
+                c = Memcached(cluster.server_addr(r), inspect=True)
                 views.append(c.get("plain"))
                 c.close()
             except OSError as e:
@@ -142,7 +142,7 @@ def test_connections_racing_on_shared_keys_stay_identical(memcached_cluster):
     assert not errors, errors[:3]
 
     def view(a):
-        m = Memcached(a)
+        m = Memcached(a, inspect=True)
         try:
             return {f"shared{k}": m.gets(f"shared{k}") for k in range(5)}
         finally:
@@ -204,7 +204,7 @@ def test_bad_input_gets_errors_and_the_replicas_stay_alike(memcached_cluster):
     m.close()
 
     def view(a):
-        v = Memcached(a)
+        v = Memcached(a, inspect=True)
         out = {k: v.get(k) for k in ("after", "half", "huge")}
         v.close()
         return out

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 
+import inspector
 import pytest
 from conftest import BUILD_DIR
 
@@ -26,7 +27,8 @@ CLIENTS, ADDS = 8, 30
 
 
 def ask(addr, line):
-    with socket.create_connection(addr, timeout=10) as s:
+    """One line's reply, from any replica's server (an inspection connection)."""
+    with inspector.connect(addr, timeout=10) as s:
         s.sendall(line)
         return s.makefile("rb").readline()
 

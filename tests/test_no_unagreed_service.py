@@ -8,8 +8,9 @@ being served when its replica became the leader, so a client that had
 connected to a backup (or to a leader address that went stale) had its
 SETs executed and acknowledged at unreplicated speed, in no log and on no
 other replica. The shim now gives such a connection EOF once its replica
-leads. Writes sent to a replica while it is a backup are still executed
-there (xfail below): that is the inspection design, not fixed here.
+leads. A client connection a backup accepts is now closed unread unless
+it comes from a privileged source port (an inspector: eval/inspector.py),
+so a client holding a stale leader address is refused, not served.
 """
 
 import os
@@ -27,7 +28,7 @@ def keys_everywhere(cluster, keys):
     """{replica: keys it lacks}, empty when every replica holds every key."""
     missing = {}
     for r in range(len(cluster.status()["replicas"])):
-        c = Redis(cluster.server_addr(r))
+        c = Redis(cluster.server_addr(r), inspect=True)
         try:
             lack = [k for k in keys if c.call("EXISTS", k) != 1]
         finally:
@@ -40,7 +41,7 @@ def keys_everywhere(cluster, keys):
 def on_no_replica(cluster, key):
     """True when no replica's redis holds key."""
     for r in range(len(cluster.status()["replicas"])):
-        c = Redis(cluster.server_addr(r))
+        c = Redis(cluster.server_addr(r), inspect=True)
         try:
             if c.call("EXISTS", key) != 0:
                 return False
@@ -116,7 +117,7 @@ def test_connection_accepted_by_a_backup_is_not_served_once_it_leads(redis_clust
     assert client.call("SET", "before", "1") == "OK"
     client.close()
     backups = [r for r in range(3) if r != leader]
-    inspect = {b: Redis(c.server_addr(b), timeout=5) for b in backups}
+    inspect = {b: Redis(c.server_addr(b), timeout=5, inspect=True) for b in backups}
     for b in backups:  # inspection still works on a backup
         assert inspect[b].call("EXISTS", "before") in (0, 1)
     kill_daemon(c, leader)
@@ -212,7 +213,7 @@ def test_acknowledged_writes_survive_leader_changes(redis_cluster):
             time.sleep(0.7)
             leader = c.leader()
             backups = [r for r in range(3) if r != leader]
-            inspect = {b: Redis(c.server_addr(b), timeout=5) for b in backups}
+            inspect = {b: Redis(c.server_addr(b), timeout=5, inspect=True) for b in backups}
             addr = c.server_addr(leader)
             kill_daemon(c, leader)
             target["port_of"] = addr  # its redis dies with its daemon: nothing may answer
@@ -278,7 +279,7 @@ def test_backup_restored_from_a_checkpoint_then_leading(checkpoint_cluster):
             break
         if inspect:
             inspect.close()
-        inspect = Redis(c.server_addr(b), timeout=5)  # accepted while b is a backup
+        inspect = Redis(c.server_addr(b), timeout=5, inspect=True)  # accepted while b is a backup
         assert inspect.call("DBSIZE") >= 300
         kill_daemon(c, leader)
         new_leader(c, leader)
@@ -298,21 +299,42 @@ def test_backup_restored_from_a_checkpoint_then_leading(checkpoint_cluster):
     assert on_no_replica(c, "unagreed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="by design a backup's redis executes what an inspection connection sends "
-    "(test_redis.py::test_inspection_connections_to_a_backup_are_not_replicated and "
-    "every digests() check rely on it); a SET sent there is acknowledged and not replicated",
-)
-def test_a_write_sent_to_a_backup_is_not_executed(redis_cluster):
+def test_a_client_of_a_backup_or_a_stale_leader_address_is_refused(redis_cluster):
+    """A client (an ordinary source port) that reaches a replica's server
+    while that replica does not lead is closed unread, whether it picked a
+    backup or holds the address of a leader that has since lost its place;
+    the write lands nowhere, and the server's log says why. An inspector
+    (a privileged source port) is still answered."""
     c = redis_cluster
-    wait_serving(c)
-    s = c.status()
-    b = next(r for r in range(3) if r != s["leader"])
-    conn = Redis(c.server_addr(b), timeout=3)
-    try:
-        acked = conn.call("SET", "sent-to-a-backup", "1") == "OK"
-    except (OSError, RespError, TimeoutError):
-        acked = False
+    leader = wait_serving(c)
+    b = next(r for r in range(3) if r != leader)
+    assert refused(Redis(c.server_addr(b), timeout=3), "SET", "sent-to-a-backup", "1")
+    inspect = Redis(c.server_addr(b), timeout=3, inspect=True)
+    assert inspect.call("EXISTS", "sent-to-a-backup") == 0
+    inspect.close()
+
+    # The old leader's address goes stale: it dies, another leads, and it
+    # comes back as a backup on the same address.
+    stale = c.server_addr(leader)
+    kill_daemon(c, leader)
+    new_leader(c, leader)
+    run("cluster", "restart", "--dir", c.dir, "--id", leader)
+    c.wait(lambda s: s["replicas"][leader]["role"] == "backup", 30, f"replica {leader} back")
+    assert c.server_addr(leader) == stale
+    end = time.monotonic() + 20
+    while True:  # its server is being started again: refused means it answered the accept
+        try:
+            conn = Redis(stale, timeout=3)
+            break
+        except OSError:
+            assert time.monotonic() < end, "the old leader's server never listened again"
+            time.sleep(0.1)
+    assert refused(conn, "SET", "sent-to-a-stale-leader", "1")
     conn.close()
-    assert not acked or not keys_everywhere(c, ["sent-to-a-backup"]), digests(c)
+    wait_serving(c)
+    assert on_no_replica(c, "sent-to-a-backup")
+    assert on_no_replica(c, "sent-to-a-stale-leader")
+    for r in (b, leader):
+        log = (c.dir / f"replica-{r}" / "server.log").read_text(errors="replace")
+        assert "this replica does not lead" in log, f"replica {r}'s server.log:\n{log[-2000:]}"
+    assert_same_data(c, timeout=30)

@@ -304,7 +304,7 @@ def run_ids(cluster):
     there, and INFO's other lines differ between replicas (port, uptime)."""
     ids = []
     for r in backups(cluster):
-        c = Redis(cluster.server_addr(r))
+        c = Redis(cluster.server_addr(r), inspect=True)
         try:
             info = c.call("INFO", "server").decode()
         finally:

@@ -17,7 +17,7 @@ def digests(cluster):
     out = []
     for r in range(len(cluster.status()["replicas"])):
         try:
-            c = Redis(cluster.server_addr(r))
+            c = Redis(cluster.server_addr(r), inspect=True)
         except OSError as e:  # a restarted replica's redis may not be up yet
             out.append((f"replica {r}: {e}", None))
             continue
@@ -195,7 +195,7 @@ def test_leader_killed_clients_move_to_the_new_leader(redis_cluster):
 def test_inspection_connections_to_a_backup_are_not_replicated(redis_cluster):
     s = redis_cluster.status()
     backup = next(r for r in s["replicas"] if r["id"] != s["leader"])
-    c = Redis(redis_cluster.server_addr(backup["id"]))
+    c = Redis(redis_cluster.server_addr(backup["id"]), inspect=True)
     assert c.call("DBSIZE") == 0
     with pytest.raises(RespError):
         c.call("NOSUCHCOMMAND")
