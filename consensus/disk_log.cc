@@ -764,6 +764,7 @@ bool DiskLog::Append(const std::vector<LogRecord>& batch, std::string* error) {
 bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
                             std::string* error) {
   if (batch.empty()) return true;
+  if (uint32_t us = append_delay_us_.load()) usleep(us);  // failpoint: a slow disk
   // Check everything before writing anything.
   uint64_t next = std::max(last_index_ + 1, FirstIndex());
   uint64_t total = 0;
@@ -825,12 +826,27 @@ bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
                    r.payload);
       p += RecordSize(r.payload.size());
     }
+    const size_t last_canary = p - kCanarySize;  // in buf_
     if (p < len) {
       size_t pad = len - p - kPadMinSize;
       EncodeRecord(buf_ + p, EntryType::kPad, 0, 0, 0, seg.base + start + p,
                    std::string_view(zeros_.data(), pad));
     }
 
+    if (!internal && tear_next_append_.exchange(false)) {
+      // A crash in the middle of this write: the sectors before the one
+      // that holds the last record's canary reach the disk, the rest not
+      // (a sector is written whole or not at all).
+      size_t cut = last_canary / align_ * align_;
+      int e = cut ? PwriteAll(active_fd_, buf_, cut, start) : 0;
+      if (e == 0 && cut && fdatasync(active_fd_) != 0) e = errno;
+      std::fprintf(stderr,
+                   "failpoint torn_write: %zu of the %zu bytes of a %zu-record append written "
+                   "(%s), the last record's canary not; exiting as a crash would\n",
+                   cut, len, batch.size(), e ? ErrnoText(e).c_str() : "on disk");
+      std::fflush(stderr);
+      _exit(kTornWriteExit);
+    }
     int err = PwriteAll(active_fd_, buf_, len, start);
     const char* step = "write";
     if (err == 0 && mode_ == SyncMode::kWriteFdatasync && fdatasync(active_fd_) != 0) {

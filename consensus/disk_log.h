@@ -37,6 +37,7 @@
 // runs, only through it).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -132,6 +133,16 @@ class DiskLog {
   // No-op when index <= truncated_below().
   bool TruncateBelow(uint64_t index, std::string* error);
 
+  // Failpoints (guard/failpoints.h), safe from any thread. Each Append
+  // first waits this long (a slow disk; 0: none).
+  void SetAppendDelayUs(uint32_t us) { append_delay_us_.store(us); }
+  // The next Append writes only the sectors before the one holding its last
+  // record's canary, syncs, and ends the process at once with status
+  // kTornWriteExit: a crash between a header and its canary (when the last
+  // record spans sectors). Recovery must drop what follows as a torn tail.
+  void TearNextAppend(bool tear) { tear_next_append_.store(tear); }
+  static constexpr int kTornWriteExit = 86;
+
   SyncMode mode() const { return mode_; }
   size_t sector_bytes() const { return align_; }
   const std::string& dir() const { return dir_; }
@@ -160,6 +171,8 @@ class DiskLog {
   bool SyncDir(std::string* error);
   uint64_t FirstIndex() const { return truncated_below_ > 1 ? truncated_below_ : 1; }
 
+  std::atomic<uint32_t> append_delay_us_{0};
+  std::atomic<bool> tear_next_append_{false};
   DiskLogOptions options_;
   std::string dir_;
   SyncMode mode_ = SyncMode::kDirectDsync;

@@ -15,6 +15,17 @@ on a backup as the run's seed says, each held for a random while and then healed
   partition     the replica's link taken down in the hub namespace (both ways)
   one-way       nftables in the replica's namespace drops what its peers send it, while
                 what it sends still goes out
+  msg-loss      the replica's messages to its peers (elections, heartbeats) lost with
+                probability 0.2-0.5 and late by 10-100 ms (`lockstep failpoint`: this
+                kernel has no netem); healed by `failpoint off`
+  slow-disk     each of the replica's durable writes waits 20-150 ms first
+  torn-write    the replica's next log append stops before the sector holding its last
+                record's canary and the replica exits, as a crash would; healed by
+                `cluster restart` (its recovery must drop the torn tail)
+  clock-jump    the replica's clock jumps 0.5-3 s ahead (as if it alone had paused)
+
+The failpoint kinds need replicas started with LOCKSTEP_FAILPOINTS=1, which the runner
+sets; their random draws are seeded from the run's seed too.
 
 Kinds take turns over the runs (run i has kind i mod K), so each row of the summary
 counts runs of one kind. At the end of a run every fault is healed and the replicas
@@ -28,7 +39,8 @@ catch up; then
     namespace: DBSIZE and each key);
   - unavailability: for each fault, the time from its injection to the next op that
     any client completed with a known outcome (clients give up on an op after
-    --op-timeout, then ask `cluster status` where the leader is).
+    --op-timeout, then connect again: to the address that follows the leader, or with
+    --connect status to the leader `cluster status` names).
 
 A run that fails any check keeps its directory in eval/out/faults/: the history, the
 porcupine visualization (HTML), every replica's log, and what went wrong. The summary
@@ -65,7 +77,18 @@ LINCHECK = next(
     ROOT / "build" / "bin" / "lincheck",
 )
 OUT = ROOT / "eval" / "out" / "faults"
-KINDS = ["kill-daemon", "stop-daemon", "kill-server", "stop-server", "partition", "one-way"]
+KINDS = [
+    "kill-daemon",
+    "stop-daemon",
+    "kill-server",
+    "stop-server",
+    "partition",
+    "one-way",
+    "msg-loss",
+    "slow-disk",
+    "torn-write",
+    "clock-jump",
+]
 KEYS = ("k0", "k1", "k2", "k3", "k4", "k5")
 COUNTERS = ("n0",)
 
@@ -74,13 +97,14 @@ def log(msg):
     print(msg, flush=True)
 
 
-def lockstep(*args, check=True, timeout=60):
+def lockstep(*args, check=True, timeout=60, env=None):
     p = subprocess.run(
         [str(LOCKSTEP), *map(str, args)],
         check=False,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
     if check and p.returncode != 0:
         raise RuntimeError(f"lockstep {' '.join(map(str, args))}: {p.stderr.strip()}")
@@ -99,8 +123,11 @@ def sh(*cmd, check=True):
 class Run:
     """One cluster, one workload, one kind of fault; its checks."""
 
-    def __init__(self, index, seed, kind, seconds, op_timeout, clients, think_s=0.004):
+    def __init__(
+        self, index, seed, kind, seconds, op_timeout, clients, think_s=0.004, connect="leader"
+    ):
         self.index, self.seed, self.kind = index, seed, kind
+        self.connect = connect
         self.seconds, self.op_timeout, self.clients = seconds, op_timeout, clients
         self.think_s = think_s
         self.rng = random.Random(seed)
@@ -125,8 +152,10 @@ class Run:
             "redis",
             "--no-checkpoints",
             timeout=120,
+            env={"LOCKSTEP_FAILPOINTS": "1"},  # the failpoint kinds
         )
         conf = tomllib.loads((self.dir / "cluster.toml").read_text())
+        self.leader_address = conf["cluster"].get("leader_address")
         self.replicas = conf["replica"]
         self.client_ns = conf["cluster"]["client_netns"]
         self.hub = self.client_ns.rsplit("-", 1)[0] + "-hub"
@@ -198,7 +227,35 @@ class Run:
             return r, lambda: sh(
                 "ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "lockstep_faults"
             )
+        if kind in ("msg-loss", "slow-disk", "torn-write", "clock-jump"):
+            seed = self.rng.randrange(1 << 32)
+            spec = {
+                "msg-loss": [
+                    f"drop={self.rng.uniform(0.2, 0.5):.2f}",
+                    "delay_ms=10",
+                    "jitter_ms=90",
+                ],
+                "slow-disk": [f"disk_delay_ms={self.rng.randint(20, 150)}"],
+                "torn-write": ["torn_write=1"],
+                "clock-jump": [f"clock_jump_ms={self.rng.randint(500, 3000)}"],
+            }[kind]
+            self.failpoint(r, *spec, f"seed={seed}")
+            if kind != "torn-write":
+                return r, lambda: self.failpoint(r, "off")
+            return r, lambda: self.heal_torn(r)
         raise ValueError(f"unknown fault kind {kind}")
+
+    def failpoint(self, r, *spec):
+        lockstep("failpoint", "--dir", self.dir, "--id", r, *spec)
+
+    def heal_torn(self, r):
+        """Clears an unspent torn write; restarts the replica if it spent it (exited)."""
+        try:
+            self.failpoint(r, "off")
+        except RuntimeError:
+            pass  # it has exited
+        if self.status()["replicas"][r]["role"] == "down":
+            lockstep("cluster", "restart", "--dir", self.dir, "--id", r)
 
     def nemesis(self, until):
         time.sleep(0.5 + self.rng.random())  # the clients get going first
@@ -236,7 +293,7 @@ class Run:
         def read():
             out = {}
             for rep in self.replicas:
-                c = Redis((rep["host"], rep["server_port"]), timeout=5)
+                c = Redis((rep["host"], rep["server_port"]), timeout=5, inspect=True)
                 try:
                     size = c.call("DBSIZE")
                     values = {k: c.call("GET", k) for k in KEYS + COUNTERS}
@@ -300,8 +357,12 @@ class Run:
     def run(self):
         t_start = time.monotonic()
         self.up()
+        if self.connect == "leader-address" and self.leader_address:
+            find_addr = lambda: self.leader_address  # it follows the leader
+        else:
+            find_addr = history.lockstep_find_addr(self.dir, lockstep=LOCKSTEP)
         workload = history.Workload(
-            history.lockstep_find_addr(self.dir, lockstep=LOCKSTEP),
+            find_addr,
             clients=self.clients,
             keys=KEYS,
             incr_keys=COUNTERS,
@@ -459,6 +520,13 @@ def main(argv=None):
     ap.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated")
     ap.add_argument("--clients", type=int, default=4, help="client threads (4)")
     ap.add_argument("--op-timeout", type=float, default=0.3, help="a client gives up after (s)")
+    ap.add_argument(
+        "--connect",
+        choices=["leader-address", "status"],
+        default="leader-address",
+        help="where clients connect: the address that follows the leader (cluster.toml's "
+        "leader_address), or the leader `cluster status` names after each failure",
+    )
     ap.add_argument("--out", default=str(OUT), help="where the summary and failed runs go")
     a = ap.parse_args(argv)
     kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
@@ -480,7 +548,7 @@ def main(argv=None):
     for i in range(a.runs):
         seed = first + i
         kind = kinds[i % len(kinds)]
-        run = Run(i, seed, kind, a.seconds, a.op_timeout, a.clients)
+        run = Run(i, seed, kind, a.seconds, a.op_timeout, a.clients, connect=a.connect)
         try:
             result = run.run()
         except Exception as e:  # noqa: BLE001 - a run that could not even finish is a failure
@@ -520,6 +588,7 @@ def main(argv=None):
         "runs": a.runs,
         "seconds": a.seconds,
         "op_timeout_s": a.op_timeout,
+        "connect": a.connect,
         "failed_runs": sum(bool(r["problems"]) for r in results),
         "rows": rows,
         "unavailable_p50_ms": percentile(all_un, 0.5),
@@ -529,7 +598,9 @@ def main(argv=None):
     md = (
         f"# Fault runs: {a.runs} from seed {first}, {a.seconds} s each\n\n"
         f"redis under lockstep on namespace hosts (UCX over tcp), {a.clients} clients "
-        f"(op timeout {a.op_timeout} s). Unavailable: from a fault's injection to the next op "
+        f"(op timeout {a.op_timeout} s, connecting to "
+        f"{'the leader address' if a.connect == 'leader-address' else 'the leader status names'}"
+        f"). Unavailable: from a fault's injection to the next op "
         f"any client completed with a known outcome.\n\n{table(rows)}\n"
     )
     (out / "summary.md").write_text(md)

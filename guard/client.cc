@@ -128,6 +128,18 @@ bool Client::Truncate(uint64_t below, uint64_t* first_index, std::string* error)
   return reply.ok;
 }
 
+bool Client::Failpoint(const std::string& spec, FailpointReply* reply, std::string* error) {
+  std::string body;
+  if (!Ask(FrameKind::kFailpoint, EncodeFailpointRequest(FailpointRequest{spec}),
+           FrameKind::kFailpointResult, &body, 5000, error))
+    return false;
+  if (!DecodeFailpointReply(body, reply)) {
+    *error = "malformed reply";
+    return false;
+  }
+  return true;
+}
+
 bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error) {
   std::string body;
   if (!Ask(FrameKind::kCheckpoint, EncodeCheckpointRequest(CheckpointRequest{op}),

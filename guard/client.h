@@ -31,6 +31,9 @@ class Client {
   bool Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
             std::string* error, int timeout_ms = 10000);
   bool Truncate(uint64_t below, uint64_t* first_index, std::string* error);
+  // `lockstep failpoint` (admin): *reply says what is in force, or why not;
+  // false only when the daemon did not answer.
+  bool Failpoint(const std::string& spec, FailpointReply* reply, std::string* error);
   // `lockstep checkpoint now|list`: false only when the daemon did not answer.
   bool Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error);
   // `lockstep divergence list|show`: the daemon's JSON; false only when it did not answer.

@@ -244,6 +244,73 @@ int ReplicaPid(const std::string& dir, int id) {
   return pid;
 }
 
+namespace {
+// Signals a process raises on itself when it crashes (an abort, a bad
+// access), as opposed to those others send to end it (SIGKILL, SIGTERM).
+bool IsCrashSignal(int sig) {
+  return sig == SIGABRT || sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE ||
+         sig == SIGTRAP;
+}
+}  // namespace
+
+// The replica's keeper: runs `lockstep replica` as its child and starts it
+// again when it crashed (at most kMaxCrashes times a minute). A replica that
+// crashed is one fault, and the cluster tolerates it; one that stays down
+// turns the next fault into a lost majority. Crashes are not hypothetical:
+// UCX 1.13 aborts a process that received a software put (over tcp) on an
+// endpoint that had just failed (ucp_put_handler's completion, "unexpected
+// error: Endpoint timeout"), which a leader's death can cause on a backup.
+// A replica ended from outside (SIGKILL, SIGTERM by `cluster down`) or that
+// exited by itself (a bad config, a corrupt log) stays down, and so does one
+// someone else started again meanwhile (its pid file names another process).
+// The child's pid is the replica's pid: the pid file and `cluster status`
+// name it, so signals sent to a replica reach the daemon itself.
+void KeepReplica(const std::string& cfg, int id) {
+  constexpr size_t kMaxCrashes = 3;
+  std::string exe = SelfExe();
+  std::string dir = std::filesystem::path(cfg).parent_path().string();
+  std::string pid_path = PidPath(dir.empty() ? "." : dir, id);
+  std::string ids = std::to_string(id);
+  std::vector<std::chrono::steady_clock::time_point> crashes;
+  for (;;) {
+    pid_t child = fork();
+    if (child < 0) _exit(1);
+    if (child == 0) {
+      execl(exe.c_str(), exe.c_str(), "replica", "--config", cfg.c_str(), "--id", ids.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    {  // whole or not at all: a reader must never see it half written
+      std::string tmp = pid_path + ".tmp";
+      std::ofstream(tmp) << child << "\n";
+      rename(tmp.c_str(), pid_path.c_str());
+    }
+    int st = 0;
+    while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFSIGNALED(st) || !IsCrashSignal(WTERMSIG(st))) _exit(0);
+    int named = 0;
+    std::ifstream(pid_path) >> named;
+    auto now = std::chrono::steady_clock::now();
+    std::erase_if(crashes, [&](auto t) { return now - t > std::chrono::minutes(1); });
+    if (named != child) _exit(0);
+    if (crashes.size() >= kMaxCrashes) {
+      fprintf(stderr,
+              "lockstep: replica %d (pid %d) crashed with %s, %zu times within a minute: "
+              "not starting it again (`lockstep cluster restart --id %d` does)\n",
+              id, child, strsignal(WTERMSIG(st)), crashes.size() + 1, id);
+      _exit(0);
+    }
+    crashes.push_back(now);
+    fprintf(stderr,
+            "lockstep: replica %d (pid %d) crashed with %s (its output above says where); "
+            "starting it again (%zu of at most %zu a minute)\n",
+            id, child, strsignal(WTERMSIG(st)), crashes.size(), kMaxCrashes);
+    fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 bool StartReplica(const std::string& dir, const ClusterConfig& config, int id, std::string* error) {
   if (ReplicaPid(dir, id)) return true;
   std::string log = dir + "/replica-" + std::to_string(id) + ".log";
@@ -264,10 +331,9 @@ bool StartReplica(const std::string& dir, const ClusterConfig& config, int id, s
     dup2(fd, 1);
     dup2(fd, 2);
     for (int i = 3; i < 1024; i++) close(i);
-    std::ofstream(PidPath(dir, id)) << getpid() << "\n";
     std::string ids = std::to_string(id);
     execl(exe.c_str(), exe.c_str(), "replica", "--config", cfg.c_str(), "--id", ids.c_str(),
-          static_cast<char*>(nullptr));
+          "--keep", static_cast<char*>(nullptr));
     _exit(127);
   }
   int st;
@@ -294,7 +360,9 @@ bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id,
     std::string err, json;
     auto c = Client::Connect(config, id, 300, &err);
     if (c && c->Status(&json, &err, 1000)) return true;
-    if (!ReplicaPid(dir, id)) {
+    // Gone: by its pid, not by ReplicaPid, whose look at the command line
+    // can miss a process in the middle of its exec.
+    if (*pid == 0 || kill(*pid, 0) != 0) {
       std::ifstream f(log);
       f.seekg(static_cast<std::streamoff>(log_size_before));
       std::string line, tail;
@@ -445,6 +513,9 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
       return false;
     }
     c.client_netns = hosts.client;
+    // Clients reach whoever serves them here (guard/leader_address.h).
+    if (c.has_server())
+      c.leader_address = hosts.LeaderAddr() + ":" + std::to_string(o.base_port + 199);
   }
   for (int i = 0; i < o.replicas; i++) {
     ReplicaConfig r;
@@ -593,6 +664,7 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
     if (r.role != "down")
       r.lag = leader_commit > r.commit_index ? leader_commit - r.commit_index : 0;
   if (s.leader >= 0) s.client_addr = s.replicas[s.leader].server_addr;
+  s.leader_address = config.leader_address;
   return s;
 }
 
@@ -602,7 +674,8 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
   };
   std::ostringstream o;
   o << "{\"leader\": " << (s.leader >= 0 ? std::to_string(s.leader) : "null")
-    << ", \"client_addr\": " << str_or_null(s.client_addr) << ", \"replicas\": [";
+    << ", \"client_addr\": " << str_or_null(s.client_addr)
+    << ", \"leader_address\": " << str_or_null(s.leader_address) << ", \"replicas\": [";
   for (size_t i = 0; i < s.replicas.size(); i++) {
     const auto& r = s.replicas[i];
     o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
@@ -669,6 +742,8 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
            ", replica " + std::to_string(s.leader) + ")" +
            (status_hint.empty() ? "" : "; status: " + status_hint) + "\n";
   }
+  if (!s.leader_address.empty())
+    out += "or to " + s.leader_address + ", which follows the leader\n";
   return out;
 }
 

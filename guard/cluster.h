@@ -102,10 +102,17 @@ struct ReplicaStatus {
 struct ClusterStatus {
   int leader = -1;
   bool has_server = false;
-  std::string client_addr;  // the leader's server_addr: where clients connect; "" if none
-  std::string server_name;  // "redis" (the app) or the command's program name
+  std::string client_addr;     // the leader's server_addr: where clients connect; "" if none
+  std::string leader_address;  // config's leader_address: follows the leader; "" if none
+  std::string server_name;     // "redis" (the app) or the command's program name
   std::vector<ReplicaStatus> replicas;
 };
+
+// Runs `lockstep replica --config cfg --id id` as a child and starts it again
+// when it crashes (SIGABRT, SIGSEGV, ...; at most 3 times a minute), writing
+// each child's pid to the replica's pid file beside cfg. Returns never: it
+// exits when the replica ended any other way. What `replica --keep` runs.
+[[noreturn]] void KeepReplica(const std::string& cfg, int id);
 
 std::string DefaultClusterDir();
 bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* error);

@@ -2,6 +2,7 @@
 // profiles use, and cluster.toml itself.
 #include "guard/config.h"
 
+#include <arpa/inet.h>
 #include <openssl/evp.h>
 
 #include <cerrno>
@@ -354,6 +355,18 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (c.admin_secret.empty()) c.admin_secret = DerivedSecret(c.secret, "admin");
   }
   if (!t.TakeString("client_netns", &c.client_netns, false, error)) return false;
+  if (!t.TakeString("leader_address", &c.leader_address, false, error) ||
+      !t.TakeString("leader_interface", &c.leader_interface, false, error))
+    return false;
+  if (!c.leader_address.empty()) {
+    size_t colon = c.leader_address.rfind(':');
+    in_addr ignored{};
+    int port = colon == std::string::npos ? 0 : atoi(c.leader_address.c_str() + colon + 1);
+    if (colon == std::string::npos || port <= 0 || port > 65535 ||
+        inet_pton(AF_INET, c.leader_address.substr(0, colon).c_str(), &ignored) != 1)
+      return fail(t.LineOf("leader_address"),
+                  "field 'leader_address': '" + c.leader_address + "' is not IPV4:PORT");
+  }
   if (!t.TakeString("transport", &c.transport, false, error)) return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
     return fail(t.LineOf("transport"),
@@ -518,6 +531,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
   if (!c.client_netns.empty()) o << "client_netns = " << TomlQuote(c.client_netns) << "\n";
+  if (!c.leader_address.empty())
+    o << "leader_address = " << TomlQuote(c.leader_address) << "\n"
+      << "leader_interface = " << TomlQuote(c.leader_interface) << "\n";
   if (c.has_server()) {
     o << "\n# The server each daemon runs under the shim; {port} is the replica's server_port,\n"
       << "# {dir} its dir + \"/server\".\n"

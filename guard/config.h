@@ -19,6 +19,10 @@
 //   client_netns = ""       # optional: the network namespace clients (and the lockstep
 //                           # CLI, which enters it) reach the replicas from (cluster up
 //                           # --hosts netns: guard/netns_hosts.h)
+//   leader_address = ""     # optional "IPV4:PORT" that follows the leader: the replica
+//                           # serving clients holds it on leader_interface and forwards
+//                           # it to its server (guard/leader_address.h; root, nftables)
+//   leader_interface = "eth0"
 //
 //   [server]                # optional: the server each replica's daemon runs under the shim
 //   command = "redis-server --port {port} --bind {host} --dir {dir}"   # required in [server];
@@ -108,10 +112,12 @@ struct CheckpointPolicy {
 };
 
 struct ClusterConfig {
-  std::string secret;         // "" in a client's copy (cluster.toml without it)
-  std::string client_secret;  // given, or derived from secret (DerivedSecret)
-  std::string admin_secret;   // the same
-  std::string client_netns;   // "" : clients reach the replicas from anywhere
+  std::string secret;          // "" in a client's copy (cluster.toml without it)
+  std::string client_secret;   // given, or derived from secret (DerivedSecret)
+  std::string admin_secret;    // the same
+  std::string client_netns;    // "" : clients reach the replicas from anywhere
+  std::string leader_address;  // "IPV4:PORT" that follows the leader; "" : none
+  std::string leader_interface = "eth0";
   std::string transport = "shm";
   std::string durability = "disk";
   uint64_t ring_bytes = 1 << 20;

@@ -30,7 +30,9 @@
 #include "consensus/disk_log.h"
 #include "guard/client.h"
 #include "guard/event_loop.h"
+#include "guard/failpoints.h"
 #include "guard/front_door.h"
+#include "guard/leader_address.h"
 #include "guard/netns_hosts.h"
 #include "guard/output_guard.h"
 #include "guard/peer_link.h"
@@ -70,6 +72,7 @@ class Daemon : public EventLoop::Body {
   void Persist(std::vector<PersistOp>& persists);
   void NoteRoleChange();
   void TruncateLog(uint64_t now);
+  FailpointReply SetFailpoint(const std::string& text);
 
   DaemonOptions opt_;
   ClusterConfig cfg_;
@@ -90,7 +93,8 @@ class Daemon : public EventLoop::Body {
   std::unique_ptr<PeerLink> peer_;
   std::unique_ptr<FrontDoor> front_;
   std::unique_ptr<ServerPipeline> pipeline_;
-  std::unique_ptr<OutputGuard> output_;  // with a server only
+  std::unique_ptr<OutputGuard> output_;            // with a server only
+  std::unique_ptr<LeaderAddress> leader_address_;  // cluster.toml's leader_address, if any
 
   // When each peer last had a live stream from us (leader): a peer gone
   // longer than kPeerGraceUs no longer holds back the truncation of the log.
@@ -106,6 +110,10 @@ class Daemon : public EventLoop::Body {
   std::thread peer_poll_;
   std::atomic<bool> leading_{false}, stop_poll_{false};
   std::array<std::atomic<uint64_t>, kMaxReplicas> peer_checkpoint_{};
+
+  // Failpoints (guard/failpoints.h): only with LOCKSTEP_FAILPOINTS=1.
+  bool failpoints_allowed_ = false;
+  MessageFaults message_faults_;
 
   Role last_role_ = Role::kBackup;
   Ballot last_ballot_ = 0;
@@ -193,6 +201,10 @@ bool Daemon::Init() {
   }
   DurableState state;
   if (!RecoverLog(&state)) return false;
+  const char* fp = getenv("LOCKSTEP_FAILPOINTS");
+  failpoints_allowed_ = fp && std::string(fp) == "1";
+  if (failpoints_allowed_)
+    log_("failpoints allowed (LOCKSTEP_FAILPOINTS=1): an admin may inject faults here");
 
   PeerLink::Options popt;
   popt.id = me_.id;
@@ -239,6 +251,7 @@ bool Daemon::Init() {
     return output_ ? output_->Divergence(req)
                    : std::string(req.op == DivergenceOp::kList ? "[]" : "");
   };
+  hooks.failpoint = [this](const std::string& spec) { return SetFailpoint(spec); };
   hooks.serve_checkpoint = [this](int fd, uint64_t min_index) {
     pipeline_->ServeCheckpoint(fd, min_index);
   };
@@ -261,6 +274,12 @@ bool Daemon::Init() {
                                       [this](int to, FrameKind kind, const std::string& body) {
                                         return front_->SendFrameToPeer(to, kind, body);
                                       });
+  if (cfg_.has_server() && !cfg_.leader_address.empty()) {
+    size_t colon = cfg_.leader_address.rfind(':');  // checked by the config's parser
+    leader_address_ = std::make_unique<LeaderAddress>(
+        cfg_.leader_address.substr(0, colon), atoi(cfg_.leader_address.c_str() + colon + 1),
+        me_.host, me_.server_port, cfg_.leader_interface, log_);
+  }
   front_->StartConnector();
   peer_poll_ = std::thread([this] { PollPeerCheckpoints(); });
   log_("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
@@ -321,6 +340,7 @@ PassReport Daemon::Pass(uint64_t now) {
   r.t_drained = NowUs();
   r.applied = pipeline_->ApplyCommitted(now);
   if (output_) output_->Step(now);
+  if (leader_address_) leader_address_->Want(pipeline_->serving());
   r.t_applied = NowUs();
   if (!pipeline_->Healthy(now)) {
     exit_code_ = 1;
@@ -382,6 +402,28 @@ void Daemon::PollPeerCheckpoints() {
          std::chrono::steady_clock::now() < t && !stop_poll_.load();)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+FailpointReply Daemon::SetFailpoint(const std::string& text) {
+  if (!failpoints_allowed_)
+    return {false,
+            "failpoints are off on this replica (start it with LOCKSTEP_FAILPOINTS=1 in its "
+            "environment)"};
+  FailpointSpec spec;
+  std::string err;
+  if (!ParseFailpointSpec(text, &spec, &err)) return {false, err};
+  if ((spec.disk_delay_ms || spec.torn_write) && !disk_)
+    return {false,
+            "disk_delay_ms and torn_write need a durable log (this replica has durability "
+            "= memory)"};
+  message_faults_.Set(spec);
+  if (disk_) disk_->SetAppendDelayUs(spec.disk_delay_ms * 1000);
+  if (disk_) disk_->TearNextAppend(spec.torn_write);  // a new spec clears an unspent one
+  if (spec.clock_jump_ms) clock_jump_us += uint64_t{spec.clock_jump_ms} * 1000;
+  std::string now = FormatFailpointSpec(spec);
+  log_("failpoint: %s (messages dropped so far %lu, delayed %lu)", now.c_str(),
+       (unsigned long)message_faults_.dropped(), (unsigned long)message_faults_.delayed());
+  return {true, now};
 }
 
 bool Daemon::PrepareSleep() {
@@ -448,7 +490,9 @@ bool Daemon::DrainOnce(uint64_t now) {
   // Durable writes after the puts: those are already on their way to the
   // backups, whose writes overlap ours.
   Persist(rd.persists);
-  for (auto& m : rd.messages) front_->SendToPeer(&m);
+  for (auto& m : message_faults_.Due(now)) front_->SendToPeer(&m);
+  for (auto& m : rd.messages)
+    if (!message_faults_.Intercept(m, now)) front_->SendToPeer(&m);
   if (rd.lost_leadership)
     front_->FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
   NoteRoleChange();

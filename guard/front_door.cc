@@ -506,6 +506,16 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       c->Queue(FrameKind::kDivergenceResult, hooks_.divergence(req));
       return;
     }
+    case FrameKind::kFailpoint: {
+      if (!Permit(c, {Principal::kAdmin}, "setting a failpoint")) return;
+      FailpointRequest req;
+      if (!DecodeFailpointRequest(body, &req) || !hooks_.failpoint) {
+        c->close_after_read = "malformed failpoint request";
+        return;
+      }
+      c->Queue(FrameKind::kFailpointResult, EncodeFailpointReply(hooks_.failpoint(req.spec)));
+      return;
+    }
     default: c->close_after_read = "unknown request";
   }
 }

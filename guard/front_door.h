@@ -51,6 +51,8 @@ class FrontDoor {
     std::function<void(int from, FrameKind kind, std::string_view body)> on_peer_frame;
     // kDivergence: the reply's JSON ("" when a report asked for is not here).
     std::function<std::string(const DivergenceRequest&)> divergence;
+    // kFailpoint (an admin's): sets the spec; the reply says what is in force.
+    std::function<FailpointReply(const std::string& spec)> failpoint;
   };
 
   // disk_error: non-empty while this replica cannot write its log (then

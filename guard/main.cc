@@ -22,6 +22,7 @@
 #include "guard/config.h"
 #include "guard/daemon.h"
 #include "guard/divergence_view.h"
+#include "guard/failpoints.h"
 #include "guard/log_input.h"
 #include "guard/server.h"
 
@@ -46,6 +47,7 @@ const char* kUsage =
     "  propose     agree values through the replicated log\n"
     "  log         print a replica's committed log\n"
     "  truncate    drop a replica's committed entries below an index (admin)\n"
+    "  failpoint   inject faults into a running replica (LOCKSTEP_FAILPOINTS=1; admin)\n"
     "  checkpoint  take a checkpoint of a backup's server now, or list the checkpoints\n"
     "  divergence  list the divergence reports (replicas whose output differed), or show one\n"
     "  sim         run the protocol core under the deterministic simulator\n"
@@ -59,12 +61,15 @@ bool WantsHelp(const Args& a) {
 // ------------------------------------------------------------------ replica
 
 int CmdReplica(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help", "verbose"});
+  Args a = Parse(argc, argv, 2, {"help", "verbose", "keep"});
   if (WantsHelp(a)) {
     printf(
-        "usage: lockstep replica --config cluster.toml --id N [--verbose]\n\n"
+        "usage: lockstep replica --config cluster.toml --id N [--verbose] [--keep]\n\n"
         "Runs replica N of the cluster described in cluster.toml (the same file on every host)\n"
-        "in the foreground until SIGTERM. Its log lives in the replica's `dir`.\n");
+        "in the foreground until SIGTERM. Its log lives in the replica's `dir`.\n\n"
+        "  --keep   run it as a child, and start it again when it crashes (an abort, a bad\n"
+        "           access; at most 3 times a minute), as `cluster up` does; its pid goes to\n"
+        "           replica-N.pid beside cluster.toml\n");
     return 0;
   }
   if (!a.error.empty()) return Fail(a.error);
@@ -76,6 +81,7 @@ int CmdReplica(int argc, char** argv) {
   if (!a.GetInt("id", 0, &id)) return Fail(a.error);
   o.id = static_cast<int>(id);
   o.verbose = a.Has("verbose");
+  if (a.Has("keep")) KeepReplica(a.Get("config"), o.id);
   return RunReplica(o);
 }
 
@@ -323,6 +329,52 @@ int CmdTruncate(int argc, char** argv) {
   if (!client->Truncate(static_cast<uint64_t>(below), &first, &err))
     return Fail("replica " + std::to_string(r) + ": " + err);
   printf("replica %d keeps its log from index %lu\n", r, (unsigned long)first);
+  return 0;
+}
+
+// ------------------------------------------------------------------ failpoint
+
+int CmdFailpoint(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help"});
+  std::string spec;
+  for (const auto& p : a.positional) spec += (spec.empty() ? "" : " ") + p;
+  if (WantsHelp(a) || spec.empty() || !a.Has("id")) {
+    printf(
+        "usage: lockstep failpoint --id N [--dir DIR | --config FILE] SPEC|off\n\n"
+        "Injects faults into replica N while it runs, for fault campaigns and tests. Replicas\n"
+        "accept this only when started with LOCKSTEP_FAILPOINTS=1 in their environment, and\n"
+        "only from an admin (admin_secret). SPEC replaces the one before; `off` clears it.\n"
+        "SPEC is key=value pairs:\n"
+        "  drop=P          each message to a peer is lost with probability P (0..1)\n"
+        "  delay_ms=D      each message to a peer leaves D ms late, plus up to\n"
+        "  jitter_ms=J     J ms more (the order to each peer is kept)\n"
+        "  to=ID           only the messages to replica ID (default: every peer)\n"
+        "  disk_delay_ms=D each durable write waits D ms first (a slow disk)\n"
+        "  clock_jump_ms=D the replica's clock jumps D ms ahead, once\n"
+        "  torn_write=1    the next log append stops before the sector holding its last\n"
+        "                  record's canary, and the replica exits at once (status 86)\n"
+        "  seed=S          seed of the random draws (default 1): a run replays from it\n"
+        "Messages are elections and heartbeats; the log's one-sided puts are not touched.\n");
+    return WantsHelp(a) ? 0 : 2;
+  }
+  if (!a.error.empty()) return Fail(a.error);
+  ClusterConfig c;
+  std::string err;
+  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
+  long long id;
+  if (!a.GetInt("id", -1, &id)) return Fail(a.error);
+  if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
+    return Fail("--id " + std::to_string(id) + ": the cluster has replicas 0.." +
+                std::to_string(c.replicas.size() - 1));
+  FailpointSpec parsed;  // refuse a bad spec here, before asking anyone
+  if (!ParseFailpointSpec(spec, &parsed, &err)) return Fail(err);
+  auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
+  if (!client) return Fail(err);
+  FailpointReply reply;
+  if (!client->Failpoint(spec, &reply, &err))
+    return Fail("replica " + std::to_string(id) + ": " + err);
+  if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
+  printf("replica %lld: %s\n", id, reply.text.c_str());
   return 0;
 }
 
@@ -587,6 +639,7 @@ int main(int argc, char** argv) {
   if (cmd == "propose") return CmdPropose(argc, argv);
   if (cmd == "log") return CmdLog(argc, argv);
   if (cmd == "truncate") return CmdTruncate(argc, argv);
+  if (cmd == "failpoint") return CmdFailpoint(argc, argv);
   if (cmd == "checkpoint") return CmdCheckpoint(argc, argv);
   if (cmd == "divergence") return CmdDivergence(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);

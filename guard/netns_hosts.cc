@@ -32,21 +32,25 @@ bool Exists(const std::string& ns) {
 }
 
 // `ip` from where Debian puts it, else from PATH.
-const char* IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
-    if (access(p, X_OK) == 0) return p;
-  return "ip";
+// Where a system tool lives ("ip", "nft"): the sbin directories need not be
+// on a daemon's PATH.
+std::string ToolBinary(const std::string& name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"})
+    if (access((dir + name).c_str(), X_OK) == 0) return dir + name;
+  return name;
 }
 
-// Runs ip with args; *out gets its stdout and stderr. Its exit status, or -1.
-int Ip(const std::vector<std::string>& args, std::string* out) {
+// Runs the tool with args; *out gets its stdout and stderr. Its exit
+// status, or -1.
+int Tool(const std::string& name, const std::vector<std::string>& args, std::string* out) {
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) {
     *out = strerror(errno);
     return -1;
   }
   std::vector<char*> argv;
-  const char* ip = IpBinary();
+  const std::string exe = ToolBinary(name);
+  const char* ip = exe.c_str();
   argv.push_back(const_cast<char*>(ip));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -73,8 +77,13 @@ int Ip(const std::vector<std::string>& args, std::string* out) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) *out = "cannot run ip (iproute2)";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+    *out = "cannot run " + name + (name == "ip" ? " (iproute2)" : "");
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int Ip(const std::vector<std::string>& args, std::string* out) {
+  return Tool("ip", args, out);
 }
 
 // Kills (by pid) whatever still runs in ns, then deletes it.
@@ -102,9 +111,13 @@ bool DeleteNamespace(const std::string& ns, std::string* error) {
 }  // namespace
 
 bool RunIp(const std::vector<std::string>& args, std::string* error) {
+  return RunTool("ip", args, error);
+}
+
+bool RunTool(const std::string& name, const std::vector<std::string>& args, std::string* error) {
   std::string out;
-  if (Ip(args, &out) == 0) return true;
-  std::string cmd = "ip";
+  if (Tool(name, args, &out) == 0) return true;
+  std::string cmd = name;
   for (const auto& a : args) cmd += " " + a;
   while (!out.empty() && out.back() == '\n') out.pop_back();
   *error = cmd + ": " + (out.empty() ? "failed" : out);

@@ -24,6 +24,8 @@ struct NetnsHosts {
   std::string prefix;                 // "10.201.X.": the /24 (its .0/24)
 
   std::string ReplicaAddr(int i) const { return prefix + std::to_string(10 + i); }
+  // The address that follows the leader (guard/leader_address.h).
+  std::string LeaderAddr() const { return prefix + "5"; }
   std::string ClientAddr() const { return prefix + "100"; }
 };
 
@@ -49,5 +51,7 @@ bool EnterNetns(const std::string& name, std::string* error);
 // Runs `ip ARGS...` (no shell); false with *error = the command and its
 // output when it fails.
 bool RunIp(const std::vector<std::string>& args, std::string* error);
+// The same for another system tool ("nft"), found in the sbin directories too.
+bool RunTool(const std::string& name, const std::vector<std::string>& args, std::string* error);
 
 }  // namespace lockstep

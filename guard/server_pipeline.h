@@ -64,6 +64,10 @@ class ServerPipeline {
   void Awake();
 
   uint64_t applied() const { return applied_; }
+  // This replica leads and its server serves clients under that ballot.
+  bool serving() const {
+    return shim_ && core_.role() == Role::kLeader && serving_ballot_ == core_.promised();
+  }
   // What the replayer handed the server so far, and whether the server has
   // read it since (Replayer::HandedSoFar, ReadPast). Empty / true without one.
   Replayer::HandedMark ReplayHanded() const {

@@ -266,6 +266,32 @@ bool DecodeCheckpointReply(std::string_view in, CheckpointReply* reply) {
   return true;
 }
 
+std::string EncodeFailpointRequest(const FailpointRequest& req) {
+  ByteWriter w;
+  w.bytes(req.spec);
+  return std::move(w.str());
+}
+
+bool DecodeFailpointRequest(std::string_view in, FailpointRequest* req) {
+  ByteReader r(in);
+  return r.bytes(&req->spec) && r.done();
+}
+
+std::string EncodeFailpointReply(const FailpointReply& reply) {
+  ByteWriter w;
+  w.u8(reply.ok ? 1 : 0);
+  w.bytes(reply.text);
+  return std::move(w.str());
+}
+
+bool DecodeFailpointReply(std::string_view in, FailpointReply* reply) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  if (!r.u8(&ok) || !r.bytes(&reply->text) || !r.done()) return false;
+  reply->ok = ok != 0;
+  return true;
+}
+
 std::string EncodeCheckpointPart(const CheckpointPart& part) {
   ByteWriter w;
   w.bytes(part.path);

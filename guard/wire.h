@@ -49,6 +49,9 @@ enum class FrameKind : uint8_t {
   // client -> daemon: the divergence reports this replica wrote.
   kDivergence = 36,  // op u8 (DivergenceOp), id
   kDivergenceResult = 37,
+  // admin -> daemon: a failpoint spec (guard/failpoints.h); reply: ok, text.
+  kFailpoint = 38,
+  kFailpointResult = 39,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
 // Before a connection has authenticated: HELLO and AUTH are a few dozen
@@ -171,6 +174,18 @@ struct CheckpointRequest {
 };
 std::string EncodeCheckpointRequest(const CheckpointRequest& req);
 bool DecodeCheckpointRequest(std::string_view in, CheckpointRequest* req);
+
+struct FailpointRequest {
+  std::string spec;  // guard/failpoints.h; "off" clears
+};
+std::string EncodeFailpointRequest(const FailpointRequest& req);
+bool DecodeFailpointRequest(std::string_view in, FailpointRequest* req);
+struct FailpointReply {
+  bool ok = false;
+  std::string text;  // the spec now in force, or why not
+};
+std::string EncodeFailpointReply(const FailpointReply& reply);
+bool DecodeFailpointReply(std::string_view in, FailpointReply* reply);
 
 struct FetchCheckpointRequest {
   uint64_t min_index = 0;  // the checkpoint must hold at least the log up to here

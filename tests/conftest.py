@@ -7,6 +7,7 @@ replica stopped by its pid) even when the test fails.
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,7 +100,17 @@ class Cluster:
         self.dir = directory
         self.base_port = base_port
 
-    def up(self, replicas=3, transport="shm", durability="disk", extra=(), app=None, check=True):
+    def up(
+        self,
+        replicas=3,
+        transport="shm",
+        durability="disk",
+        extra=(),
+        app=None,
+        check=True,
+        env=None,
+    ):
+        """`cluster up`; env: variables added to the replicas' environment."""
         if app:
             extra = ("--app", app, *extra)
         return run(
@@ -117,6 +128,7 @@ class Cluster:
             self.base_port,
             *extra,
             check=check,
+            env={**os.environ, **env} if env else None,
         )
 
     def up_bare(self, app, extra=(), env=None):
@@ -166,7 +178,7 @@ class Cluster:
         for r in range(len(self.status()["replicas"])):
             while True:
                 try:
-                    c = Redis(self.server_addr(r))
+                    c = Redis(self.server_addr(r), inspect=True)
                     break
                 except OSError:  # a server being restored
                     assert time.monotonic() < end, f"replica {r}'s redis does not answer"
@@ -223,10 +235,15 @@ def new_cluster(directory: Path) -> Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, request):
     c = new_cluster(tmp_path / "cluster")
     yield c
     c.down()
+    # A passed test's cluster goes (each holds ~200 MB of preallocated log
+    # segments, and a full run would fill a small disk); a failed one's stays.
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.passed:
+        shutil.rmtree(c.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -240,6 +257,7 @@ def pytest_runtest_makereport(item, call):
     # all anyone gets to see of a run that went wrong.
     outcome = yield
     report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)  # the cluster fixture's teardown reads rep_call
     tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
     if not report.failed or tmp is None:
         return

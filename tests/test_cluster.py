@@ -5,6 +5,7 @@ import signal
 import time
 from pathlib import Path
 
+import inspector
 from conftest import run
 
 
@@ -81,6 +82,49 @@ def test_killed_leader_is_replaced_and_catches_up_after_restart(cluster):
     payloads = [p for _, t, p in logs[new] if t == "input"]
     assert payloads == [f"before-{i}" for i in range(20)] + [f"after-{i}" for i in range(20)]
     assert logs[0] == logs[1] == logs[2]
+
+
+def test_a_crashed_replica_is_started_again_and_a_killed_one_is_not(cluster):
+    """A daemon that crashes (here: SIGABRT, as UCX's aborts do) is started
+    again by its keeper and catches up; one ended from outside (SIGKILL)
+    stays down; more than 3 crashes a minute and the keeper gives up."""
+    cluster.up()
+    cluster.propose(*[f"a-{i}" for i in range(10)])
+    b = next(r for r in range(3) if r != cluster.leader())
+    crashed = cluster.pid(b)
+    os.kill(crashed, signal.SIGABRT)
+    s = cluster.wait(
+        lambda s: (
+            s["replicas"][b]["pid"] not in (0, crashed)
+            and s["replicas"][b]["role"] == "backup"
+            and s["replicas"][b]["commit_index"] >= 10
+        ),
+        20,
+        f"replica {b} started again after its crash",
+    )
+    log = (cluster.dir / f"replica-{b}.log").read_text(errors="replace")
+    assert f"replica {b} (pid {crashed}) crashed with Aborted" in log, log[-2000:]
+    again = s["replicas"][b]["pid"]
+    pid_file = cluster.dir / f"replica-{b}.pid"
+    assert int(pid_file.read_text()) == again  # the daemon, not its keeper
+
+    os.kill(again, signal.SIGKILL)
+    cluster.wait(lambda s: s["replicas"][b]["role"] == "down", 10, f"replica {b} down")
+    time.sleep(1.0)  # a keeper would have started it by now
+    assert cluster.status()["replicas"][b]["role"] == "down"
+
+    run("cluster", "restart", "--dir", cluster.dir, "--id", b)
+    for n in range(4):  # the fourth crash within a minute is the last
+        pid = cluster.wait(lambda s: s["replicas"][b]["pid"], 20, f"replica {b} up")["replicas"][b][
+            "pid"
+        ]
+        os.kill(pid, signal.SIGSEGV)
+        cluster.wait(lambda s, pid=pid: s["replicas"][b]["pid"] != pid, 20, f"crash {n + 1} seen")
+    time.sleep(1.0)
+    assert cluster.status()["replicas"][b]["role"] == "down"
+    log = (cluster.dir / f"replica-{b}.log").read_text(errors="replace")
+    assert "4 times within a minute: not starting it again" in log, log[-2000:]
+    cluster.propose("after")  # the other two are a majority
 
 
 def test_sigkill_leader_under_16_clients_loses_nothing_acknowledged(cluster, tmp_path):
@@ -186,6 +230,7 @@ def test_a_server_that_closes_after_each_reply_keeps_its_backups_going(cluster):
         got = []
         for r in range(3):
             c = http.client.HTTPConnection(*cluster.server_addr(r), timeout=5)
+            c.sock = inspector.connect(cluster.server_addr(r), timeout=5)  # a backup's own
             try:
                 c.request("GET", "/count")
                 got.append(c.getresponse().read())

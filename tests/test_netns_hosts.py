@@ -30,9 +30,10 @@ def config(cluster):
     return tomllib.loads((cluster.dir / "cluster.toml").read_text())
 
 
-def redis_on(addr, *cmd):
-    """One command on a fresh connection to addr, from the current thread."""
-    c = Redis(addr, timeout=5)
+def redis_on(addr, *cmd, inspect=False):
+    """One command on a fresh connection to addr, from the current thread
+    (inspect=True: a backup's own server, from a privileged port)."""
+    c = Redis(addr, timeout=5, inspect=inspect)
     try:
         return c.call(*cmd)
     finally:
@@ -56,13 +57,37 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
         return [redis_on(addr, "INCR", "k") for _ in range(n)][-1]
 
     assert run_in_netns(client_ns, lambda: incr_n(20)) == 20
+    # ... and through the address that follows the leader, without status.
+    host, port = conf["cluster"]["leader_address"].rsplit(":", 1)
+    follows = (host, int(port))
+    assert cluster.status()["leader_address"] == conf["cluster"]["leader_address"]
+    assert run_in_netns(client_ns, lambda: redis_on(follows, "INCR", "k")) == 21
 
-    # The leader's daemon SIGKILLed: another leads, nothing acknowledged lost.
+    # The leader's daemon SIGKILLed: another leads, nothing acknowledged lost,
+    # and the leader address moved with it.
     old = cluster.leader()
     os.kill(cluster.pid(old), signal.SIGKILL)
-    cluster.wait(lambda s: s["leader"] not in (None, old), 30, "a new leader")
-    assert run_in_netns(client_ns, lambda: incr_n(5)) == 25
+    new = cluster.wait(lambda s: s["leader"] not in (None, old), 30, "a new leader")["leader"]
+    assert run_in_netns(client_ns, lambda: incr_n(4)) == 25
+
+    def through_follows():
+        end = time.monotonic() + 10
+        while True:  # the new leader takes the address once it serves
+            try:
+                return redis_on(follows, "INCR", "k")
+            except OSError:
+                assert time.monotonic() < end, "the leader address never reached the new leader"
+                time.sleep(0.05)
+
+    assert run_in_netns(client_ns, through_follows) == 26
+    took = f"took the leader address {conf['cluster']['leader_address']}"
+    said = lambda: (cluster.dir / f"replica-{new}.log").read_text()
+    end = time.monotonic() + 5  # logged once its gratuitous ARPs are out
+    while took not in said() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert took in said(), said()[-2000:]
     run("cluster", "restart", "--dir", cluster.dir, "--id", old)
+    assert run_in_netns(client_ns, lambda: redis_on(follows, "INCR", "k")) == 27
 
     # The leader cut off by its link: the other two elect one and serve on;
     # once the link is back, the old leader follows and catches up.
@@ -72,7 +97,8 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
     subprocess.run(["ip", "-n", hub, "link", "set", f"r{cut}", "down"], check=True)
     try:
         cluster.wait(lambda s: s["leader"] not in (None, cut), 30, "a leader on the other side")
-        assert run_in_netns(client_ns, lambda: incr_n(5)) == 30
+        assert run_in_netns(client_ns, lambda: incr_n(2)) == 29
+        assert run_in_netns(client_ns, through_follows) == 30
     finally:
         subprocess.run(["ip", "-n", hub, "link", "set", f"r{cut}", "up"], check=True)
 
@@ -86,8 +112,8 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
     assert st["replicas"][cut]["role"] == "backup", st
     addrs = [(r["host"], r["server_port"]) for r in conf["replica"]]
     # (DEBUG DIGEST is for local connections only, and these are not.)
-    sizes = run_in_netns(client_ns, lambda: [redis_on(a, "DBSIZE") for a in addrs])
-    values = run_in_netns(client_ns, lambda: [redis_on(a, "GET", "k") for a in addrs])
+    sizes = run_in_netns(client_ns, lambda: [redis_on(a, "DBSIZE", inspect=True) for a in addrs])
+    values = run_in_netns(client_ns, lambda: [redis_on(a, "GET", "k", inspect=True) for a in addrs])
     assert sizes == [1] * 3 and values == [b"30"] * 3, (sizes, values)
 
     run("cluster", "down", "--dir", cluster.dir)
