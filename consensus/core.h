@@ -225,6 +225,8 @@ class Replica {
   // the lowest checkpoint index that brings us forward.
   uint64_t checkpoint_needed() const { return checkpoint_needed_; }
   uint64_t last_leader_contact_us() const { return last_leader_contact_us_; }
+  // Leader: when it last had a majority's contact (a Tick that saw one).
+  uint64_t last_majority_contact_us() const { return last_majority_contact_us_; }
 
  private:
   struct PeerStream {

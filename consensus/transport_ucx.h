@@ -82,6 +82,7 @@ class UcxTransport {
     Kind kind = Kind::kAuto;
     // UCX_KEEPALIVE_INTERVAL. UCX's default is 20 s; peer death over shared
     // memory is only detected by keepalive, so keep this short. 0 = UCX default.
+    // Not for kTcp, which runs without keepalive (see Init in the .cc).
     int keepalive_ms = 100;
     // UCX_NET_DEVICES for kTcp/kAuto ("" = all). E.g. "lo" or "eth0".
     std::string net_devices;

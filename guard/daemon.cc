@@ -340,7 +340,12 @@ PassReport Daemon::Pass(uint64_t now) {
   r.t_drained = NowUs();
   r.applied = pipeline_->ApplyCommitted(now);
   if (output_) output_->Step(now);
-  if (leader_address_) leader_address_->Want(pipeline_->serving());
+  // A leader that lost touch with its majority for an election timeout lets
+  // the address go before it steps down: by then another is being elected,
+  // and a stale holder would draw clients (as the ARP answer they find).
+  if (leader_address_)
+    leader_address_->Want(pipeline_->serving() &&
+                          now <= core_->last_majority_contact_us() + cfg_.election_timeout_max_us);
   r.t_applied = NowUs();
   if (!pipeline_->Healthy(now)) {
     exit_code_ = 1;

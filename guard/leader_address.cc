@@ -11,8 +11,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 
 #include "guard/netns_hosts.h"
 
@@ -31,7 +33,18 @@ LeaderAddress::LeaderAddress(std::string addr, int port, std::string server_host
       server_port_(server_port),
       log_(log) {
   GiveUp();  // a predecessor that crashed while it led may have left it here
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    // The forwarding is in place from the start, on every replica: it only
+    // sees packets for the address where the address is, and taking the
+    // address is then one command (a leader's first clients wait less).
+    std::string err;
+    if (!Forward(&err))
+      log_(
+          "cannot forward the leader address %s to the server: %s (clients must find the "
+          "leader by status)",
+          addr_.c_str(), err.c_str());
+    Run();
+  });
 }
 
 LeaderAddress::~LeaderAddress() {
@@ -42,6 +55,8 @@ LeaderAddress::~LeaderAddress() {
   cv_.notify_all();
   thread_.join();
   GiveUp();
+  std::string ignored;
+  RunTool("nft", {"delete", "table", "ip", kTable}, &ignored);
 }
 
 void LeaderAddress::Want(bool hold) {
@@ -55,13 +70,27 @@ void LeaderAddress::Want(bool hold) {
 
 void LeaderAddress::Run() {
   bool held = false;
+  // While held, the gratuitous ARP goes out again now and then: a client
+  // that asked while a deposed leader still held the address (it answers
+  // too, until it lets go) would otherwise keep the wrong MAC for seconds.
+  constexpr std::chrono::milliseconds kReannounce[] = {std::chrono::milliseconds(200),
+                                                       std::chrono::milliseconds(500),
+                                                       std::chrono::milliseconds(1000)};
+  size_t announced = 0;
+  auto next_announce = std::chrono::steady_clock::time_point::max();
   for (;;) {
     bool want;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || want_ != held; });
+      cv_.wait_until(l, next_announce, [&] { return stop_ || want_ != held; });
       if (stop_) return;
       want = want_;
+    }
+    if (want == held) {  // the timer: announce again
+      if (held) AnnounceMove();
+      auto step = kReannounce[std::min(announced++, std::size(kReannounce) - 1)];
+      next_announce = std::chrono::steady_clock::now() + step;
+      continue;
     }
     auto t0 = std::chrono::steady_clock::now();
     std::string err;
@@ -70,32 +99,37 @@ void LeaderAddress::Run() {
            addr_.c_str(), err.c_str());
       GiveUp();
       held = true;  // not retried until it is given up and wanted again
+      next_announce = std::chrono::steady_clock::time_point::max();
       continue;
     }
     if (!want) GiveUp();
     held = want;
+    announced = 0;
+    next_announce = want ? std::chrono::steady_clock::now() + kReannounce[0]
+                         : std::chrono::steady_clock::time_point::max();
     log_("%s the leader address %s:%d (%.0f ms)", want ? "took" : "gave up", addr_.c_str(), port_,
          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 
-bool LeaderAddress::Take(std::string* error) {
+bool LeaderAddress::Forward(std::string* error) {
   const std::string table = kTable;
-  // Forward first, then own the address: a client that finds it here is
-  // forwarded at once.
-  RunTool("nft", {"delete", "table", "ip", table}, error);  // leftovers; failure is fine
+  std::string ignored;
+  RunTool("nft", {"delete", "table", "ip", table}, &ignored);  // a predecessor's
   std::string dnat = server_host_ + ":" + std::to_string(server_port_);
-  if (!RunTool("nft", {"add", "table", "ip", table}, error) ||
-      !RunTool("nft",
-               {"add", "chain", "ip", table, "pre",
-                "{ type nat hook prerouting priority -100 ; policy accept ; }"},
-               error) ||
-      !RunTool("nft",
-               {"add", "rule", "ip", table, "pre", "ip", "daddr", addr_, "tcp", "dport",
-                std::to_string(port_), "dnat", "to", dnat},
-               error) ||
-      !RunIp({"addr", "replace", addr_ + "/32", "dev", interface_}, error))
-    return false;
+  return RunTool("nft", {"add", "table", "ip", table}, error) &&
+         RunTool("nft",
+                 {"add", "chain", "ip", table, "pre",
+                  "{ type nat hook prerouting priority -100 ; policy accept ; }"},
+                 error) &&
+         RunTool("nft",
+                 {"add", "rule", "ip", table, "pre", "ip", "daddr", addr_, "tcp", "dport",
+                  std::to_string(port_), "dnat", "to", dnat},
+                 error);
+}
+
+bool LeaderAddress::Take(std::string* error) {
+  if (!RunIp({"addr", "replace", addr_ + "/32", "dev", interface_}, error)) return false;
   AnnounceMove();
   return true;
 }
@@ -103,7 +137,6 @@ bool LeaderAddress::Take(std::string* error) {
 void LeaderAddress::GiveUp() {
   std::string ignored;
   RunIp({"addr", "del", addr_ + "/32", "dev", interface_}, &ignored);
-  RunTool("nft", {"delete", "table", "ip", kTable}, &ignored);
 }
 
 // A gratuitous ARP request (sender and target both the address) from this

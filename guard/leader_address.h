@@ -43,6 +43,7 @@ class LeaderAddress {
 
  private:
   void Run();
+  bool Forward(std::string* error);  // the DNAT of addr_:port_ to the server
   bool Take(std::string* error);
   void GiveUp();
   void AnnounceMove();  // gratuitous ARP for addr_ from interface_

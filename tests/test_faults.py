@@ -1,8 +1,9 @@
 """The fault runner (eval/faults.py, scripts/faults) in short: a few randomized runs
 against redis on namespace hosts, each checked for linearizability (porcupine), lost
 acknowledged writes and identical replicas. The full campaign is `scripts/faults --runs
-100`; here two kinds of fault, one run each, that must come out clean, and the runner
-must fail a run whose checks fail."""
+100`; here four kinds of fault (a process killed, a link cut, a torn write, lost and late
+messages), one run each, that must come out clean, and the runner must fail a run whose
+checks fail."""
 
 import json
 import os
@@ -26,17 +27,19 @@ def faults(tmp_path, *args):
 
 
 def test_a_short_fault_campaign_is_clean(tmp_path):
-    p = faults(
-        tmp_path, "--runs", 2, "--seconds", 5, "--seed", 7, "--kinds", "stop-daemon,partition"
-    )
+    kinds = "kill-daemon,partition,torn-write,msg-loss"
+    p = faults(tmp_path, "--runs", 4, "--seconds", 5, "--seed", 7, "--kinds", kinds)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert s["failed_runs"] == 0 and len(s["results"]) == 2, s["results"]
+    assert s["failed_runs"] == 0 and len(s["results"]) == 4, s["results"]
     for r in s["results"]:
         assert r["faults"] >= 1 and r["known_ops"] > 100, r
         assert r["linearizable"] and r["lost_acknowledged"] == 0 and r["replicas_identical"], r
         assert all(e["unavailable_ms"] is not None for e in r["events"]), r["events"]
-    assert "| stop-daemon |" in (tmp_path / "out" / "summary.md").read_text()
+        assert all(e["new_client_unserved_ms"] is not None for e in r["events"]), r["events"]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    for kind in kinds.split(","):
+        assert f"| {kind} |" in summary, summary
     # Every namespace the runs made is gone.
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert "-hub" not in ns.stdout, ns.stdout
