@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include "fuzz/fuzz_util.h"
+#include "guard/failpoints.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -180,6 +181,28 @@ void DivergenceRequest_(std::string_view in) {
   FUZZ_CHECK(DecodeDivergenceRequest(again, &r2) && r2.op == r.op && r2.id == r.id);
 }
 
+void FailpointRequest_(std::string_view in) {
+  FailpointRequest r, r2;
+  if (!DecodeFailpointRequest(in, &r)) return;
+  std::string again = EncodeFailpointRequest(r);
+  FUZZ_CHECK(again == in);
+  FUZZ_CHECK(DecodeFailpointRequest(again, &r2) && r2.spec == r.spec);
+  FailpointSpec spec;  // the daemon parses what it decoded
+  std::string err;
+  if (ParseFailpointSpec(r.spec, &spec, &err)) {
+    FailpointSpec back;
+    FUZZ_CHECK(ParseFailpointSpec(FormatFailpointSpec(spec), &back, &err));
+    FUZZ_CHECK(FormatFailpointSpec(back) == FormatFailpointSpec(spec));
+  }
+}
+
+void FailpointReply_(std::string_view in) {
+  FailpointReply r, r2;
+  if (!DecodeFailpointReply(in, &r)) return;
+  FUZZ_CHECK(DecodeFailpointReply(EncodeFailpointReply(r), &r2));
+  FUZZ_CHECK(r2.ok == r.ok && r2.text == r.text);
+}
+
 using Decoder = void (*)(std::string_view);
 constexpr Decoder kDecoders[] = {Message_,
                                  Hello_,
@@ -197,7 +220,9 @@ constexpr Decoder kDecoders[] = {Message_,
                                  OutputReport_,
                                  RepairOrder_,
                                  RepairResult_,
-                                 DivergenceRequest_};
+                                 DivergenceRequest_,
+                                 FailpointRequest_,
+                                 FailpointReply_};
 constexpr size_t kNumDecoders = sizeof kDecoders / sizeof kDecoders[0];
 
 // The decoder the daemon or the client runs on a frame of this kind.
@@ -218,6 +243,8 @@ void DecodeFrame(FrameKind kind, std::string_view body) {
     case FrameKind::kCheckpointDone: return CheckpointDone_(body);
     case FrameKind::kOutputReport: return OutputReport_(body);
     case FrameKind::kRepairOrder: return RepairOrder_(body);
+    case FrameKind::kFailpoint: return FailpointRequest_(body);
+    case FrameKind::kFailpointResult: return FailpointReply_(body);
     case FrameKind::kRepairResult: return RepairResult_(body);
     case FrameKind::kDivergence: return DivergenceRequest_(body);
     default: return;
@@ -261,10 +288,11 @@ void Frames(bool authenticated, std::string_view stream) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  size_t pick = data[0] % (lockstep::kNumDecoders + 1);
+  // First byte 255: a stream of frames; otherwise which decoder (new ones
+  // are appended to kDecoders, so a seed keeps its decoder).
   std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (pick < lockstep::kNumDecoders) {
-    lockstep::kDecoders[pick](in);
+  if (data[0] != 255) {
+    lockstep::kDecoders[data[0] % lockstep::kNumDecoders](in);
   } else if (!in.empty()) {
     lockstep::Frames((in[0] & 1) != 0, in.substr(1));
   }

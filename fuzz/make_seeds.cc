@@ -137,18 +137,21 @@ void Wire() {
   res.sends = {{0, 5, "0x401000 main"}};
   std::string result = EncodeRepairResult(res);
   Put("wire", "repair_result", Byte(15) + result);
+  Put("wire", "failpoint_request",
+      Byte(17) + EncodeFailpointRequest({"drop=0.25 delay_ms=10 jitter_ms=5 to=1 seed=3"}));
+  Put("wire", "failpoint_reply", Byte(18) + EncodeFailpointReply({true, "off"}));
   std::string div = EncodeDivergenceRequest({DivergenceOp::kShow, "2-1"});
   Put("wire", "divergence_request", Byte(16) + div);
   // The frame reader (selector 17), then 0: before authenticating, 1: after.
   Put("wire", "frames_handshake",
-      Byte(17) + Byte(0) + Frame(FrameKind::kHello, hello) +
+      Byte(255) + Byte(0) + Frame(FrameKind::kHello, hello) +
           Frame(FrameKind::kAuth, std::string(32, 'a')));
   Put("wire", "frames_peer",
-      Byte(17) + Byte(1) + Frame(FrameKind::kPeerMessage, promise) +
+      Byte(255) + Byte(1) + Frame(FrameKind::kPeerMessage, promise) +
           Frame(FrameKind::kPeerMessage, heartbeat) + Frame(FrameKind::kOutputReport, report) +
           Frame(FrameKind::kRepairOrder, order_bytes) + Frame(FrameKind::kRepairResult, result));
   Put("wire", "frames_client",
-      Byte(17) + Byte(1) + Frame(FrameKind::kPropose, propose) + Frame(FrameKind::kRead, read) +
+      Byte(255) + Byte(1) + Frame(FrameKind::kPropose, propose) + Frame(FrameKind::kRead, read) +
           Frame(FrameKind::kStatus, "") + Frame(FrameKind::kReadResult, read_reply) +
           Frame(FrameKind::kFetchCheckpoint, fetch) +
           Frame(FrameKind::kCheckpointPart, part_bytes) + Frame(FrameKind::kCheckpointDone, done) +

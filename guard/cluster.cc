@@ -355,14 +355,22 @@ bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id,
   if (!StartReplica(dir, config, id, error)) return false;
   *pid = ReplicaPid(dir, id);
   // It may still fail early (a log it cannot open, a port taken): wait until
-  // it answers, or until it is gone and its log says why.
+  // it answers, or until it is gone and its log says why. Gone is judged by
+  // the pid its keeper wrote, three looks in a row: ReplicaPid's look at the
+  // command line can miss a process in the middle of its exec.
+  int gone_looks = 0;
   for (int i = 0; i < 100; i++) {
     std::string err, json;
     auto c = Client::Connect(config, id, 300, &err);
-    if (c && c->Status(&json, &err, 1000)) return true;
-    // Gone: by its pid, not by ReplicaPid, whose look at the command line
-    // can miss a process in the middle of its exec.
-    if (*pid == 0 || kill(*pid, 0) != 0) {
+    if (c && c->Status(&json, &err, 1000)) {
+      if (int p = ReplicaPid(dir, id)) *pid = p;
+      return true;
+    }
+    int named = 0;
+    std::ifstream(PidPath(dir, id)) >> named;
+    gone_looks = named <= 0 || kill(named, 0) != 0 ? gone_looks + 1 : 0;
+    if (named > 0 && gone_looks == 0) *pid = named;
+    if (gone_looks >= 3) {
       std::ifstream f(log);
       f.seekg(static_cast<std::streamoff>(log_size_before));
       std::string line, tail;

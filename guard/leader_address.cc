@@ -70,45 +70,55 @@ void LeaderAddress::Want(bool hold) {
 
 void LeaderAddress::Run() {
   bool held = false;
-  // While held, the gratuitous ARP goes out again now and then: a client
-  // that asked while a deposed leader still held the address (it answers
-  // too, until it lets go) would otherwise keep the wrong MAC for seconds.
-  constexpr std::chrono::milliseconds kReannounce[] = {std::chrono::milliseconds(200),
-                                                       std::chrono::milliseconds(500),
-                                                       std::chrono::milliseconds(1000)};
+  // While held, the address's lease is renewed every kRenew (the kernel drops
+  // it kLeaseSeconds after the last renewal: a leader whose daemon is stopped
+  // or hung stops answering ARP for it by itself), and the gratuitous ARP
+  // goes out again at kAnnounceAfter and then every second: a client that
+  // asked while a deposed leader still held the address would otherwise keep
+  // the wrong MAC until its entry went stale.
+  using std::chrono::milliseconds;
+  constexpr milliseconds kRenew(250);
+  constexpr milliseconds kAnnounceAfter[] = {milliseconds(250), milliseconds(500),
+                                             milliseconds(1000)};
   size_t announced = 0;
-  auto next_announce = std::chrono::steady_clock::time_point::max();
+  auto next_renew = std::chrono::steady_clock::time_point::max();
+  auto next_announce = next_renew;
   for (;;) {
     bool want;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait_until(l, next_announce, [&] { return stop_ || want_ != held; });
+      cv_.wait_until(l, next_renew, [&] { return stop_ || want_ != held; });
       if (stop_) return;
       want = want_;
     }
-    if (want == held) {  // the timer: announce again
-      if (held) AnnounceMove();
-      auto step = kReannounce[std::min(announced++, std::size(kReannounce) - 1)];
-      next_announce = std::chrono::steady_clock::now() + step;
+    auto now = std::chrono::steady_clock::now();
+    if (want == held) {  // the timer
+      if (!held) continue;
+      std::string err;
+      if (!Lease(&err)) log_("cannot renew the leader address %s: %s", addr_.c_str(), err.c_str());
+      next_renew = now + kRenew;
+      if (now >= next_announce) {
+        AnnounceMove();
+        next_announce = now + kAnnounceAfter[std::min(announced++, std::size(kAnnounceAfter) - 1)];
+      }
       continue;
     }
-    auto t0 = std::chrono::steady_clock::now();
     std::string err;
     if (want && !Take(&err)) {
       log_("cannot take the leader address %s: %s (clients must find the leader by status)",
            addr_.c_str(), err.c_str());
       GiveUp();
       held = true;  // not retried until it is given up and wanted again
-      next_announce = std::chrono::steady_clock::time_point::max();
+      next_renew = next_announce = std::chrono::steady_clock::time_point::max();
       continue;
     }
     if (!want) GiveUp();
     held = want;
     announced = 0;
-    next_announce = want ? std::chrono::steady_clock::now() + kReannounce[0]
-                         : std::chrono::steady_clock::time_point::max();
+    next_renew = want ? now + kRenew : std::chrono::steady_clock::time_point::max();
+    next_announce = now + kAnnounceAfter[0];
     log_("%s the leader address %s:%d (%.0f ms)", want ? "took" : "gave up", addr_.c_str(), port_,
-         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - now).count());
   }
 }
 
@@ -122,14 +132,24 @@ bool LeaderAddress::Forward(std::string* error) {
                  {"add", "chain", "ip", table, "pre",
                   "{ type nat hook prerouting priority -100 ; policy accept ; }"},
                  error) &&
+         // Only where the address is local: a replica that let it go (or
+         // whose lease ran out) must not take a client a stale ARP entry
+         // still sends its way; unanswered, the client asks again.
          RunTool("nft",
-                 {"add", "rule", "ip", table, "pre", "ip", "daddr", addr_, "tcp", "dport",
-                  std::to_string(port_), "dnat", "to", dnat},
+                 {"add", "rule", "ip", table, "pre", "ip", "daddr", addr_, "fib", "daddr", "type",
+                  "local", "tcp", "dport", std::to_string(port_), "dnat", "to", dnat},
                  error);
 }
 
+bool LeaderAddress::Lease(std::string* error) {
+  const std::string lifetime = std::to_string(kLeaseSeconds);
+  return RunIp({"addr", "replace", addr_ + "/32", "dev", interface_, "valid_lft", lifetime,
+                "preferred_lft", lifetime},
+               error);
+}
+
 bool LeaderAddress::Take(std::string* error) {
-  if (!RunIp({"addr", "replace", addr_ + "/32", "dev", interface_}, error)) return false;
+  if (!Lease(error)) return false;
   AnnounceMove();
   return true;
 }

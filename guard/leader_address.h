@@ -5,13 +5,16 @@
 // addresses are owned: the address goes on its interface, connections to
 // it are forwarded (nftables DNAT) to its server's own address and port,
 // and a gratuitous ARP tells the network where it moved. A replica that
-// stops serving (steps down, or starts up after a crash) gives it up.
+// stops serving (steps down, loses its majority for an election timeout,
+// or starts up after a crash) gives it up; one that cannot (its daemon
+// stopped or hung) loses it within a second, since the address is a lease
+// the kernel drops unless renewed.
 //
-// Two replicas may hold it for a moment: a leader cut off from its peers
-// keeps it until it steps down. Clients that reach that one are not served
-// anything unagreed (it cannot commit, and its server refuses them once it
-// steps down); the gratuitous ARP of the new leader moves every client that
-// can reach the new one.
+// Two replicas may hold it for a moment (a leader cut off from its peers
+// keeps it for an election timeout). Clients that reach that one are not
+// served anything unagreed (it cannot commit, and its server refuses them
+// once it steps down); the new leader's gratuitous ARPs move every client
+// that can reach it.
 //
 // The `ip` and `nft` commands run on a thread of this class, so the
 // daemon's loop never waits for them; each change converges to the last
@@ -44,7 +47,9 @@ class LeaderAddress {
  private:
   void Run();
   bool Forward(std::string* error);  // the DNAT of addr_:port_ to the server
+  bool Lease(std::string* error);    // (re)adds the address for kLeaseSeconds
   bool Take(std::string* error);
+  static constexpr int kLeaseSeconds = 1;
   void GiveUp();
   void AnnounceMove();  // gratuitous ARP for addr_ from interface_
 
