@@ -24,8 +24,8 @@ on a backup as the run's seed says, each held for a random while and then healed
                 `cluster restart` (its recovery must drop the torn tail)
   clock-jump    the replica's clock jumps 0.5-3 s ahead (as if it alone had paused)
 
-The failpoint kinds need replicas started with LOCKSTEP_FAILPOINTS=1, which the runner
-sets; their random draws are seeded from the run's seed too.
+The failpoint kinds need a cluster made with `cluster up --failpoints`, as the runner's
+are; their random draws are seeded from the run's seed too.
 
 Kinds take turns over the runs (run i has kind i mod K), so each row of the summary
 counts runs of one kind. At the end of a run every fault is healed and the replicas
@@ -201,8 +201,8 @@ class Run:
             "--app",
             "redis",
             "--no-checkpoints",
+            "--failpoints",  # the failpoint kinds (kept by replicas started again)
             timeout=120,
-            env={"LOCKSTEP_FAILPOINTS": "1"},  # the failpoint kinds
         )
         conf = tomllib.loads((self.dir / "cluster.toml").read_text())
         self.leader_address = conf["cluster"].get("leader_address")

@@ -501,6 +501,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   c.ring_bytes = o.ring_bytes;
   c.segment_bytes = o.segment_bytes;
   c.checkpoint.enabled = o.checkpoints;
+  c.failpoints = o.failpoints;
   if (o.checkpoint_every_entries) c.checkpoint.every_entries = o.checkpoint_every_entries;
   if (o.lagging_backup_grace_s) c.checkpoint.lagging_backup_grace_s = o.lagging_backup_grace_s;
   if (o.spin_us >= 0) c.spin_us = static_cast<uint64_t>(o.spin_us);

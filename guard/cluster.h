@@ -30,6 +30,7 @@ struct ClusterUpOptions {
   std::string command;  // a server command template with {port} and {dir}; neither: no server
   uint64_t ready_timeout_ms = 0;  // 0: the profile's, else 10000
   bool checkpoints = true;
+  bool failpoints = false;         // cluster.toml's failpoints (guard/failpoints.h)
   std::string hosts = "loopback";  // or "netns": a network namespace per replica (netns_hosts.h)
   uint64_t checkpoint_every_entries = 0;  // 0: the default policy's
   uint64_t lagging_backup_grace_s = 0;    // 0: the default policy's

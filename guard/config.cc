@@ -355,6 +355,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (c.admin_secret.empty()) c.admin_secret = DerivedSecret(c.secret, "admin");
   }
   if (!t.TakeString("client_netns", &c.client_netns, false, error)) return false;
+  if (!t.TakeBool("failpoints", &c.failpoints, error)) return false;
   if (!t.TakeString("leader_address", &c.leader_address, false, error) ||
       !t.TakeString("leader_interface", &c.leader_interface, false, error))
     return false;
@@ -531,6 +532,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
   if (!c.client_netns.empty()) o << "client_netns = " << TomlQuote(c.client_netns) << "\n";
+  if (c.failpoints) o << "failpoints = true\n";
   if (!c.leader_address.empty())
     o << "leader_address = " << TomlQuote(c.leader_address) << "\n"
       << "leader_interface = " << TomlQuote(c.leader_interface) << "\n";

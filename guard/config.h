@@ -23,6 +23,8 @@
 //                           # serving clients holds it on leader_interface and forwards
 //                           # it to its server (guard/leader_address.h; root, nftables)
 //   leader_interface = "eth0"
+//   failpoints = false      # true: an admin may inject faults (lockstep failpoint; for
+//                           # fault campaigns and tests; also LOCKSTEP_FAILPOINTS=1)
 //
 //   [server]                # optional: the server each replica's daemon runs under the shim
 //   command = "redis-server --port {port} --bind {host} --dir {dir}"   # required in [server];
@@ -118,6 +120,7 @@ struct ClusterConfig {
   std::string client_netns;    // "" : clients reach the replicas from anywhere
   std::string leader_address;  // "IPV4:PORT" that follows the leader; "" : none
   std::string leader_interface = "eth0";
+  bool failpoints = false;  // an admin may inject faults (guard/failpoints.h)
   std::string transport = "shm";
   std::string durability = "disk";
   uint64_t ring_bytes = 1 << 20;

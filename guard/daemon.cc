@@ -202,9 +202,10 @@ bool Daemon::Init() {
   DurableState state;
   if (!RecoverLog(&state)) return false;
   const char* fp = getenv("LOCKSTEP_FAILPOINTS");
-  failpoints_allowed_ = fp && std::string(fp) == "1";
+  failpoints_allowed_ = cfg_.failpoints || (fp && std::string(fp) == "1");
   if (failpoints_allowed_)
-    log_("failpoints allowed (LOCKSTEP_FAILPOINTS=1): an admin may inject faults here");
+    log_("failpoints allowed (%s): an admin may inject faults here",
+         cfg_.failpoints ? "failpoints = true in cluster.toml" : "LOCKSTEP_FAILPOINTS=1");
 
   PeerLink::Options popt;
   popt.id = me_.id;
@@ -412,8 +413,8 @@ void Daemon::PollPeerCheckpoints() {
 FailpointReply Daemon::SetFailpoint(const std::string& text) {
   if (!failpoints_allowed_)
     return {false,
-            "failpoints are off on this replica (start it with LOCKSTEP_FAILPOINTS=1 in its "
-            "environment)"};
+            "failpoints are off on this replica (failpoints = true in cluster.toml, or "
+            "LOCKSTEP_FAILPOINTS=1 in its environment)"};
   FailpointSpec spec;
   std::string err;
   if (!ParseFailpointSpec(text, &spec, &err)) return {false, err};

@@ -2,10 +2,11 @@
 // the fault runner (scripts/faults) and the tests: its messages to its peers
 // dropped or delayed (this kernel has no netem), its durable writes slowed,
 // its clock jumping ahead, its next log append torn by a crash. A replica
-// accepts them only when started with LOCKSTEP_FAILPOINTS=1 in its
-// environment, and only from an admin (`lockstep failpoint`); each new spec
-// replaces the last. Every random draw comes from a generator seeded by the
-// spec, so the faults of a run replay from its seed.
+// accepts them only with failpoints = true in cluster.toml (`cluster up
+// --failpoints`) or LOCKSTEP_FAILPOINTS=1 in its environment, and only from
+// an admin (`lockstep failpoint`); each new spec replaces the last. Every
+// random draw comes from a generator seeded by the spec, so the faults of a
+// run replay from its seed.
 //
 // Spec text: space-separated key=value, or "off".
 //   drop=P          each message to a peer is lost with probability P (0..1)

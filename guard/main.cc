@@ -47,7 +47,7 @@ const char* kUsage =
     "  propose     agree values through the replicated log\n"
     "  log         print a replica's committed log\n"
     "  truncate    drop a replica's committed entries below an index (admin)\n"
-    "  failpoint   inject faults into a running replica (LOCKSTEP_FAILPOINTS=1; admin)\n"
+    "  failpoint   inject faults into a running replica (cluster up --failpoints; admin)\n"
     "  checkpoint  take a checkpoint of a backup's server now, or list the checkpoints\n"
     "  divergence  list the divergence reports (replicas whose output differed), or show one\n"
     "  sim         run the protocol core under the deterministic simulator\n"
@@ -89,7 +89,7 @@ int CmdReplica(int argc, char** argv) {
 
 int CmdCluster(int argc, char** argv) {
   std::string sub = argc > 2 ? argv[2] : "";
-  Args a = Parse(argc, argv, 3, {"help", "json", "quiet", "no-checkpoints"});
+  Args a = Parse(argc, argv, 3, {"help", "json", "quiet", "no-checkpoints", "failpoints"});
   if (sub.empty() || sub == "--help" || WantsHelp(a)) {
     std::string apps;
     for (const auto& n : ListAppProfiles(AppsDir())) apps += (apps.empty() ? "" : "|") + n;
@@ -101,6 +101,7 @@ int CmdCluster(int argc, char** argv) {
         "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
         "                      [--checkpoint-entries N] [--no-checkpoints] [--backup-grace-s S]\n"
         "                      [--election-timeout-ms MIN-MAX] [--hosts loopback|netns]\n"
+        "                      [--failpoints]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
         "  lockstep cluster down [--dir DIR]\n\n"
@@ -125,7 +126,9 @@ int CmdCluster(int argc, char** argv) {
         "--hosts netns runs each replica (daemon and server) in a network namespace of its own\n"
         "with its own address, bridged to the others and to a client namespace (UCX over tcp);\n"
         "the lockstep commands enter the client namespace themselves, other clients run there\n"
-        "(`ip netns exec NAME`, NAME: client_netns in cluster.toml). `down` removes them all.\n",
+        "(`ip netns exec NAME`, NAME: client_netns in cluster.toml). `down` removes them all.\n"
+        "--failpoints lets an admin inject faults into the replicas (`lockstep failpoint`;\n"
+        "failpoints = true in cluster.toml), for fault campaigns and tests.\n",
         apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
     return sub.empty() ? 2 : 0;
   }
@@ -145,6 +148,7 @@ int CmdCluster(int argc, char** argv) {
     if (every < 0) return Fail("--checkpoint-entries must be positive");
     o.checkpoint_every_entries = static_cast<uint64_t>(every);
     o.checkpoints = !a.Has("no-checkpoints");
+    o.failpoints = a.Has("failpoints");
     if (ring < (1 << 16) || segment < (1 << 16))
       return Fail("--ring-bytes and --segment-bytes must be at least 65536");
     if (port < 1 || port > 65535) return Fail("--base-port must be in 1..65535");
@@ -342,8 +346,9 @@ int CmdFailpoint(int argc, char** argv) {
     printf(
         "usage: lockstep failpoint --id N [--dir DIR | --config FILE] SPEC|off\n\n"
         "Injects faults into replica N while it runs, for fault campaigns and tests. Replicas\n"
-        "accept this only when started with LOCKSTEP_FAILPOINTS=1 in their environment, and\n"
-        "only from an admin (admin_secret). SPEC replaces the one before; `off` clears it.\n"
+        "accept this only with failpoints = true in cluster.toml (cluster up --failpoints) or\n"
+        "LOCKSTEP_FAILPOINTS=1 in their environment, and only from an admin (admin_secret).\n"
+        "SPEC replaces the one before; `off` clears it.\n"
         "SPEC is key=value pairs:\n"
         "  drop=P          each message to a peer is lost with probability P (0..1)\n"
         "  delay_ms=D      each message to a peer leaves D ms late, plus up to\n"

@@ -8,7 +8,7 @@ import time
 
 from conftest import run
 
-ALLOW = {"LOCKSTEP_FAILPOINTS": "1"}
+ALLOW = ["--failpoints"]  # cluster up: failpoints = true in cluster.toml
 
 
 def failpoint(cluster, replica, *spec, check=True):
@@ -33,7 +33,7 @@ def inputs(log):
 def test_failpoints_are_refused_unless_allowed_and_a_bad_spec_is_named(cluster):
     cluster.up()
     p = failpoint(cluster, 0, "drop=1", check=False)
-    assert p.returncode != 0 and "LOCKSTEP_FAILPOINTS=1" in p.stderr, p.stderr
+    assert p.returncode != 0 and "failpoints = true in cluster.toml" in p.stderr, p.stderr
     for spec, says in (
         ("drop=2", "a probability 0..1"),
         ("fly=1", "unknown key"),
@@ -51,7 +51,7 @@ def test_an_election_through_lost_and_late_messages_loses_nothing(cluster):
     import os
     import signal
 
-    cluster.up(env=ALLOW)
+    cluster.up(extra=ALLOW)
     cluster.propose(*[f"a{i}" for i in range(20)])
     old = cluster.leader()
     # The leader's own messages lost: its heartbeats go, but its log writes
@@ -79,7 +79,7 @@ def test_an_election_through_lost_and_late_messages_loses_nothing(cluster):
 
 
 def test_a_torn_write_a_slow_disk_and_a_clock_jump_lose_nothing(cluster):
-    cluster.up(env=ALLOW)
+    cluster.up(extra=ALLOW)
     cluster.propose(*[f"a{i}" for i in range(10)])
     leader = cluster.leader()
     b, other = [r for r in range(3) if r != leader]
@@ -93,6 +93,7 @@ def test_a_torn_write_a_slow_disk_and_a_clock_jump_lose_nothing(cluster):
     run("cluster", "restart", "--dir", cluster.dir, "--id", b)
     said = (cluster.dir / f"replica-{b}.log").read_text()
     assert "log tail was torn by an interrupted write" in said, said[-1500:]
+    failpoint(cluster, b, "off")  # started again, it still takes failpoints (cluster.toml)
     # A slow disk on the leader, a clock jump on the other backup.
     failpoint(cluster, leader, "disk_delay_ms=30")
     failpoint(cluster, other, "clock_jump_ms=3000")
