@@ -174,15 +174,7 @@ bool UcxTransport::Init(const Options& options, std::string* error) {
     // unreachable").
     ok = modify("MM_ERROR_HANDLING", "y");
   }
-  if (ok && options.kind == Kind::kTcp) {
-    // No keepalive over tcp: a dead peer's socket says so (FIN or RST),
-    // while a keepalive that times out during a partition fails an endpoint
-    // the peer still sends on, and UCX 1.13 aborts the process when a put
-    // arrives on it (ucp_put_handler cannot send its completion: "unexpected
-    // error: Endpoint timeout"). TCP carries the puts through the partition
-    // instead; the consensus has liveness checks of its own.
-    ok = modify("KEEPALIVE_INTERVAL", "inf");
-  } else if (ok && options.keepalive_ms > 0) {
+  if (ok && options.keepalive_ms > 0) {
     ok = modify("KEEPALIVE_INTERVAL", std::to_string(options.keepalive_ms) + "ms");
   }
   if (ok && !options.net_devices.empty() && options.kind != Kind::kShm) {

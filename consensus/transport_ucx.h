@@ -82,7 +82,11 @@ class UcxTransport {
     Kind kind = Kind::kAuto;
     // UCX_KEEPALIVE_INTERVAL. UCX's default is 20 s; peer death over shared
     // memory is only detected by keepalive, so keep this short. 0 = UCX default.
-    // Not for kTcp, which runs without keepalive (see Init in the .cc).
+    // Over tcp too: without it (tried) a backup's stream once stayed broken
+    // for good after a one-way partition healed, in 1 of 6 such fault runs;
+    // with it, a keepalive failure during a partition can make UCX 1.13
+    // abort the process when the peer's puts arrive afterwards (see
+    // guard/cluster.cc KeepReplica, which starts it again).
     int keepalive_ms = 100;
     // UCX_NET_DEVICES for kTcp/kAuto ("" = all). E.g. "lo" or "eth0".
     std::string net_devices;

@@ -640,6 +640,7 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.disk_error = JsonField(json, "disk_error");
       std::string applied = JsonField(json, "applied_index");
       r.applied_index = applied.empty() ? 0 : std::stoull(applied);
+      r.server_read_all = JsonField(json, "server_read_all") != "false";
       std::string first = JsonField(json, "first_index");
       r.first_index = first.empty() ? 0 : std::stoull(first);
       std::string spid = JsonField(json, "server_pid");
@@ -690,6 +691,7 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
     o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
       << "\", \"ballot\": \"" << r.ballot << "\", \"commit_index\": " << r.commit_index
       << ", \"last_index\": " << r.last_index << ", \"applied_index\": " << r.applied_index
+      << ", \"server_read_all\": " << (r.server_read_all ? "true" : "false")
       << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
       << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
       << "\", \"server_addr\": " << str_or_null(r.server_addr)

@@ -80,8 +80,9 @@ struct ReplicaStatus {
   std::string ballot;
   uint64_t commit_index = 0;
   uint64_t last_index = 0;
-  uint64_t applied_index = 0;  // entries its server has been handed (backups replay behind commit)
-  int pid = 0;                 // 0 when not running
+  uint64_t applied_index = 0;   // entries its server has been handed (backups replay behind commit)
+  bool server_read_all = true;  // ... and read: its server is not behind applied_index
+  int pid = 0;                  // 0 when not running
   uint64_t lag = 0;
   std::string disk_error;
   std::string server_addr;   // host:server_port, "" without a server

@@ -241,8 +241,11 @@ bool Daemon::Init() {
   hooks.on_peer_message = [this](Message m) { OnPeerMessage(std::move(m)); };
   hooks.fill_transport = [this](Message* m) { return peer_->FillTransport(m); };
   hooks.server_status = [this] {
-    return ServerStatus{pipeline_->applied(), pipeline_->server_pid(),
-                        pipeline_->replay_connections(), pipeline_->CheckpointStatusJson(NowUs()),
+    return ServerStatus{pipeline_->applied(),
+                        pipeline_->server_read_all(),
+                        pipeline_->server_pid(),
+                        pipeline_->replay_connections(),
+                        pipeline_->CheckpointStatusJson(NowUs()),
                         output_ ? output_->StatusJson() : "null"};
   };
   hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {

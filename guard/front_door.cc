@@ -567,6 +567,7 @@ std::string FrontDoor::StatusJson() {
     << "\",\"durability\":\"" << cfg_.durability
     << "\",\"may_vote\":" << (core_.may_vote() ? "true" : "false") << ",\"disk_error\":\""
     << JsonEscape(disk_error_) << "\",\"applied_index\":" << server.applied_index
+    << ",\"server_read_all\":" << (server.server_read_all ? "true" : "false")
     << ",\"server_pid\":" << server.server_pid << ",\"server_port\":" << me_.server_port
     << ",\"replay_connections\":" << server.replay_connections
     << ",\"checkpoint\":" << server.checkpoint_json << ",\"output\":" << server.output_json

@@ -29,6 +29,7 @@ namespace lockstep {
 // What the status reply says about the replicated server (zeros without one).
 struct ServerStatus {
   uint64_t applied_index = 0;
+  bool server_read_all = true;  // its server has read every input handed to it
   int server_pid = 0;
   size_t replay_connections = 0;
   std::string checkpoint_json = "null";  // ServerPipeline::CheckpointStatusJson

@@ -195,6 +195,10 @@ size_t ServerPipeline::replay_connections() const {
   return replayer_ ? replayer_->open_connections() : 0;
 }
 
+bool ServerPipeline::server_read_all() const {
+  return !replayer_ || replayer_->Idle();
+}
+
 bool ServerPipeline::Healthy(uint64_t now) {
   TransferStep(now);
   if (checkpointer_ && !checkpoint_wanted_ && !checkpointer_->dumping())

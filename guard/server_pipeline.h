@@ -64,6 +64,8 @@ class ServerPipeline {
   void Awake();
 
   uint64_t applied() const { return applied_; }
+  // Its server has read every input handed to it (applied() counts handed).
+  bool server_read_all() const;
   // This replica leads and its server serves clients under that ballot.
   bool serving() const {
     return shim_ && core_.role() == Role::kLeader && serving_ballot_ == core_.promised();

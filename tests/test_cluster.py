@@ -30,7 +30,7 @@ def test_status_json_has_one_leader_and_the_documented_fields(cluster):
     roles = sorted(r["role"] for r in s["replicas"])
     assert roles == ["backup", "backup", "leader"]
     for r in s["replicas"]:
-        for field in ("id", "role", "ballot", "commit_index", "pid", "lag"):
+        for field in ("id", "role", "ballot", "commit_index", "pid", "lag", "server_read_all"):
             assert field in r
         assert isinstance(r["pid"], int) and r["pid"] > 0
 
