@@ -14,7 +14,9 @@ namespace {
 
 // Input: mode u8, tail u64, head u64 (or head - tail), then the ring's bytes.
 void Submissions(fuzz::Cursor& c, uint8_t mode) {
-  uint64_t tail = c.u64();
+  // The daemon's tail counts the bytes it consumed from 0: never within a
+  // ring of 2^64, where tail + size would wrap (the head is the shim's: any).
+  uint64_t tail = c.u64() & ((uint64_t{1} << 62) - 1);
   uint64_t head = c.u64();
   std::string_view bytes = c.rest();
   // The ring: the daemon's own geometry, 8-aligned and at least one record header.
