@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -18,13 +17,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "checkpoint/spawn.h"
-#include "preload/shim_abi.h"  // LS_INSPECT_PORT_MAX
 
 extern char** environ;
 
@@ -38,33 +35,6 @@ extern char** environ;
 namespace lockstep {
 
 namespace {
-// Binds fd to a free source port in 512..LS_INSPECT_PORT_MAX (tried from a
-// pseudo-random start); false, fd unbound, when none is free or we may not.
-bool BindInspectorPort(int fd, int family) {
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const int first = 512, count = LS_INSPECT_PORT_MAX - first + 1;
-  int start = static_cast<int>((getpid() ^ time(nullptr)) % count);
-  for (int i = 0; i < 64; i++) {
-    uint16_t port = static_cast<uint16_t>(first + (start + i * 37) % count);
-    sockaddr_storage a{};
-    socklen_t len;
-    if (family == AF_INET6) {
-      auto* a6 = reinterpret_cast<sockaddr_in6*>(&a);
-      a6->sin6_family = AF_INET6;
-      a6->sin6_port = htons(port);
-      len = sizeof *a6;
-    } else {
-      auto* a4 = reinterpret_cast<sockaddr_in*>(&a);
-      a4->sin_family = AF_INET;
-      a4->sin_port = htons(port);
-      len = sizeof *a4;
-    }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) == 0) return true;
-    if (errno == EACCES || errno == EPERM) return false;
-  }
-  return false;
-}
 
 std::string CurrentDir() {
   char buf[4096];
@@ -551,10 +521,8 @@ bool ServerProcess::WaitReady(const std::string& host, int port, uint64_t timeou
     // One connection that succeeds is enough: each is one more the server
     // sees (and one more in its backlog while it does not accept yet).
     int fd = listening ? -1 : socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    // From a privileged port when it can (root): a backup's shim closes any
-    // other client connection at once and logs it as a client gone astray
-    // (preload/shim_abi.h LS_INSPECT_PORT_MAX). Any port does for the look.
-    if (fd >= 0) BindInspectorPort(fd, ai->ai_family);
+    // (A backup's shim closes it at once, unread, and logs it as a client
+    // connection it refused: the look only needs the connect to succeed.)
     if (fd >= 0) {
       if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
         listening = true;

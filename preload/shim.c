@@ -129,21 +129,6 @@ uint32_t head_reports;             /* shim_internal.h */
 struct conn* log_closed_list[256]; /* shim_internal.h */
 int log_closed_n;
 
-/* Inspection connections: client connections the server accepted while this
- * replica was not the leader. They pass straight through (a backup's server
- * answers them: DEBUG DIGEST, DBSIZE), so nothing they send is ever agreed.
- * Such a connection must never be served by a leader: a replica that became
- * the leader while one was open used to go on executing what its client sent
- * (SETs acknowledged at unreplicated speed, absent from the log and from
- * every other replica). So once the shim sees this replica lead, the
- * connection is dead for good: its reads return EOF (the server closes it,
- * the client reconnects). inspect_ino holds the socket's inode + 1 (0: not
- * an inspection connection), so that a stale entry (an fd the server closed
- * without our close(), a restored image's closed socket) never touches
- * another file under the same number. */
-static _Atomic(uint64_t) inspect_ino[LS_MAX_FD];
-static _Atomic(uint8_t) inspect_dead[LS_MAX_FD];
-
 uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -811,26 +796,6 @@ static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek
 
 /* ------------------------------------------------------------ lookups */
 
-/* 1 when fd is an inspection connection this replica has led since it was
- * accepted: the server must read EOF from it, never its client's bytes. */
-static int inspection_closed(int fd) {
-  if (!active || fd < 0 || fd >= LS_MAX_FD) return 0;
-  uint64_t ino = atomic_load_explicit(&inspect_ino[fd], memory_order_acquire);
-  if (!ino) return 0;
-  if (!atomic_load(&inspect_dead[fd]) && atomic_load(&hdr->mode) != LS_MODE_LEADER) return 0;
-  int saved = errno;
-  struct stat st;
-  int same = fstat(fd, &st) == 0 && (uint64_t)st.st_ino + 1 == ino;
-  errno = saved;
-  if (!same) { /* not the socket we saw accepted any more */
-    atomic_store(&inspect_ino[fd], 0);
-    atomic_store(&inspect_dead[fd], 0);
-    return 0;
-  }
-  atomic_store(&inspect_dead[fd], 1);
-  return 1;
-}
-
 /* The server read n bytes (0: EOF) of a replay connection: the daemon
  * knows from these counts when its server has caught up (a new leader waits
  * for that before it serves clients). */
@@ -927,7 +892,7 @@ ssize_t read(int fd, void* buf, size_t len) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, 0);
   }
-  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  if (inspection_closed(fd)) return 0; /* EOF: shim_inspect.c */
   /* A random device (shim_random.c). */
   if (rnd_tracked(fd)) {
     struct iovec v = {buf, len};
@@ -942,7 +907,7 @@ ssize_t recv(int fd, void* buf, size_t len, int flags) {
     struct iovec v = {buf, len};
     return read_tracked(c, &v, 1, flags);
   }
-  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  if (inspection_closed(fd)) return 0; /* EOF: shim_inspect.c */
   return real_recv(fd, buf, len, flags);
 }
 
@@ -955,7 +920,7 @@ ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr
     if (n >= 0 && addr && addrlen) *addrlen = 0; /* connected TCP: no address, as the kernel */
     return n;
   }
-  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  if (inspection_closed(fd)) return 0; /* EOF: shim_inspect.c */
   return real_recvfrom(fd, buf, len, flags, addr, addrlen);
 }
 
@@ -970,14 +935,14 @@ ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return n;
   }
-  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  if (inspection_closed(fd)) return 0; /* EOF: shim_inspect.c */
   return real_recvmsg(fd, msg, flags);
 }
 
 ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
   struct conn* c = tracked(fd);
   if (c) return read_tracked(c, iov, iovcnt, 0);
-  if (inspection_closed(fd)) return 0; /* EOF: see inspect_ino */
+  if (inspection_closed(fd)) return 0; /* EOF: shim_inspect.c */
   /* A random device (shim_random.c). */
   if (rnd_tracked(fd)) return rnd_readv(fd, iov, iovcnt);
   return real_readv(fd, iov, iovcnt);
@@ -1005,23 +970,6 @@ static int peer_port_of(int fd, char* text, size_t text_len) {
   return port;
 }
 
-/* Says (at most once a second, with a count) that client connections were
- * closed because this replica does not lead: the server's log then explains
- * a client's resets. */
-static void refused_on_backup(const char* peer) {
-  static _Atomic(uint64_t) refused, last_said_ns, said_count;
-  uint64_t n = atomic_fetch_add(&refused, 1) + 1;
-  uint64_t now = now_ns(), last = atomic_load(&last_said_ns);
-  if (last && now - last < 1000000000ull) return;
-  if (!atomic_compare_exchange_strong(&last_said_ns, &last, now)) return;
-  uint64_t before = atomic_exchange(&said_count, n);
-  shim_log(
-      "closed %llu client connection(s) (latest from %s): this replica does not lead; "
-      "clients must connect to the leader (cluster status), inspectors from a source "
-      "port <= %d",
-      (unsigned long long)(n - before), peer, LS_INSPECT_PORT_MAX);
-}
-
 static int find_replay_slot(int port) {
   for (uint32_t i = 0; i < LS_MAX_REPLAY; i++)
     if (atomic_load(&hdr->replay[i].port) == (uint32_t)port) return (int)i;
@@ -1037,8 +985,7 @@ static int after_accept(int lfd, int fd, int flags) {
   char peer[80];
   int port = peer_port_of(fd, peer, sizeof peer);
   by_fd[fd] = NULL;
-  atomic_store(&inspect_ino[fd], 0);
-  atomic_store(&inspect_dead[fd], 0);
+  inspect_forget(fd);
   out_end(fd, LS_OUT_CLOSED); /* a stale stream under this fd number (closed unseen) */
   if (port > 0 && (atomic_load(&hdr->replay_port_bits[port / 64]) >> (port % 64)) & 1) {
     int slot = find_replay_slot(port);
@@ -1079,20 +1026,13 @@ static int after_accept(int lfd, int fd, int flags) {
     }
   }
   if (atomic_load(&hdr->mode) != LS_MODE_LEADER) {
-    if (port <= 0 || port > LS_INSPECT_PORT_MAX) {
-      /* A client, not an inspector: most likely one whose leader address
-       * went stale. Served here, its writes would be acknowledged and never
-       * agreed; closed, it asks for the leader again. */
-      refused_on_backup(peer);
-      real_close(fd);
-      errno = EAGAIN;
-      return -1;
-    }
-    /* Inspection only, and only while this replica does not lead (see
-     * inspect_ino). Should it lead already, the first read says EOF. */
-    struct stat st;
-    if (fstat(fd, &st) == 0) atomic_store(&inspect_ino[fd], (uint64_t)st.st_ino + 1);
-    return fd;
+    if (inspect_admit(fd, port, peer)) return fd; /* an inspector (shim_inspect.c) */
+    /* A client, not an inspector: most likely one whose leader address
+     * went stale. Served here, its writes would be acknowledged and never
+     * agreed; closed, it asks for the leader again. */
+    real_close(fd);
+    errno = EAGAIN;
+    return -1;
   }
 
   struct conn* c = calloc(1, sizeof *c);
@@ -1212,8 +1152,7 @@ int close(int fd) {
       real_close(set_wake_fd[fd] - 1);
       set_wake_fd[fd] = 0;
     }
-    atomic_store(&inspect_ino[fd], 0);
-    atomic_store(&inspect_dead[fd], 0);
+    inspect_forget(fd);
     errno = saved;
   }
   return real_close(fd);

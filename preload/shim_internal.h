@@ -1,5 +1,5 @@
 /* shim_internal.h — what the shim's own files (shim.c, shim_output.c,
- * shim_random.c, shim_unchecked.c, shim_clock.c) share.
+ * shim_random.c, shim_unchecked.c, shim_clock.c, shim_inspect.c) share.
  * Nothing here is exported from the library: the server and its other
  * libraries never see these names. */
 #ifndef LOCKSTEP_SHIM_INTERNAL_H
@@ -181,6 +181,14 @@ LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n);
 /* A send on fd would block (EAGAIN): an EPOLLET server hears the next
  * EPOLLOUT edge (shim_wait.c). */
 LS_HIDDEN void wait_send_blocked(int fd);
+
+/* shim_inspect.c: connections accepted while this replica does not lead. */
+/* 1: fd (accepted, from peer's port) is an inspector's, served; 0: refuse it. */
+LS_HIDDEN int inspect_admit(int fd, int port, const char* peer);
+/* 1 when fd is an inspection connection and this replica has led since: its
+ * reads must return EOF. */
+LS_HIDDEN int inspection_closed(int fd);
+LS_HIDDEN void inspect_forget(int fd); /* fd is closed or reused */
 
 /* shim_unchecked.c: replies left out of the hashed stream. */
 LS_HIDDEN extern int unck_on; /* LOCKSTEP_SHIM_UNCHECKED_RESP names commands */

@@ -1,0 +1,82 @@
+/* shim_inspect.c — inspection connections: the client connections a
+ * replica's server accepts while the replica does not lead. Only an
+ * inspector's are served (its source port is privileged, at most
+ * LS_INSPECT_PORT_MAX: preload/shim_abi.h), and only until the replica
+ * leads; any other is refused (shim.c closes it), since a backup's server
+ * would acknowledge writes that are never agreed. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "preload/shim_internal.h"
+
+/* Inspection connections: client connections the server accepted while this
+ * replica was not the leader. They pass straight through (a backup's server
+ * answers them: DEBUG DIGEST, DBSIZE), so nothing they send is ever agreed.
+ * Such a connection must never be served by a leader: a replica that became
+ * the leader while one was open used to go on executing what its client sent
+ * (SETs acknowledged at unreplicated speed, absent from the log and from
+ * every other replica). So once the shim sees this replica lead, the
+ * connection is dead for good: its reads return EOF (the server closes it,
+ * the client reconnects). inspect_ino holds the socket's inode + 1 (0: not
+ * an inspection connection), so that a stale entry (an fd the server closed
+ * without our close(), a restored image's closed socket) never touches
+ * another file under the same number. */
+static _Atomic(uint64_t) inspect_ino[LS_MAX_FD];
+static _Atomic(uint8_t) inspect_dead[LS_MAX_FD];
+
+/* 1 when fd is an inspection connection this replica has led since it was
+ * accepted: the server must read EOF from it, never its client's bytes. */
+int inspection_closed(int fd) {
+  if (!active || fd < 0 || fd >= LS_MAX_FD) return 0;
+  uint64_t ino = atomic_load_explicit(&inspect_ino[fd], memory_order_acquire);
+  if (!ino) return 0;
+  if (!atomic_load(&inspect_dead[fd]) && atomic_load(&hdr->mode) != LS_MODE_LEADER) return 0;
+  int saved = errno;
+  struct stat st;
+  int same = fstat(fd, &st) == 0 && (uint64_t)st.st_ino + 1 == ino;
+  errno = saved;
+  if (!same) { /* not the socket we saw accepted any more */
+    atomic_store(&inspect_ino[fd], 0);
+    atomic_store(&inspect_dead[fd], 0);
+    return 0;
+  }
+  atomic_store(&inspect_dead[fd], 1);
+  return 1;
+}
+
+void inspect_forget(int fd) {
+  if (fd < 0 || fd >= LS_MAX_FD) return;
+  atomic_store(&inspect_ino[fd], 0);
+  atomic_store(&inspect_dead[fd], 0);
+}
+
+/* Says (at most once a second, with a count) that client connections were
+ * closed because this replica does not lead: the server's log then explains
+ * a client's resets. */
+static void refused_on_backup(const char* peer) {
+  static _Atomic(uint64_t) refused, last_said_ns, said_count;
+  uint64_t n = atomic_fetch_add(&refused, 1) + 1;
+  uint64_t now = now_ns(), last = atomic_load(&last_said_ns);
+  if (last && now - last < 1000000000ull) return;
+  if (!atomic_compare_exchange_strong(&last_said_ns, &last, now)) return;
+  uint64_t before = atomic_exchange(&said_count, n);
+  shim_log(
+      "closed %llu client connection(s) (latest from %s): this replica does not lead; "
+      "clients must connect to the leader (cluster status), inspectors from a source "
+      "port <= %d",
+      (unsigned long long)(n - before), peer, LS_INSPECT_PORT_MAX);
+}
+
+int inspect_admit(int fd, int port, const char* peer) {
+  if (port <= 0 || port > LS_INSPECT_PORT_MAX) {
+    refused_on_backup(peer);
+    return 0;
+  }
+  /* Inspection only, and only while this replica does not lead (see
+   * inspect_ino). Should it lead already, the first read says EOF. */
+  struct stat st;
+  if (fstat(fd, &st) == 0) atomic_store(&inspect_ino[fd], (uint64_t)st.st_ino + 1);
+  return 1;
+}
