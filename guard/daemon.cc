@@ -111,7 +111,8 @@ class Daemon : public EventLoop::Body {
   std::atomic<bool> leading_{false}, stop_poll_{false};
   std::array<std::atomic<uint64_t>, kMaxReplicas> peer_checkpoint_{};
 
-  // Failpoints (guard/failpoints.h): only with LOCKSTEP_FAILPOINTS=1.
+  // Failpoints (guard/failpoints.h): only with failpoints = true in
+  // cluster.toml or LOCKSTEP_FAILPOINTS=1.
   bool failpoints_allowed_ = false;
   MessageFaults message_faults_;
 
@@ -426,8 +427,10 @@ FailpointReply Daemon::SetFailpoint(const std::string& text) {
             "disk_delay_ms and torn_write need a durable log (this replica has durability "
             "= memory)"};
   message_faults_.Set(spec);
-  if (disk_) disk_->SetAppendDelayUs(spec.disk_delay_ms * 1000);
-  if (disk_) disk_->TearNextAppend(spec.torn_write);  // a new spec clears an unspent one
+  if (disk_) {
+    disk_->SetAppendDelayUs(spec.disk_delay_ms * 1000);
+    disk_->TearNextAppend(spec.torn_write);  // a new spec clears an unspent one
+  }
   if (spec.clock_jump_ms) clock_jump_us += uint64_t{spec.clock_jump_ms} * 1000;
   std::string now = FormatFailpointSpec(spec);
   log_("failpoint: %s (messages dropped so far %lu, delayed %lu)", now.c_str(),
