@@ -256,7 +256,7 @@ void DecodeFrame(FrameKind kind, std::string_view body) {
 void Frames(bool authenticated, std::string_view stream) {
   int fds[2];
   FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-  FrameConn conn(fds[0], ConnRole::kPeer);  // closes fds[0]
+  FrameConn conn(std::make_unique<Stream>(fds[0]), ConnRole::kPeer);  // closes fds[0]
   conn.authenticated = authenticated;
   size_t sent = 0;
   uint64_t framed = 0;  // body bytes handed on

@@ -26,8 +26,8 @@ bool RestoreLeftover(const std::string& rel) {
   return rel == "img/restore.log" || rel == "img/restore.out" || rel == "img/stats-restore";
 }
 
-// Streams checkpoint `cp` over fd; false and *error when it cannot.
-bool SendCheckpoint(int fd, const CheckpointInfo& cp, uint64_t* sent, std::string* error) {
+// Streams checkpoint `cp` over `to`; false and *error when it cannot.
+bool SendCheckpoint(Stream& to, const CheckpointInfo& cp, uint64_t* sent, std::string* error) {
   std::error_code ec;
   std::vector<fs::path> paths;
   for (auto it = fs::recursive_directory_iterator(cp.path, ec); !ec && it != fs::end(it);
@@ -47,7 +47,7 @@ bool SendCheckpoint(int fd, const CheckpointInfo& cp, uint64_t* sent, std::strin
     if (fs::is_symlink(p, ec)) {
       part.symlink = true;
       part.bytes = fs::read_symlink(p, ec).string();
-      if (!WriteFrame(fd, FrameKind::kCheckpointPart, EncodeCheckpointPart(part), error))
+      if (!WriteFrame(to, FrameKind::kCheckpointPart, EncodeCheckpointPart(part), error))
         return false;
       continue;
     }
@@ -67,7 +67,7 @@ bool SendCheckpoint(int fd, const CheckpointInfo& cp, uint64_t* sent, std::strin
       if (n == 0 && off > 0) break;
       part.offset = off;
       part.bytes.assign(buf.data(), static_cast<size_t>(n));
-      if (!WriteFrame(fd, FrameKind::kCheckpointPart, EncodeCheckpointPart(part), error)) {
+      if (!WriteFrame(to, FrameKind::kCheckpointPart, EncodeCheckpointPart(part), error)) {
         close(in);
         return false;
       }
@@ -106,10 +106,11 @@ void CheckpointSenders::Reap() {
   }
 }
 
-void CheckpointSenders::Serve(int fd, const CheckpointStore* store, uint64_t min_index) {
+void CheckpointSenders::Serve(std::unique_ptr<Stream> to, const CheckpointStore* store,
+                              uint64_t min_index) {
   Reap();
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread t([this, fd, store, min_index, done] {
+  std::thread t([this, to = std::move(to), store, min_index, done] {
     LowerThisThreadsPriority();
     CheckpointDone result;
     const CheckpointInfo* chosen = nullptr;
@@ -128,11 +129,10 @@ void CheckpointSenders::Serve(int fd, const CheckpointStore* store, uint64_t min
                                " (newest " + std::to_string(all.front().index) + ")";
     } else {
       result.index = chosen->index;
-      result.ok = SendCheckpoint(fd, *chosen, &sent, &result.error);
+      result.ok = SendCheckpoint(*to, *chosen, &sent, &result.error);
     }
     std::string ignored;
-    WriteFrame(fd, FrameKind::kCheckpointDone, EncodeCheckpointDone(result), &ignored);
-    close(fd);
+    WriteFrame(*to, FrameKind::kCheckpointDone, EncodeCheckpointDone(result), &ignored);
     if (result.ok)
       log_("state transfer: sent checkpoint " + std::to_string(result.index) + " (" +
            std::to_string(sent / 1000000) + " MB)");
@@ -189,7 +189,7 @@ void CheckpointFetcher::Start(uint64_t min_index, const std::vector<int>& first,
 
 bool CheckpointFetcher::FetchFrom(int peer, uint64_t min_index, uint64_t* index,
                                   std::string* error) {
-  auto client = Client::Connect(cfg_, peer, 1000, error, Principal::kReplica);
+  auto client = Client::Connect(cfg_, peer, 1000, error, Principal::kReplica, id_);
   if (!client) return false;
   std::string staging = store_->dir() + "/tmp-fetch-" + RandomSuffix();
   uint64_t bytes = 0;

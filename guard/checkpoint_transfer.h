@@ -23,6 +23,7 @@
 
 #include "checkpoint/store.h"
 #include "guard/config.h"
+#include "guard/tls.h"
 
 namespace lockstep {
 
@@ -32,9 +33,9 @@ class CheckpointSenders {
   using LogFn = std::function<void(const std::string&)>;
   explicit CheckpointSenders(LogFn log) : log_(std::move(log)) {}
   ~CheckpointSenders();  // waits for transfers in flight
-  // Sends the newest checkpoint with index >= min_index in store over fd
-  // (blocking; its request read), then closes fd.
-  void Serve(int fd, const CheckpointStore* store, uint64_t min_index);
+  // Sends the newest checkpoint with index >= min_index in store over `to`
+  // (its request read), then closes it.
+  void Serve(std::unique_ptr<Stream> to, const CheckpointStore* store, uint64_t min_index);
 
  private:
   struct Sender {

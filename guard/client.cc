@@ -33,29 +33,36 @@ bool SecretFor(const ClusterConfig& config, Principal as, std::string* secret, s
 }
 
 std::unique_ptr<Client> Client::Connect(const ClusterConfig& config, int replica, int timeout_ms,
-                                        std::string* error, Principal as) {
+                                        std::string* error, Principal as, int own_id) {
   if (replica < 0 || replica >= static_cast<int>(config.replicas.size())) {
     *error = "no replica " + std::to_string(replica);
     return nullptr;
   }
   std::string secret;
   if (!SecretFor(config, as, &secret, error)) return nullptr;
+  bool daemon = as == Principal::kReplica || as == Principal::kPeer;
+  // assert: a daemon's request always names the replica it comes from.
+  if (daemon && own_id < 0) {
+    *error = "a replica's request without its replica id";
+    return nullptr;
+  }
+  std::shared_ptr<TlsContext> tls = TlsContext::ForCluster(config, daemon ? own_id : -1, error);
+  if (!tls) return nullptr;
   const auto& r = config.replicas[replica];
-  int fd = ConnectAuthenticated(r.host, r.client_port, secret, as, 0, timeout_ms, error);
-  if (fd < 0) return nullptr;
+  auto s = ConnectAuthenticated(r.host, r.client_port, tls, replica, secret, as,
+                                daemon ? own_id : 0, timeout_ms, error);
+  if (!s) return nullptr;
   auto c = std::unique_ptr<Client>(new Client);
-  c->fd_ = fd;
+  c->stream_ = std::move(s);
   c->replica_ = replica;
   return c;
 }
 
-Client::~Client() {
-  if (fd_ >= 0) close(fd_);
-}
+Client::~Client() = default;
 
 bool Client::Await(FrameKind want, std::string* reply, int timeout_ms, std::string* error) {
   FrameKind kind;
-  if (!ReadFrame(fd_, &kind, reply, timeout_ms, error)) return false;
+  if (!ReadFrame(*stream_, &kind, reply, timeout_ms, error)) return false;
   if (kind == FrameKind::kRefused) {
     *error = "refused by replica " + std::to_string(replica_) + ": " + *reply;
     return false;
@@ -69,11 +76,11 @@ bool Client::Await(FrameKind want, std::string* reply, int timeout_ms, std::stri
 
 bool Client::Ask(FrameKind kind, std::string_view body, FrameKind want, std::string* reply,
                  int timeout_ms, std::string* error) {
-  return WriteFrame(fd_, kind, body, error) && Await(want, reply, timeout_ms, error);
+  return WriteFrame(*stream_, kind, body, error) && Await(want, reply, timeout_ms, error);
 }
 
 bool Client::SendPropose(EntryType type, std::string_view payload, std::string* error) {
-  return WriteFrame(fd_, FrameKind::kPropose, EncodeProposeRequest(type, payload), error);
+  return WriteFrame(*stream_, FrameKind::kPropose, EncodeProposeRequest(type, payload), error);
 }
 
 bool Client::ReadProposeReply(ProposeReply* reply, std::string* error, int timeout_ms) {
@@ -166,7 +173,7 @@ bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, ui
     *error = "cannot create " + dest_dir + ": " + (ec ? ec.message() : "it exists");
     return false;
   }
-  if (!WriteFrame(fd_, FrameKind::kFetchCheckpoint,
+  if (!WriteFrame(*stream_, FrameKind::kFetchCheckpoint,
                   EncodeFetchCheckpointRequest(FetchCheckpointRequest{min_index}), error))
     return false;
   int out = -1;
@@ -178,7 +185,7 @@ bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, ui
   for (;;) {
     FrameKind kind;
     std::string body;
-    if (!ReadFrame(fd_, &kind, &body, 30000, error)) {
+    if (!ReadFrame(*stream_, &kind, &body, 30000, error)) {
       close_out();
       *error = "checkpoint transfer broke off: " + *error;
       return false;

@@ -18,8 +18,12 @@ namespace lockstep {
 
 class Client {
  public:
+  // Over TLS, checking that the listener holds `replica`'s certificate. A
+  // daemon asking as Principal::kReplica gives its own id (own_id), and
+  // presents that replica's certificate.
   static std::unique_ptr<Client> Connect(const ClusterConfig& config, int replica, int timeout_ms,
-                                         std::string* error, Principal as = Principal::kClient);
+                                         std::string* error, Principal as = Principal::kClient,
+                                         int own_id = -1);
   ~Client();
   int replica() const { return replica_; }
   bool Propose(EntryType type, std::string_view payload, ProposeReply* reply, std::string* error,
@@ -52,7 +56,7 @@ class Client {
            int timeout_ms, std::string* error);
   // Reads one reply of kind `want` (or a refusal, as above).
   bool Await(FrameKind want, std::string* reply, int timeout_ms, std::string* error);
-  int fd_ = -1;
+  std::unique_ptr<Stream> stream_;
   int replica_ = -1;
 };
 

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include "guard/keys.h"
+#include "guard/tls.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -20,9 +22,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Listens on 127.0.0.1, accepts one connection, lets it authenticate
-// without checking (the peer is the attacker, who may know the secret),
-// and answers a checkpoint fetch with `parts`.
+// A cluster's keys, made once for this test binary.
+const fs::path& Keys() {
+  static fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("client_test-keys-" + std::to_string(getpid()));
+    fs::remove_all(d);
+    std::string err;
+    EXPECT_TRUE(MakeClusterKeys(d.string(), 2, &err)) << err;
+    return d;
+  }();
+  // Registered after dir exists, so run before its destructor.
+  static bool removed_at_exit = (atexit([] { fs::remove_all(Keys()); }), true);
+  (void)removed_at_exit;
+  return dir;
+}
+
+// Listens on 127.0.0.1 as replica 0 (with its certificate: the attacker is
+// a replica, or holds one's keys), accepts one connection, lets it
+// authenticate without checking, and answers a checkpoint fetch with `parts`.
 class HostilePeer {
  public:
   explicit HostilePeer(std::vector<CheckpointPart> parts) : parts_(std::move(parts)) {
@@ -45,43 +62,51 @@ class HostilePeer {
 
  private:
   void Serve() {
-    int fd = accept(listen_, nullptr, nullptr);
+    std::string err;
+    auto tls = TlsContext::Load((Keys()).string(), 0, &err);
+    ASSERT_TRUE(tls) << err;
+    Stream s(accept(listen_, nullptr, nullptr), tls, /*accepting=*/true);
+    ASSERT_TRUE(s.Handshake(5000)) << s.error();
     FrameKind kind;
-    std::string body, err;
-    ReadFrame(fd, &kind, &body, 5000, &err);  // HELLO
-    WriteFrame(fd, FrameKind::kChallenge, std::string(32, 'n'), &err);
-    ReadFrame(fd, &kind, &body, 5000, &err);  // AUTH
-    WriteFrame(fd, FrameKind::kWelcome, "", &err);
-    ReadFrame(fd, &kind, &body, 5000, &err);  // FETCH_CHECKPOINT
+    std::string body;
+    ReadFrame(s, &kind, &body, 5000, &err);  // HELLO
+    WriteFrame(s, FrameKind::kChallenge, std::string(32, 'n'), &err);
+    ReadFrame(s, &kind, &body, 5000, &err);  // AUTH
+    WriteFrame(s, FrameKind::kWelcome, "", &err);
+    ReadFrame(s, &kind, &body, 5000, &err);  // FETCH_CHECKPOINT
     for (const auto& p : parts_)
-      WriteFrame(fd, FrameKind::kCheckpointPart, EncodeCheckpointPart(p), &err);
-    WriteFrame(fd, FrameKind::kCheckpointDone, EncodeCheckpointDone({true, 7, ""}), &err);
+      WriteFrame(s, FrameKind::kCheckpointPart, EncodeCheckpointPart(p), &err);
+    WriteFrame(s, FrameKind::kCheckpointDone, EncodeCheckpointDone({true, 7, ""}), &err);
     // Until the client is done with it.
-    char c;
-    while (read(fd, &c, 1) > 0) {
+    while (ReadFrame(s, &kind, &body, 5000, &err)) {
     }
-    close(fd);
   }
   std::vector<CheckpointPart> parts_;
   int listen_ = -1, port_ = 0;
   std::thread thread_;
 };
 
-ClusterConfig OneReplica(int port) {
+// Replica 0 at `port`, as replica 1 sees it (the keys beside the config).
+ClusterConfig TwoReplicas(int port) {
   ClusterConfig c;
   c.secret = c.client_secret = c.admin_secret = "0123456789abcdef0123";
-  ReplicaConfig r;
-  r.id = 0;
-  r.host = "127.0.0.1";
-  r.client_port = port;
-  c.replicas.push_back(r);
+  c.path = (Keys() / "cluster.toml").string();
+  c.keys = ".";
+  for (int id = 0; id < 2; id++) {
+    ReplicaConfig r;
+    r.id = id;
+    r.host = "127.0.0.1";
+    r.client_port = id == 0 ? port : 1;
+    c.replicas.push_back(r);
+  }
   return c;
 }
 
 std::string Fetch(const std::vector<CheckpointPart>& parts, const fs::path& dest) {
   HostilePeer peer(parts);
   std::string err;
-  auto client = Client::Connect(OneReplica(peer.port()), 0, 2000, &err, Principal::kReplica);
+  auto client =
+      Client::Connect(TwoReplicas(peer.port()), 0, 2000, &err, Principal::kReplica, /*own_id=*/1);
   EXPECT_TRUE(client) << err;
   if (!client) return err;
   uint64_t index = 0, bytes = 0;

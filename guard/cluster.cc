@@ -22,8 +22,10 @@
 
 #include "checkpoint/spawn.h"
 #include "guard/client.h"
+#include "guard/keys.h"
 #include "guard/netns_hosts.h"
 #include "guard/server.h"
+#include "guard/tls.h"
 #include "guard/wire.h"
 
 namespace lockstep {
@@ -570,6 +572,16 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   chmod((o.dir + "/cluster.toml").c_str(), 0600);
   c.path = o.dir + "/cluster.toml";
+  // A new cluster, new keys: its own CA, so that no daemon of an earlier
+  // cluster in this directory (or of another) passes for one of this one.
+  {
+    std::error_code ec;
+    std::filesystem::remove_all(KeysDir(c), ec);
+    if (!MakeClusterKeys(KeysDir(c), o.replicas, error)) {
+      *error = "cannot make the cluster's keys: " + *error;
+      return false;
+    }
+  }
   // From here on this process is a client (FindLeader); each daemon moves to its own namespace.
   if (!EnterClientSide(c, error)) return false;
   for (int i = 0; i < o.replicas; i++)

@@ -354,6 +354,9 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (c.client_secret.empty()) c.client_secret = DerivedSecret(c.secret, "client");
     if (c.admin_secret.empty()) c.admin_secret = DerivedSecret(c.secret, "admin");
   }
+  if (!t.TakeString("keys", &c.keys, false, error)) return false;
+  if (t.Has("keys") && c.keys.empty())
+    return fail(t.LineOf("keys"), "field 'keys': empty (leave it out for \"keys\")");
   if (!t.TakeString("client_netns", &c.client_netns, false, error)) return false;
   if (!t.TakeBool("failpoints", &c.failpoints, error)) return false;
   if (!t.TakeString("leader_address", &c.leader_address, false, error) ||
@@ -523,6 +526,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
   if (!c.secret.empty()) o << "secret = " << TomlQuote(c.secret) << "\n";
   if (!c.client_secret.empty()) o << "client_secret = " << TomlQuote(c.client_secret) << "\n";
   if (!c.admin_secret.empty()) o << "admin_secret = " << TomlQuote(c.admin_secret) << "\n";
+  if (!c.keys.empty()) o << "keys = " << TomlQuote(c.keys) << "\n";
   o << "transport = " << TomlQuote(c.transport) << "\n"
     << "durability = " << TomlQuote(c.durability) << "\n"
     << "ring_bytes = " << c.ring_bytes << "\n"

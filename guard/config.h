@@ -8,6 +8,9 @@
 //   admin_secret = "..."    # admins: also truncate, take and fetch checkpoints
 //                           # (each at least 16 characters; one left out is derived from
 //                           # `secret`, and a copy without `secret` must name it)
+//   keys = "keys"           # optional ("keys"): the directory of the cluster's CA and
+//                           # replica certificates (lockstep keys init; guard/tls.h),
+//                           # relative to this file's; a client needs only its ca.crt
 //   transport = "shm"       # shm | tcp | auto (auto: UCX picks, RDMA where present)
 //   durability = "disk"     # disk | memory (memory: a majority holds entries in RAM only)
 //   ring_bytes = 1048576    # log region ring per backup and ballot (max proposal: about half)
@@ -117,6 +120,7 @@ struct ClusterConfig {
   std::string secret;          // "" in a client's copy (cluster.toml without it)
   std::string client_secret;   // given, or derived from secret (DerivedSecret)
   std::string admin_secret;    // the same
+  std::string keys;            // "" : "keys" beside cluster.toml (guard/tls.h KeysDir)
   std::string client_netns;    // "" : clients reach the replicas from anywhere
   std::string leader_address;  // "IPV4:PORT" that follows the leader; "" : none
   std::string leader_interface = "eth0";

@@ -257,8 +257,8 @@ bool Daemon::Init() {
                    : std::string(req.op == DivergenceOp::kList ? "[]" : "");
   };
   hooks.failpoint = [this](const std::string& spec) { return SetFailpoint(spec); };
-  hooks.serve_checkpoint = [this](int fd, uint64_t min_index) {
-    pipeline_->ServeCheckpoint(fd, min_index);
+  hooks.serve_checkpoint = [this](std::unique_ptr<Stream> to, uint64_t min_index) {
+    pipeline_->ServeCheckpoint(std::move(to), min_index);
   };
   hooks.checkpoint = [this](CheckpointOp op) {
     if (op == CheckpointOp::kList) return CheckpointReply{true, pipeline_->CheckpointListJson()};
@@ -401,7 +401,7 @@ void Daemon::PollPeerCheckpoints() {
       for (int r = 0; r < n_ && !stop_poll_.load(); r++) {
         if (r == me_.id) continue;
         std::string err, json;
-        auto c = Client::Connect(cfg_, r, 300, &err, Principal::kReplica);
+        auto c = Client::Connect(cfg_, r, 300, &err, Principal::kReplica, me_.id);
         if (!c || !c->Status(&json, &err, 1000)) continue;
         size_t at = json.find("\"checkpoint\":{");
         std::string idx = at == std::string::npos ? "" : JsonField(json.substr(at), "index");

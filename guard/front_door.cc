@@ -75,6 +75,11 @@ FrontDoor::~FrontDoor() {
 
 bool FrontDoor::Listen() {
   std::string err;
+  tls_ = TlsContext::ForCluster(cfg_, me_.id, &err);
+  if (!tls_) {
+    log_("cannot start without this replica's TLS keys: %s", err.c_str());
+    return false;
+  }
   peer_listen_ = ListenTcp(me_.host, me_.peer_port, &err);
   if (peer_listen_ < 0) {
     log_("%s (peer_port of replica %d)", err.c_str(), me_.id);
@@ -105,23 +110,31 @@ void FrontDoor::StopConnector() {
 // Opens (and re-opens) the outbound, send-only connection to every peer.
 void FrontDoor::ConnectorThread() {
   std::vector<uint64_t> next_try(n_, 0);
+  std::vector<std::string> last_error(n_);
   while (!stopping_) {
     for (int r = 0; r < n_ && !stopping_; r++) {
       if (r == me_.id) continue;
       if (outbound_connected_[r].load() || NowUs() < next_try[r]) continue;
       std::string err;
       const auto& p = cfg_.replicas[r];
-      int fd = ConnectAuthenticated(p.host, p.peer_port, cfg_.secret, Principal::kPeer, me_.id,
-                                    kPeerConnectTimeoutMs, &err);
-      if (fd < 0) {
+      std::unique_ptr<Stream> s =
+          ConnectAuthenticated(p.host, p.peer_port, tls_, r, cfg_.secret, Principal::kPeer, me_.id,
+                               kPeerConnectTimeoutMs, &err);
+      if (!s) {
         next_try[r] = NowUs() + kPeerRetryUs;
-        if (err.find("refused by") != std::string::npos) log_("peer %d: %s", r, err.c_str());
+        // A peer that refuses us, or whose certificate is wrong, is said
+        // once per reason; one that is down or unreachable is not news.
+        bool news = err.find("refused by") != std::string::npos ||
+                    err.find("TLS with") != std::string::npos ||
+                    err.find("certificate") != std::string::npos;
+        if (news && err != last_error[r]) log_("peer %d: %s", r, err.c_str());
+        if (news) last_error[r] = err;
         continue;
       }
-      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      last_error[r].clear();
       outbound_connected_[r] = true;
       std::lock_guard<std::mutex> g(connected_mu_);
-      connected_.push_back({r, fd});
+      connected_.push_back({r, std::move(s)});
       uint64_t one = 1;
       (void)!write(connected_efd_, &one, 8);
     }
@@ -134,13 +147,13 @@ void FrontDoor::ConnectorThread() {
 bool FrontDoor::OnOutboundConnected() {
   uint64_t v;
   (void)!read(connected_efd_, &v, 8);
-  std::vector<std::pair<int, int>> got;
+  std::vector<std::pair<int, std::unique_ptr<Stream>>> got;
   {
     std::lock_guard<std::mutex> g(connected_mu_);
     got.swap(connected_);
   }
-  for (auto [r, cfd] : got) {
-    auto c = std::make_unique<FrameConn>(cfd, ConnRole::kOutbound);
+  for (auto& [r, stream] : got) {
+    auto c = std::make_unique<FrameConn>(std::move(stream), ConnRole::kOutbound);
     c->authenticated = true;  // the connector did the handshake
     c->peer_id = r;
     outbound_[r] = c.get();
@@ -169,7 +182,8 @@ bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
     if (authenticating >= kMaxHandshaking && oldest)
       DropHandshake(oldest, "more than " + std::to_string(kMaxHandshaking) +
                                 " connections authenticating at once; the oldest is dropped");
-    AddConn(std::make_unique<FrameConn>(fd, role));
+    AddConn(
+        std::make_unique<FrameConn>(std::make_unique<Stream>(fd, tls_, /*accepting=*/true), role));
   }
 }
 
@@ -215,6 +229,8 @@ bool FrontDoor::OnConnEvent(int fd, uint32_t events) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return false;
   FrameConn* c = it->second.get();
+  // TLS that had to write before it could read on reads on once it could.
+  bool read_waits_write = c->stream() && c->stream()->wants_write();
   if (events & EPOLLOUT) {
     std::string err;
     if (!c->Flush(&err)) {
@@ -223,11 +239,11 @@ bool FrontDoor::OnConnEvent(int fd, uint32_t events) {
     }
     if (!c->WantsWrite()) loop_.Watch(fd, false);
   }
-  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+  if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) || (read_waits_write && (events & EPOLLOUT))) {
     if (c->role == ConnRole::kOutbound) {
       // Send-only: the peer writes nothing, so input means it closed.
       char buf[256];
-      ssize_t r = read(fd, buf, sizeof buf);
+      ssize_t r = c->stream()->Read(buf, sizeof buf);
       if (r == 0 || (r < 0 && errno != EAGAIN)) CloseConn(c, "peer closed");
     } else {
       OnConnReadable(c);
@@ -258,7 +274,12 @@ void FrontDoor::CloseConn(FrameConn* c, const std::string& why) {
   for (auto& w : waiters_)
     if (w.conn == c) w.conn = nullptr;
   loop_.Remove(fd);
+  // A checkpoint fetch leaves the loop here, its TLS session with it.
+  std::unique_ptr<Stream> handed;
+  int64_t from = c->checkpoint_from;
+  if (from >= 0) handed = c->ReleaseStream();
   conns_.erase(fd);
+  if (handed) hooks_.serve_checkpoint(std::move(handed), static_cast<uint64_t>(from));
 }
 
 void FrontDoor::OnConnReadable(FrameConn* c) {
@@ -283,6 +304,8 @@ void FrontDoor::OnConnReadable(FrameConn* c) {
     log_("closed a client connection that does not read its replies (%zu bytes queued)",
          c->queued_bytes());
     CloseConn(c, "it does not read its replies");
+  } else if (c->WantsWrite()) {
+    loop_.Watch(c->fd(), true);
   }
 }
 
@@ -335,6 +358,19 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
            !(who == Principal::kPeer && static_cast<int>(hello.from) == me_.id);
     if (!ok) {
       Refuse(c, "wrong port for role '" + hello.role + "' or bad replica id");
+      return;
+    }
+    // A daemon proves which replica it is with that replica's certificate
+    // (the CA checked it in the TLS handshake); the secret alone is not enough.
+    int certified = c->stream() ? c->stream()->peer_replica() : -1;
+    if ((who == Principal::kPeer || who == Principal::kReplica) &&
+        certified != static_cast<int>(hello.from)) {
+      std::string has = certified < 0 ? std::string("no replica certificate")
+                                      : "the certificate of replica " + std::to_string(certified);
+      log_("refused a %s connection from %s that says it is replica %u: it presented %s",
+           PrincipalName(who), PeerHost(c->fd()).c_str(), hello.from, has.c_str());
+      Refuse(c, "replica " + std::to_string(hello.from) + " must present its certificate (" + has +
+                    " was presented)");
       return;
     }
     c->principal = who;
@@ -488,12 +524,8 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
         return;
       }
       // A transfer of hundreds of MB is blocking file and socket I/O: the
-      // connection goes to a sender thread, and leaves this loop.
-      int fd = fcntl(c->fd(), F_DUPFD_CLOEXEC, 0);
-      if (fd >= 0) {
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        hooks_.serve_checkpoint(fd, req.min_index);
-      }
+      // connection goes to a sender thread, and leaves this loop (CloseConn).
+      c->checkpoint_from = static_cast<int64_t>(req.min_index);
       c->close_after_read = "handed to the checkpoint sender";
       return;
     }

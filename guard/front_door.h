@@ -45,8 +45,9 @@ class FrontDoor {
     std::function<bool(Message*)> fill_transport;
     std::function<ServerStatus()> server_status;
     std::function<CheckpointReply(CheckpointOp)> checkpoint;
-    // Takes fd (blocking, authenticated; its kFetchCheckpoint read) and sends a checkpoint.
-    std::function<void(int fd, uint64_t min_index)> serve_checkpoint;
+    // Takes a connection (authenticated; its kFetchCheckpoint read) and sends
+    // a checkpoint over it.
+    std::function<void(std::unique_ptr<Stream>, uint64_t min_index)> serve_checkpoint;
     // An authenticated peer's frame of another kind than a protocol message
     // (output checking: kOutputReport, kRepairOrder, kRepairResult).
     std::function<void(int from, FrameKind kind, std::string_view body)> on_peer_frame;
@@ -134,6 +135,7 @@ class FrontDoor {
   Hooks hooks_;
   const ReplicaLog& log_;
 
+  std::shared_ptr<TlsContext> tls_;  // this replica's certificate and the cluster's CA
   int peer_listen_ = -1, client_listen_ = -1;
   std::map<int, std::unique_ptr<FrameConn>> conns_;  // by fd
   uint64_t next_handshake_sweep_us_ = 0;
@@ -146,8 +148,9 @@ class FrontDoor {
 
   // Shared with the connector thread.
   std::mutex connected_mu_;
-  std::vector<std::pair<int, int>> connected_;  // (replica, fd) from the connector thread
-  int connected_efd_ = -1;                      // wakes the loop to take them
+  // (replica, authenticated stream) from the connector thread
+  std::vector<std::pair<int, std::unique_ptr<Stream>>> connected_;
+  int connected_efd_ = -1;  // wakes the loop to take them
   std::unique_ptr<std::atomic<bool>[]> outbound_connected_;
   std::atomic<bool> stopping_{false};
   std::thread connector_;

@@ -23,8 +23,10 @@
 #include "guard/daemon.h"
 #include "guard/divergence_view.h"
 #include "guard/failpoints.h"
+#include "guard/keys.h"
 #include "guard/log_input.h"
 #include "guard/server.h"
+#include "guard/tls.h"
 
 using namespace lockstep;
 
@@ -50,6 +52,7 @@ const char* kUsage =
     "  failpoint   inject faults into a running replica (cluster up --failpoints; admin)\n"
     "  checkpoint  take a checkpoint of a backup's server now, or list the checkpoints\n"
     "  divergence  list the divergence reports (replicas whose output differed), or show one\n"
+    "  keys        make a cluster's CA and replica certificates (keys init)\n"
     "  sim         run the protocol core under the deterministic simulator\n"
     "  bench       measure: bench consensus | bench failover\n"
     "  demo        start a 3-replica cluster, commit, kill the leader, show nothing is lost\n";
@@ -233,6 +236,45 @@ bool LoadConfigFromArgs(const Args& a, ClusterConfig* c, std::string* err) {
   bool ok = a.Has("config") ? LoadClusterConfig(a.Get("config"), c, err)
                             : LoadClusterDir(a.Get("dir", DefaultClusterDir()), c, err);
   return ok && EnterClientSide(*c, err);
+}
+
+// ------------------------------------------------------------------- keys
+
+int CmdKeys(int argc, char** argv) {
+  Args a = Parse(argc, argv, 2, {"help"});
+  if (WantsHelp(a) || a.positional.size() != 1 || a.positional[0] != "init") {
+    printf(
+        "usage: lockstep keys init [--dir DIR | --config FILE] [--replicas N]\n\n"
+        "Makes the cluster's own certificate authority and a certificate for each replica, in\n"
+        "the directory cluster.toml's `keys` names (by default `keys` beside it), every file\n"
+        "0600. The daemons prove themselves to each other with these over TLS; `cluster up`\n"
+        "makes them for the clusters it starts. Without a cluster.toml, --replicas N says how\n"
+        "many (the keys go in DIR/keys). On a real cluster, give each host ca.crt and its own\n"
+        "replica-N.crt and replica-N.key; clients need ca.crt only; keep ca.key elsewhere.\n");
+    return WantsHelp(a) ? 0 : 2;
+  }
+  long long replicas;
+  if (!a.GetInt("replicas", 0, &replicas)) return Fail(a.error);
+  ClusterConfig c;
+  std::string err;
+  std::string dir = a.Get("dir", DefaultClusterDir());
+  bool have_config = a.Has("config") ? LoadClusterConfig(a.Get("config"), &c, &err)
+                                     : LoadClusterDir(dir, &c, &err);
+  if (!have_config && (a.Has("config") || replicas <= 0))
+    return Fail(err + (a.Has("config") ? "" : " (or give --replicas N)"));
+  if (!have_config) c.path = dir + "/cluster.toml";
+  if (have_config && replicas > 0 && replicas != static_cast<long long>(c.replicas.size()))
+    return Fail("--replicas " + std::to_string(replicas) + " but " + c.path + " has " +
+                std::to_string(c.replicas.size()));
+  int n = have_config ? static_cast<int>(c.replicas.size()) : static_cast<int>(replicas);
+  if (n > 64) return Fail("--replicas " + std::to_string(n) + ": at most 64");
+  std::string keys = KeysDir(c);
+  if (!MakeClusterKeys(keys, n, &err)) return Fail(err);
+  printf("made the keys of a %d-replica cluster in %s:\n", n, keys.c_str());
+  printf("  ca.crt               every host and every client\n");
+  printf("  ca.key               nobody: keep it off the replicas (it makes certificates)\n");
+  for (int i = 0; i < n; i++) printf("  replica-%d.crt, .key  replica %d's host only\n", i, i);
+  return 0;
 }
 
 int CmdPropose(int argc, char** argv) {
@@ -638,6 +680,9 @@ int CmdSim(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write to a connection its peer closed is an error to handle, not a
+  // reason to die (TLS writes through write(2), which has no MSG_NOSIGNAL).
+  signal(SIGPIPE, SIG_IGN);
   std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "replica") return CmdReplica(argc, argv);
   if (cmd == "cluster") return CmdCluster(argc, argv);
@@ -647,6 +692,7 @@ int main(int argc, char** argv) {
   if (cmd == "failpoint") return CmdFailpoint(argc, argv);
   if (cmd == "checkpoint") return CmdCheckpoint(argc, argv);
   if (cmd == "divergence") return CmdDivergence(argc, argv);
+  if (cmd == "keys") return CmdKeys(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
   if (cmd == "demo") return CmdDemo(argc, argv);

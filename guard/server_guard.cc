@@ -51,8 +51,8 @@ void ServerPipeline::OpenCheckpoints() {
                                           [this](const std::string& m) { log_("%s", m.c_str()); });
 }
 
-void ServerPipeline::ServeCheckpoint(int fd, uint64_t min_index) {
-  senders_->Serve(fd, checkpointer_ ? &checkpointer_->store() : nullptr, min_index);
+void ServerPipeline::ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index) {
+  senders_->Serve(std::move(to), checkpointer_ ? &checkpointer_->store() : nullptr, min_index);
   // Nothing recent enough here: a backup that has executed that far takes
   // one now, so that the peer's next try finds it. Without this, a replica
   // whose log the leader truncated past would wait for the next checkpoint

@@ -93,9 +93,9 @@ class ServerPipeline {
   std::string CheckpointListJson() const;
   // "running", or why the server is not run any more.
   std::string server_state() const;
-  // A peer asks for a checkpoint (state transfer): fd is the blocking
-  // connection its request came on; sent by a thread, then closed.
-  void ServeCheckpoint(int fd, uint64_t min_index);
+  // A peer asks for a checkpoint (state transfer) on `to`, the connection
+  // its request came on; sent by a thread, then closed.
+  void ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index);
 
   // ---- What the server sent (server_output.cc; output_guard.h judges it).
   // The next digest of the server's output, its connection named as the

@@ -495,18 +495,18 @@ std::string AuthProof(const std::string& secret, const std::string& nonce, Princ
                                 std::to_string(from_id) + "|" + nonce);
 }
 
-FrameConn::~FrameConn() {
-  if (fd_ >= 0) close(fd_);
-}
+FrameConn::~FrameConn() = default;
 
 bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)>& on_frame,
                            std::string* error) {
+  if (!stream_) return true;  // given away
   char buf[65536];
+  // Until the stream has nothing more: TLS may hold decrypted bytes the
+  // socket no longer signals.
   for (;;) {
-    ssize_t n = read(fd_, buf, sizeof buf);
+    ssize_t n = stream_->Read(buf, sizeof buf);
     if (n > 0) {
       in_.append(buf, n);
-      if (static_cast<size_t>(n) < sizeof buf) break;
       if (!authenticated && in_.size() > 2 * kMaxHandshakeFrame) break;  // judged below
       continue;
     }
@@ -514,9 +514,8 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
       *error = "connection closed by peer";
       return false;
     }
-    if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    *error = std::string("read: ") + strerror(errno);
+    *error = stream_->error().empty() ? std::string("read: ") + strerror(errno) : stream_->error();
     return false;
   }
   size_t off = 0;
@@ -536,7 +535,7 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
     auto kind = static_cast<FrameKind>(static_cast<uint8_t>(in_[off + 4]));
     on_frame(kind, std::string_view(in_.data() + off + 5, len));
     off += 5 + len;
-    if (fd_ < 0) return false;
+    if (!stream_) return false;
   }
   in_.erase(0, off);
   return true;
@@ -554,15 +553,15 @@ void FrameConn::Queue(FrameKind kind, std::string_view body) {
 }
 
 bool FrameConn::Flush(std::string* error) {
+  if (!stream_) return true;
   while (out_off_ < out_.size()) {
-    ssize_t n = send(fd_, out_.data() + out_off_, out_.size() - out_off_, MSG_NOSIGNAL);
+    ssize_t n = stream_->Write(out_.data() + out_off_, out_.size() - out_off_);
     if (n > 0) {
       out_off_ += n;
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    *error = std::string("send: ") + strerror(errno);
+    *error = stream_->error().empty() ? std::string("send: ") + strerror(errno) : stream_->error();
     return false;
   }
   out_.clear();
@@ -615,7 +614,13 @@ int ConnectTcp(const std::string& host, int port, int timeout_ms, std::string* e
   return fd;
 }
 
-bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* error) {
+static int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool WriteFrame(Stream& s, FrameKind kind, std::string_view body, std::string* error) {
   std::string out;
   uint32_t len = static_cast<uint32_t>(body.size());
   out.append(reinterpret_cast<const char*>(&len), 4);
@@ -623,24 +628,24 @@ bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* erro
   out.append(body);
   size_t off = 0;
   while (off < out.size()) {
-    ssize_t n = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+    ssize_t n = s.Write(out.data() + off, out.size() - off);
     if (n > 0) {
       off += n;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
+      pollfd p{s.fd(), static_cast<short>(s.wants_write() ? POLLOUT : POLLIN | POLLOUT), 0};
       poll(&p, 1, 1000);
-    } else if (!(n < 0 && errno == EINTR)) {
-      *error = std::string("send: ") + strerror(errno);
+    } else {
+      *error = s.error().empty() ? std::string("send: ") + strerror(errno) : s.error();
       return false;
     }
   }
   return true;
 }
 
-static bool ReadExact(int fd, char* buf, size_t n, int64_t deadline_ms, std::string* error) {
+static bool ReadExact(Stream& s, char* buf, size_t n, int64_t deadline_ms, std::string* error) {
   size_t off = 0;
   while (off < n) {
-    ssize_t r = read(fd, buf + off, n - off);
+    ssize_t r = s.Read(buf + off, n - off);
     if (r > 0) {
       off += r;
       continue;
@@ -649,33 +654,25 @@ static bool ReadExact(int fd, char* buf, size_t n, int64_t deadline_ms, std::str
       *error = "connection closed by the daemon";
       return false;
     }
-    if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *error = std::string("read: ") + strerror(errno);
+      *error = s.error().empty() ? std::string("read: ") + strerror(errno) : s.error();
       return false;
     }
-    int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch())
-                      .count();
+    int64_t now = SteadyMs();
     if (deadline_ms >= 0 && now >= deadline_ms) {
       *error = "timed out waiting for the daemon";
       return false;
     }
-    pollfd p{fd, POLLIN, 0};
+    pollfd p{s.fd(), static_cast<short>(s.wants_write() ? POLLOUT : POLLIN), 0};
     poll(&p, 1, deadline_ms < 0 ? 1000 : static_cast<int>(deadline_ms - now));
   }
   return true;
 }
 
-bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::string* error) {
-  int64_t deadline = -1;
-  if (timeout_ms >= 0)
-    deadline = std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-                   .count() +
-               timeout_ms;
+bool ReadFrame(Stream& s, FrameKind* kind, std::string* body, int timeout_ms, std::string* error) {
+  int64_t deadline = timeout_ms >= 0 ? SteadyMs() + timeout_ms : -1;
   char head[5];
-  if (!ReadExact(fd, head, 5, deadline, error)) return false;
+  if (!ReadExact(s, head, 5, deadline, error)) return false;
   uint32_t len;
   memcpy(&len, head, 4);
   if (len > kMaxFrame) {
@@ -684,38 +681,48 @@ bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::
   }
   *kind = static_cast<FrameKind>(static_cast<uint8_t>(head[4]));
   body->resize(len);
-  return ReadExact(fd, body->data(), len, deadline, error);
+  return ReadExact(s, body->data(), len, deadline, error);
 }
 
-int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
-                         Principal who, int from_id, int timeout_ms, std::string* error) {
+std::unique_ptr<Stream> ConnectAuthenticated(const std::string& host, int port,
+                                             const std::shared_ptr<TlsContext>& tls, int replica,
+                                             const std::string& secret, Principal who, int from_id,
+                                             int timeout_ms, std::string* error) {
   int fd = ConnectTcp(host, port, timeout_ms, error);
-  if (fd < 0) return -1;
+  if (fd < 0) return nullptr;
+  auto s = std::make_unique<Stream>(fd, tls, /*accepting=*/false);
+  std::string where = host + ":" + std::to_string(port);
+  if (!s->Handshake(timeout_ms)) {
+    *error = "TLS with " + where + " failed: " + s->error();
+    return nullptr;
+  }
+  // The CA vouches for every replica: the one answering must be the one meant.
+  if (s->peer_replica() != replica) {
+    *error = where + " presented the certificate of " +
+             (s->peer_replica() < 0 ? std::string("no replica")
+                                    : "replica " + std::to_string(s->peer_replica())) +
+             ", not replica " + std::to_string(replica) + "'s";
+    return nullptr;
+  }
   FrameKind kind;
   std::string body;
-  if (!WriteFrame(fd, FrameKind::kHello, EncodeHello(who, from_id), error) ||
-      !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
-    close(fd);
-    return -1;
-  }
+  if (!WriteFrame(*s, FrameKind::kHello, EncodeHello(who, from_id), error) ||
+      !ReadFrame(*s, &kind, &body, timeout_ms, error))
+    return nullptr;
   if (kind == FrameKind::kRefused || kind != FrameKind::kChallenge) {
-    *error = kind == FrameKind::kRefused ? "refused: " + body : "unexpected handshake reply";
-    close(fd);
-    return -1;
+    *error = kind == FrameKind::kRefused ? "refused by " + where + ": " + body
+                                         : "unexpected handshake reply";
+    return nullptr;
   }
-  if (!WriteFrame(fd, FrameKind::kAuth, AuthProof(secret, body, who, from_id), error) ||
-      !ReadFrame(fd, &kind, &body, timeout_ms, error)) {
-    close(fd);
-    return -1;
-  }
+  if (!WriteFrame(*s, FrameKind::kAuth, AuthProof(secret, body, who, from_id), error) ||
+      !ReadFrame(*s, &kind, &body, timeout_ms, error))
+    return nullptr;
   if (kind != FrameKind::kWelcome) {
-    *error = kind == FrameKind::kRefused
-                 ? "refused by " + host + ":" + std::to_string(port) + ": " + body
-                 : "unexpected handshake reply";
-    close(fd);
-    return -1;
+    *error = kind == FrameKind::kRefused ? "refused by " + where + ": " + body
+                                         : "unexpected handshake reply";
+    return nullptr;
   }
-  return fd;
+  return s;
 }
 
 }  // namespace lockstep

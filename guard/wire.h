@@ -1,14 +1,17 @@
 // wire.h — bytes on the daemons' TCP channels: framing, the protocol
 // messages of consensus/core.h, the client requests and their replies (one
 // encoder and one decoder each, shared by the daemon and the command-line
-// client), and the handshake that authenticates every connection with the
-// cluster secret (HMAC-SHA256 over a fresh challenge), so a process that
-// does not know the secret can neither speak for a replica nor propose.
+// client), and the handshake that authenticates every connection with its
+// principal's secret (HMAC-SHA256 over a fresh challenge), inside the TLS
+// that guard/tls.h puts under every connection: a process that knows no
+// secret can neither speak for a replica nor propose, and one without the
+// replica's certificate cannot be a peer.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "consensus/core.h"
 #include "guard/divergence_report.h"  // SendStack
 #include "guard/output_check.h"       // OutputPoint
+#include "guard/tls.h"
 
 namespace lockstep {
 
@@ -303,12 +307,20 @@ struct DivergenceRequest {
 std::string EncodeDivergenceRequest(const DivergenceRequest& req);
 bool DecodeDivergenceRequest(std::string_view in, DivergenceRequest* req);
 
-// A non-blocking TCP connection carrying frames. Owned by an event loop.
+// A non-blocking TCP connection carrying frames, over TLS (its Stream).
+// Owned by an event loop.
 class FrameConn {
  public:
-  FrameConn(int fd, ConnRole role) : role(role), fd_(fd) {}
+  FrameConn(std::unique_ptr<Stream> stream, ConnRole role)
+      : role(role), fd_(stream->fd()), stream_(std::move(stream)) {}
   ~FrameConn();
+  // The socket's number: the key the event loop knows it by (kept after
+  // ReleaseStream, until the loop has forgotten it).
   int fd() const { return fd_; }
+  Stream* stream() const { return stream_.get(); }
+  // Gives the stream away (a checkpoint sender's thread takes it over); the
+  // connection then reads and writes nothing.
+  std::unique_ptr<Stream> ReleaseStream() { return std::move(stream_); }
   // Reads what the socket has; calls on_frame per complete frame. False when
   // the peer closed or the stream is malformed (error says why).
   bool ReadFrames(const std::function<void(FrameKind, std::string_view)>& on_frame,
@@ -316,7 +328,8 @@ class FrameConn {
   void Queue(FrameKind kind, std::string_view body);
   // Writes what it can; false on a broken connection.
   bool Flush(std::string* error);
-  bool WantsWrite() const { return out_off_ < out_.size(); }
+  // Bytes wait to be written, or TLS must write before it can read on.
+  bool WantsWrite() const { return out_off_ < out_.size() || (stream_ && stream_->wants_write()); }
   size_t queued_bytes() const { return out_.size() - out_off_; }
 
   // Connection state used by the daemon.
@@ -328,20 +341,27 @@ class FrameConn {
   Principal principal = Principal::kClient;  // who its HELLO said it is
   uint64_t opened_us = 0;                    // when it was accepted (handshake deadline)
   uint32_t proposals_waiting = 0;            // its proposals not yet answered (FrontDoor)
+  int64_t checkpoint_from = -1;  // >= 0: handed to a checkpoint sender on close (that index on)
 
  private:
   int fd_;
+  std::unique_ptr<Stream> stream_;
   std::string in_;
   std::string out_;
   size_t out_off_ = 0;
 };
 
-// Blocking helpers for command-line clients.
+// Blocking helpers for command-line clients and a daemon's own requests to
+// its peers (a stream's socket may be non-blocking: they poll).
 int ConnectTcp(const std::string& host, int port, int timeout_ms, std::string* error);
-bool WriteFrame(int fd, FrameKind kind, std::string_view body, std::string* error);
-bool ReadFrame(int fd, FrameKind* kind, std::string* body, int timeout_ms, std::string* error);
-// Connects and authenticates as `who` with that principal's secret.
-int ConnectAuthenticated(const std::string& host, int port, const std::string& secret,
-                         Principal who, int from_id, int timeout_ms, std::string* error);
+bool WriteFrame(Stream& s, FrameKind kind, std::string_view body, std::string* error);
+bool ReadFrame(Stream& s, FrameKind* kind, std::string* body, int timeout_ms, std::string* error);
+// Connects to replica `replica` at host:port over TLS (tls: the cluster's CA,
+// and this replica's certificate when it has one), checks that the listener
+// is that replica, and authenticates as `who` with that principal's secret.
+std::unique_ptr<Stream> ConnectAuthenticated(const std::string& host, int port,
+                                             const std::shared_ptr<TlsContext>& tls, int replica,
+                                             const std::string& secret, Principal who, int from_id,
+                                             int timeout_ms, std::string* error);
 
 }  // namespace lockstep

@@ -4,11 +4,14 @@ import hashlib
 import hmac
 import os
 import re
+import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -301,7 +304,9 @@ def test_unauthenticated_client_is_refused(cluster, tmp_path):
     cluster.propose("genuine")
     forged = tmp_path / "forged.toml"
     text = (cluster.dir / "cluster.toml").read_text()
-    forged.write_text(re.sub(r'secret = "[^"]*"', 'secret = "not-the-real-secret-at-all"', text))
+    text = re.sub(r'secret = "[^"]*"', 'secret = "not-the-real-secret-at-all"', text)
+    # The cluster's CA beside it: the forger reaches the replica, and then fails.
+    forged.write_text(text.replace("[cluster]\n", f'[cluster]\nkeys = "{cluster.dir / "keys"}"\n'))
     p = run("propose", "--config", forged, "--replica", cluster.leader(), "forged", check=False)
     assert p.returncode != 0
     assert "wrong client secret" in p.stderr
@@ -420,6 +425,27 @@ def _frame(kind, body=b""):
     return struct.pack("<IB", len(body), kind) + body
 
 
+def _tls(cluster, cert_of=None, keys=None):
+    """A TLS client context that trusts the cluster's CA and, with cert_of,
+    presents that replica's certificate from `keys` (the cluster's own keys
+    by default)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False  # replicas are named by their certificate's CN
+    ctx.load_verify_locations(cluster.dir / "keys" / "ca.crt")
+    if cert_of is not None:
+        keys = keys or cluster.dir / "keys"
+        ctx.load_cert_chain(keys / f"replica-{cert_of}.crt", keys / f"replica-{cert_of}.key")
+    return ctx
+
+
+def _connect(cluster, replica, port="client_port", cert_of=None, keys=None):
+    """A TLS connection to one of replica's ports, as the CLI makes it."""
+    conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
+    rep = next(r for r in conf["replica"] if r["id"] == replica)
+    raw = socket.create_connection((rep["host"], rep[port]))
+    return _tls(cluster, cert_of, keys).wrap_socket(raw)
+
+
 def _read_frame(sock):
     """(kind, body) of the next frame, or None at EOF (or a reset)."""
     head = b""
@@ -436,7 +462,7 @@ def _read_frame(sock):
             if not got:
                 return None
             body += got
-    except ConnectionResetError:
+    except (ConnectionResetError, ssl.SSLError):
         return None
     return kind, body
 
@@ -455,7 +481,7 @@ def _closed_within(sock, seconds):
             pass
     except TimeoutError:
         return None
-    except ConnectionResetError:
+    except (ConnectionResetError, ssl.SSLError):
         pass
     return time.monotonic() - t0
 
@@ -470,12 +496,15 @@ def test_unauthenticated_connections_are_bounded(cluster):
     rep = next(r for r in conf["replica"] if r["id"] == leader)
     addr = (rep["host"], rep["client_port"])
     # A frame larger than any handshake: closed at once, nothing buffered.
-    with socket.create_connection(addr) as s:
-        s.sendall(struct.pack("<IB", 1 << 20, HELLO) + b"x" * 65536)
+    with _connect(cluster, leader) as s:
+        try:
+            s.sendall(struct.pack("<IB", 1 << 20, HELLO) + b"x" * 65536)
+        except OSError:  # closed while it was still sending: the point
+            pass
         assert _closed_within(s, 5) is not None
     # A wrong proof: refused, and the connection closed; a second proof sent
     # with it is not looked at.
-    with socket.create_connection(addr) as s:
+    with _connect(cluster, leader) as s:
         s.sendall(_hello())
         kind, nonce = _read_frame(s)
         assert kind == CHALLENGE and len(nonce) == 32
@@ -483,7 +512,11 @@ def test_unauthenticated_connections_are_bounded(cluster):
         kind, why = _read_frame(s)
         assert kind == REFUSED and b"wrong client secret" in why, why
         assert _read_frame(s) is None
-    # Silence: closed once the handshake time (5 s) is up.
+    # No TLS at all: a HELLO in the clear is closed at once.
+    with socket.create_connection(addr) as s:
+        s.sendall(_hello())
+        assert _closed_within(s, 5) is not None
+    # Silence (not even TLS's hello): closed once the handshake time (5 s) is up.
     with socket.create_connection(addr) as s:
         took = _closed_within(s, 15)
         assert took is not None and took >= 4, took
@@ -500,6 +533,7 @@ def test_unauthenticated_connections_are_bounded(cluster):
             s.close()
     log = (cluster.dir / f"replica-{leader}.log").read_text()
     assert "before authenticating (the limit is 4096)" in log, log[-3000:]
+    assert re.search(r"closed an unauthenticated client connection from 127.0.0.1: TLS", log)
     assert "did not authenticate within 5 s" in log, log[-3000:]
     assert "connections authenticating at once; the oldest is dropped" in log, log[-3000:]
 
@@ -514,10 +548,11 @@ def _handshake(cluster, replica, role="client", secret_field="client_secret"):
     proof made with cluster.toml's `secret_field`: (socket, the acceptor's
     last frame: (WELCOME, b"") or (REFUSED, why))."""
     conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
-    rep = next(r for r in conf["replica"] if r["id"] == replica)
-    s = socket.create_connection((rep["host"], rep["client_port"]))
+    s = _connect(cluster, replica)
     s.sendall(_hello(role.encode()))
     kind, nonce = _read_frame(s)
+    if kind == REFUSED:
+        return s, (kind, nonce)
     assert kind == CHALLENGE
     proof = hmac.new(
         conf["cluster"][secret_field].encode(),
@@ -670,6 +705,9 @@ def _client_copy(cluster, tmp_path, keep):
     kept = [x for x in lines if x.split(" = ")[0].strip() not in drop]
     path = tmp_path / ("-".join(keep) + ".toml")
     path.write_text("\n".join(kept) + "\n")
+    # A client's host holds the CA's certificate, and no replica's key.
+    (tmp_path / "keys").mkdir(exist_ok=True)
+    shutil.copy(cluster.dir / "keys" / "ca.crt", tmp_path / "keys" / "ca.crt")
     return path
 
 
@@ -708,7 +746,7 @@ def test_a_client_proposes_and_reads_and_only_an_admin_truncates(cluster, tmp_pa
     assert kind == REFUSED and b"wrong admin secret" in why, why
     s.close()
     s, (kind, why) = _handshake(cluster, leader, role="replica")
-    assert kind == REFUSED and b"wrong cluster secret" in why, why
+    assert kind == REFUSED and b"replica 0 must present its certificate" in why, why
     s.close()
     log = (cluster.dir / f"replica-{leader}.log").read_text()
     assert "refused a request of a client" in log and "needs the admin credential" in log
@@ -729,3 +767,127 @@ def test_a_replica_will_not_run_from_a_clients_copy(cluster, tmp_path):
     none = _client_copy(cluster, tmp_path, [])
     p = run("propose", "--config", none, "x", check=False)
     assert p.returncode != 0 and "[cluster] needs 'secret'" in p.stderr, p.stderr
+
+
+# ---------------------------------------------------------------- mutual TLS
+
+
+def test_a_peer_must_prove_its_replica_with_its_certificate(cluster, tmp_path):
+    # Before: a daemon proved only that it knew the shared secret. Now every
+    # connection is TLS; a peer presents its replica's certificate, signed by
+    # the cluster's CA, and the listener checks that it names the replica
+    # the HELLO says.
+    cluster.up()
+    target = cluster.leader()
+    x, y = [r for r in range(3) if r != target]
+    # No certificate at all.
+    with _connect(cluster, target, "peer_port") as s:
+        s.sendall(_hello(b"peer", x))
+        kind, why = _read_frame(s)
+        assert kind == REFUSED and b"no replica certificate was presented" in why, why
+    # Another replica's certificate (its keys stolen, or a misconfiguration).
+    with _connect(cluster, target, "peer_port", cert_of=y) as s:
+        s.sendall(_hello(b"peer", x))
+        kind, why = _read_frame(s)
+        assert kind == REFUSED and f"the certificate of replica {y}".encode() in why, why
+    # A certificate of another cluster's CA: the TLS handshake fails.
+    run("keys", "init", "--dir", tmp_path / "other", "--replicas", 3)
+    with _connect(cluster, target, "peer_port", cert_of=x, keys=tmp_path / "other" / "keys") as s:
+        s.sendall(_hello(b"peer", x))
+        assert _read_frame(s) is None
+    cluster.propose("still-agreed")
+    assert [v for _, _, v in cluster.log(target)][-1] == "still-agreed"
+    log = (cluster.dir / f"replica-{target}.log").read_text()
+    assert (
+        f"refused a peer connection from 127.0.0.1 that says it is replica {x}: "
+        "it presented no replica certificate" in log
+    ), log[-3000:]
+    assert f"it presented the certificate of replica {y}" in log, log[-3000:]
+    assert "certificate verify failed" in log, log[-3000:]
+
+
+def _fake_listener(cert, key):
+    """A TLS listener on 127.0.0.1 presenting cert: (port, thread). It
+    completes handshakes for up to 10 s and says nothing."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(10)
+
+    def serve():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                break
+            conn.settimeout(2)
+            try:
+                with ctx.wrap_socket(conn, server_side=True) as t:
+                    t.recv(1)
+            except (OSError, ssl.SSLError):
+                pass
+        srv.close()
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    return srv.getsockname()[1], th
+
+
+def test_a_client_checks_that_it_reached_the_replica_it_meant(cluster, tmp_path):
+    # Before: a listener was never authenticated, so whoever took a
+    # replica's address got the clients' proposals (and their secret's
+    # proofs). Now the CLI checks the listener's certificate.
+    cluster.up()
+    other = tmp_path / "other"
+    run("keys", "init", "--dir", other, "--replicas", 3)
+    mine = _client_copy(cluster, tmp_path, ["client_secret"])
+    text = mine.read_text()
+    client_port = tomllib.loads(text)["replica"][0]["client_port"]
+    for cert_dir, says in (
+        (other / "keys", "certificate verify failed"),
+        (cluster.dir / "keys", "presented the certificate of replica 1, not replica 0's"),
+    ):
+        port, th = _fake_listener(cert_dir / "replica-1.crt", cert_dir / "replica-1.key")
+        fake = tmp_path / "fake.toml"
+        fake.write_text(text.replace(f"client_port = {client_port}\n", f"client_port = {port}\n"))
+        p = run("propose", "--config", fake, "--replica", 0, "secret-value", check=False)
+        assert p.returncode != 0 and says in p.stderr, p.stderr
+        th.join(15)
+    assert "secret-value" not in [v for _, _, v in cluster.log(cluster.leader())]
+
+
+def test_keys_init_makes_private_files_and_a_replica_refuses_bad_ones(cluster, tmp_path):
+    p = run("keys", "init", "--dir", tmp_path / "k", "--replicas", 3)
+    keys = tmp_path / "k" / "keys"
+    names = sorted(f.name for f in keys.iterdir())
+    assert names == ["ca.crt", "ca.key"] + [
+        f"replica-{i}.{e}" for i in range(3) for e in ("crt", "key")
+    ]
+    assert all((f.stat().st_mode & 0o777) == 0o600 for f in keys.iterdir()), names
+    assert (keys.stat().st_mode & 0o777) == 0o700
+    assert "replica-2.crt, .key  replica 2's host only" in p.stdout, p.stdout
+    # Made once: a second run would leave the hosts with keys of two CAs.
+    p = run("keys", "init", "--dir", tmp_path / "k", "--replicas", 3, check=False)
+    assert p.returncode != 0 and "already exists" in p.stderr, p.stderr
+    p = run("keys", "init", "--dir", tmp_path / "none", check=False)
+    assert p.returncode != 0 and "or give --replicas N" in p.stderr, p.stderr
+    # A replica whose key others can read, or without its certificate, does not start.
+    cluster.up()
+    cluster.down()
+    key = cluster.dir / "keys" / "replica-0.key"
+    key.chmod(0o644)
+    p = run("replica", "--config", cluster.dir / "cluster.toml", "--id", 0, check=False, timeout=20)
+    assert p.returncode != 0 and "a private key must be 0600" in p.stderr + _log(cluster, 0), (
+        p.stderr
+    )
+    key.chmod(0o600)
+    (cluster.dir / "keys" / "replica-0.crt").unlink()
+    p = run("replica", "--config", cluster.dir / "cluster.toml", "--id", 0, check=False, timeout=20)
+    out = p.stderr + _log(cluster, 0)
+    assert p.returncode != 0 and "replica-0.crt: no such file" in out and "keys init" in out, out
+
+
+def _log(cluster, replica):
+    f = cluster.dir / f"replica-{replica}.log"
+    return f.read_text() if f.exists() else ""
