@@ -99,6 +99,9 @@ std::shared_ptr<TlsContext> TlsContext::Load(const std::string& keys_dir, int ow
   // A peer that closes without close_notify (killed) is a closed stream, as
   // on a plain socket: every frame carries its own length.
   SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+  // One read(2) takes what the socket has, not a record header and then its
+  // body: a read per frame, as without TLS.
+  SSL_CTX_set_read_ahead(ctx, 1);
   // Connectors check the listener's certificate; listeners ask for one and
   // check what they get (none at all is allowed here: clients present none,
   // and the front door requires one from peers and replicas).
@@ -157,13 +160,27 @@ std::shared_ptr<TlsContext> TlsContext::Load(const std::string& keys_dir, int ow
 
 std::shared_ptr<TlsContext> TlsContext::ForCluster(const ClusterConfig& c, int own_id,
                                                    std::string* error) {
-  static std::mutex mu;
-  static std::map<std::pair<std::string, int>, std::shared_ptr<TlsContext>> loaded;
+  // Loaded again when the files changed: a process that outlives a cluster
+  // (a benchmark starting one after another in one directory) meets new keys.
+  auto identity = [](const std::string& path) {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) return std::string("-");
+    return std::to_string(st.st_ino) + "." + std::to_string(st.st_mtim.tv_sec) + "." +
+           std::to_string(st.st_mtim.tv_nsec) + "." + std::to_string(st.st_size);
+  };
   std::string dir = KeysDir(c);
+  std::string files = identity(dir + "/ca.crt");
+  if (own_id >= 0) files += "/" + identity(dir + "/replica-" + std::to_string(own_id) + ".crt");
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, std::pair<std::string, std::shared_ptr<TlsContext>>>
+      loaded;
   std::lock_guard<std::mutex> g(mu);
-  auto& slot = loaded[{dir, own_id}];
-  if (!slot) slot = Load(dir, own_id, error);
-  return slot;
+  auto& [seen, ctx] = loaded[{dir, own_id}];
+  if (!ctx || seen != files) {
+    ctx = Load(dir, own_id, error);
+    seen = files;
+  }
+  return ctx;
 }
 
 TlsContext::~TlsContext() {
@@ -266,6 +283,10 @@ ssize_t Stream::Write(const void* buf, size_t n) {
     return -1;
   }
   return got;
+}
+
+bool Stream::has_buffered() const {
+  return ssl_ && SSL_has_pending(ssl_);
 }
 
 bool Stream::handshake_done() const {

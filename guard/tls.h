@@ -44,7 +44,7 @@ class TlsContext {
   // (which file, why, and how to make it) when one cannot be used.
   static std::shared_ptr<TlsContext> Load(const std::string& keys_dir, int own_id,
                                           std::string* error);
-  // Load, once per (directory, id) in this process.
+  // Load, once per (directory, id) in this process while its files stay the same.
   static std::shared_ptr<TlsContext> ForCluster(const ClusterConfig& c, int own_id,
                                                 std::string* error);
   ~TlsContext();
@@ -78,6 +78,9 @@ class Stream {
   // writable if wants_write(); EPROTO: TLS failed, error() says why).
   ssize_t Read(void* buf, size_t n);
   ssize_t Write(const void* buf, size_t n);
+  // Bytes TLS has taken from the socket and not yet handed out: read on
+  // even when the socket says nothing more (level-triggered polls miss them).
+  bool has_buffered() const;
   // The last call returned EAGAIN because TLS must send before it can go on.
   bool wants_write() const { return wants_write_; }
   // Completes the handshake, polling, within timeout_ms (false: error()).

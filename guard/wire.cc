@@ -501,12 +501,13 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
                            std::string* error) {
   if (!stream_) return true;  // given away
   char buf[65536];
-  // Until the stream has nothing more: TLS may hold decrypted bytes the
-  // socket no longer signals.
   for (;;) {
     ssize_t n = stream_->Read(buf, sizeof buf);
     if (n > 0) {
       in_.append(buf, n);
+      // A short read took what the socket had, unless TLS holds more than
+      // it handed out (the socket would not signal those bytes again).
+      if (static_cast<size_t>(n) < sizeof buf && !stream_->has_buffered()) break;
       if (!authenticated && in_.size() > 2 * kMaxHandshakeFrame) break;  // judged below
       continue;
     }
