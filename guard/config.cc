@@ -370,6 +370,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
         inet_pton(AF_INET, c.leader_address.substr(0, colon).c_str(), &ignored) != 1)
       return fail(t.LineOf("leader_address"),
                   "field 'leader_address': '" + c.leader_address + "' is not IPV4:PORT");
+    c.leader_host = c.leader_address.substr(0, colon);
+    c.leader_port = port;
   }
   if (!t.TakeString("transport", &c.transport, false, error)) return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")

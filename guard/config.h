@@ -123,6 +123,8 @@ struct ClusterConfig {
   std::string keys;            // "" : "keys" beside cluster.toml (guard/tls.h KeysDir)
   std::string client_netns;    // "" : clients reach the replicas from anywhere
   std::string leader_address;  // "IPV4:PORT" that follows the leader; "" : none
+  std::string leader_host;     // leader_address's two halves (the parser's)
+  int leader_port = 0;
   std::string leader_interface = "eth0";
   bool failpoints = false;  // an admin may inject faults (guard/failpoints.h)
   std::string transport = "shm";

@@ -280,10 +280,8 @@ bool Daemon::Init() {
                                         return front_->SendFrameToPeer(to, kind, body);
                                       });
   if (cfg_.has_server() && !cfg_.leader_address.empty()) {
-    size_t colon = cfg_.leader_address.rfind(':');  // checked by the config's parser
-    leader_address_ = std::make_unique<LeaderAddress>(
-        cfg_.leader_address.substr(0, colon), atoi(cfg_.leader_address.c_str() + colon + 1),
-        me_.host, me_.server_port, cfg_.leader_interface, log_);
+    leader_address_ = std::make_unique<LeaderAddress>(cfg_.leader_host, cfg_.leader_port, me_.host,
+                                                      me_.server_port, cfg_.leader_interface, log_);
   }
   front_->StartConnector();
   peer_poll_ = std::thread([this] { PollPeerCheckpoints(); });
