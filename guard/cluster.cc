@@ -553,6 +553,16 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     }
     c.replicas.push_back(r);
   }
+  if (netns) {
+    std::vector<std::vector<int>> open_ports;
+    for (const auto& r : c.replicas)
+      open_ports.push_back(r.server_port ? std::vector<int>{r.client_port, r.server_port}
+                                         : std::vector<int>{r.client_port});
+    if (!FirewallReplicaHosts(hosts, open_ports, error)) {
+      *error = "cannot set the replicas' firewall: " + *error;
+      return false;
+    }
+  }
   // Fresh data: a new cluster starts with empty logs.
   for (int i = 0; i < o.replicas; i++) {
     std::string cmd =

@@ -177,6 +177,31 @@ bool CreateNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::stri
   return attach(hosts.client, "cl", hosts.ClientAddr());
 }
 
+bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector<int>>& open_ports,
+                          std::string* error) {
+  std::string replicas;
+  for (size_t i = 0; i < hosts.replicas.size(); i++)
+    replicas += (i ? ", " : "") + hosts.ReplicaAddr(static_cast<int>(i));
+  for (size_t i = 0; i < hosts.replicas.size(); i++) {
+    std::string ports;
+    for (int p : open_ports[i]) ports += (ports.empty() ? "" : ", ") + std::to_string(p);
+    auto nft = [&](const std::string& command) {
+      return RunTool("ip", {"netns", "exec", hosts.replicas[i], "nft", command}, error);
+    };
+    const std::string rule = "add rule inet lockstep_host input ";
+    if (!nft("add table inet lockstep_host") ||
+        !nft("add chain inet lockstep_host input { type filter hook input priority 0 ; "
+             "policy accept ; }") ||
+        !nft(rule + "iif lo accept") || !nft(rule + "ct state established,related accept") ||
+        !nft(rule + "ip saddr { " + replicas + " } accept") ||
+        !nft(rule + "meta l4proto icmp accept") ||
+        (!ports.empty() && !nft(rule + "tcp dport { " + ports + " } accept")) ||
+        !nft(rule + "counter drop"))
+      return false;
+  }
+  return true;
+}
+
 bool RemoveNetnsHosts(const std::string& dir, bool quiet, std::string* error) {
   std::ifstream f(ListPath(dir));
   if (!f) return true;  // none made

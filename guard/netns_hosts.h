@@ -39,6 +39,15 @@ NetnsHosts PlanNetnsHosts(const std::string& dir, int replicas);
 // and `ip`'s words; whatever was made stays listed in DIR/netns.
 bool CreateNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::string* error);
 
+// The replicas' firewall (nftables, in each replica's namespace): from an
+// address that is not a replica's, only the ports in open_ports[i] (its
+// client and server ports) answer; everything else, the peer port and the
+// ports UCX listens on above all, is dropped. UCX's tcp transport checks no
+// key at the target: whoever reaches its port can write into a replica's
+// log region, so only the replicas may. False with *error naming the command.
+bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector<int>>& open_ports,
+                          std::string* error);
+
 // Removes every namespace listed in DIR/netns that still exists (their
 // interfaces go with them), killing by pid any process left inside first,
 // then the file. True when there was nothing to remove.

@@ -147,3 +147,51 @@ def test_netns_hosts_refuse_shm(cluster):
     assert p.returncode != 0 and "shm does not cross namespaces" in p.stderr, p.stderr
     p = cluster.up(extra=["--hosts", "vlan"], check=False)
     assert p.returncode != 0 and "--hosts must be loopback or netns" in p.stderr, p.stderr
+
+
+def _listening_ports(netns, pid, host):
+    """The TCP ports process pid listens on at host inside netns."""
+    r = subprocess.run(
+        ["ip", "netns", "exec", netns, "ss", "-Hltnp"], capture_output=True, text=True, check=True
+    )
+    ports = set()
+    for line in r.stdout.splitlines():
+        addr, port = line.split()[3].rsplit(":", 1)
+        if f"pid={pid}," in line and addr in (host, "0.0.0.0", "*"):
+            ports.add(int(port))
+    return ports
+
+
+def _reaches(addr, timeout=0.5):
+    """True when a TCP connection to addr opens from the current thread."""
+    import socket
+
+    try:
+        socket.create_connection(addr, timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_only_replicas_reach_a_replicas_peer_and_ucx_ports(cluster):
+    # UCX's tcp transport checks no key at the target: whoever reaches the
+    # port it listens on can write into the replica's log region. On
+    # namespace hosts each replica's firewall lets only the other replicas
+    # reach anything but its client and server ports.
+    cluster.up(app="redis", transport="tcp", extra=["--hosts", "netns"])
+    conf = config(cluster)
+    client_ns = conf["cluster"]["client_netns"]
+    rep = conf["replica"][0]
+    pid = cluster.pid(0)
+    ports = _listening_ports(rep["netns"], pid, rep["host"])
+    ucx = ports - {rep["peer_port"], rep["client_port"]}
+    assert rep["peer_port"] in ports and ucx, ports  # UCX listens on ports of its own
+    closed = [rep["peer_port"], *sorted(ucx)]
+    reached = run_in_netns(
+        client_ns, lambda: {p: _reaches((rep["host"], p)) for p in closed + [rep["client_port"]]}
+    )
+    assert reached == {**{p: False for p in closed}, rep["client_port"]: True}, reached
+    # The replicas themselves still agree (over those very ports), and clients are served.
+    assert run_in_netns(client_ns, lambda: redis_on(cluster.client_addr(), "SET", "k", "v")) == "OK"
+    cluster.propose("after-the-firewall")
+    assert [v for _, _, v in cluster.log(0)][-1] == "after-the-firewall"
