@@ -544,7 +544,7 @@ void Replica::HandlePrepare(uint64_t now_us, const Message& m) {
 void Replica::HandlePromise(uint64_t now_us, const Message& m) {
   if (m.ballot != promised_) return;
   if (role_ == Role::kLeader) {  // a late promise doubles as a join
-    if (!peers_[m.from].ready || m.stream_id > peers_[m.from].stream_id)
+    if (m.stream_id > peers_[m.from].stream_id)
       StartPeerStream(m.from, m.stream_id, m.commit_index, now_us);
     return;
   }
@@ -618,7 +618,15 @@ void Replica::HandleJoin(uint64_t now_us, const Message& m) {
     return;
   }
   if (role_ != Role::kLeader || m.ballot != promised_) return;
-  if (!peers_[m.from].ready || m.stream_id > peers_[m.from].stream_id)
+  // Only a newer stream: a stream started again under the same id would put
+  // its records from position 0 again while the backup's reader is already
+  // further on, and the two would wait for each other for good (the backup
+  // reads nothing, the leader takes its acks for ones of a stream it never
+  // sent that far). That happened when the stream had been marked not ready
+  // (OnPeerUnreachable) and a late or duplicated join of it arrived. A
+  // backup whose stream the leader dropped learns so from the heartbeat
+  // (stream 0) and joins with a fresh id.
+  if (m.stream_id > peers_[m.from].stream_id)
     StartPeerStream(m.from, m.stream_id, m.commit_index, now_us);
 }
 
@@ -742,7 +750,7 @@ void Replica::Pump(int peer) {
       if (pl.wrap_record) {
         std::string wrap(RecordSize(0), '\0');
         EncodeRecord(reinterpret_cast<uint8_t*>(wrap.data()), EntryType::kWrap, promised_, 0, 0,
-                     pl.wrap_pos, {});
+                     pl.wrap_pos, {}, p.stream_id);
         ready_.puts.push_back(PutOp{peer, promised_, p.stream_id,
                                     kControlBytes + pl.wrap_pos % ring, std::move(wrap)});
       }
@@ -750,8 +758,10 @@ void Replica::Pump(int peer) {
     if (run.empty()) run_pos = pl.record_pos;
     size_t at = run.size();
     run.resize(at + size);
+    // Sealed with the stream (log_format.h): a late put of an older stream
+    // into the same memory is never read as part of this one.
     EncodeRecord(reinterpret_cast<uint8_t*>(run.data()) + at, e->type, e->ballot, e->index,
-                 commit_index_, pl.record_pos, e->payload);
+                 commit_index_, pl.record_pos, e->payload, p.stream_id);
     p.sent_pos = pl.next_pos;
     p.next_put++;
   }

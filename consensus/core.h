@@ -20,7 +20,10 @@
 //    past the candidate's commit index, the candidate takes the
 //    highest-ballot value per index and re-proposes it under its ballot.
 //  - A backup whose stream broke (restart, partition, lost puts) asks for a
-//    fresh one with JOIN; the leader restarts it at the backup's commit + 1.
+//    fresh one with JOIN; the leader restarts it at the backup's commit + 1,
+//    for a stream id above the one it has for that backup only. Records
+//    are sealed with their stream (log_format.h), since a backup reuses a
+//    region's memory for later streams.
 //  - A leader the daemon finds unfit to lead (its server diverged) hands
 //    over: it becomes a backup, stands for no election for a while, and
 //    tells a named backup to run at once (TAKE-OVER), which then runs an

@@ -651,6 +651,87 @@ TEST(Core, LostPutsStallTheStreamAndTheBackupRejoins) {
   ExpectAllAgree(c);
 }
 
+// What fault runs 1064 and 1094 saw (eval/faults.py, partition): after a
+// partition healed, the messages went through again while the transport's
+// own connection still retransmitted, so the backup found its stream
+// stalled and rejoined every 20 ms; each rejoin took a fresh region and
+// recycled an old one (guard/peer_link.cc keeps three). When the held puts
+// finally landed, some were for streams whose region memory a newer stream
+// now had. Same-sized records of an older stream sit at the same positions:
+// the reader took them, ran past everything the leader sent its own stream
+// (so it never suspected a stall) and waited for good, hundreds of entries
+// behind, once the load stopped. A region's records are bound to its stream.
+TEST(Core, LateWritesIntoARecycledRegionDoNotStrandTheBackup) {
+  SimOptions o = Quiet(3, 28);
+  o.hold_drain_us = 100;  // a held write lands every 100 us once the hold ends
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  int b = Others(c, l)[0];
+  uint64_t joins_before = c.sent(Message::Type::kJoin);
+  uint64_t last = 0;
+  int n = 0;
+  for (int round = 0; round < 3; round++) {
+    c.HoldOneSided(l, b, c.now() + 300'000);
+    for (uint64_t end = c.now() + 350'000 + 7'000 * round; c.now() < end; c.RunFor(1'000)) {
+      std::string p = "w" + std::to_string(1000 + n++);  // records of one size
+      ProposeResult r = c.Propose(l, EntryType::kInput, p);
+      ASSERT_TRUE(r.ok) << r.error;
+      c.Track(l, r.index, EntryType::kInput, p);
+      last = r.index;
+    }
+    ASSERT_CLEAN(c);
+  }
+  EXPECT_GT(c.sent(Message::Type::kJoin), joins_before + 10);  // it rejoined again and again
+  // The load stops: only what the leader already sent can bring b forward.
+  ASSERT_TRUE(c.RunUntil([&] { return c.AllCommitted(last); }, 1'000'000))
+      << "backup r" << b << " commit " << c.replica(b)->commit_index() << " of " << last << "\n"
+      << Report(c);
+  EXPECT_EQ(c.Leader(), l);
+  ExpectAllAgree(c);
+}
+
+// Seed 4093 of SeedsTruncatingPastLaggingReplicas, once one-sided writes
+// could be held: the leader's transport reported a live backup lost
+// (OnPeerUnreachable: its stream not ready), and then a late join of that
+// very stream arrived. The leader started the stream again under the same
+// id, from position 0, while the backup's reader was a lap of the ring
+// further on: the leader filled the ring up to below the reader and waited
+// for acks, and the backup, past all the leader said it sent, waited for
+// records. Only a newer stream id restarts a stream.
+TEST(Core, ALateJoinDoesNotRestartTheStreamItStarted) {
+  SimCluster c(Quiet(3, 12));
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  int b = Others(c, l)[0];
+  c.RunFor(100'000);  // b's stream settles
+  Message join;
+  join.type = Message::Type::kJoin;
+  join.from = b;
+  join.to = l;
+  join.ballot = c.replica(b)->promised();
+  join.stream_id = c.replica(b)->stream_id();
+  join.commit_index = c.replica(b)->commit_index();
+  // More than a lap of b's ring (64 KiB) through the stream.
+  uint64_t last = 0;
+  for (int i = 0; i < 400; i++) last = Commit(c, "x" + std::to_string(i) + std::string(200, 'x'));
+  ASSERT_GT(last, 0u) << Report(c);
+  ASSERT_EQ(c.replica(b)->stream_id(), join.stream_id);
+  c.replica(l)->OnPeerUnreachable(c.now(), b);
+  c.replica(l)->OnMessage(c.now(), join);
+  for (int i = 0; i < 10; i++) {
+    ProposeResult r = c.Propose(l, EntryType::kInput, "y" + std::to_string(i));
+    ASSERT_TRUE(r.ok) << r.error;
+    c.Track(l, r.index, EntryType::kInput, "y" + std::to_string(i));
+    last = r.index;
+  }
+  ASSERT_TRUE(c.RunUntil([&] { return c.AllCommitted(last); }, 1'000'000))
+      << "backup r" << b << " commit " << c.replica(b)->commit_index() << " of " << last << "\n"
+      << Report(c);
+  EXPECT_EQ(c.Leader(), l);
+  ExpectAllAgree(c);
+}
+
 // ---------------------------------------------------------------- truncation
 
 TEST(Core, TruncateBelow) {

@@ -100,25 +100,30 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t len) {
   return Crc32cSoftware(crc, p, len);
 }
 
-uint64_t CanaryFor(Ballot ballot, uint64_t index, uint64_t position) {
-  // splitmix64 over the three fields; forced non-zero so zeroed memory never matches.
+uint64_t CanaryFor(Ballot ballot, uint64_t index, uint64_t position, uint64_t stream) {
+  // splitmix64 over the four fields; forced non-zero so zeroed memory never
+  // matches. Stream 0 (disk) adds nothing: the disk's canaries stay as they were.
   uint64_t z = ballot * 0x9e3779b97f4a7c15ull ^ index * 0xbf58476d1ce4e5b9ull ^
-               (position + 0x94d049bb133111ebull);
+               (position + 0x94d049bb133111ebull) ^ stream * 0xd6e8feb86659fd93ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return z | 1;
 }
 
-static uint32_t RecordChecksum(const RecordHeader& h, const void* payload) {
+// The stream, when there is one, is checksummed after the payload (it is
+// not stored: the reader knows which stream it reads).
+static uint32_t RecordChecksum(const RecordHeader& h, const void* payload, uint64_t stream) {
   RecordHeader copy = h;
   copy.checksum = 0;
   uint32_t crc = Crc32c(0, &copy, sizeof copy);
-  return Crc32c(crc, payload, h.payload_len);
+  crc = Crc32c(crc, payload, h.payload_len);
+  return stream == 0 ? crc : Crc32c(crc, &stream, sizeof stream);
 }
 
 void EncodeRecord(uint8_t* out, EntryType type, Ballot ballot, uint64_t index,
-                  uint64_t commit_index, uint64_t position, std::string_view payload) {
+                  uint64_t commit_index, uint64_t position, std::string_view payload,
+                  uint64_t stream) {
   RecordHeader h{};
   h.magic = kRecordMagic;
   h.type = static_cast<uint8_t>(type);
@@ -127,17 +132,18 @@ void EncodeRecord(uint8_t* out, EntryType type, Ballot ballot, uint64_t index,
   h.index = index;
   h.commit_index = commit_index;
   h.position = position;
-  h.checksum = RecordChecksum(h, payload.data());
+  h.checksum = RecordChecksum(h, payload.data(), stream);
   memcpy(out, &h, sizeof h);
   if (!payload.empty()) memcpy(out + kHeaderSize, payload.data(), payload.size());
   size_t padded = Align8(payload.size());
   if (padded > payload.size())
     memset(out + kHeaderSize + payload.size(), 0, padded - payload.size());
-  uint64_t canary = CanaryFor(ballot, index, position);
+  uint64_t canary = CanaryFor(ballot, index, position, stream);
   memcpy(out + kHeaderSize + padded, &canary, sizeof canary);
 }
 
-DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, DecodedRecord* out) {
+DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, DecodedRecord* out,
+                          uint64_t stream) {
   if (avail < kHeaderSize + kCanarySize) return DecodeStatus::kIncomplete;
   RecordHeader h;
   memcpy(&h, buf, sizeof h);
@@ -147,8 +153,8 @@ DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, D
   if (size > avail) return DecodeStatus::kTooLarge;
   uint64_t canary;
   memcpy(&canary, buf + size - kCanarySize, sizeof canary);
-  if (canary != CanaryFor(h.ballot, h.index, h.position)) return DecodeStatus::kIncomplete;
-  if (RecordChecksum(h, buf + kHeaderSize) != h.checksum) return DecodeStatus::kIncomplete;
+  if (canary != CanaryFor(h.ballot, h.index, h.position, stream)) return DecodeStatus::kIncomplete;
+  if (RecordChecksum(h, buf + kHeaderSize, stream) != h.checksum) return DecodeStatus::kIncomplete;
   out->header = h;
   out->payload = std::string_view(reinterpret_cast<const char*>(buf + kHeaderSize), h.payload_len);
   out->size = size;

@@ -10,6 +10,15 @@
 // sane, the canary matches and the checksum holds. A stale record left from
 // an earlier lap of a ring, or an earlier segment of a file, carries another
 // position and so fails the check.
+//
+// A record put into a log region is also sealed with the stream it belongs
+// to (non-zero `stream`: the region's stream id, mixed into the canary and
+// the checksum); records on disk use 0, which leaves their format as it
+// was. A region's memory is reused for later streams and a leader's late
+// put for an older stream still lands in it, with records at the very
+// positions the new stream uses (same ballot, same sizes): without the seal
+// the reader took them for its own, ran past what the leader had sent it and
+// waited for good (core_test LateWritesIntoARecycledRegionDoNotStrandTheBackup).
 #pragma once
 
 #include <cstddef>
@@ -87,11 +96,13 @@ inline constexpr size_t RecordSize(size_t payload_len) {
 }
 
 uint32_t Crc32c(uint32_t crc, const void* data, size_t len);
-uint64_t CanaryFor(Ballot ballot, uint64_t index, uint64_t position);
+uint64_t CanaryFor(Ballot ballot, uint64_t index, uint64_t position, uint64_t stream = 0);
 
-// Encodes a record into out (which must hold RecordSize(payload.size())).
+// Encodes a record into out (which must hold RecordSize(payload.size())),
+// sealed with `stream` (0 on disk, the stream id in a log region).
 void EncodeRecord(uint8_t* out, EntryType type, Ballot ballot, uint64_t index,
-                  uint64_t commit_index, uint64_t position, std::string_view payload);
+                  uint64_t commit_index, uint64_t position, std::string_view payload,
+                  uint64_t stream = 0);
 
 // What a reader found at a position.
 enum class DecodeStatus {
@@ -105,7 +116,8 @@ struct DecodedRecord {
   size_t size = 0;           // bytes the record occupies
 };
 // Checks the record at buf (avail bytes readable) claimed to sit at
-// `position`. Never reads past avail.
-DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, DecodedRecord* out);
+// `position` and sealed with `stream`. Never reads past avail.
+DecodeStatus DecodeRecord(const uint8_t* buf, size_t avail, uint64_t position, DecodedRecord* out,
+                          uint64_t stream = 0);
 
 }  // namespace lockstep

@@ -74,7 +74,7 @@ bool RingReader::Peek(DecodedRecord* rec) {
     if (size > left) return false;
     copy_.resize(size);
     memcpy(copy_.data(), ring_ + off, size);
-    if (DecodeRecord(reinterpret_cast<const uint8_t*>(copy_.data()), size, pos_, rec) !=
+    if (DecodeRecord(reinterpret_cast<const uint8_t*>(copy_.data()), size, pos_, rec, stream_) !=
         DecodeStatus::kOk)
       return false;
     if (static_cast<EntryType>(rec->header.type) == EntryType::kWrap) {

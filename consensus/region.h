@@ -75,10 +75,13 @@ inline uint64_t MaxRegionPayload(uint64_t ring_bytes) {
 // Records are copied out of the ring before they are checked: a writer we no
 // longer listen to (a deposed leader; over UCX's tcp transport puts are not
 // checked against any key at the target) may scribble on the ring at any
-// time, and what was checked must be what is used.
+// time, and what was checked must be what is used. Only records sealed with
+// the reader's stream count (log_format.h): the memory is reused, and a
+// late put for the stream that had it before may land in it at any time.
 class RingReader {
  public:
-  RingReader(const uint8_t* ring, uint64_t ring_bytes) : ring_(ring), ring_bytes_(ring_bytes) {}
+  RingReader(const uint8_t* ring, uint64_t ring_bytes, uint64_t stream)
+      : ring_(ring), ring_bytes_(ring_bytes), stream_(stream) {}
   // True if a valid slot record is at the current position; fills rec (its
   // payload points into the reader's private copy, valid until the next Peek).
   bool Peek(DecodedRecord* rec);
@@ -88,6 +91,7 @@ class RingReader {
  private:
   const uint8_t* ring_;
   uint64_t ring_bytes_;
+  uint64_t stream_;
   uint64_t pos_ = 0;
   std::string copy_;
 };

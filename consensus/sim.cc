@@ -50,6 +50,8 @@ SimCluster::SimCluster(const SimOptions& options)
   nodes_.resize(n_);
   pending_.resize(n_);
   links_.assign(n_, std::vector<bool>(n_, true));
+  hold_one_sided_until_.assign(n_, std::vector<uint64_t>(n_, 0));
+  one_sided_tail_.assign(n_, std::vector<uint64_t>(n_, 0));
   for (int r = 0; r < n_; r++) {
     try {
       StartReplica(r);
@@ -83,10 +85,7 @@ void SimCluster::StartReplica(int r) {
   nd.disk_free_at = 0;
   nd.batch_start = 0;
   nd.persisted_while_paused.clear();
-  nd.regions.clear();
-  nd.region_order.clear();
-  nd.has_reader = false;
-  nd.reader.reset();
+  ResetMemory(nd);
   nd.acks.assign(static_cast<size_t>(n_) * kAckSlotBytes, 0);
   nd.last_acks.assign(n_, AckWord{});
   nd.deferred.clear();
@@ -118,6 +117,18 @@ bool SimCluster::Chance(double p) {
 uint64_t SimCluster::Delay() {
   uint64_t hi = lossy_ && Chance(opt_.slow_rate) ? opt_.slow_max_us : opt_.delay_max_us;
   return Uniform(rng_, opt_.delay_min_us, hi);
+}
+
+// A one-sided write held back (HoldOneSided) lands after the hold ends, one
+// every hold_drain_us in the order issued, and a write issued while they
+// still land queues behind them (one connection, first in first out).
+uint64_t SimCluster::OneSidedAt(int from, int to) {
+  uint64_t at = now_ + Delay();
+  uint64_t& tail = one_sided_tail_[from][to];
+  if (now_ >= hold_one_sided_until_[from][to] && tail <= now_) return at;
+  at = std::max({at, hold_one_sided_until_[from][to], tail + opt_.hold_drain_us});
+  tail = at;
+  return at;
 }
 
 void SimCluster::Schedule(uint64_t at, Event ev) {
@@ -229,13 +240,14 @@ void SimCluster::Process(Event& ev) {
     case Ev::kControl: {
       Ballot b = ev.kind == Ev::kPut ? ev.ballot : ev.control.ballot;
       uint64_t s = ev.kind == Ev::kPut ? ev.stream : ev.control.stream_id;
-      auto it = nd.rep ? nd.regions.find({b, s}) : nd.regions.end();
-      if (!nd.rep || !links_[ev.from][ev.to] || it == nd.regions.end()) {
+      auto it = nd.rep ? nd.region_buffer.find({b, s}) : nd.region_buffer.end();
+      if (!nd.rep || !links_[ev.from][ev.to] || it == nd.region_buffer.end()) {
         SIM_TRACE("r%d -> r%d: %s into region %s/%llx lost", ev.from, ev.to,
                   ev.kind == Ev::kPut ? "put" : "control", BallotString(b).c_str(), (U)s);
         return;
       }
-      std::vector<uint8_t>& mem = it->second;
+      // The region's buffer, which a newer stream may be using by now.
+      std::vector<uint8_t>& mem = nd.buffers[it->second];
       if (ev.kind == Ev::kPut) {
         if (ev.offset < kControlBytes || ev.offset + ev.bytes.size() > mem.size()) {
           Fail(Format("put from r%d of %zu bytes at offset %llu outside the region of %zu bytes",
@@ -322,8 +334,10 @@ void SimCluster::Process(Event& ev) {
 }
 
 // The replica reads the region of (promised, stream) when it is a backup,
-// as the daemon does (guard/daemon.cc, EnsureRegion); a change of either
-// gives it a fresh zeroed region, and writes into older ones are never read.
+// as the daemon does (guard/peer_link.cc, EnsureRegion); a change of either
+// gives it a zeroed region, and it never reads an older one again. Like the
+// daemon it keeps the three newest regions and recycles the buffers of
+// older ones, whose addresses the leaders that had them still put to.
 void SimCluster::SyncRegion(int r) {
   Node& nd = nodes_[r];
   if (!nd.rep) return;
@@ -336,19 +350,30 @@ void SimCluster::SyncRegion(int r) {
   }
   RegionKey key{b, x.stream_id()};
   if (nd.has_reader && nd.reading == key) return;
-  auto it = nd.regions.find(key);
-  if (it == nd.regions.end()) {
-    it = nd.regions.emplace(key, std::vector<uint8_t>(kControlBytes + opt_.ring_bytes, 0)).first;
+  auto it = nd.region_buffer.find(key);
+  if (it == nd.region_buffer.end()) {
+    size_t buf;
+    if (!nd.free_buffers.empty()) {
+      buf = nd.free_buffers.front();
+      nd.free_buffers.pop_front();
+      std::fill(nd.buffers[buf].begin(), nd.buffers[buf].end(), 0);
+    } else {
+      buf = nd.buffers.size();
+      nd.buffers.emplace_back(kControlBytes + opt_.ring_bytes, 0);
+    }
+    it = nd.region_buffer.emplace(key, buf).first;
     nd.region_order.push_back(key);
     while (nd.region_order.size() > 3) {  // older streams are never read again
-      nd.regions.erase(nd.region_order.front());
+      nd.free_buffers.push_back(nd.region_buffer[nd.region_order.front()]);
       nd.region_order.pop_front();
     }
-    SIM_TRACE("r%d: reads fresh region %s/%llx", r, BallotString(b).c_str(), (U)key.second);
+    SIM_TRACE("r%d: reads region %s/%llx (buffer %zu)", r, BallotString(b).c_str(), (U)key.second,
+              buf);
   }
   nd.reading = key;
   nd.has_reader = true;
-  nd.reader = std::make_unique<RingReader>(it->second.data() + kControlBytes, opt_.ring_bytes);
+  nd.reader = std::make_unique<RingReader>(nd.buffers[it->second].data() + kControlBytes,
+                                           opt_.ring_bytes, key.second);
   nd.last_control = ControlWord{};
 }
 
@@ -370,7 +395,7 @@ void SimCluster::Poll(int r) {
   }
   if (!nd.has_reader) return;
   const RegionKey key = nd.reading;
-  const uint8_t* mem = nd.regions[key].data();
+  const uint8_t* mem = nd.buffers[nd.region_buffer.at(key)].data();
   ControlWord cw;
   if (ReadControl(mem, &cw) && memcmp(&cw, &nd.last_control, sizeof cw) != 0) {
     nd.last_control = cw;
@@ -545,13 +570,13 @@ void SimCluster::Drain(int r) {
       second.offset = p.offset + cut;
       second.bytes = p.bytes.substr(cut);
       SIM_TRACE("  (torn at %zu)", cut);
-      Schedule(now_ + Delay(), std::move(ev));
-      Schedule(now_ + Delay(), std::move(second));
+      Schedule(OneSidedAt(r, p.to), std::move(ev));
+      Schedule(OneSidedAt(r, p.to), std::move(second));
       continue;
     }
     ev.offset = p.offset;
     ev.bytes = std::move(p.bytes);
-    Schedule(now_ + Delay(), std::move(ev));
+    Schedule(OneSidedAt(r, p.to), std::move(ev));
   }
   for (ControlOp& c : rd.controls) {
     if (lossy_ && Chance(opt_.drop_rate)) continue;
@@ -560,7 +585,7 @@ void SimCluster::Drain(int r) {
     ev.to = c.to;
     ev.from = r;
     ev.control = c.word;
-    Schedule(now_ + Delay(), std::move(ev));
+    Schedule(OneSidedAt(r, c.to), std::move(ev));
   }
   for (AckOp& a : rd.acks) {
     if (a.to < 0 || a.to >= n_ || a.to == r) {
@@ -573,7 +598,7 @@ void SimCluster::Drain(int r) {
     ev.to = a.to;
     ev.from = r;
     ev.ack = a.word;
-    Schedule(now_ + Delay(), std::move(ev));
+    Schedule(OneSidedAt(r, a.to), std::move(ev));
   }
   for (const AckOp& a : rd.acks) {
     if (a.word.durable_index > nd.rep->durable_index()) {
@@ -852,10 +877,7 @@ void SimCluster::CrashImpl(int r, bool tear, size_t whole, size_t records) {
   nd.paused = false;
   nd.disk.clear();
   nd.disk_scheduled = 0;
-  nd.regions.clear();
-  nd.region_order.clear();
-  nd.has_reader = false;
-  nd.reader.reset();
+  ResetMemory(nd);
   nd.deferred.clear();
   nd.persisted_while_paused.clear();
   pending_[r].clear();  // their outcome is unknown to the client
@@ -940,6 +962,20 @@ void SimCluster::SetLink(int from, int to, bool connected) {
   if (links_[from][to] != connected)
     SIM_TRACE("link r%d -> r%d %s", from, to, connected ? "restored" : "CUT");
   links_[from][to] = connected;
+}
+
+void SimCluster::HoldOneSided(int from, int to, uint64_t until_us) {
+  SIM_TRACE("one-sided writes r%d -> r%d held until %lluus", from, to, (U)until_us);
+  hold_one_sided_until_[from][to] = until_us;
+}
+
+void SimCluster::ResetMemory(Node& nd) {
+  nd.buffers.clear();
+  nd.region_buffer.clear();
+  nd.region_order.clear();
+  nd.free_buffers.clear();
+  nd.has_reader = false;
+  nd.reader.reset();
 }
 
 void SimCluster::Partition(const std::set<int>& side) {

@@ -6,9 +6,15 @@
 //  - messages arrive after a random delay, or never, or twice, in any order;
 //  - one-sided puts land in the target's log region for (ballot, stream) after
 //    a random delay, sometimes torn in two parts that land at different times
-//    (in either order), sometimes not at all; a put for a region its owner no
-//    longer reads lands there and is never read. Control and ack words are
+//    (in either order), sometimes not at all. A put for a region its owner no
+//    longer reads lands there anyway, and the owner reuses the memory as the
+//    daemon does (guard/peer_link.cc: the three newest regions are kept,
+//    older ones zeroed and given to later streams), so a late put for an old
+//    stream can land in the stream read now. Control and ack words are
 //    words in memory: the last write to land wins, whichever was issued last;
+//  - the one-sided writes of one link can be held back and then land one
+//    after another, in order, while messages still flow (TCP retransmitting
+//    the transport's connection after a partition healed: HoldOneSided);
 //  - durable writes complete in FIFO order after a random delay, group-
 //    committed like the daemon's disk writer, and only a completed write
 //    reaches the replica's durable state;
@@ -109,6 +115,11 @@ struct SimOptions {
   uint64_t pause_max_us = 300'000;  // a paused leader resumes at the latest after this
   double pause_anyone_rate = 0.3;   // share of pauses aimed at any replica, not the leader
   uint64_t spurious_unreachable_every_us = 100'000;  // transport wrongly reports a live peer lost
+  // The one-sided writes of one direction of one link are held back for up
+  // to hold_one_sided_max_us and then land together (HoldOneSided).
+  uint64_t hold_one_sided_every_us = 150'000;
+  uint64_t hold_one_sided_max_us = 150'000;
+  uint64_t hold_drain_us = 20;  // then one held write lands every this many us
   uint64_t truncate_every_us = 100'000;
   // A leader hands over (Replica::HandOver) to a random other replica, which
   // may be down, partitioned or paused, and holds back its own candidacy
@@ -194,6 +205,11 @@ class SimCluster {
   bool link(int from, int to) const { return links_[from][to]; }
   void Partition(const std::set<int>& side);  // cut side from the rest, both ways
   void Heal();                                // restores every link
+  // Puts, control words and acks from `from` to `to` issued before until_us
+  // land from until_us on, in the order issued, one every hold_drain_us
+  // (and later ones queue behind them); messages are not held. What the UCX
+  // connection does while TCP retransmits after a partition healed.
+  void HoldOneSided(int from, int to, uint64_t until_us);
   // While held, r's durable writes do not complete (they are lost on a crash).
   void HoldDisk(int r, bool hold);
   // Whether the random drop/dup/torn/slow rates apply (off: reliable, fast).
@@ -266,9 +282,14 @@ class SimCluster {
     uint64_t batch_start = 0;   // start of the last batch
     bool disk_held = false;
     std::vector<uint64_t> persisted_while_paused;
-    // Memory the replica owns: log regions (recent streams) and its ack array.
-    std::map<RegionKey, std::vector<uint8_t>> regions;
-    std::deque<RegionKey> region_order;
+    // Memory the replica owns: log region buffers and its ack array. Every
+    // region this incarnation opened keeps its buffer's address (a leader
+    // may still put there), though only the three newest keep the buffer
+    // itself: older ones go back to free_buffers, zeroed when reused.
+    std::vector<std::vector<uint8_t>> buffers;
+    std::map<RegionKey, size_t> region_buffer;  // (ballot, stream) -> buffer
+    std::deque<RegionKey> region_order;         // regions that keep their buffer, newest last
+    std::deque<size_t> free_buffers;
     RegionKey reading{0, 0};
     bool has_reader = false;
     std::unique_ptr<RingReader> reader;
@@ -315,6 +336,8 @@ class SimCluster {
 
   void Schedule(uint64_t at, Event ev);
   uint64_t Delay();
+  uint64_t OneSidedAt(int from, int to);  // when a put, control or ack word issued now lands
+  void ResetMemory(Node& nd);
   bool Chance(double p);
   void Process(Event& ev);
   void Poll(int r);
@@ -338,6 +361,8 @@ class SimCluster {
   std::map<std::pair<uint64_t, uint64_t>, Event> events_;  // (time, seq) -> event
   std::vector<Node> nodes_;
   std::vector<std::vector<bool>> links_;
+  std::vector<std::vector<uint64_t>> hold_one_sided_until_;  // [from][to]
+  std::vector<std::vector<uint64_t>> one_sided_tail_;        // [from][to]: last held write lands
   bool lossy_ = true;
   uint64_t next_incarnation_ = 1;
 

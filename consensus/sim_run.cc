@@ -1,7 +1,7 @@
 // sim_run.cc — the randomized run of the simulator (RunSimulation, see
 // sim.h): drives a SimCluster with a seed's schedule of proposals, crashes,
-// partitions, pauses and truncations, and replays a failing seed with its
-// trace on.
+// partitions, held one-sided writes, pauses and truncations, and replays a
+// failing seed with its trace on.
 #include <algorithm>
 #include <cstring>
 
@@ -54,6 +54,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
   uint64_t next_pause = opt.faults ? NextAt(rng, 0, opt.pause_every_us) : kNever;
   uint64_t next_truncate = NextAt(rng, 0, opt.truncate_every_us);
   uint64_t next_handover = opt.faults ? NextAt(rng, 0, opt.handover_every_us) : kNever;
+  uint64_t next_hold = opt.faults ? NextAt(rng, 0, opt.hold_one_sided_every_us) : kNever;
   uint64_t next_check = 1000;
   uint64_t next_unreachable =
       opt.faults ? NextAt(rng, 0, opt.spurious_unreachable_every_us) : kNever;
@@ -72,8 +73,9 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
   };
 
   while (!c.failed()) {
-    uint64_t t = std::min({end, next_propose, next_crash, next_partition, next_pause, next_truncate,
-                           next_check, next_unreachable, next_handover, heal_at, resume_at});
+    uint64_t t =
+        std::min({end, next_propose, next_crash, next_partition, next_pause, next_truncate,
+                  next_check, next_unreachable, next_handover, next_hold, heal_at, resume_at});
     for (uint64_t x : restart_at) t = std::min(t, x);
     c.RunUntilTime(t);
     if (c.failed() || t >= end) break;
@@ -166,6 +168,19 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
         resume_soon = anyone || Bernoulli(rng, 0.2);
         resume_at =
             t + (resume_soon ? Uniform(rng, 100, anyone ? 100'000 : 15'000) : opt.pause_max_us);
+      }
+    }
+    if (t == next_hold) {
+      // The one-sided writes of one direction of one link land late, one
+      // right after another (TCP retransmitting the transport's connection),
+      // while the messages go through.
+      next_hold = NextAt(rng, t, opt.hold_one_sided_every_us);
+      int a = static_cast<int>(Uniform(rng, 0, n - 1));
+      int b = static_cast<int>(Uniform(rng, 0, n - 1));
+      uint64_t until = t + Uniform(rng, 1, opt.hold_one_sided_max_us);
+      if (a != b) {
+        if (c.tracing()) c.Trace(Format("fault: hold one-sided writes r%d -> r%d", a, b));
+        c.HoldOneSided(a, b, until);
       }
     }
     if (t == next_unreachable) {

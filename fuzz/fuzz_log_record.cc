@@ -15,10 +15,11 @@
 namespace lockstep {
 namespace {
 
-// Makes buf a record that checks out at `position` (what the writer does),
-// keeping the fuzzer's type, length, ballot, index and payload; 0 when the
-// record it names does not fit in avail.
-size_t Seal(uint8_t* buf, size_t avail, uint64_t position) {
+// Makes buf a record that checks out at `position` and, in a log region, for
+// `stream` (what the writer does: log_format.h), keeping the fuzzer's type,
+// length, ballot, index and payload; 0 when the record it names does not
+// fit in avail.
+size_t Seal(uint8_t* buf, size_t avail, uint64_t position, uint64_t stream = 0) {
   if (avail < RecordSize(0)) return 0;
   RecordHeader h;
   memcpy(&h, buf, sizeof h);
@@ -29,9 +30,10 @@ size_t Seal(uint8_t* buf, size_t avail, uint64_t position) {
   if (size > avail) return 0;
   h.checksum = 0;
   uint32_t crc = Crc32c(0, &h, sizeof h);
-  h.checksum = Crc32c(crc, buf + kHeaderSize, h.payload_len);
+  crc = Crc32c(crc, buf + kHeaderSize, h.payload_len);
+  h.checksum = stream == 0 ? crc : Crc32c(crc, &stream, sizeof stream);
   memcpy(buf, &h, sizeof h);
-  uint64_t canary = CanaryFor(h.ballot, h.index, h.position);
+  uint64_t canary = CanaryFor(h.ballot, h.index, h.position, stream);
   memcpy(buf + size - kCanarySize, &canary, sizeof canary);
   return size;
 }
@@ -68,24 +70,27 @@ void Walk(uint8_t* buf, size_t size, uint64_t base, bool seal) {
   }
 }
 
-// The backup's reader over a ring of these bytes: it must never hand out a
-// record that does not check out, nor read outside the ring.
-void Ring(uint8_t* ring, size_t ring_bytes, bool seal) {
+// The backup's reader of `stream` over a ring of these bytes: it must never
+// hand out a record that does not check out for its stream, nor read
+// outside the ring. Sealed for another stream, not one record is read.
+void Ring(uint8_t* ring, size_t ring_bytes, bool seal, uint64_t stream, bool other_stream) {
   if (ring_bytes < 8) return;
   ring_bytes &= ~size_t{7};
+  size_t sealed = 0;
   if (seal) {  // a writer's laps: records placed as PlaceRecord says, from position 0
-    size_t off = 0;
-    while (off < ring_bytes) {
-      size_t n = Seal(ring + off, ring_bytes - off, off);
+    while (sealed < ring_bytes) {
+      size_t n =
+          Seal(ring + sealed, ring_bytes - sealed, sealed, other_stream ? stream + 1 : stream);
       if (n == 0) break;
-      off += n;
+      sealed += n;
     }
   }
-  RingReader reader(ring, ring_bytes);
+  RingReader reader(ring, ring_bytes, stream);
   for (int i = 0; i < 256; i++) {
     DecodedRecord r;
     uint64_t before = reader.pos();
     if (!reader.Peek(&r)) break;
+    FUZZ_CHECK(!(other_stream && before < sealed));
     FUZZ_CHECK(r.size <= ring_bytes && r.header.position >= before);
     FUZZ_CHECK(static_cast<EntryType>(r.header.type) != EntryType::kWrap);
     reader.Consume(r);
@@ -125,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 2: Walk(buf, n, position & ~uint64_t{7}, false); break;
     case 3: Walk(buf, n, position & ~uint64_t{7}, true); break;
-    case 4: Ring(buf, n, (position & 1) != 0); break;
+    case 4: Ring(buf, n, (position & 1) != 0, position >> 2, (position & 2) != 0); break;
     case 5: {  // the control and ack words: a torn or forged one is refused
       uint8_t word[kControlBytes] = {};
       memcpy(word, buf, n < sizeof word ? n : sizeof word);

@@ -249,12 +249,14 @@ void PeerLink::EnsureRegion() {
   while (own_regions_.size() > kKeptRegions) {
     // Never unmapped: over UCX's tcp transport puts are not checked against
     // any key at the target, so a deposed leader could still write to these
-    // addresses. They are zeroed and reused; the reader's ballot, position
-    // and checksum checks keep any late write out of the log.
+    // addresses. They are zeroed and reused, and a leader's late puts for
+    // the stream that had the memory before still land in the stream that
+    // has it now (after a partition, TCP delivers them all at once): only
+    // records sealed with the reader's own stream are read (log_format.h).
     recycled_regions_.push_back(own_regions_.front().region);
     own_regions_.pop_front();
   }
-  reader_ = std::make_unique<RingReader>(region->base + kControlBytes, opt_.ring_bytes);
+  reader_ = std::make_unique<RingReader>(region->base + kControlBytes, opt_.ring_bytes, s);
   last_control_ = ControlWord{};
 }
 
