@@ -156,6 +156,7 @@ void Replica::OnLocalStall(uint64_t now_us, uint64_t gap_us) {
   // replica waited on the one disk they share): the gap is added to the
   // leader's time, for its own candidacy and for the pre-votes it grants.
   if (last_leader_contact_us_ != 0) credit(last_leader_contact_us_);
+  if (unheard_ack_index_) credit(unheard_ack_since_us_);  // nor the leader's silence on our acks
   election_deadline_us_ += gap_us;
   if (prevoting_) {
     prevoting_ = false;  // started on a view the gap made stale
@@ -308,7 +309,26 @@ void Replica::SendNack(const Message& m) {
   ready_.messages.push_back(std::move(nack));
 }
 
-void Replica::NoteLeaderAlive(uint64_t now_us) {
+// A leader that keeps speaking but commits nothing this backup acked an
+// election timeout ago does not hear its backups: a one-way partition (what
+// it sends goes out, what is sent to it is lost), or its acks' path wedged.
+// Its words then stop counting as a live leader, so the backups, which all
+// see the same, elect one of themselves; it would step down by itself only
+// much later (Tick: step_down_min_us). A backup whose acks reach it sees
+// them committed well within the timeout, whatever the load: commit needs a
+// majority of acks, not the leader's own disk.
+bool Replica::LeaderHearsUs(uint64_t now_us, uint64_t leader_commit) {
+  if (unheard_ack_index_ && leader_commit >= unheard_ack_index_) unheard_ack_index_ = 0;
+  uint64_t acked = std::min(durable_index_, accepted_upto_);
+  if (!unheard_ack_index_ && may_vote_ && acked > leader_commit) {
+    unheard_ack_index_ = acked;
+    unheard_ack_since_us_ = now_us;
+  }
+  return !unheard_ack_index_ || now_us < unheard_ack_since_us_ + config_.election_timeout_max_us;
+}
+
+void Replica::NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit) {
+  if (!LeaderHearsUs(now_us, leader_commit)) return;
   last_leader_contact_us_ = now_us;
   prevoting_ = false;
   ResetElectionTimer(now_us);
@@ -510,6 +530,7 @@ void Replica::Promise(uint64_t now_us, Ballot b, const Message* prepare) {
   StepDown(now_us, b);
   prevoting_ = false;
   promised_ = b;
+  unheard_ack_index_ = 0;  // a new leader: nothing of ours is unheard by it yet
   OpenStream();
   std::vector<Message> then_send;
   Message reply;
@@ -565,7 +586,7 @@ void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
     return;
   }
   if (role_ != Role::kBackup) return;
-  NoteLeaderAlive(now_us);
+  NoteLeaderAlive(now_us, m.commit_index);
   commit_index_ = std::max(commit_index_, std::min(m.commit_index, accepted_upto_));
   // Lost puts leave the stream short of what the leader sent. Being behind
   // is not enough to tell: a busy backup reads its ring in bounded passes,
@@ -831,7 +852,7 @@ void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const
   LS_ASSERT(e.ballot == ballot || e.index <= record_commit,
             "record %lu of ballot %s in the stream of %s", (unsigned long)e.index,
             BallotString(e.ballot).c_str(), BallotString(ballot).c_str());
-  NoteLeaderAlive(now_us);
+  NoteLeaderAlive(now_us, record_commit);
   consumed_pos_ = next_pos;
   ack_dirty_ = true;
   if (e.index <= commit_index_ || e.index < first_index_) {
@@ -855,7 +876,7 @@ void Replica::OnControl(uint64_t now_us, const ControlWord& w) {
   if (role_ != Role::kBackup || w.ballot != promised_ || w.stream_id != stream_id_) return;
   if (w.heartbeat != last_heartbeat_seen_) {
     last_heartbeat_seen_ = w.heartbeat;
-    NoteLeaderAlive(now_us);
+    NoteLeaderAlive(now_us, w.commit_index);
     ack_dirty_ = true;  // echo it: the leader's proof that we are alive
   }
   uint64_t c = std::min(w.commit_index, accepted_upto_);

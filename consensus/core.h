@@ -255,7 +255,11 @@ class Replica {
   void StartPreVote(uint64_t now_us);
   void HandlePreVote(uint64_t now_us, const Message& m);
   void HandlePreVoteReply(uint64_t now_us, const Message& m);
-  void NoteLeaderAlive(uint64_t now_us);
+  // The leader spoke (a heartbeat, a control word, a record), saying it has
+  // committed up to leader_commit: it counts as alive unless it hears us
+  // not (LeaderHearsUs).
+  void NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit);
+  bool LeaderHearsUs(uint64_t now_us, uint64_t leader_commit);
   void Broadcast(Message::Type type, Ballot ballot);
   void SendNack(const Message& m);
   void BecomeLeader(uint64_t now_us);
@@ -299,6 +303,10 @@ class Replica {
   Ballot prevote_ballot_ = 0;
   std::set<int> prevote_grants_;
   uint64_t last_leader_contact_us_ = 0;
+  // The oldest ack of ours the leader has not yet committed (0: none
+  // pending), and since when (LeaderHearsUs).
+  uint64_t unheard_ack_index_ = 0;
+  uint64_t unheard_ack_since_us_ = 0;
   uint64_t catch_up_target_ = 0;    // damaged log: may vote again past this commit
   uint64_t lead_after_commit_ = 0;  // lacks truncated committed slots: no elections before this
   uint64_t election_hold_until_us_ = 0;  // handed leadership over: no elections before this

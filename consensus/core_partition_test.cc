@@ -254,5 +254,37 @@ TEST(Core, ALateJoinDoesNotRestartTheStreamItStarted) {
   ExpectAllAgree(c);
 }
 
+// A leader its backups hear but that hears none of them (a one-way
+// partition: what it sends goes out, what is sent to it is lost) commits
+// nothing, and steps down only after a long while (the daemon's 2 s, so
+// that backups it merely does not hear for a stall do not cost an
+// election). Its backups notice sooner that it commits nothing they acked
+// an election timeout ago, stop taking its heartbeats for a live leader,
+// and elect one of themselves.
+TEST(Core, BackupsReplaceALeaderThatHearsNobody) {
+  SimOptions o = Quiet(3, 31);
+  o.step_down_min_us = 2'000'000;
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  Ballot deaf = c.replica(l)->promised();
+  for (int b : Others(c, l)) c.SetLink(b, l, false);
+  uint64_t cut = c.now();
+  // Its clients go on proposing: the backups take each entry and ack it, in vain.
+  auto replaced = [&] { return c.Leader() >= 0 && c.replica(c.Leader())->promised() > deaf; };
+  for (int i = 0; i < 100 && !replaced(); i++) {
+    c.Propose(l, EntryType::kInput, "unheard-" + std::to_string(i));
+    c.RunFor(2'000);
+  }
+  ASSERT_TRUE(replaced()) << Report(c);
+  EXPECT_LT(c.now() - cut, 5 * o.election_timeout_max_us);
+  EXPECT_EQ(c.replica(l)->role(), Role::kLeader);  // it has not noticed yet
+  EXPECT_LT(c.replica(l)->commit_index(), c.replica(l)->last_index());
+  ASSERT_GT(CommitOnLeader(c, "after"), 0u) << Report(c);
+  c.Heal();
+  ASSERT_GT(Commit(c, "healed"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
 }  // namespace
 }  // namespace lockstep

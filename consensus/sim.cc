@@ -76,6 +76,7 @@ void SimCluster::StartReplica(int r) {
   cfg.message_heartbeat_us = opt_.message_heartbeat_us;
   cfg.election_timeout_min_us = opt_.election_timeout_min_us;
   cfg.election_timeout_max_us = opt_.election_timeout_max_us;
+  cfg.step_down_min_us = opt_.step_down_min_us;
   cfg.max_put_bytes = opt_.max_put_bytes;
   cfg.seed = opt_.seed * 0x9e3779b97f4a7c15ull + nd.incarnation * 7919;
   cfg.incarnation = nd.incarnation;

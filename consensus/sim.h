@@ -79,7 +79,8 @@ struct SimOptions {
   uint64_t message_heartbeat_us = 10000;
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;
-  uint64_t tick_us = 250;  // how often each replica is ticked and polls memory
+  uint64_t step_down_min_us = 0;  // Config::step_down_min_us (the daemon: 2 s)
+  uint64_t tick_us = 250;         // how often each replica is ticked and polls memory
 
   // Network: messages, puts, control and ack words.
   uint64_t delay_min_us = 5;
