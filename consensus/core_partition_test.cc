@@ -30,10 +30,7 @@ TEST(Core, PartitionedBackupRejoinsAndCatchesUp) {
   uint64_t last = 0;
   for (int i = 0; i < 600; i++) {
     std::string p = "q" + std::to_string(i) + std::string(200, 'q');
-    ProposeResult r = c.Propose(l, EntryType::kInput, p);
-    ASSERT_TRUE(r.ok) << r.error;
-    c.Track(l, r.index, EntryType::kInput, p);
-    last = r.index;
+    ASSERT_GT(last = ProposeTracked(c, l, p), 0u);
     c.RunFor(50);
   }
   ASSERT_TRUE(c.RunUntil([&] { return c.replica(l)->commit_index() >= last; }, 1'000'000));
@@ -158,10 +155,7 @@ TEST(Core, LostPutsStallTheStreamAndTheBackupRejoins) {
     c.SetLink(l, b, false);
     for (int i = 0; i < 20; i++) {
       std::string p = "r" + std::to_string(round) + "-" + std::to_string(i);
-      ProposeResult r = c.Propose(l, EntryType::kInput, p);
-      ASSERT_TRUE(r.ok);
-      c.Track(l, r.index, EntryType::kInput, p);
-      last = r.index;
+      ASSERT_GT(last = ProposeTracked(c, l, p), 0u);
     }
     c.RunFor(2'000);
     c.SetLink(l, b, true);
@@ -197,20 +191,13 @@ TEST(Core, LateWritesIntoARecycledRegionDoNotStrandTheBackup) {
     c.HoldOneSided(l, b, c.now() + 300'000);
     for (uint64_t end = c.now() + 350'000 + 7'000 * round; c.now() < end; c.RunFor(1'000)) {
       std::string p = "w" + std::to_string(1000 + n++);  // records of one size
-      ProposeResult r = c.Propose(l, EntryType::kInput, p);
-      ASSERT_TRUE(r.ok) << r.error;
-      c.Track(l, r.index, EntryType::kInput, p);
-      last = r.index;
+      ASSERT_GT(last = ProposeTracked(c, l, p), 0u);
     }
     ASSERT_CLEAN(c);
   }
   EXPECT_GT(c.sent(Message::Type::kJoin), joins_before + 10);  // it rejoined again and again
   // The load stops: only what the leader already sent can bring b forward.
-  ASSERT_TRUE(c.RunUntil([&] { return c.AllCommitted(last); }, 1'000'000))
-      << "backup r" << b << " commit " << c.replica(b)->commit_index() << " of " << last << "\n"
-      << Report(c);
-  EXPECT_EQ(c.Leader(), l);
-  ExpectAllAgree(c);
+  ExpectCaughtUp(c, b, last, l);
 }
 
 // Seed 4093 of SeedsTruncatingPastLaggingReplicas, once one-sided writes
@@ -242,16 +229,9 @@ TEST(Core, ALateJoinDoesNotRestartTheStreamItStarted) {
   c.replica(l)->OnPeerUnreachable(c.now(), b);
   c.replica(l)->OnMessage(c.now(), join);
   for (int i = 0; i < 10; i++) {
-    ProposeResult r = c.Propose(l, EntryType::kInput, "y" + std::to_string(i));
-    ASSERT_TRUE(r.ok) << r.error;
-    c.Track(l, r.index, EntryType::kInput, "y" + std::to_string(i));
-    last = r.index;
+    ASSERT_GT(last = ProposeTracked(c, l, "y" + std::to_string(i)), 0u);
   }
-  ASSERT_TRUE(c.RunUntil([&] { return c.AllCommitted(last); }, 1'000'000))
-      << "backup r" << b << " commit " << c.replica(b)->commit_index() << " of " << last << "\n"
-      << Report(c);
-  EXPECT_EQ(c.Leader(), l);
-  ExpectAllAgree(c);
+  ExpectCaughtUp(c, b, last, l);
 }
 
 // A leader its backups hear but that hears none of them (a one-way

@@ -42,6 +42,18 @@ inline int WaitLeader(SimCluster& c, uint64_t max_us = 500'000) {
   return c.Leader();
 }
 
+// Proposes payload at replica r and tracks it for the acknowledged-entry
+// check; its index, or 0 (a test failure, with the refusal) when r refused.
+inline uint64_t ProposeTracked(SimCluster& c, int r, const std::string& payload) {
+  ProposeResult res = c.Propose(r, EntryType::kInput, payload);
+  if (!res.ok) {
+    ADD_FAILURE() << "proposal refused: " << res.error;
+    return 0;
+  }
+  c.Track(r, res.index, EntryType::kInput, payload);
+  return res.index;
+}
+
 // Proposes at the current leader and waits until the leader committed it.
 inline uint64_t CommitOnLeader(SimCluster& c, const std::string& payload,
                                uint64_t max_us = 300'000) {
@@ -93,6 +105,16 @@ inline void ExpectAllAgree(SimCluster& c) {
       EXPECT_EQ(it->second.payload, x->At(i)->payload) << "r" << r << " slot " << i;
     }
   }
+}
+
+// Every replica commits up to last (backup b, the one that was behind, says
+// where it stood otherwise), leader still leads, and all agree.
+inline void ExpectCaughtUp(SimCluster& c, int b, uint64_t last, int leader) {
+  ASSERT_TRUE(c.RunUntil([&] { return c.AllCommitted(last); }, 1'000'000))
+      << "backup r" << b << " commit " << c.replica(b)->commit_index() << " of " << last << "\n"
+      << Report(c);
+  EXPECT_EQ(c.Leader(), leader);
+  ExpectAllAgree(c);
 }
 
 }  // namespace lockstep
