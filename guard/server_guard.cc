@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "checkpoint/relocate.h"
@@ -49,6 +50,45 @@ void ServerPipeline::OpenCheckpoints() {
   fetcher_ =
       std::make_unique<CheckpointFetcher>(cfg_, me_.id, &checkpointer_->store(),
                                           [this](const std::string& m) { log_("%s", m.c_str()); });
+}
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 't' held by a
+// tracer...), or 0 when it cannot be read.
+static char ProcessState(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  size_t paren = stat.rfind(')');  // the name in parentheses may hold anything
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// A leader whose server is stopped (SIGSTOP, a debugger holding it) serves
+// nobody, while its daemon goes on leading and nothing else would move the
+// clients: after kStoppedHandOverUs it hands leadership to the backup
+// furthest along (Replica::HandOver, as a divergent leader does), and it may
+// lead again once its server runs. A CRIU dump also stops the server, but
+// only backups dump. A server merely busy (a long command) is not stopped:
+// every replica's would be as slow.
+void ServerPipeline::HandOverIfStopped(uint64_t now) {
+  char state = core_.role() == Role::kLeader && server_ ? ProcessState(server_->pid()) : 0;
+  bool stopped = (state == 'T' || state == 't') && !(checkpointer_ && checkpointer_->dumping());
+  if (!stopped) {
+    stopped_since_us_ = 0;
+    return;
+  }
+  if (!stopped_since_us_) stopped_since_us_ = now;
+  if (now - stopped_since_us_ < kStoppedHandOverUs) return;
+  int successor = -1;
+  for (int b = 0; b < static_cast<int>(cfg_.replicas.size()); b++) {
+    if (b == me_.id || !core_.PeerReady(b)) continue;
+    if (successor < 0 || core_.PeerMatch(b) > core_.PeerMatch(successor)) successor = b;
+  }
+  if (successor >= 0 && core_.HandOver(now, successor, kStoppedHoldUs))
+    log_(
+        "this leader's server (pid %d) has been stopped for %lu ms: handed leadership over to "
+        "replica %d",
+        (int)server_->pid(), (unsigned long)((now - stopped_since_us_) / 1000), successor);
+  stopped_since_us_ = 0;
 }
 
 void ServerPipeline::ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index) {

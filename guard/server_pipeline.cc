@@ -222,6 +222,7 @@ bool ServerPipeline::Healthy(uint64_t now) {
   }
   std::string how;
   if (server_->Exited(&how)) return Recover(how, now);
+  HandOverIfStopped(now);
   uint64_t read = replayer_ ? replayer_->BytesRead() : 0;
   if (read != bytes_read_seen_) last_read_change_us_ = now;
   bytes_read_seen_ = read;

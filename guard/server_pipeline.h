@@ -121,6 +121,8 @@ class ServerPipeline {
   // the leader's; nobody else is asked), restores it and replays.
   // Asynchronous: repair_transfer() says where it is.
   void StartRepairTransfer(const std::vector<int>& agreeing);
+  // A leader whose server is stopped hands leadership over (server_guard.cc).
+  void HandOverIfStopped(uint64_t now);
   enum class RepairTransfer : uint8_t { kNone, kRunning, kDone, kFailed };
   RepairTransfer repair_transfer() const { return repair_transfer_; }
   // kDone: the checkpoint restored; kFailed: why.
@@ -133,6 +135,10 @@ class ServerPipeline {
   // A server that dies this soon after reading an input is taken to die of it.
   static constexpr uint64_t kCrashAttributionUs = 2000000;
   static constexpr int kMaxDeathsWithoutProgress = 3;
+  // A leader whose server has been stopped this long hands leadership over
+  // (HandOverIfStopped), and then stands for no election for kStoppedHoldUs.
+  static constexpr uint64_t kStoppedHandOverUs = 200000;
+  static constexpr uint64_t kStoppedHoldUs = 1000000;
   // One of our shim's inputs proposed to the log.
   struct OwnPending {
     uint64_t seq;
@@ -219,6 +225,7 @@ class ServerPipeline {
   uint64_t bytes_read_seen_ = 0;      // Replayer::BytesRead at the last health check
   uint64_t last_read_change_us_ = 0;  // when it last grew
   std::string server_failed_;         // non-empty: the server is not run any more, and why
+  uint64_t stopped_since_us_ = 0;     // when the server was first seen stopped (0: running)
   bool close_all_open_ = false;       // a restored leader closes every connection, its own too
 
   std::unique_ptr<CheckpointSenders> senders_;

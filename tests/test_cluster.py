@@ -241,3 +241,39 @@ def test_a_server_that_closes_after_each_reply_keeps_its_backups_going(cluster):
         return got == [b"30\n"] * 3
 
     cluster.wait(counts, 30, "every replica's server to have counted 30 requests")
+
+
+def test_a_leader_whose_server_is_stopped_hands_leadership_over(cluster):
+    # The leader's redis SIGSTOPped (a debugger, a hung process): its daemon
+    # is healthy and would go on leading while nobody is served. It hands
+    # leadership to a backup instead, and its redis, continued, catches up
+    # as a backup's.
+    from resp import Redis
+
+    cluster.up(app="redis")
+    Redis(cluster.client_addr()).call("SET", "before", "1")
+    old = cluster.leader()
+    server = cluster.status()["replicas"][old]["server_pid"]
+    os.kill(server, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        s = cluster.wait(lambda s: s["leader"] not in (None, old), 10, "another leader")
+        took = time.monotonic() - t0
+        assert Redis(cluster.client_addr()).call("SET", "during", "2") == "OK"
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert took < 5, took
+    assert s["replicas"][old]["role"] == "backup", s
+    log = (cluster.dir / f"replica-{old}.log").read_text()
+    assert f"this leader's server (pid {server}) has been stopped for" in log, log[-2000:]
+    Redis(cluster.client_addr()).call("SET", "after", "3")
+    cluster.wait(
+        lambda s: (
+            len({r["applied_index"] for r in s["replicas"]}) == 1
+            and all(r["server_read_all"] for r in s["replicas"])
+        ),
+        20,
+        "every server to have read every input",
+    )
+    digests = {c.call("DEBUG", "DIGEST") for _, c in cluster.each_server()}
+    assert len(digests) == 1, digests
