@@ -66,9 +66,22 @@ def test_an_election_through_lost_and_late_messages_loses_nothing(cluster):
         failpoint(cluster, b, "delay_ms=50", "jitter_ms=100", "drop=0.33", f"seed={7 + n}")
     os.kill(cluster.pid(old), signal.SIGKILL)
     cluster.wait(lambda s: s["leader"] in backups, 30, "a leader elected through lost messages")
-    cluster.propose(*[f"c{i}" for i in range(20)])
+    # With messages 50-150 ms late against a 50-100 ms election timeout,
+    # a second candidate may still win a later ballot a moment after the
+    # first (a CI run saw it): the proposals go in once the messages flow
+    # again and one leader has held for a while, so that none of them is
+    # caught by a change of leader (its outcome would be unknown).
     for b in backups:
         failpoint(cluster, b, "off")
+    settled = {"leader": None, "since": 0.0}
+
+    def held_for_a_while(s):
+        if s["leader"] != settled["leader"]:
+            settled.update(leader=s["leader"], since=time.monotonic())
+        return s["leader"] in backups and time.monotonic() - settled["since"] > 1.0
+
+    cluster.wait(held_for_a_while, 30, "one leader holding for 1 s")
+    cluster.propose(*[f"c{i}" for i in range(20)])
     run("cluster", "restart", "--dir", cluster.dir, "--id", old)
     cluster.propose("after")
     log = same_logs(cluster)
