@@ -241,6 +241,20 @@ SpawnResult Spawn(const SpawnOptions& o) {
   return result;
 }
 
+char ProcessState(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = fopen(path, "re");
+  if (!f) return 0;
+  char buf[512];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) state ...": comm may hold spaces and parentheses.
+  const char* close = strrchr(buf, ')');
+  return close && close[1] == ' ' && close[2] ? close[2] : 0;
+}
+
 bool ProcessEnded(pid_t pid) {
   // Every thread exiting or a zombie. Killed threads that a tracer (criu)
   // has not reaped stay zombies one by one, and the last thread of a pid

@@ -85,5 +85,9 @@ int MoveAboveStdio(int fd);
 // tracer) has not reaped yet. Reads /proc only: it never reaps, so it may
 // ask about another's child or a traced process.
 bool ProcessEnded(pid_t pid);
+// The state letter of process pid in /proc/PID/stat ('R' running, 'S'
+// sleeping, 'T' stopped, 't' held by a tracer, 'Z' zombie...), or 0 when
+// it cannot be read (gone).
+char ProcessState(pid_t pid);
 
 }  // namespace lockstep

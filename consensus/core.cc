@@ -477,6 +477,16 @@ void Replica::StepDown(uint64_t now_us, Ballot seen) {
   ResetElectionTimer(now_us);
 }
 
+int Replica::FurthestReadyPeer(const std::vector<int>& among) const {
+  int best = -1;
+  for (int p = 0; p < config_.replicas; p++) {
+    if (p == config_.id || !peers_[p].ready) continue;
+    if (!among.empty() && std::find(among.begin(), among.end(), p) == among.end()) continue;
+    if (best < 0 || peers_[p].match > peers_[best].match) best = p;
+  }
+  return best;
+}
+
 bool Replica::HandOver(uint64_t now_us, int successor, uint64_t hold_us) {
   if (role_ != Role::kLeader || successor < 0 || successor >= config_.replicas ||
       successor == config_.id)

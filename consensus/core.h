@@ -221,6 +221,10 @@ class Replica {
   // Leader only: how far each peer's durable index trails the commit index.
   uint64_t PeerMatch(int peer) const { return peers_[peer].match; }
   bool PeerReady(int peer) const { return peers_[peer].ready; }
+  // Leader only: the successor a hand-over picks (HandOver): among `among`
+  // (every other replica when empty), the one with a live stream furthest
+  // along, so that its phase 1 is the shortest; -1 when none has one.
+  int FurthestReadyPeer(const std::vector<int>& among = {}) const;
   // Acks dropped because they claimed more than this leader sent (OnAck).
   uint64_t rejected_acks() const { return rejected_acks_; }
   bool may_vote() const { return may_vote_; }

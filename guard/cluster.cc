@@ -237,11 +237,7 @@ int ReplicaPid(const std::string& dir, int id) {
   if (kill(pid, 0) != 0) return 0;
   // A zombie or a recycled pid is not our replica.
   if (!IsOurReplica(pid, dir + "/cluster.toml")) return 0;
-  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
-  std::string s;
-  std::getline(st, s);
-  size_t p = s.rfind(')');
-  if (p != std::string::npos && p + 2 < s.size() && s[p + 2] == 'Z') return 0;
+  if (ProcessState(pid) == 'Z') return 0;
   if (Dying(pid)) return 0;
   return pid;
 }

@@ -521,11 +521,7 @@ void OutputGuard::HandOverDivergent(const lockstep::Divergence& d, DivergenceRep
             RoleName(core_.role()), d.replica);
   // The successor: a backup that agreed, with a live stream, the furthest
   // along (the shortest phase 1).
-  int successor = -1;
-  for (int b : d.agreeing) {
-    if (b < 0 || b >= n_ || b == id_ || !core_.PeerReady(b)) continue;
-    if (successor < 0 || core_.PeerMatch(b) > core_.PeerMatch(successor)) successor = b;
-  }
+  int successor = d.agreeing.empty() ? -1 : core_.FurthestReadyPeer(d.agreeing);
   for (int b : d.agreeing)
     if (successor < 0 && b >= 0 && b < n_ && b != id_) successor = b;
   Ballot ballot = core_.promised();

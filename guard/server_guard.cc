@@ -13,10 +13,10 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "checkpoint/relocate.h"
+#include "checkpoint/spawn.h"
 #include "consensus/assert.h"
 #include "guard/client.h"
 #include "guard/restore_point.h"
@@ -52,16 +52,6 @@ void ServerPipeline::OpenCheckpoints() {
                                           [this](const std::string& m) { log_("%s", m.c_str()); });
 }
 
-// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 't' held by a
-// tracer...), or 0 when it cannot be read.
-static char ProcessState(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(f, stat);
-  size_t paren = stat.rfind(')');  // the name in parentheses may hold anything
-  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
-}
-
 // A leader whose server is stopped (SIGSTOP, a debugger holding it) serves
 // nobody, while its daemon goes on leading and nothing else would move the
 // clients: after kStoppedHandOverUs it hands leadership to the backup
@@ -78,11 +68,7 @@ void ServerPipeline::HandOverIfStopped(uint64_t now) {
   }
   if (!stopped_since_us_) stopped_since_us_ = now;
   if (now - stopped_since_us_ < kStoppedHandOverUs) return;
-  int successor = -1;
-  for (int b = 0; b < static_cast<int>(cfg_.replicas.size()); b++) {
-    if (b == me_.id || !core_.PeerReady(b)) continue;
-    if (successor < 0 || core_.PeerMatch(b) > core_.PeerMatch(successor)) successor = b;
-  }
+  int successor = core_.FurthestReadyPeer();
   if (successor >= 0 && core_.HandOver(now, successor, kStoppedHoldUs))
     log_(
         "this leader's server (pid %d) has been stopped for %lu ms: handed leadership over to "
