@@ -82,7 +82,6 @@ std::shared_ptr<TlsContext> TlsContext::Load(const std::string& keys_dir, int ow
       "client's only ca.crt)";
   std::string ca = keys_dir + "/ca.crt";
   auto t = std::shared_ptr<TlsContext>(new TlsContext);
-  t->own_id_ = own_id;
   t->ctx_ = SSL_CTX_new(TLS_method());
   if (!t->ctx_) {
     *error = "TLS: " + OpensslErrors();
@@ -287,10 +286,6 @@ ssize_t Stream::Write(const void* buf, size_t n) {
 
 bool Stream::has_buffered() const {
   return ssl_ && SSL_has_pending(ssl_);
-}
-
-bool Stream::handshake_done() const {
-  return !ssl_ ? !tls_ : SSL_is_init_finished(ssl_);
 }
 
 bool Stream::Handshake(int timeout_ms) {

@@ -50,13 +50,11 @@ class TlsContext {
   ~TlsContext();
   TlsContext(const TlsContext&) = delete;
   TlsContext& operator=(const TlsContext&) = delete;
-  int own_id() const { return own_id_; }
   SSL_CTX* ctx() const { return ctx_; }
 
  private:
   TlsContext() = default;
   SSL_CTX* ctx_ = nullptr;
-  int own_id_ = -1;
 };
 
 // A connected non-blocking socket, and the TLS session over it unless it was
@@ -85,7 +83,6 @@ class Stream {
   bool wants_write() const { return wants_write_; }
   // Completes the handshake, polling, within timeout_ms (false: error()).
   bool Handshake(int timeout_ms);
-  bool handshake_done() const;
   // The replica whose certificate the other end presented and the CA
   // verified; -1 when it presented none (or the stream is plain).
   int peer_replica() const;
