@@ -309,26 +309,31 @@ void Replica::SendNack(const Message& m) {
   ready_.messages.push_back(std::move(nack));
 }
 
-// A leader that keeps speaking but commits nothing this backup acked an
-// election timeout ago does not hear its backups: a one-way partition (what
+// A leader that keeps speaking but commits nothing this backup acked two
+// election timeouts ago does not hear its backups: a one-way partition (what
 // it sends goes out, what is sent to it is lost), or its acks' path wedged.
 // Its words then stop counting as a live leader, so the backups, which all
 // see the same, elect one of themselves; it would step down by itself only
 // much later (Tick: step_down_min_us). A backup whose acks reach it sees
-// them committed well within the timeout, whatever the load: commit needs a
-// majority of acks, not the leader's own disk.
-bool Replica::LeaderHearsUs(uint64_t now_us, uint64_t leader_commit) {
+// them committed well within that, whatever the load: commit needs a
+// majority of acks, not the leader's own disk. Only a heartbeat or a control
+// word starts a probe: they carry the leader's commit index as it is now,
+// where a record carries it as it was when the record was put, which a
+// backup draining a backlog (after a restore, a stall) reads long after.
+// Twice the timeout, not once: a leader slowed as a whole (a sanitizer
+// build, a starved core) commits late without being deaf.
+bool Replica::LeaderHearsUs(uint64_t now_us, uint64_t leader_commit, bool current) {
   if (unheard_ack_index_ && leader_commit >= unheard_ack_index_) unheard_ack_index_ = 0;
   uint64_t acked = std::min(durable_index_, accepted_upto_);
-  if (!unheard_ack_index_ && may_vote_ && acked > leader_commit) {
+  if (current && !unheard_ack_index_ && may_vote_ && acked > leader_commit) {
     unheard_ack_index_ = acked;
     unheard_ack_since_us_ = now_us;
   }
-  return !unheard_ack_index_ || now_us < unheard_ack_since_us_ + config_.election_timeout_max_us;
+  return !unheard_ack_index_ || now_us < unheard_ack_since_us_ + 2 * config_.election_timeout_max_us;
 }
 
-void Replica::NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit) {
-  if (!LeaderHearsUs(now_us, leader_commit)) return;
+void Replica::NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit, bool current) {
+  if (!LeaderHearsUs(now_us, leader_commit, current)) return;
   last_leader_contact_us_ = now_us;
   prevoting_ = false;
   ResetElectionTimer(now_us);
@@ -596,7 +601,7 @@ void Replica::HandleHeartbeat(uint64_t now_us, const Message& m) {
     return;
   }
   if (role_ != Role::kBackup) return;
-  NoteLeaderAlive(now_us, m.commit_index);
+  NoteLeaderAlive(now_us, m.commit_index, /*current=*/true);
   commit_index_ = std::max(commit_index_, std::min(m.commit_index, accepted_upto_));
   // Lost puts leave the stream short of what the leader sent. Being behind
   // is not enough to tell: a busy backup reads its ring in bounded passes,
@@ -862,7 +867,7 @@ void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const
   LS_ASSERT(e.ballot == ballot || e.index <= record_commit,
             "record %lu of ballot %s in the stream of %s", (unsigned long)e.index,
             BallotString(e.ballot).c_str(), BallotString(ballot).c_str());
-  NoteLeaderAlive(now_us, record_commit);
+  NoteLeaderAlive(now_us, record_commit, /*current=*/false);
   consumed_pos_ = next_pos;
   ack_dirty_ = true;
   if (e.index <= commit_index_ || e.index < first_index_) {
@@ -886,7 +891,7 @@ void Replica::OnControl(uint64_t now_us, const ControlWord& w) {
   if (role_ != Role::kBackup || w.ballot != promised_ || w.stream_id != stream_id_) return;
   if (w.heartbeat != last_heartbeat_seen_) {
     last_heartbeat_seen_ = w.heartbeat;
-    NoteLeaderAlive(now_us, w.commit_index);
+    NoteLeaderAlive(now_us, w.commit_index, /*current=*/true);
     ack_dirty_ = true;  // echo it: the leader's proof that we are alive
   }
   uint64_t c = std::min(w.commit_index, accepted_upto_);

@@ -260,10 +260,11 @@ class Replica {
   void HandlePreVote(uint64_t now_us, const Message& m);
   void HandlePreVoteReply(uint64_t now_us, const Message& m);
   // The leader spoke (a heartbeat, a control word, a record), saying it has
-  // committed up to leader_commit: it counts as alive unless it hears us
-  // not (LeaderHearsUs).
-  void NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit);
-  bool LeaderHearsUs(uint64_t now_us, uint64_t leader_commit);
+  // committed up to leader_commit (current: as of now, not as of when a
+  // record was put): it counts as alive unless it hears us not
+  // (LeaderHearsUs).
+  void NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit, bool current);
+  bool LeaderHearsUs(uint64_t now_us, uint64_t leader_commit, bool current);
   void Broadcast(Message::Type type, Ballot ballot);
   void SendNack(const Message& m);
   void BecomeLeader(uint64_t now_us);
