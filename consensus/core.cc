@@ -309,19 +309,17 @@ void Replica::SendNack(const Message& m) {
   ready_.messages.push_back(std::move(nack));
 }
 
-// A leader that keeps speaking but commits nothing this backup acked two
-// election timeouts ago does not hear its backups: a one-way partition (what
+// A leader that keeps speaking but commits nothing this backup acked an
+// election timeout ago does not hear its backups: a one-way partition (what
 // it sends goes out, what is sent to it is lost), or its acks' path wedged.
 // Its words then stop counting as a live leader, so the backups, which all
 // see the same, elect one of themselves; it would step down by itself only
 // much later (Tick: step_down_min_us). A backup whose acks reach it sees
-// them committed well within that, whatever the load: commit needs a
+// them committed well within the timeout, whatever the load: commit needs a
 // majority of acks, not the leader's own disk. Only a heartbeat or a control
 // word starts a probe: they carry the leader's commit index as it is now,
 // where a record carries it as it was when the record was put, which a
 // backup draining a backlog (after a restore, a stall) reads long after.
-// Twice the timeout, not once: a leader slowed as a whole (a sanitizer
-// build, a starved core) commits late without being deaf.
 bool Replica::LeaderHearsUs(uint64_t now_us, uint64_t leader_commit, bool current) {
   if (unheard_ack_index_ && leader_commit >= unheard_ack_index_) unheard_ack_index_ = 0;
   uint64_t acked = std::min(durable_index_, accepted_upto_);
@@ -329,7 +327,7 @@ bool Replica::LeaderHearsUs(uint64_t now_us, uint64_t leader_commit, bool curren
     unheard_ack_index_ = acked;
     unheard_ack_since_us_ = now_us;
   }
-  return !unheard_ack_index_ || now_us < unheard_ack_since_us_ + 2 * config_.election_timeout_max_us;
+  return !unheard_ack_index_ || now_us < unheard_ack_since_us_ + config_.election_timeout_max_us;
 }
 
 void Replica::NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit, bool current) {
