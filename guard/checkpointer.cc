@@ -83,7 +83,7 @@ bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) co
 }
 
 bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pid,
-                             std::string extra, uint64_t now_us) {
+                             std::string extra, uint64_t now_us, bool may_break) {
   requested_ = false;
   last_started_us_ = now_us;
   last_index_ = index;
@@ -111,6 +111,7 @@ bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pi
   pending_extra_ = std::move(extra);
   pending_started_us_ = now_us;
   dump_server_pid_ = server_pid;
+  dump_may_break_ = may_break;
   return true;
 }
 
@@ -158,7 +159,7 @@ void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {
     // guard restores it).
     bool server_died = ProcessEnded(dump_server_pid_);
     if (server_died) last_error_ += "; the server died during the dump";
-    bool passing = r.timed_out || no_space || server_died;
+    bool passing = r.timed_out || no_space || server_died || !dump_may_break_;
     if (!passing) broken_ = r.error;
     log_("CHECKPOINT FAILED: " + last_error_ +
          (no_space ? "; the checkpoints' file system (" + store_.dir() +

@@ -54,9 +54,17 @@ class Checkpointer {
   // Starts the dump of the paused server at index; false (logged, and said
   // in the status) when it cannot start. Then Poll until it is no longer
   // dumping; the server may run again as soon as dumping() is false.
+  // may_break: a dump CRIU refuses for a reason in the server turns
+  // checkpoints off (broken()); a leader's one-off dump for a repair
+  // (server_guard.cc) says false, since its refusal may be passing (a
+  // connection in the listener's queue) and its backups' turns are not its.
   bool StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pid, std::string extra,
-                 uint64_t now_us);
+                 uint64_t now_us, bool may_break = true);
   bool dumping() const { return job_ && job_->running(); }
+  // A finished dump's images are being hashed and fsynced (Poll collects it).
+  bool committing() const { return commit_thread_.joinable(); }
+  // Why the last checkpoint failed ("" after one succeeded).
+  const std::string& last_error() const { return last_error_; }
   // The fd to watch while dumping (readable when criu exits), or -1.
   int fd() const { return job_ && job_->running() ? job_->fd() : -1; }
   // Kills a dump in flight and drops its images (the server it was dumping
@@ -104,6 +112,7 @@ class Checkpointer {
   CheckpointStore store_;
   std::unique_ptr<CriuJob> job_;
   pid_t dump_server_pid_ = 0;  // the server the dump in flight is of
+  bool dump_may_break_ = true;
   PendingCheckpoint pending_;
   std::string pending_extra_;
   uint64_t pending_started_us_ = 0;

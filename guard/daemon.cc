@@ -361,8 +361,10 @@ PassReport Daemon::Pass(uint64_t now) {
 // The log is kept from where this replica's server would need it after a
 // restore (its oldest kept checkpoint, or on the leader the newest one a
 // peer holds, which a restore here would fetch); a leader also keeps what a
-// backup heard from within the grace period has yet to receive. A backup
-// gone longer does not hold the log: it comes back from a checkpoint.
+// backup heard from within the grace period has yet to receive, and what
+// an open output question would quote in its report (OutputGuard::
+// LogNeededFrom). A backup gone longer does not hold the log: it comes back
+// from a checkpoint.
 void Daemon::TruncateLog(uint64_t now) {
   leading_ = core_->role() == Role::kLeader;
   if (now < next_truncate_us_) return;
@@ -374,6 +376,8 @@ void Daemon::TruncateLog(uint64_t now) {
         below = std::max(below, peer_checkpoint_[r].load() + 1);
   if (below <= 1) return;  // no checkpoint (or no server): every entry is needed
   below = std::min({below, pipeline_->applied() + 1, core_->commit_index() + 1});
+  // An open output question keeps what its divergence report would quote.
+  if (uint64_t quoted = output_ ? output_->LogNeededFrom() : 0) below = std::min(below, quoted);
   if (core_->role() == Role::kLeader) {
     uint64_t grace_us = cfg_.checkpoint.lagging_backup_grace_s * 1000000;
     for (int r = 0; r < n_; r++) {

@@ -229,6 +229,19 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
   return out;
 }
 
+uint64_t OutputChecker::OldestOpenIndex() const {
+  uint64_t oldest = UINT64_MAX;
+  auto window_start = [&](int replica, const ConnKey& key, uint64_t differ_applied) {
+    auto a = agreed_.find({replica, key});
+    oldest = std::min(oldest, a != agreed_.end() ? a->second.second : differ_applied);
+  };
+  for (const Pending& p : pending_) window_start(p.replica, p.p.key, p.p.applied);
+  for (const auto& [place, d] : disputes_)
+    for (const auto& [replica, digest] : d.digests)
+      window_start(replica, place.first, d.leader_applied);
+  return oldest;
+}
+
 void OutputChecker::ForgetConn(const ConnKey& key) {
   leader_points_.erase(key);
   for (auto it = agreed_.begin(); it != agreed_.end();)

@@ -82,6 +82,12 @@ class OutputChecker {
   // Compares what can be compared and returns the verdicts reached.
   std::vector<Divergence> Poll(uint64_t now_us);
 
+  // The oldest log index an open question (a backup's point waiting for
+  // the leader's, a disagreement waiting for its verdict) may need in its
+  // report: the backup's last agreeing point there (UINT64_MAX: none open).
+  // The leader keeps its log from there (Daemon::TruncateLog), so that a
+  // verdict can still quote the inputs that caused it.
+  uint64_t OldestOpenIndex() const;
   uint64_t checks() const { return checks_; }        // points compared
   uint64_t unchecked() const { return unchecked_; }  // points the leader had none for
 

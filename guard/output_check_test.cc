@@ -54,6 +54,31 @@ TEST(OutputCheck, TheBackupThatDiffersAloneDiverged) {
   EXPECT_TRUE(c.Poll(7).empty());
 }
 
+TEST(OutputCheck, AnOpenQuestionHoldsTheLogFromTheLastAgreement) {
+  // The leader keeps its log from the oldest entry a pending verdict may
+  // quote (Daemon::TruncateLog): backup 2 agreed at 100 (entry 10) and
+  // differs at 250 (entry 14) while backup 1 has not spoken there yet.
+  OutputChecker c(3, kLeader);
+  EXPECT_EQ(c.OldestOpenIndex(), UINT64_MAX);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnLeaderPoint(Pt(250, 0xbb, 14));
+  c.OnBackupPoint(1, Pt(100, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(100, 0xaa), 0);
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.OldestOpenIndex(), UINT64_MAX);  // all agreed: nothing open
+  c.OnBackupPoint(2, Pt(250, 0xcc, 14), 2);
+  EXPECT_TRUE(c.Poll(3).empty());
+  EXPECT_EQ(c.OldestOpenIndex(), 10u);
+  // A backup point ahead of the leader's waits too, from its last agreement.
+  c.OnBackupPoint(1, Pt(400, 0xdd, 16), 4);
+  EXPECT_EQ(c.OldestOpenIndex(), 10u);
+  c.OnBackupPoint(1, Pt(250, 0xbb), 5);
+  ASSERT_EQ(c.Poll(6).size(), 1u);  // backup 2 judged: its question is closed
+  c.OnLeaderPoint(Pt(400, 0xdd, 16));
+  EXPECT_TRUE(c.Poll(7).empty());
+  EXPECT_EQ(c.OldestOpenIndex(), UINT64_MAX);
+}
+
 TEST(OutputCheck, ABackupCheckedEqualFurtherOnAgreesWithoutWaiting) {
   // Under load the backups' writes end at different offsets: backup 2 never
   // reports 250, but it agreed at 400, and a digest covers everything

@@ -51,6 +51,13 @@ void OutputGuard::Step(uint64_t now) {
     leading_ = leading;
     checker_.reset();
     repairs_.clear();
+    for (AwaitingLeaderCheckpoint& a : awaiting_leader_cp_) {  // the next leader judges afresh
+      a.report.status = "failed";
+      a.report.error = "leadership moved before the leader's checkpoint was taken";
+      Save(a.report);
+      repairs_failed_++;
+    }
+    awaiting_leader_cp_.clear();
     closed_.clear();
     conns_.clear();
     outgoing_.clear();
@@ -250,6 +257,12 @@ void OutputGuard::StartRepair(Repair rep, uint64_t now) {
                                          std::to_string(restored + 1)
                                    : "started its server afresh (no checkpoint yet) and "
                                      "replayed the whole log";
+    } else if (order.agreeing.empty()) {
+      // No peer to ask: the leader decides what next (its own checkpoint).
+      log_("REPAIR %s: cannot roll back (%s), and no replica agrees with the leader",
+           order.id.c_str(), err.c_str());
+      rep.result.action = "could not roll back";
+      rep.result.error = err;
     } else {
       log_("REPAIR %s: cannot roll back (%s): fetching a checkpoint from a peer instead",
            order.id.c_str(), err.c_str());
@@ -337,6 +350,7 @@ void OutputGuard::LeaderStep(uint64_t now) {
     closed_.pop_front();
   }
   for (const lockstep::Divergence& d : checker_->Poll(now)) OnDivergence(d, now);
+  LeaderCheckpointStep(now);
   for (auto it = repairs_.begin(); it != repairs_.end();) {
     if (now - it->second.ordered_us < kRepairTimeoutUs + 10000000) {
       ++it;
@@ -437,25 +451,34 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   bool again =
       last != last_repair_.end() && last->second.key == d.key && d.offset <= last->second.offset;
   // Giving up: the replica stays suspended in the checker, its report says why.
-  const char* give_up = nullptr;
-  if (again && last->second.how == RepairHow::kTransfer)
+  std::string give_up;
+  if (again && last->second.how == RepairHow::kTransfer) {
     give_up =
         "diverged again at the same place after taking a peer's checkpoint: left out of the "
         "checks until it is restarted";
-  else if (again && d.agreeing.empty())
+  } else if (again && d.agreeing.empty()) {
     // A rollback replayed the same inputs and the output differs at the
     // same place again, and no replica's output agrees with the leader's
-    // there: no checkpoint holds a server that would send what the
+    // there: no backup's checkpoint holds a server that would send what the
     // leader's sent. The leader's server did something a replay does not
     // repeat (randomness or the clock without the profile's prevention, or
-    // a fault of its own).
+    // a fault of its own), and only its own state is right: the backup
+    // takes a checkpoint of the leader's server.
+    std::string why_not;
+    if (LeaderCheckpointFor(d.differ_applied, now, &why_not)) {
+      AwaitLeaderCheckpoint(std::move(r), "it diverged again at the same place after a rollback");
+      return;
+    }
     give_up =
         "diverged again at the same place after a rollback, and no replica's output agrees "
-        "with the leader's there, so no replica has a checkpoint to give it: the leader's "
-        "server did something a replay does not repeat (randomness or the wall clock: the app "
-        "profile's same_random and same_clock prevent those). Left out of the checks until it "
-        "is restarted";
-  if (give_up) {
+        "with the leader's there, so no backup has a checkpoint to give it, and the leader "
+        "cannot give its own (" +
+        why_not +
+        "): the leader's server did something a replay does not repeat (randomness or the wall "
+        "clock: the app profile's same_random and same_clock prevent those). Left out of the "
+        "checks until it is restarted";
+  }
+  if (!give_up.empty()) {
     r.status = "failed";
     r.how = "none";
     r.action = give_up;
@@ -488,18 +511,104 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
           ? ("; its stream ends at byte " + std::to_string(d.replica_offset) + " instead").c_str()
           : "",
       r.how.c_str(), again ? " (it diverged at the same place after a rollback)" : "");
-  if (!send_(d.replica, FrameKind::kRepairOrder, EncodeRepairOrder(order))) {
+  SendRepairOrder(std::move(r), order, now);
+}
+
+void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now) {
+  if (!send_(r.replica, FrameKind::kRepairOrder, EncodeRepairOrder(order))) {
     r.status = "failed";
     r.error = "the repair order could not be sent (no connection to replica " +
-              std::to_string(d.replica) + ")";
+              std::to_string(r.replica) + ")";
     Save(r);
     repairs_failed_++;
-    checker_->Resume(d.replica);  // found again later, ordered again
+    checker_->Resume(r.replica);  // found again later, ordered again
     return;
   }
   Save(r);
   std::string id = r.id;  // (the right side of = is evaluated first: r is moved from)
-  repairs_[id] = LeaderRepair{std::move(r), how, now};
+  repairs_[id] = LeaderRepair{std::move(r), order.how, now};
+}
+
+// ---------------------------------------------------------------- from the leader's own server
+
+// The backup's repair waits for the leader's checkpoint (ServerPipeline::
+// StartLeaderCheckpoint), then is ordered as a transfer from the leader.
+// The checkpoint must be of the server past the divergence, which any
+// checkpoint asked for after it is; one under way already may be older.
+void OutputGuard::AwaitLeaderCheckpoint(DivergenceReport r, const std::string& why) {
+  last_repair_[r.replica] = LastRepair{r.key, r.offset, RepairHow::kTransfer};
+  r.how = RepairHowName(RepairHow::kTransfer);
+  r.status = "repairing";
+  r.error.clear();
+  r.action = why +
+             ", and no replica's output agrees with the leader's there: the leader checkpoints "
+             "its own server (closing its clients' connections through the log, as a change of "
+             "leader does) for it to take, and ";
+  Save(r);
+  log_(
+      "DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu (%s), and no "
+      "replica agrees with this leader there: checkpointing this leader's server for it",
+      r.id.c_str(), r.replica, ConnName(r.key).c_str(), (unsigned long)r.offset, why.c_str());
+  AwaitingLeaderCheckpoint a;
+  a.order.ballot = ballot_;
+  a.order.id = r.id;
+  a.order.how = RepairHow::kTransfer;
+  a.order.key = r.key;
+  a.order.offset = r.offset;
+  a.order.agreeing = {id_};
+  a.min_index = r.window_to;  // where it differed
+  a.report = std::move(r);
+  awaiting_leader_cp_.push_back(std::move(a));
+}
+
+// Whether this leader can give its own server's state for a repair at
+// log index `past` (one taken already past it, or one it starts now).
+bool OutputGuard::LeaderCheckpointFor(uint64_t past, uint64_t now, std::string* why_not) {
+  // One already taken past the divergence serves (its clients need not be
+  // disconnected again); otherwise one is taken.
+  if (pipeline_.leader_checkpoint() == ServerPipeline::LeaderCheckpoint::kDone &&
+      pipeline_.leader_checkpoint_index() >= past)
+    return true;
+  return pipeline_.StartLeaderCheckpoint(now, why_not);
+}
+
+void OutputGuard::LeaderCheckpointStep(uint64_t now) {
+  if (awaiting_leader_cp_.empty()) return;
+  using LC = ServerPipeline::LeaderCheckpoint;
+  LC state = pipeline_.leader_checkpoint();
+  if (state == LC::kPreparing || state == LC::kDumping || state == LC::kCommitting) return;
+  std::vector<AwaitingLeaderCheckpoint> waiting;
+  waiting.swap(awaiting_leader_cp_);
+  bool another = false;
+  for (AwaitingLeaderCheckpoint& a : waiting) {
+    if (state == LC::kDone && pipeline_.leader_checkpoint_index() >= a.min_index) {
+      log_("REPAIR %s: ordering replica %d to take the leader's checkpoint %lu", a.order.id.c_str(),
+           a.report.replica, (unsigned long)pipeline_.leader_checkpoint_index());
+      SendRepairOrder(std::move(a.report), a.order, now);
+    } else if (state == LC::kDone) {
+      another = true;  // taken before this divergence: the next one is of the server after it
+      awaiting_leader_cp_.push_back(std::move(a));
+    } else {
+      DivergenceReport& r = a.report;
+      r.status = "failed";
+      r.error = "the leader could not checkpoint its own server: " +
+                (state == LC::kFailed ? pipeline_.leader_checkpoint_error()
+                                      : std::string("it was never taken"));
+      Save(r);
+      repairs_failed_++;
+      log_("REPAIR %s FAILED: %s", r.id.c_str(), r.error.c_str());
+    }
+  }
+  std::string why_not;
+  if (another && !pipeline_.StartLeaderCheckpoint(now, &why_not)) {
+    for (AwaitingLeaderCheckpoint& a : awaiting_leader_cp_) {
+      a.report.status = "failed";
+      a.report.error = "the leader cannot checkpoint its own server: " + why_not;
+      Save(a.report);
+      repairs_failed_++;
+    }
+    awaiting_leader_cp_.clear();
+  }
 }
 
 // ---------------------------------------------------------------- a divergent leader
@@ -640,7 +749,6 @@ void OutputGuard::FinishSelfRepair(const RepairResult& result, uint64_t now) {
 }
 
 void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t now) {
-  (void)now;
   auto it = repairs_.find(result.id);
   if (it == repairs_.end() || it->second.report.replica != from) return;
   DivergenceReport& r = it->second.report;
@@ -654,8 +762,20 @@ void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t 
   r.outputs.push_back(x);
   r.first_difference = FirstDifference(r.outputs.front(), x, r.agreed_offset, r.offset);
   r.stack = StackAt(x, r.first_difference);
+  // A rollback that could not be made (no checkpoint of its own old enough),
+  // where no backup agrees with the leader to give one: only the leader's
+  // own server can.
+  std::string why_not;
+  if (!result.ok && it->second.how == RepairHow::kRollback && r.agreeing.empty() &&
+      result.restored_index == 0 && LeaderCheckpointFor(r.window_to, now, &why_not)) {
+    AwaitLeaderCheckpoint(std::move(r), "it could not roll back (" + result.error + ")");
+    repairs_.erase(it);
+    return;
+  }
   r.status = result.ok ? "repaired" : "failed";
-  r.action = result.action;
+  // The leader's own part comes first when it had one (AwaitLeaderCheckpoint).
+  bool leader_part = r.action.size() >= 4 && r.action.compare(r.action.size() - 4, 4, "and ") == 0;
+  r.action = leader_part ? r.action + result.action : result.action;
   r.error = result.error;
   r.restored_index = result.restored_index;
   r.restore_ms = result.restore_us / 1000.0;
@@ -671,6 +791,15 @@ void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t 
   }
   checker_->Resume(from);  // checked again; a failed repair is found and escalated
   repairs_.erase(it);
+}
+
+uint64_t OutputGuard::LogNeededFrom() const {
+  if (!leading_ || !checker_) return 0;
+  uint64_t oldest = checker_->OldestOpenIndex();
+  for (const auto& [id, r] : repairs_) oldest = std::min(oldest, r.report.window_from);
+  for (const AwaitingLeaderCheckpoint& a : awaiting_leader_cp_)
+    oldest = std::min(oldest, a.report.window_from);
+  return oldest == UINT64_MAX ? 0 : oldest + 1;
 }
 
 // ---------------------------------------------------------------- status

@@ -8,7 +8,8 @@
 // entries up to k. A backup therefore stops applying when one is due, waits
 // until the server has read everything it was handed (Replayer::Idle) and
 // then lets CRIU freeze and dump it; applying resumes once the dump is done
-// and the data directory copied. The leader never pauses its server.
+// and the data directory copied. The leader pauses its server only when a
+// repair needs its state (no backup agrees with it: StartLeaderCheckpoint).
 #include <signal.h>
 
 #include <cstring>
@@ -31,6 +32,10 @@ constexpr uint64_t kFetchRetryUs = 3000000;
 // it is put off by a whole interval (a server that stopped reading one
 // connection must not stop this replica from applying).
 constexpr uint64_t kRestWaitUs = 1000000;
+// The same for a leader's own checkpoint, whose clients' connections must
+// close first (through the log) and whose inputs are refused meanwhile:
+// failing sooner gives them back sooner.
+constexpr uint64_t kLeaderRestWaitUs = 2000000;
 }  // namespace
 
 void ServerPipeline::OpenCheckpoints() {
@@ -56,9 +61,10 @@ void ServerPipeline::OpenCheckpoints() {
 // nobody, while its daemon goes on leading and nothing else would move the
 // clients: after kStoppedHandOverUs it hands leadership to the backup
 // furthest along (Replica::HandOver, as a divergent leader does), and it may
-// lead again once its server runs. A CRIU dump also stops the server, but
-// only backups dump. A server merely busy (a long command) is not stopped:
-// every replica's would be as slow.
+// lead again once its server runs. A CRIU dump also stops the server (a
+// leader dumps only for a repair, LeaderCheckpointStep): not counted. A
+// server merely busy (a long command) is not stopped: every replica's would
+// be as slow.
 void ServerPipeline::HandOverIfStopped(uint64_t now) {
   char state = core_.role() == Role::kLeader && server_ ? ProcessState(server_->pid()) : 0;
   bool stopped = (state == 'T' || state == 't') && !(checkpointer_ && checkpointer_->dumping());
@@ -113,7 +119,8 @@ std::string ServerPipeline::RequestCheckpoint() {
   if (!server_failed_.empty()) return "the server is not running: " + server_failed_;
   if (core_.role() != Role::kBackup)
     return "replica " + std::to_string(me_.id) +
-           " is not a backup: the leader never pauses its server for a checkpoint";
+           " is not a backup: the leader never pauses its server for a checkpoint on request (only "
+           "when a repair needs its state)";
   checkpointer_->Request();
   return "";
 }
@@ -160,11 +167,14 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
     if (checkpointer_->dumping()) return true;
     loop_.Remove(dump_watch_fd_);
     dump_watch_fd_ = -1;
+    if (leader_cp_ == LeaderCheckpoint::kDumping)  // (a former leader's is no repair's any more)
+      leader_cp_ =
+          core_.role() == Role::kLeader ? LeaderCheckpoint::kCommitting : LeaderCheckpoint::kNone;
     return false;
   }
-  if (core_.role() != Role::kBackup) {  // the leader never pauses its server
+  if (core_.role() != Role::kBackup) {  // the leader pauses its server only for a repair
     checkpoint_wanted_ = false;
-    return false;
+    return LeaderCheckpointStep(now);
   }
   // A server a repair is replacing with a peer's checkpoint is known to be
   // wrong (a divergent one, or a former leader's): a checkpoint of it could
@@ -195,22 +205,112 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
     return false;
   }
   checkpoint_wanted_ = false;
-  TakeCheckpoint(now);
-  return dump_watch_fd_ >= 0;
+  return TakeCheckpoint(now);
 }
 
-void ServerPipeline::TakeCheckpoint(uint64_t now) {
+bool ServerPipeline::TakeCheckpoint(uint64_t now, bool may_break) {
   RestorePoint rp;
   rp.server_fds = server_fds_;
   rp.open_conns = open_conns_;
   rp.replay_conns = replayer_->OpenConns();
   rp.log_bytes = log_bytes_applied_;
   if (!checkpointer_->StartDump(applied_, log_bytes_applied_, server_->pid(),
-                                EncodeRestorePoint(rp), now))
-    return;
+                                EncodeRestorePoint(rp), now, may_break))
+    return false;
   dump_watch_fd_ = checkpointer_->fd();
   LS_ASSERT(dump_watch_fd_ >= 0, "a dump runs without a pidfd");
   loop_.Add(dump_watch_fd_, [](uint32_t) { return false; });  // wakes the loop when criu exits
+  return true;
+}
+
+// ---------------------------------------------------------------- the leader's own checkpoint
+
+bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
+  if (core_.role() != Role::kLeader)
+    *why_not = "this replica does not lead";
+  else if (!server_ || !server_failed_.empty())
+    *why_not = "its server is not running";
+  else if (!checkpointer_)
+    *why_not = "checkpoints are off on the leader";
+  else if (leader_cp_ == LeaderCheckpoint::kPreparing || leader_cp_ == LeaderCheckpoint::kDumping ||
+           leader_cp_ == LeaderCheckpoint::kCommitting)
+    return true;  // one is under way: it serves every repair that waits for it
+  else
+    why_not->clear();
+  if (!why_not->empty()) return false;
+  leader_cp_ = LeaderCheckpoint::kPreparing;
+  leader_cp_since_us_ = now;
+  leader_cp_index_ = 0;
+  leader_cp_error_.clear();
+  // Every connection open in the log is closed through it, this leader's
+  // own clients' too (ApplyCommitted, as a restored leader does); inputs
+  // are refused meanwhile (ProcessSubmissions), so the server comes to rest.
+  close_old_pending_ = true;
+  close_old_after_ = core_.last_index();
+  close_all_open_ = true;
+  log_(
+      "checkpointing this leader's own server for a repair: closing every client connection and "
+      "refusing new inputs until it rests");
+  return true;
+}
+
+void ServerPipeline::FailLeaderCheckpoint(const std::string& why) {
+  leader_cp_ = LeaderCheckpoint::kFailed;
+  leader_cp_error_ = why;
+  log_("LEADER CHECKPOINT FAILED: %s; serving clients again", why.c_str());
+}
+
+// At rest means what it means for a backup's checkpoint, and more: none of
+// this leader's own connections open or in flight (their TCP ends cannot
+// move to another host), none being closed, every committed entry applied.
+// What the shim holds for the server (inputs handed to it and not yet read,
+// EOFs) is in the image and is read by the restored server as by this one.
+bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
+  switch (leader_cp_) {
+    case LeaderCheckpoint::kPreparing: {
+      if (core_.role() != Role::kLeader) {
+        FailLeaderCheckpoint("leadership moved before the server came to rest");
+        return false;
+      }
+      bool at_rest = !close_old_pending_ && replayer_->Idle() && own_pending_.empty() &&
+                     own_conns_.empty() && closing_.empty() && applied_ == core_.commit_index();
+      if (!at_rest) {
+        if (now - leader_cp_since_us_ < kLeaderRestWaitUs) return false;  // applying goes on
+        std::string busy = replayer_->Busy();
+        if (busy.empty() && !own_pending_.empty()) busy = "inputs of its own clients in flight";
+        if (busy.empty() && !own_conns_.empty())
+          busy = std::to_string(own_conns_.size()) + " connections of its own clients open";
+        if (busy.empty() && !closing_.empty()) busy = "connections being closed";
+        if (busy.empty()) busy = "entries committed and not yet applied";
+        FailLeaderCheckpoint("the server did not come to rest within " +
+                             std::to_string(kLeaderRestWaitUs / 1000) + " ms (" + busy + ")");
+        return false;
+      }
+      leader_cp_index_ = applied_;
+      if (!TakeCheckpoint(now, /*may_break=*/false)) {
+        FailLeaderCheckpoint(checkpointer_->last_error());
+        return false;
+      }
+      leader_cp_ = LeaderCheckpoint::kDumping;
+      log_("leader checkpoint %lu: the server rests after %.1f ms; dumping it",
+           (unsigned long)leader_cp_index_, (now - leader_cp_since_us_) / 1000.0);
+      return true;
+    }
+    case LeaderCheckpoint::kCommitting:
+      // Serving again meanwhile: Healthy's Poll collects the commit.
+      if (checkpointer_->committing()) return false;
+      if (checkpointer_->newest_index() >= leader_cp_index_) {
+        leader_cp_ = LeaderCheckpoint::kDone;
+        log_("leader checkpoint %lu committed, %.1f ms after it was asked for",
+             (unsigned long)leader_cp_index_, (now - leader_cp_since_us_) / 1000.0);
+      } else {
+        FailLeaderCheckpoint(checkpointer_->last_error().empty()
+                                 ? "the dump was abandoned (see the log)"
+                                 : checkpointer_->last_error());
+      }
+      return false;
+    default: return false;
+  }
 }
 
 // ---------------------------------------------------------------- restores
@@ -487,8 +587,12 @@ void ServerPipeline::TransferStep(uint64_t now) {
     return;
   }
   if (now < next_fetch_us_) return;
-  if (fetch_for_ == FetchFor::kNoServer || fetch_for_ == FetchFor::kRepair) {
+  if (fetch_for_ == FetchFor::kNoServer) {
     fetcher_->Start(fetch_min_);
+    return;
+  }
+  if (fetch_for_ == FetchFor::kRepair) {  // again from those that agree, never from the others
+    fetcher_->Start(fetch_min_, repair_sources_, /*only_first=*/true);
     return;
   }
   if (!need || core_.role() != Role::kBackup) return;

@@ -141,7 +141,11 @@ void ServerPipeline::StartRepairTransfer(const std::vector<int>& agreeing) {
   repair_fetch_failures_ = 0;
   fetch_for_ = FetchFor::kRepair;
   fetch_min_ = core_.first_index() - 1;  // the log brings it forward from there
-  log_("repair: fetching a checkpoint of index >= %lu from a peer", (unsigned long)fetch_min_);
+  repair_sources_ = agreeing;
+  std::string from;
+  for (int p : agreeing) from += (from.empty() ? "" : ", ") + std::to_string(p);
+  log_("repair: fetching a checkpoint of index >= %lu from replica %s", (unsigned long)fetch_min_,
+       from.c_str());
   fetcher_->Start(fetch_min_, agreeing, /*only_first=*/true);
 }
 

@@ -247,6 +247,9 @@ void ServerPipeline::OnRoleChange() {
   // may still commit from before its election is applied.
   close_old_pending_ = leading;
   close_old_after_ = core_.last_index();
+  if (!leading) close_all_open_ = false;  // a leader checkpoint's, or a restored leader's
+  // A leader checkpoint is of this leadership's server: a later one starts afresh.
+  if (leader_cp_ != LeaderCheckpoint::kDumping) leader_cp_ = LeaderCheckpoint::kNone;
 }
 
 // A new leader's server must first execute everything committed before its
@@ -269,9 +272,13 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
   // ahead of the replayed entries the catch-up waits for, and neither would
   // ever move.
   bool catching_up = core_.role() == Role::kLeader && !ReadyToServe();
+  // A leader checkpointing its own server for a repair refuses them too,
+  // until the dump is done: its server must come to rest.
+  bool resting =
+      leader_cp_ == LeaderCheckpoint::kPreparing || leader_cp_ == LeaderCheckpoint::kDumping;
   holding_submissions_ = false;
   bool did = false;
-  bool leading = core_.role() == Role::kLeader && disk_error_.empty() && !catching_up;
+  bool leading = core_.role() == Role::kLeader && disk_error_.empty() && !catching_up && !resting;
   // Bounded per pass (heartbeats go out between passes) and in flight (a
   // client streaming megabytes must not queue the whole stream in memory).
   uint64_t budget_bytes = kSubmitBytesPerPass;

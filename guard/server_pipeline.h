@@ -129,6 +129,30 @@ class ServerPipeline {
   uint64_t repair_transfer_index() const { return repair_transfer_index_; }
   const std::string& repair_transfer_error() const { return repair_transfer_error_; }
   void ClearRepairTransfer() { repair_transfer_ = RepairTransfer::kNone; }
+  // Repair's last resort (output_guard.h): no backup's server agrees with
+  // the leader's, so no backup has a checkpoint to give; the backups take
+  // one of the leader's own server instead. The leader closes every client
+  // connection through the log (as a new leader does: a TCP connection
+  // cannot move to another host), refuses new inputs until its server has
+  // finished with them and rests at an index, dumps it there as a backup
+  // dumps its own, and serves again while the images are committed. Its
+  // clients reconnect, as after a change of leader. Asynchronous:
+  // leader_checkpoint() says where it is (server_guard.cc).
+  enum class LeaderCheckpoint : uint8_t {
+    kNone,
+    kPreparing,
+    kDumping,
+    kCommitting,
+    kDone,
+    kFailed
+  };
+  // False (why) when this replica cannot: not the leader, no server, or
+  // checkpoints off.
+  bool StartLeaderCheckpoint(uint64_t now, std::string* why_not);
+  LeaderCheckpoint leader_checkpoint() const { return leader_cp_; }
+  // kDone: the checkpoint's index; kFailed: why.
+  uint64_t leader_checkpoint_index() const { return leader_cp_index_; }
+  const std::string& leader_checkpoint_error() const { return leader_cp_error_; }
 
  private:
   static constexpr uint64_t kHealthCheckUs = 100000;  // how often the server's exit is checked
@@ -185,7 +209,9 @@ class ServerPipeline {
   // Backups: checkpoint when due, once the server has read all it was given.
   // True while applying must wait (a checkpoint is being prepared or dumped).
   bool CheckpointStep(uint64_t now);
-  void TakeCheckpoint(uint64_t now);
+  bool LeaderCheckpointStep(uint64_t now);
+  void FailLeaderCheckpoint(const std::string& why);
+  bool TakeCheckpoint(uint64_t now, bool may_break = true);
   // State transfer: fetches a peer's checkpoint when the leader says this
   // backup lacks truncated entries (or a dead server has nothing else to
   // come back from), restores it, and moves the log past it.
@@ -253,6 +279,11 @@ class ServerPipeline {
   uint64_t repair_transfer_index_ = 0;
   std::string repair_transfer_error_;
   int repair_fetch_failures_ = 0;
+  std::vector<int> repair_sources_;  // the peers a repair's transfer may ask, and only they
+  LeaderCheckpoint leader_cp_ = LeaderCheckpoint::kNone;
+  uint64_t leader_cp_since_us_ = 0;  // when it was asked for (kPreparing's deadline)
+  uint64_t leader_cp_index_ = 0;
+  std::string leader_cp_error_;
   static constexpr int kRepairFetchTries = 4;  // a peer asked takes a checkpoint for the next
 
   uint64_t applied_ = 0;      // log entries handed to the server (or replayer)
