@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -107,20 +108,24 @@ void CheckpointSenders::Reap() {
 }
 
 void CheckpointSenders::Serve(std::unique_ptr<Stream> to, const CheckpointStore* store,
-                              uint64_t min_index) {
+                              uint64_t min_index, std::function<bool()> coming) {
   Reap();
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread t([this, to = std::move(to), store, min_index, done] {
+  std::thread t([this, to = std::move(to), store, min_index, done, coming = std::move(coming)] {
     LowerThisThreadsPriority();
     CheckpointDone result;
     const CheckpointInfo* chosen = nullptr;
     std::vector<CheckpointInfo> all;
-    if (store) all = store->List();
-    for (const auto& cp : all)
-      if (cp.ok && cp.index >= min_index) {
-        chosen = &cp;
-        break;
-      }
+    for (uint64_t waited_us = 0;; waited_us += kComingPollUs) {
+      if (store) all = store->List();
+      for (const auto& cp : all)
+        if (cp.ok && cp.index >= min_index) {
+          chosen = &cp;
+          break;
+        }
+      if (chosen || !coming || !coming() || waited_us >= kComingWaitUs) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(kComingPollUs));
+    }
     uint64_t sent = 0;
     if (!chosen) {
       result.error = all.empty()

@@ -34,8 +34,13 @@ class CheckpointSenders {
   explicit CheckpointSenders(LogFn log) : log_(std::move(log)) {}
   ~CheckpointSenders();  // waits for transfers in flight
   // Sends the newest checkpoint with index >= min_index in store over `to`
-  // (its request read), then closes it.
-  void Serve(std::unique_ptr<Stream> to, const CheckpointStore* store, uint64_t min_index);
+  // (its request read), then closes it. While there is none and `coming`
+  // says one is being taken (a leader's own, for a repair: ServerPipeline::
+  // StartLeaderCheckpoint), it waits for it, up to kComingWaitUs.
+  void Serve(std::unique_ptr<Stream> to, const CheckpointStore* store, uint64_t min_index,
+             std::function<bool()> coming = {});
+  static constexpr uint64_t kComingWaitUs = 10000000;
+  static constexpr uint64_t kComingPollUs = 20000;
 
  private:
   struct Sender {

@@ -51,13 +51,6 @@ void OutputGuard::Step(uint64_t now) {
     leading_ = leading;
     checker_.reset();
     repairs_.clear();
-    for (AwaitingLeaderCheckpoint& a : awaiting_leader_cp_) {  // the next leader judges afresh
-      a.report.status = "failed";
-      a.report.error = "leadership moved before the leader's checkpoint was taken";
-      Save(a.report);
-      repairs_failed_++;
-    }
-    awaiting_leader_cp_.clear();
     closed_.clear();
     conns_.clear();
     outgoing_.clear();
@@ -350,7 +343,6 @@ void OutputGuard::LeaderStep(uint64_t now) {
     closed_.pop_front();
   }
   for (const lockstep::Divergence& d : checker_->Poll(now)) OnDivergence(d, now);
-  LeaderCheckpointStep(now);
   for (auto it = repairs_.begin(); it != repairs_.end();) {
     if (now - it->second.ordered_us < kRepairTimeoutUs + 10000000) {
       ++it;
@@ -465,8 +457,8 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
     // a fault of its own), and only its own state is right: the backup
     // takes a checkpoint of the leader's server.
     std::string why_not;
-    if (LeaderCheckpointFor(d.differ_applied, now, &why_not)) {
-      AwaitLeaderCheckpoint(std::move(r), "it diverged again at the same place after a rollback");
+    if (pipeline_.StartLeaderCheckpoint(now, &why_not)) {
+      RepairFromLeader(std::move(r), "it diverged again at the same place after a rollback", now);
       return;
     }
     give_up =
@@ -531,11 +523,12 @@ void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, 
 
 // ---------------------------------------------------------------- from the leader's own server
 
-// The backup's repair waits for the leader's checkpoint (ServerPipeline::
-// StartLeaderCheckpoint), then is ordered as a transfer from the leader.
-// The checkpoint must be of the server past the divergence, which any
-// checkpoint asked for after it is; one under way already may be older.
-void OutputGuard::AwaitLeaderCheckpoint(DivergenceReport r, const std::string& why) {
+// The backup's repair is a transfer from the leader, of the checkpoint the
+// leader takes of its own server (ServerPipeline::StartLeaderCheckpoint,
+// asked for just before): ordered at once, so that the backup stops taking
+// checkpoints of its wrong server (and truncating its log past the
+// leader's), and its fetch is answered once the leader's is committed.
+void OutputGuard::RepairFromLeader(DivergenceReport r, const std::string& why, uint64_t now) {
   last_repair_[r.replica] = LastRepair{r.key, r.offset, RepairHow::kTransfer};
   r.how = RepairHowName(RepairHow::kTransfer);
   r.status = "repairing";
@@ -544,71 +537,18 @@ void OutputGuard::AwaitLeaderCheckpoint(DivergenceReport r, const std::string& w
              ", and no replica's output agrees with the leader's there: the leader checkpoints "
              "its own server (closing its clients' connections through the log, as a change of "
              "leader does) for it to take, and ";
-  Save(r);
   log_(
       "DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu (%s), and no "
-      "replica agrees with this leader there: checkpointing this leader's server for it",
+      "replica agrees with this leader there: it takes a checkpoint of this leader's server",
       r.id.c_str(), r.replica, ConnName(r.key).c_str(), (unsigned long)r.offset, why.c_str());
-  AwaitingLeaderCheckpoint a;
-  a.order.ballot = ballot_;
-  a.order.id = r.id;
-  a.order.how = RepairHow::kTransfer;
-  a.order.key = r.key;
-  a.order.offset = r.offset;
-  a.order.agreeing = {id_};
-  a.min_index = r.window_to;  // where it differed
-  a.report = std::move(r);
-  awaiting_leader_cp_.push_back(std::move(a));
-}
-
-// Whether this leader can give its own server's state for a repair at
-// log index `past` (one taken already past it, or one it starts now).
-bool OutputGuard::LeaderCheckpointFor(uint64_t past, uint64_t now, std::string* why_not) {
-  // One already taken past the divergence serves (its clients need not be
-  // disconnected again); otherwise one is taken.
-  if (pipeline_.leader_checkpoint() == ServerPipeline::LeaderCheckpoint::kDone &&
-      pipeline_.leader_checkpoint_index() >= past)
-    return true;
-  return pipeline_.StartLeaderCheckpoint(now, why_not);
-}
-
-void OutputGuard::LeaderCheckpointStep(uint64_t now) {
-  if (awaiting_leader_cp_.empty()) return;
-  using LC = ServerPipeline::LeaderCheckpoint;
-  LC state = pipeline_.leader_checkpoint();
-  if (state == LC::kPreparing || state == LC::kDumping || state == LC::kCommitting) return;
-  std::vector<AwaitingLeaderCheckpoint> waiting;
-  waiting.swap(awaiting_leader_cp_);
-  bool another = false;
-  for (AwaitingLeaderCheckpoint& a : waiting) {
-    if (state == LC::kDone && pipeline_.leader_checkpoint_index() >= a.min_index) {
-      log_("REPAIR %s: ordering replica %d to take the leader's checkpoint %lu", a.order.id.c_str(),
-           a.report.replica, (unsigned long)pipeline_.leader_checkpoint_index());
-      SendRepairOrder(std::move(a.report), a.order, now);
-    } else if (state == LC::kDone) {
-      another = true;  // taken before this divergence: the next one is of the server after it
-      awaiting_leader_cp_.push_back(std::move(a));
-    } else {
-      DivergenceReport& r = a.report;
-      r.status = "failed";
-      r.error = "the leader could not checkpoint its own server: " +
-                (state == LC::kFailed ? pipeline_.leader_checkpoint_error()
-                                      : std::string("it was never taken"));
-      Save(r);
-      repairs_failed_++;
-      log_("REPAIR %s FAILED: %s", r.id.c_str(), r.error.c_str());
-    }
-  }
-  std::string why_not;
-  if (another && !pipeline_.StartLeaderCheckpoint(now, &why_not)) {
-    for (AwaitingLeaderCheckpoint& a : awaiting_leader_cp_) {
-      a.report.status = "failed";
-      a.report.error = "the leader cannot checkpoint its own server: " + why_not;
-      Save(a.report);
-      repairs_failed_++;
-    }
-    awaiting_leader_cp_.clear();
-  }
+  RepairOrder order;
+  order.ballot = ballot_;
+  order.id = r.id;
+  order.how = RepairHow::kTransfer;
+  order.key = r.key;
+  order.offset = r.offset;
+  order.agreeing = {id_};
+  SendRepairOrder(std::move(r), order, now);
 }
 
 // ---------------------------------------------------------------- a divergent leader
@@ -767,13 +707,14 @@ void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t 
   // own server can.
   std::string why_not;
   if (!result.ok && it->second.how == RepairHow::kRollback && r.agreeing.empty() &&
-      result.restored_index == 0 && LeaderCheckpointFor(r.window_to, now, &why_not)) {
-    AwaitLeaderCheckpoint(std::move(r), "it could not roll back (" + result.error + ")");
+      result.restored_index == 0 && pipeline_.StartLeaderCheckpoint(now, &why_not)) {
+    DivergenceReport again = std::move(r);
     repairs_.erase(it);
+    RepairFromLeader(std::move(again), "it could not roll back (" + result.error + ")", now);
     return;
   }
   r.status = result.ok ? "repaired" : "failed";
-  // The leader's own part comes first when it had one (AwaitLeaderCheckpoint).
+  // The leader's own part comes first when it had one (RepairFromLeader).
   bool leader_part = r.action.size() >= 4 && r.action.compare(r.action.size() - 4, 4, "and ") == 0;
   r.action = leader_part ? r.action + result.action : result.action;
   r.error = result.error;
@@ -797,8 +738,6 @@ uint64_t OutputGuard::LogNeededFrom() const {
   if (!leading_ || !checker_) return 0;
   uint64_t oldest = checker_->OldestOpenIndex();
   for (const auto& [id, r] : repairs_) oldest = std::min(oldest, r.report.window_from);
-  for (const AwaitingLeaderCheckpoint& a : awaiting_leader_cp_)
-    oldest = std::min(oldest, a.report.window_from);
   return oldest == UINT64_MAX ? 0 : oldest + 1;
 }
 

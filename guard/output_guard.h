@@ -112,17 +112,9 @@ class OutputGuard {
   void LeaderStep(uint64_t now);
   void OnDivergence(const lockstep::Divergence& d, uint64_t now);
   void SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now);
-  // No backup agrees with the leader where one diverged again after a
-  // rollback: its repair waits for a checkpoint of the leader's own server
-  // (ServerPipeline::StartLeaderCheckpoint) and is then a transfer from it.
-  struct AwaitingLeaderCheckpoint {
-    DivergenceReport report;
-    RepairOrder order;
-    uint64_t min_index = 0;  // the checkpoint must be of the server past the divergence
-  };
-  void AwaitLeaderCheckpoint(DivergenceReport r, const std::string& why);
-  bool LeaderCheckpointFor(uint64_t past, uint64_t now, std::string* why_not);
-  void LeaderCheckpointStep(uint64_t now);
+  // No backup agrees with the leader where one diverged and a rollback
+  // cannot mend it: it takes a checkpoint of the leader's own server.
+  void RepairFromLeader(DivergenceReport r, const std::string& why, uint64_t now);
 
   // ---- this replica as the divergent leader: it hands over, then repairs
   // itself as a backup. Kept across the change of role.
@@ -173,8 +165,7 @@ class OutputGuard {
   std::deque<std::pair<uint64_t, ConnKey>> closed_;  // (when, key): forgotten later
   std::map<std::string, LeaderRepair> repairs_;      // by report id, until answered
   std::map<int, LastRepair> last_repair_;            // by replica
-  std::vector<AwaitingLeaderCheckpoint> awaiting_leader_cp_;
-  std::map<int, uint64_t> reporter_pid_;  // each backup's daemon, as it reports
+  std::map<int, uint64_t> reporter_pid_;             // each backup's daemon, as it reports
   uint64_t next_report_ = 1;
 
   // counts since start

@@ -84,7 +84,8 @@ void ServerPipeline::HandOverIfStopped(uint64_t now) {
 }
 
 void ServerPipeline::ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index) {
-  senders_->Serve(std::move(to), checkpointer_ ? &checkpointer_->store() : nullptr, min_index);
+  senders_->Serve(std::move(to), checkpointer_ ? &checkpointer_->store() : nullptr, min_index,
+                  [coming = leader_cp_coming_] { return coming->load(); });
   // Nothing recent enough here: a backup that has executed that far takes
   // one now, so that the peer's next try finds it. Without this, a replica
   // whose log the leader truncated past would wait for the next checkpoint
@@ -232,12 +233,15 @@ bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
     *why_not = "its server is not running";
   else if (!checkpointer_)
     *why_not = "checkpoints are off on the leader";
-  else if (leader_cp_ == LeaderCheckpoint::kPreparing || leader_cp_ == LeaderCheckpoint::kDumping ||
-           leader_cp_ == LeaderCheckpoint::kCommitting)
-    return true;  // one is under way: it serves every repair that waits for it
   else
     why_not->clear();
   if (!why_not->empty()) return false;
+  leader_cp_coming_->store(true);
+  if (leader_cp_ == LeaderCheckpoint::kPreparing) return true;  // not at rest yet: it serves
+  if (leader_cp_ == LeaderCheckpoint::kDumping || leader_cp_ == LeaderCheckpoint::kCommitting) {
+    leader_cp_again_ = true;  // of the server before this was asked: another follows
+    return true;
+  }
   leader_cp_ = LeaderCheckpoint::kPreparing;
   leader_cp_since_us_ = now;
   leader_cp_index_ = 0;
@@ -257,6 +261,8 @@ bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
 void ServerPipeline::FailLeaderCheckpoint(const std::string& why) {
   leader_cp_ = LeaderCheckpoint::kFailed;
   leader_cp_error_ = why;
+  leader_cp_again_ = false;
+  leader_cp_coming_->store(false);  // a backup waiting for it is told there is none
   log_("LEADER CHECKPOINT FAILED: %s; serving clients again", why.c_str());
 }
 
@@ -271,6 +277,17 @@ bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
       if (core_.role() != Role::kLeader) {
         FailLeaderCheckpoint("leadership moved before the server came to rest");
         return false;
+      }
+      // A connection whose ACCEPT was in flight when the sweep went out is
+      // open in the log only now: another sweep closes it.
+      if (!close_old_pending_ && own_pending_.empty()) {
+        for (const auto& [no, key] : own_conns_) {
+          if (!open_conns_.count(key) || closing_.count(key)) continue;
+          close_old_pending_ = true;
+          close_old_after_ = applied_;
+          close_all_open_ = true;
+          break;
+        }
       }
       bool at_rest = !close_old_pending_ && replayer_->Idle() && own_pending_.empty() &&
                      own_conns_.empty() && closing_.empty() && applied_ == core_.commit_index();
@@ -303,6 +320,13 @@ bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
         leader_cp_ = LeaderCheckpoint::kDone;
         log_("leader checkpoint %lu committed, %.1f ms after it was asked for",
              (unsigned long)leader_cp_index_, (now - leader_cp_since_us_) / 1000.0);
+        if (leader_cp_again_) {
+          leader_cp_again_ = false;
+          std::string ignored;
+          StartLeaderCheckpoint(now, &ignored);
+        } else {
+          leader_cp_coming_->store(false);
+        }
       } else {
         FailLeaderCheckpoint(checkpointer_->last_error().empty()
                                  ? "the dump was abandoned (see the log)"

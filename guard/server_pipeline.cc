@@ -250,6 +250,8 @@ void ServerPipeline::OnRoleChange() {
   if (!leading) close_all_open_ = false;  // a leader checkpoint's, or a restored leader's
   // A leader checkpoint is of this leadership's server: a later one starts afresh.
   if (leader_cp_ != LeaderCheckpoint::kDumping) leader_cp_ = LeaderCheckpoint::kNone;
+  leader_cp_again_ = false;
+  if (!leading) leader_cp_coming_->store(false);
 }
 
 // A new leader's server must first execute everything committed before its

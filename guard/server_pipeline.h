@@ -137,7 +137,11 @@ class ServerPipeline {
   // finished with them and rests at an index, dumps it there as a backup
   // dumps its own, and serves again while the images are committed. Its
   // clients reconnect, as after a change of leader. Asynchronous:
-  // leader_checkpoint() says where it is (server_guard.cc).
+  // leader_checkpoint() says where it is (server_guard.cc); a backup that
+  // asks for it meanwhile is answered once it is committed
+  // (CheckpointSenders::Serve's `coming`). Asked for while one is being
+  // dumped, another follows it: the one in flight may be older than what
+  // the asker needs.
   enum class LeaderCheckpoint : uint8_t {
     kNone,
     kPreparing,
@@ -284,6 +288,9 @@ class ServerPipeline {
   uint64_t leader_cp_since_us_ = 0;  // when it was asked for (kPreparing's deadline)
   uint64_t leader_cp_index_ = 0;
   std::string leader_cp_error_;
+  bool leader_cp_again_ = false;  // asked for again while one was dumped or committed
+  // Read by checkpoint senders' threads: a leader checkpoint is on its way.
+  std::shared_ptr<std::atomic<bool>> leader_cp_coming_ = std::make_shared<std::atomic<bool>>(false);
   static constexpr int kRepairFetchTries = 4;  // a peer asked takes a checkpoint for the next
 
   uint64_t applied_ = 0;      // log entries handed to the server (or replayer)
