@@ -189,16 +189,10 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
     checkpoint_wanted_ = true;
     rest_wait_since_us_ = now;
   }
-  bool at_rest = replayer_->Idle() && own_pending_.empty() && own_conns_.empty() &&
-                 closing_.empty() && applied_ <= core_.commit_index();
-  if (!at_rest) {
+  std::string busy = RestBusy();
+  if (busy.empty() && applied_ > core_.commit_index()) busy = "applied past the commit index";
+  if (!busy.empty()) {
     if (now - rest_wait_since_us_ < kRestWaitUs) return true;
-    std::string busy = replayer_->Busy();
-    if (busy.empty() && !own_pending_.empty()) busy = "inputs of its own clients in flight";
-    if (busy.empty() && !own_conns_.empty())
-      busy = std::to_string(own_conns_.size()) + " connections of its own clients open";
-    if (busy.empty() && !closing_.empty()) busy = "connections being closed";
-    if (busy.empty()) busy = "applied past the commit index";
     log_("checkpoint put off: the server did not come to rest within %lu ms (%s)",
          (unsigned long)(kRestWaitUs / 1000), busy.c_str());
     checkpointer_->Postpone(applied_, log_bytes_applied_, now);
@@ -207,6 +201,17 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
   }
   checkpoint_wanted_ = false;
   return TakeCheckpoint(now);
+}
+
+// Why the server is not at rest for a checkpoint ("" if it is): what it was
+// handed and has not read, its own clients' inputs and connections.
+std::string ServerPipeline::RestBusy() const {
+  std::string busy = replayer_->Busy();
+  if (busy.empty() && !own_pending_.empty()) busy = "inputs of its own clients in flight";
+  if (busy.empty() && !own_conns_.empty())
+    busy = std::to_string(own_conns_.size()) + " connections of its own clients open";
+  if (busy.empty() && !closing_.empty()) busy = "connections being closed";
+  return busy;
 }
 
 bool ServerPipeline::TakeCheckpoint(uint64_t now, bool may_break) {
@@ -289,16 +294,11 @@ bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
           break;
         }
       }
-      bool at_rest = !close_old_pending_ && replayer_->Idle() && own_pending_.empty() &&
-                     own_conns_.empty() && closing_.empty() && applied_ == core_.commit_index();
-      if (!at_rest) {
+      std::string busy = close_old_pending_ ? "connections about to be closed" : RestBusy();
+      if (busy.empty() && applied_ != core_.commit_index())
+        busy = "entries committed and not yet applied";
+      if (!busy.empty()) {
         if (now - leader_cp_since_us_ < kLeaderRestWaitUs) return false;  // applying goes on
-        std::string busy = replayer_->Busy();
-        if (busy.empty() && !own_pending_.empty()) busy = "inputs of its own clients in flight";
-        if (busy.empty() && !own_conns_.empty())
-          busy = std::to_string(own_conns_.size()) + " connections of its own clients open";
-        if (busy.empty() && !closing_.empty()) busy = "connections being closed";
-        if (busy.empty()) busy = "entries committed and not yet applied";
         FailLeaderCheckpoint("the server did not come to rest within " +
                              std::to_string(kLeaderRestWaitUs / 1000) + " ms (" + busy + ")");
         return false;

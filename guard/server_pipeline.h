@@ -214,6 +214,7 @@ class ServerPipeline {
   // True while applying must wait (a checkpoint is being prepared or dumped).
   bool CheckpointStep(uint64_t now);
   bool LeaderCheckpointStep(uint64_t now);
+  std::string RestBusy() const;
   void FailLeaderCheckpoint(const std::string& why);
   bool TakeCheckpoint(uint64_t now, bool may_break = true);
   // State transfer: fetches a peer's checkpoint when the leader says this
