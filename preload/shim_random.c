@@ -25,6 +25,28 @@
  *    produced. A FILE opened with fopen is a fopencookie stream that serves
  *    the deterministic bytes itself (fread does not go through read()).
  *
+ *  - OpenSSL: RAND_bytes and RAND_priv_bytes, called through the PLT
+ *    (mariadbd's my_random_bytes, which makes the 32-byte nonce of an
+ *    ed25519 login: apps/mariadb.toml), run the real call, then overwrite
+ *    its bytes with a stream of their own (not the entropy stream: OpenSSL
+ *    seeds itself with getentropy whenever it decides to, which must not
+ *    shift them), keeping its return value (1: success). Defined here
+ *    without OpenSSL's headers or library (the shim links nothing that could
+ *    clash with the server's own). When no libcrypto is found behind them
+ *    (one loaded RTLD_LOCAL by a plugin) they serve getrandom's bytes, or
+ *    with same_random the stream's. Only callers of RAND_bytes and
+ *    RAND_priv_bytes themselves are reached (also libcrypto's own, through
+ *    its PLT); OpenSSL's callers of RAND_bytes_ex and RAND_priv_bytes_ex
+ *    (libssl's TLS randoms, most of libcrypto) and its generators' internal
+ *    state are not: they stay random. The stream is taken in the order the
+ *    threads call: with serial_inputs, the log's order, unless a thread that
+ *    holds an input sleeps before its call long enough to be found asleep
+ *    (shim_serial.c lets the next input in) and the next one's call comes
+ *    first. OpenSSL's first call (providers loaded, generators seeded) slept
+ *    that long: it is made when the server first listens, before any input
+ *    (mariadbd, 32 concurrent ed25519 logins under load: a login refused on
+ *    a replica in 1 run of 25 without it, in none of 55 with it).
+ *
  *  - The libc generators keep their own state; the shim makes their SEEDS
  *    identical: srand, srandom, initstate, srand48, seed48, lcong48 (its
  *    seed part) and their _r forms ignore their argument and take instead
@@ -114,6 +136,8 @@ static uint32_t (*real_arc4random)(void);
 static void (*real_arc4random_buf)(void*, size_t);
 static uint32_t (*real_arc4random_uniform)(uint32_t);
 static int (*real_listen)(int, int);
+static int (*real_RAND_bytes)(unsigned char*, int);
+static int (*real_RAND_priv_bytes)(unsigned char*, int);
 static void (*real_srand)(unsigned int);
 static void (*real_srandom)(unsigned int);
 static char* (*real_initstate)(unsigned int, char*, size_t);
@@ -140,6 +164,7 @@ static int (*real_lcong48_r)(unsigned short[7], struct drand48_data*);
 #define RND_DOM_DEVICE 2ull  /* the n-th open of a random device: index n (0: shared) */
 #define RND_DOM_SEEDS 3ull   /* seeds of the libc generators, 8 bytes each */
 #define RND_DOM_APP 4ull     /* reseeds of generators in the server's own code */
+#define RND_DOM_OPENSSL 5ull /* RAND_bytes, RAND_priv_bytes: index 0 */
 #define RND_NONCE(dom, index) (((dom) << 56) | (index))
 
 /* A stream of an open random device. Slot 0 is shared by whatever finds
@@ -154,6 +179,7 @@ struct rnd_slot {
 static int rnd_on;
 static uint32_t rnd_key[8];
 static _Atomic(uint64_t) rnd_entropy_off; /* bytes of the entropy stream served */
+static _Atomic(uint64_t) rnd_openssl_off; /* bytes of the OpenSSL stream served */
 static _Atomic(uint64_t) rnd_seeds;       /* seeding calls so far */
 static _Atomic(uint64_t) rnd_opens;       /* random devices opened so far */
 static _Atomic(int) rnd_app_reseeded;
@@ -611,6 +637,56 @@ uint32_t arc4random_uniform(uint32_t bound) {
   }
 }
 
+/* ------------------------------------------------------------ OpenSSL */
+
+/* RAND_bytes and RAND_priv_bytes, for a server that calls them itself
+ * (mariadbd's my_random_bytes: the nonce of an ed25519 login). Defined here
+ * without OpenSSL's headers or library: the shim links nothing that could
+ * clash with the server's own. The real call runs first (OpenSSL's errors
+ * and return value stay its own); on success (1) its bytes are replaced by
+ * the OpenSSL stream's. A stream of its own, not the entropy stream: OpenSSL
+ * seeds its generators with getentropy (the wrapper above) whenever it
+ * decides to, which may differ between replicas, and must not shift these
+ * bytes. */
+static int openssl_bytes(int (*real)(unsigned char*, int), unsigned char* buf, int num) {
+  int r;
+  if (real) {
+    r = real(buf, num);
+  } else {
+    /* No libcrypto behind us (one loaded RTLD_LOCAL by a plugin): the
+     * stream's bytes when same_random is on; otherwise getrandom's, and
+     * OpenSSL's 0 (failure) if the kernel has none. */
+    r = num < 0 ? 0 : 1;
+    if (!rnd_on && num > 0) {
+      int saved = errno;
+      RND_REAL(getrandom);
+      for (size_t got = 0; r == 1 && got < (size_t)num;) {
+        ssize_t n = real_getrandom ? real_getrandom(buf + got, (size_t)num - got, 0) : -1;
+        if (n > 0)
+          got += (size_t)n;
+        else if (n == 0 || errno != EINTR)
+          r = 0;
+      }
+      errno = saved;
+    }
+  }
+  if (rnd_on && r == 1 && num > 0) {
+    uint64_t off = atomic_fetch_add(&rnd_openssl_off, (uint64_t)num);
+    stream_fill(RND_NONCE(RND_DOM_OPENSSL, 0), off, buf, (size_t)num);
+  }
+  return r;
+}
+
+int RAND_bytes(unsigned char* buf, int num) {
+  RND_REAL(RAND_bytes);
+  return openssl_bytes(real_RAND_bytes, buf, num);
+}
+
+int RAND_priv_bytes(unsigned char* buf, int num) {
+  RND_REAL(RAND_priv_bytes);
+  return openssl_bytes(real_RAND_priv_bytes, buf, num);
+}
+
 /* ------------------------------------------------------------ libc generators */
 
 void srand(unsigned int seed) {
@@ -696,7 +772,8 @@ int lcong48_r(unsigned short param[7], struct drand48_data* buf) {
 /* ------------------------------------------------------------ the server's own generators */
 
 /* Generators in the server's code, seeded from the clock: reseeded once,
- * when the server first listens (see the top of this file). */
+ * when the server first listens (see the top of this file); OpenSSL's made
+ * ready then too. */
 static void reseed_app(void) {
   if (atomic_exchange(&rnd_app_reseeded, 1)) return;
   int saved = errno;
@@ -708,6 +785,16 @@ static void reseed_app(void) {
   void* init = dlsym(RTLD_DEFAULT, "init_genrand64");
   void* next = dlsym(RTLD_DEFAULT, "genrand64_int64");
   if (init && next) ((void (*)(unsigned long long))init)((unsigned long long)v);
+  /* OpenSSL's generators, made ready before any client is served (their
+   * bytes are thrown away): its first RAND_bytes loads providers and seeds
+   * them, long enough for serial_inputs to find the thread asleep and let
+   * the next input in, whose RAND_bytes would then take the stream's bytes
+   * first. */
+  RND_REAL(RAND_bytes);
+  RND_REAL(RAND_priv_bytes);
+  unsigned char warm[16];
+  if (real_RAND_bytes) (void)real_RAND_bytes(warm, (int)sizeof warm);
+  if (real_RAND_priv_bytes) (void)real_RAND_priv_bytes(warm, (int)sizeof warm);
   errno = saved;
 }
 

@@ -11,9 +11,11 @@ reply differ: serial_inputs lets a holder that sleeps in the kernel be
 overtaken, see preload/shim_serial.c); a backup whose tables still differ
 must then have been reported diverged: never silently different.
 
-Password logins are not offered (--skip-grant-tables, see the profile): the
-challenge comes from MariaDB's own generator, which the shim cannot make
-the same on every replica.
+Logins: root without a password, and users with passwords through MariaDB's
+ed25519 plugin, whose nonce comes from OpenSSL's RAND_bytes, the same on
+every replica with same_random (see the profile). mysql_native_password
+with a password cannot work: its challenge comes from MariaDB's own
+generator, which the shim cannot make the same on every replica.
 
 The replicas are inspected (CHECKSUM TABLE through each one's own server)
 only at the end, once every replica applied the whole log.
@@ -29,7 +31,7 @@ import time
 
 import inspector
 import pytest
-from conftest import kill_leader_during, run
+from conftest import kill_leader_during, on_threads, run
 
 MARIADB = shutil.which("mariadb")
 SYSBENCH = shutil.which("sysbench")
@@ -39,13 +41,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def sql(addr, statement, timeout=60):
+def mariadb(addr, statement, user="root", password=None, timeout=60):
+    """The mariadb client's run of statement on addr, logged in as user
+    (with password, if one is given)."""
     host, port = addr
-    cmd = [MARIADB, "-h", host, "-P", str(port), "-u", "root", "--batch", "--skip-column-names"]
-    r = subprocess.run(
+    cmd = [MARIADB, "-h", host, "-P", str(port), "-u", user, "--batch", "--skip-column-names"]
+    if password is not None:
+        cmd.append(f"--password={password}")
+    return subprocess.run(
         [*cmd, "-e", statement], capture_output=True, text=True, timeout=timeout, check=False
     )
-    assert r.returncode == 0, f"{statement!r} on {addr}: {r.stderr.strip()}"
+
+
+def sql(addr, statement, timeout=60, user="root", password=None):
+    r = mariadb(addr, statement, user, password, timeout)
+    assert r.returncode == 0, f"{statement!r} on {addr} as {user}: {r.stderr.strip()}"
     return r.stdout
 
 
@@ -213,4 +223,101 @@ def test_now_is_the_same_on_every_replica(cluster):
     times = sql(addr, "SELECT COUNT(DISTINCT t) FROM t.at").split()
     assert times == ["20"], times  # the clock moves from input to input
     assert_same_tables(cluster, "t.at")
+    assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+
+
+def same_everywhere(cluster, statement):
+    """statement's answer (CHECKSUM TABLE) on every replica's own server,
+    once every replica applied the whole log: all equal to the leader's, no
+    tolerance for a reported divergence. Returns the leader's."""
+    want = sql(cluster.client_addr(), statement)
+    got = {}
+
+    def same(s):
+        if not all(
+            r["applied_index"] == s["replicas"][s["leader"]]["commit_index"] for r in s["replicas"]
+        ):
+            return False
+        for r in range(len(s["replicas"])):
+            with inspector.Relay(cluster.server_addr(r)) as local:  # a backup's own
+                got[r] = mariadb(local, statement).stdout
+        return all(v == want for v in got.values())
+
+    try:
+        cluster.wait(same, 60, "every replica's answer equal to the leader's")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; leader {want!r}, replicas {got}") from None
+    return want
+
+
+def test_ed25519_password_logins_work_on_every_replica(cluster):
+    # A user with a password (ed25519: the nonce of its auth switch comes
+    # from RAND_bytes, which same_random makes the same on every replica):
+    # the backups replay the client's signature of the leader's nonce, and
+    # it must be valid there too, or a backup refuses the login the leader
+    # accepted and the writes after it (a divergence, or tables that differ).
+    # Several clients log in at once: serial_inputs has their nonces taken in
+    # the log's order (preload/shim_random.c says when they may not be).
+    cluster.up(app="mariadb")
+    addr = cluster.client_addr()
+    sql(
+        addr,
+        "CREATE USER 'writer'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('lockstep-pw');"
+        "CREATE DATABASE t; GRANT ALL ON t.* TO 'writer'@'%';"
+        "CREATE TABLE t.w (client INT, n INT, who VARCHAR(80), r VARBINARY(8),"
+        " PRIMARY KEY (client, n))",
+    )
+    clients, logins = 4, 8
+
+    def client(k):
+        # A login per statement, several clients logging in at once.
+        for n in range(logins):
+            got = sql(
+                addr,
+                f"INSERT INTO t.w VALUES ({k}, {n}, CURRENT_USER(), NULL);"
+                f"SELECT who FROM t.w WHERE client = {k} AND n = {n}",
+                user="writer",
+                password="lockstep-pw",
+            )
+            assert got.split() == ["writer@%"], got
+
+    on_threads(client, clients)
+    # One login, many writes on it, held open longer than the daemon's wait
+    # for a backup's reply (a login refused on a backup would be a reply of
+    # another length: guard/output_check.h). RANDOM_BYTES() (RAND_bytes as
+    # well) is the same on every replica: the checksums below cover it.
+    sql(
+        addr,
+        "UPDATE t.w SET n = n + 100, r = RANDOM_BYTES(8) WHERE client = 0; SELECT SLEEP(3);"
+        "DELETE FROM t.w WHERE client = 1 AND n < 4",
+        user="writer",
+        password="lockstep-pw",
+    )
+    rows = sql(addr, "SELECT COUNT(*), COUNT(DISTINCT who), MIN(who), COUNT(DISTINCT r) FROM t.w")
+    assert rows.split() == [str(clients * logins - 4), "1", "writer@%", str(logins)], rows
+    same_everywhere(cluster, "CHECKSUM TABLE t.w")
+    assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+
+
+def test_a_wrong_password_is_refused_alike_everywhere(cluster):
+    # A wrong password is refused on the leader, and on every backup alike
+    # (the same nonce, the same signature that does not match): no
+    # divergence, and the right password still works afterwards.
+    cluster.up(app="mariadb")
+    addr = cluster.client_addr()
+    sql(
+        addr,
+        "CREATE USER 'writer'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('lockstep-pw');"
+        "CREATE DATABASE t; GRANT ALL ON t.* TO 'writer'@'%';"
+        "CREATE TABLE t.w (n INT PRIMARY KEY)",
+    )
+    for n, password in enumerate(["wrong", "lockstep-pw", "", "lockstep-pwx", "lockstep-pw"]):
+        r = mariadb(addr, f"INSERT INTO t.w VALUES ({n})", "writer", password)
+        if password == "lockstep-pw":
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode != 0 and "Access denied for user 'writer'" in r.stderr, r.stderr
+    time.sleep(3)  # longer than the daemon waits for a backup's reply of another length
+    assert sql(addr, "SELECT n FROM t.w ORDER BY n").split() == ["1", "4"]
+    same_everywhere(cluster, "CHECKSUM TABLE t.w")
     assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
