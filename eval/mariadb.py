@@ -104,7 +104,10 @@ def parse_run(out):
 
 def server_flags(command_template, port, data_dir):
     argv = command_template.split()
-    return [a.replace("{port}", str(port)).replace("{dir}", str(data_dir)) for a in argv]
+    return [
+        a.replace("{port}", str(port)).replace("{dir}", str(data_dir)).replace("{host}", HOST)
+        for a in argv
+    ]
 
 
 @contextlib.contextmanager
