@@ -139,7 +139,7 @@ void OutputReport_(std::string_view in) {
   for (size_t i = 0; i < r.points.size(); i++) {
     const OutputPoint &a = r.points[i], &b = r2.points[i];
     FUZZ_CHECK(a.key == b.key && a.offset == b.offset && a.digest == b.digest &&
-               a.applied == b.applied && a.mark == b.mark);
+               a.applied == b.applied && a.mark == b.mark && a.ended == b.ended);
   }
 }
 

@@ -141,7 +141,10 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
   if (!in) return false;
   uint64_t offset = in->rbegin()->first;
   const LeaderRec& ref = in->rbegin()->second;
-  if (offset == p.p.offset || p.p.applied < ref.applied) return false;
+  // A backup behind the leader's newest point may yet send what it lacks;
+  // one whose stream ended never will (its server closed the connection:
+  // a login its server refused, a request it failed on).
+  if (offset == p.p.offset || (p.p.applied < ref.applied && !p.p.ended)) return false;
   // Outvoted, as in Judge: every other backup that is checked ends where
   // this one does with the same digest, they are a majority of the
   // cluster, and none ends with the leader: the leader's length is the odd one.
@@ -151,7 +154,8 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
     others++;
     auto theirs = newest_.find({r, p.p.key});
     if (theirs != newest_.end() && theirs->second.offset == p.p.offset &&
-        theirs->second.digest == p.p.digest && theirs->second.applied >= ref.applied)
+        theirs->second.digest == p.p.digest &&
+        (theirs->second.applied >= ref.applied || theirs->second.ended))
       same++;
   }
   if (same == others + 1 && same >= static_cast<size_t>(replicas_ / 2 + 1) &&

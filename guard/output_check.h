@@ -35,6 +35,9 @@ struct OutputPoint {
   uint64_t digest = 0;   // XXH64 of those bytes
   uint64_t applied = 0;  // log entries handed to that replica's server when it was seen
   bool mark = false;     // at a multiple of the shim's mark interval (kept longer)
+  // The stream ends here: the server closed the connection or shut it down
+  // for writing. No later input makes it longer (JudgeLength).
+  bool ended = false;
 };
 
 struct Divergence {

@@ -147,6 +147,43 @@ TEST(OutputCheck, AStreamOfAnotherLengthIsADivergence) {
   EXPECT_TRUE(e.Poll(OutputChecker::kPendingUs).empty());
 }
 
+TEST(OutputCheck, AStreamThatEndedShortIsADivergenceWhateverItWasHanded) {
+  // Backup 1's server refused what the leader's accepted (a login) and
+  // closed the connection at 60, before it was handed the leader's next
+  // inputs (entry 14); the leader's stream goes on to 227. A backup behind
+  // may yet catch up, but a stream that ended never grows.
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(40, 0xaa, 10));
+  c.OnLeaderPoint(Pt(227, 0xbb, 14));
+  c.OnBackupPoint(1, Pt(40, 0xaa, 10), 0);
+  c.OnBackupPoint(2, Pt(40, 0xaa, 10), 0);
+  c.OnBackupPoint(2, Pt(227, 0xbb, 14), 1);
+  OutputPoint closed = Pt(60, 0xcc, 11);
+  closed.ended = true;
+  c.OnBackupPoint(1, closed, 2);
+  EXPECT_TRUE(c.Poll(3).empty());
+  std::vector<Divergence> v = c.Poll(2 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_TRUE(v[0].length_differs);
+  EXPECT_EQ(v[0].replica_offset, 60u);
+  EXPECT_EQ(v[0].agreed_offset, 40u);
+  // The same point not ended is a backup behind: unchecked, not judged.
+  OutputChecker d(3, kLeader);
+  d.OnLeaderPoint(Pt(227, 0xbb, 14));
+  d.OnBackupPoint(1, Pt(60, 0xcc, 11), 0);
+  EXPECT_TRUE(d.Poll(OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(d.unchecked(), 1u);
+  // Both backups ended alike, short of the leader: they outvote it.
+  OutputChecker e(3, kLeader);
+  e.OnLeaderPoint(Pt(227, 0xbb, 14));
+  e.OnBackupPoint(1, closed, 0);
+  e.OnBackupPoint(2, closed, 1);
+  v = e.Poll(1 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, kLeader);
+}
+
 TEST(OutputCheck, BackupsEndingAlikeOutvoteALeaderOfAnotherLength) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(227, 0xbb, 14));

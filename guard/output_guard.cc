@@ -137,6 +137,7 @@ void OutputGuard::BackupStep(uint64_t now) {
   uint32_t flags = 0;
   for (size_t n = 0; n < kPointsPerPass && pipeline_.PollOutput(&p, &flags); n++) {
     bool ends = (flags & (LS_OUT_SHUT | LS_OUT_CLOSED)) != 0;
+    p.ended = ends;
     if (p.mark || ends) {
       outgoing_.push_back(p);
       if (ends) {

@@ -340,6 +340,9 @@ bool GetKey(ByteReader* r, ConnKey* k) {
 }
 }  // namespace
 
+// An output point's flags byte.
+constexpr uint8_t kPointMark = 1, kPointEnded = 2;
+
 std::string EncodeOutputReport(const OutputReport& report) {
   ByteWriter w;
   w.u64(report.ballot);
@@ -350,7 +353,7 @@ std::string EncodeOutputReport(const OutputReport& report) {
     w.u64(p.offset);
     w.u64(p.digest);
     w.u64(p.applied);
-    w.u8(p.mark ? 1 : 0);
+    w.u8((p.mark ? kPointMark : 0) | (p.ended ? kPointEnded : 0));
   }
   return std::move(w.str());
 }
@@ -363,11 +366,12 @@ bool DecodeOutputReport(std::string_view in, OutputReport* report) {
   report->points.clear();
   for (uint32_t i = 0; i < n; i++) {
     OutputPoint p;
-    uint8_t mark = 0;
+    uint8_t flags = 0;
     if (!GetKey(&r, &p.key) || !r.u64(&p.offset) || !r.u64(&p.digest) || !r.u64(&p.applied) ||
-        !r.u8(&mark))
+        !r.u8(&flags) || (flags & ~(kPointMark | kPointEnded)))
       return false;
-    p.mark = mark != 0;
+    p.mark = flags & kPointMark;
+    p.ended = flags & kPointEnded;
     report->points.push_back(p);
   }
   return r.done();

@@ -111,6 +111,49 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     assert output_status(c, c.leader())["checks"] > st["checks"]
 
 
+def test_a_backup_that_closes_a_connection_the_leader_keeps_is_detected(redis_cluster):
+    # One backup's redis gets `ECHO "closeme#` (the failpoint flips the
+    # closing quote): unbalanced quotes, a protocol error, and redis closes
+    # the connection, where the leader's echoes and goes on serving it. The
+    # backup's stream ends at another length, before it was handed the
+    # client's later commands: a backup behind may yet catch up, one whose
+    # stream ended never will, so this is judged a divergence all the same.
+    import socket
+
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    load(client, 0, 1000)
+    b = backups(c)[0]
+    wait_checkpoint(c, b, above=50)
+    restart_with_failpoint(c, b, 'ECHO "closeme')
+    assert reports(c) == []
+    s = socket.create_connection(c.client_addr(), timeout=10)
+    got = b""
+
+    def ask(request, want):
+        nonlocal got
+        s.sendall(request)
+        while not got.endswith(want):
+            chunk = s.recv(4096)
+            assert chunk, got
+            got += chunk
+
+    ask(b'ECHO "closeme"\r\n', b"$7\r\ncloseme\r\n")  # the leader's reply
+    for i in range(12):  # the leader's stream grows past the backup's end
+        ask(f"SET after-close{i} x\r\n".encode(), b"+OK\r\n" * (i + 1))
+    rs = wait_reports(
+        c, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repaired divergence"
+    )
+    assert len(rs) == 1, rs
+    r = rs[0]
+    assert r["replica"] == b and not r["leader_diverged"], r
+    assert r["status"] == "repaired" and r["how"] == "rollback", r
+    outs = {o["from_replica"]: o for o in r["outputs"]}
+    assert "Protocol error" in outs[b]["bytes"] and "closeme" in outs[c.leader()]["bytes"], outs
+    s.close()
+    assert_same_data(c)
+
+
 @pytest.mark.parametrize("checkpoints", ["none taken yet", "off"])
 def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(cluster, checkpoints):
     # Before: a divergence found before any checkpoint was taken (or with
