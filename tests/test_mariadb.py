@@ -250,6 +250,20 @@ def same_everywhere(cluster, statement):
     return want
 
 
+def up_with_writer(cluster, columns):
+    """A MariaDB cluster with user writer (ed25519, password lockstep-pw),
+    allowed everything on database t, which holds table w (columns); the
+    client address."""
+    cluster.up(app="mariadb")
+    addr = cluster.client_addr()
+    sql(
+        addr,
+        "CREATE USER 'writer'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('lockstep-pw');"
+        f"CREATE DATABASE t; GRANT ALL ON t.* TO 'writer'@'%'; CREATE TABLE t.w ({columns})",
+    )
+    return addr
+
+
 def test_ed25519_password_logins_work_on_every_replica(cluster):
     # A user with a password (ed25519: the nonce of its auth switch comes
     # from RAND_bytes, which same_random makes the same on every replica):
@@ -258,14 +272,9 @@ def test_ed25519_password_logins_work_on_every_replica(cluster):
     # accepted and the writes after it (a divergence, or tables that differ).
     # Several clients log in at once: serial_inputs has their nonces taken in
     # the log's order (preload/shim_random.c says when they may not be).
-    cluster.up(app="mariadb")
-    addr = cluster.client_addr()
-    sql(
-        addr,
-        "CREATE USER 'writer'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('lockstep-pw');"
-        "CREATE DATABASE t; GRANT ALL ON t.* TO 'writer'@'%';"
-        "CREATE TABLE t.w (client INT, n INT, who VARCHAR(80), r VARBINARY(8),"
-        " PRIMARY KEY (client, n))",
+    addr = up_with_writer(
+        cluster,
+        "client INT, n INT, who VARCHAR(80), r VARBINARY(8), PRIMARY KEY (client, n)",
     )
     clients, logins = 4, 8
 
@@ -303,14 +312,7 @@ def test_a_wrong_password_is_refused_alike_everywhere(cluster):
     # A wrong password is refused on the leader, and on every backup alike
     # (the same nonce, the same signature that does not match): no
     # divergence, and the right password still works afterwards.
-    cluster.up(app="mariadb")
-    addr = cluster.client_addr()
-    sql(
-        addr,
-        "CREATE USER 'writer'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('lockstep-pw');"
-        "CREATE DATABASE t; GRANT ALL ON t.* TO 'writer'@'%';"
-        "CREATE TABLE t.w (n INT PRIMARY KEY)",
-    )
+    addr = up_with_writer(cluster, "n INT PRIMARY KEY")
     for n, password in enumerate(["wrong", "lockstep-pw", "", "lockstep-pwx", "lockstep-pw"]):
         r = mariadb(addr, f"INSERT INTO t.w VALUES ({n})", "writer", password)
         if password == "lockstep-pw":
