@@ -26,22 +26,6 @@ namespace {
 constexpr const char* kInstalledCriu = "/usr/local/sbin/criu";
 constexpr size_t kMaxLogBytes = 64 << 20;  // a -v4 log of a big dump is a few MB
 
-bool ReadSmallFile(const std::string& path, std::string* out, size_t cap) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  out->clear();
-  char buf[65536];
-  for (;;) {
-    ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out->append(buf, static_cast<size_t>(n));
-    if (out->size() > cap) out->erase(0, out->size() - cap);  // the end is what matters
-  }
-  close(fd);
-  return true;
-}
-
 std::string LastNonEmptyLine(const std::string& text) {
   size_t end = text.size();
   while (end > 0) {

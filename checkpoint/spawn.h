@@ -89,5 +89,10 @@ bool ProcessEnded(pid_t pid);
 // sleeping, 'T' stopped, 't' held by a tracer, 'Z' zombie...), or 0 when
 // it cannot be read (gone).
 char ProcessState(pid_t pid);
+// Reads a small file (a /proc entry) whole into *out, keeping its last cap
+// bytes; false if it cannot be opened. A read error ends it early without
+// failing: /proc/PID files of a process that exits meanwhile fail with
+// ESRCH (where a std::ifstream throws from its underflow).
+bool ReadSmallFile(const std::string& path, std::string* out, size_t cap);
 
 }  // namespace lockstep

@@ -68,8 +68,8 @@ std::string Hex(const std::string& b) {
 }
 
 bool IsOurReplica(int pid, const std::string& config_path) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
-  std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string cmd;  // (not std::ifstream: it throws on the ESRCH of a process exiting)
+  if (!ReadSmallFile("/proc/" + std::to_string(pid) + "/cmdline", &cmd, 1 << 16)) return false;
   for (char& c : cmd)
     if (c == 0) c = ' ';
   return cmd.find(" replica ") != std::string::npos && cmd.find(config_path) != std::string::npos;
@@ -219,7 +219,9 @@ namespace {
 // while): gone for every purpose but its pid. A new replica may start; it
 // waits for the old one's log LOCK.
 bool Dying(int pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string status;
+  if (!ReadSmallFile("/proc/" + std::to_string(pid) + "/status", &status, 1 << 16)) return false;
+  std::istringstream f(status);
   std::string line;
   while (std::getline(f, line)) {
     if (line.rfind("ShdPnd:", 0) != 0 && line.rfind("SigPnd:", 0) != 0) continue;

@@ -16,6 +16,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint/spawn.h"
+
 namespace lockstep {
 
 struct Symbolizer::ElfSymbols {
@@ -106,7 +108,11 @@ std::string Demangled(const std::string& name) {
 }  // namespace
 
 Symbolizer::Symbolizer(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
+  // (Not std::ifstream: reading the maps of a server that exits meanwhile
+  // fails with ESRCH, and its underflow throws, in the daemon.)
+  std::string maps;
+  ReadSmallFile("/proc/" + std::to_string(pid) + "/maps", &maps, 64u << 20);
+  std::istringstream in(maps);
   std::string line;
   while (std::getline(in, line)) {
     // start-end perms offset dev inode [path]
