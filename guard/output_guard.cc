@@ -507,7 +507,8 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   SendRepairOrder(std::move(r), order, now);
 }
 
-void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now) {
+void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now,
+                                  std::string leader_action) {
   if (!send_(r.replica, FrameKind::kRepairOrder, EncodeRepairOrder(order))) {
     r.status = "failed";
     r.error = "the repair order could not be sent (no connection to replica " +
@@ -519,7 +520,7 @@ void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, 
   }
   Save(r);
   std::string id = r.id;  // (the right side of = is evaluated first: r is moved from)
-  repairs_[id] = LeaderRepair{std::move(r), order.how, now};
+  repairs_[id] = LeaderRepair{std::move(r), order.how, now, std::move(leader_action)};
 }
 
 // ---------------------------------------------------------------- from the leader's own server
@@ -549,7 +550,8 @@ void OutputGuard::RepairFromLeader(DivergenceReport r, const std::string& why, u
   order.key = r.key;
   order.offset = r.offset;
   order.agreeing = {id_};
-  SendRepairOrder(std::move(r), order, now);
+  std::string leader_action = r.action;
+  SendRepairOrder(std::move(r), order, now, std::move(leader_action));
 }
 
 // ---------------------------------------------------------------- a divergent leader
@@ -715,9 +717,7 @@ void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t 
     return;
   }
   r.status = result.ok ? "repaired" : "failed";
-  // The leader's own part comes first when it had one (RepairFromLeader).
-  bool leader_part = r.action.size() >= 4 && r.action.compare(r.action.size() - 4, 4, "and ") == 0;
-  r.action = leader_part ? r.action + result.action : result.action;
+  r.action = it->second.leader_action + result.action;
   r.error = result.error;
   r.restored_index = result.restored_index;
   r.restore_ms = result.restore_us / 1000.0;

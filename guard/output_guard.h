@@ -103,6 +103,9 @@ class OutputGuard {
     DivergenceReport report;
     RepairHow how;
     uint64_t ordered_us = 0;
+    // What the leader did itself before the backup's part of the repair
+    // (RepairFromLeader): the report's action says it first.
+    std::string leader_action;
   };
   struct LastRepair {
     ConnKey key;
@@ -111,7 +114,8 @@ class OutputGuard {
   };
   void LeaderStep(uint64_t now);
   void OnDivergence(const lockstep::Divergence& d, uint64_t now);
-  void SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now);
+  void SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now,
+                       std::string leader_action = "");
   // No backup agrees with the leader where one diverged and a rollback
   // cannot mend it: it takes a checkpoint of the leader's own server.
   void RepairFromLeader(DivergenceReport r, const std::string& why, uint64_t now);

@@ -250,7 +250,6 @@ bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
   leader_cp_ = LeaderCheckpoint::kPreparing;
   leader_cp_since_us_ = now;
   leader_cp_index_ = 0;
-  leader_cp_error_.clear();
   // Every connection open in the log is closed through it, this leader's
   // own clients' too (ApplyCommitted, as a restored leader does); inputs
   // are refused meanwhile (ProcessSubmissions), so the server comes to rest.
@@ -264,8 +263,7 @@ bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
 }
 
 void ServerPipeline::FailLeaderCheckpoint(const std::string& why) {
-  leader_cp_ = LeaderCheckpoint::kFailed;
-  leader_cp_error_ = why;
+  leader_cp_ = LeaderCheckpoint::kNone;
   leader_cp_again_ = false;
   leader_cp_coming_->store(false);  // a backup waiting for it is told there is none
   log_("LEADER CHECKPOINT FAILED: %s; serving clients again", why.c_str());
@@ -317,7 +315,7 @@ bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
       // Serving again meanwhile: Healthy's Poll collects the commit.
       if (checkpointer_->committing()) return false;
       if (checkpointer_->newest_index() >= leader_cp_index_) {
-        leader_cp_ = LeaderCheckpoint::kDone;
+        leader_cp_ = LeaderCheckpoint::kNone;
         log_("leader checkpoint %lu committed, %.1f ms after it was asked for",
              (unsigned long)leader_cp_index_, (now - leader_cp_since_us_) / 1000.0);
         if (leader_cp_again_) {

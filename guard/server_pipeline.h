@@ -136,27 +136,15 @@ class ServerPipeline {
   // cannot move to another host), refuses new inputs until its server has
   // finished with them and rests at an index, dumps it there as a backup
   // dumps its own, and serves again while the images are committed. Its
-  // clients reconnect, as after a change of leader. Asynchronous:
-  // leader_checkpoint() says where it is (server_guard.cc); a backup that
-  // asks for it meanwhile is answered once it is committed
-  // (CheckpointSenders::Serve's `coming`). Asked for while one is being
-  // dumped, another follows it: the one in flight may be older than what
-  // the asker needs.
-  enum class LeaderCheckpoint : uint8_t {
-    kNone,
-    kPreparing,
-    kDumping,
-    kCommitting,
-    kDone,
-    kFailed
-  };
+  // clients reconnect, as after a change of leader. Asynchronous
+  // (server_guard.cc, LeaderCheckpointStep): a backup that asks for it
+  // meanwhile is answered once it is committed (CheckpointSenders::Serve's
+  // `coming`), or told there is none if it failed. Asked for while one is
+  // being dumped, another follows it: the one in flight may be older than
+  // what the asker needs.
   // False (why) when this replica cannot: not the leader, no server, or
   // checkpoints off.
   bool StartLeaderCheckpoint(uint64_t now, std::string* why_not);
-  LeaderCheckpoint leader_checkpoint() const { return leader_cp_; }
-  // kDone: the checkpoint's index; kFailed: why.
-  uint64_t leader_checkpoint_index() const { return leader_cp_index_; }
-  const std::string& leader_checkpoint_error() const { return leader_cp_error_; }
 
  private:
   static constexpr uint64_t kHealthCheckUs = 100000;  // how often the server's exit is checked
@@ -213,6 +201,8 @@ class ServerPipeline {
   // Backups: checkpoint when due, once the server has read all it was given.
   // True while applying must wait (a checkpoint is being prepared or dumped).
   bool CheckpointStep(uint64_t now);
+  // The leader's own checkpoint, where it stands (kNone: none under way).
+  enum class LeaderCheckpoint : uint8_t { kNone, kPreparing, kDumping, kCommitting };
   bool LeaderCheckpointStep(uint64_t now);
   std::string RestBusy() const;
   void FailLeaderCheckpoint(const std::string& why);
@@ -287,9 +277,8 @@ class ServerPipeline {
   std::vector<int> repair_sources_;  // the peers a repair's transfer may ask, and only they
   LeaderCheckpoint leader_cp_ = LeaderCheckpoint::kNone;
   uint64_t leader_cp_since_us_ = 0;  // when it was asked for (kPreparing's deadline)
-  uint64_t leader_cp_index_ = 0;
-  std::string leader_cp_error_;
-  bool leader_cp_again_ = false;  // asked for again while one was dumped or committed
+  uint64_t leader_cp_index_ = 0;     // the index it is taken at
+  bool leader_cp_again_ = false;     // asked for again while one was dumped or committed
   // Read by checkpoint senders' threads: a leader checkpoint is on its way.
   std::shared_ptr<std::atomic<bool>> leader_cp_coming_ = std::make_shared<std::atomic<bool>>(false);
   static constexpr int kRepairFetchTries = 4;  // a peer asked takes a checkpoint for the next
