@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -139,6 +140,16 @@ int CmdCluster(int argc, char** argv) {
   std::string dir = a.Get("dir", DefaultClusterDir());
   std::string err;
   if (sub == "up") {
+    // The directory is written into cluster.toml and handed to the servers
+    // ({dir}), which run elsewhere than here: a relative one is made
+    // absolute (redis refused "--dir c/replica-0/server" from its own cwd).
+    if (!dir.empty() && dir[0] != '/') {
+      std::error_code ec;
+      std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+      if (ec) return Fail("--dir " + dir + ": " + ec.message());
+      dir = abs.lexically_normal().string();
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    }
     ClusterUpOptions o;
     long long n, port, ring, segment, ready, every, grace;
     if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import inspector
 from conftest import run
+from resp import Redis
 
 
 def test_cli_help_lists_every_command():
@@ -164,6 +165,21 @@ def test_cluster_down_leaves_nothing_running(cluster):
     assert all(r["role"] == "down" for r in cluster.status()["replicas"])
 
 
+def test_a_relative_dir_is_made_absolute(cluster):
+    # `cluster up --dir DIR` from DIR's parent: the servers run elsewhere
+    # and are handed {dir}, so a relative DIR must not reach them as it is.
+    run(
+        *("cluster", "up", "--dir", cluster.dir.name, "--base-port", cluster.base_port),
+        *("--app", "redis"),
+        cwd=cluster.dir.parent,
+    )
+    toml = (cluster.dir / "cluster.toml").read_text()
+    assert f'"{cluster.dir}/replica-0"' in toml, toml
+    c = Redis(cluster.client_addr())
+    assert c.call("SET", "k", "v") == "OK"
+    c.close()
+
+
 def test_five_replicas_and_memory_durability(cluster):
     cluster.up(replicas=5, durability="memory")
     cluster.propose("a", "b", "c")
@@ -248,8 +264,6 @@ def test_a_leader_whose_server_is_stopped_hands_leadership_over(cluster):
     # is healthy and would go on leading while nobody is served. It hands
     # leadership to a backup instead, and its redis, continued, catches up
     # as a backup's.
-    from resp import Redis
-
     cluster.up(app="redis")
     Redis(cluster.client_addr()).call("SET", "before", "1")
     old = cluster.leader()
