@@ -1,6 +1,8 @@
 // output_check.cc — see output_check.h.
 #include "guard/output_check.h"
 
+#include <algorithm>
+
 #include "consensus/assert.h"
 
 namespace lockstep {
@@ -10,20 +12,40 @@ OutputChecker::OutputChecker(int replicas, int leader) : replicas_(replicas), le
             "output checker for replica %d of %d", leader, replicas);
 }
 
+void OutputChecker::PointRing::Put(uint64_t offset, const LeaderRec& rec, size_t keep) {
+  if (points_.empty() || points_.back().first < offset) {
+    points_.emplace_back(offset, rec);
+  } else {
+    // Not past the newest: the same offset again (a close after the last
+    // send), else out of order, which the shim never reports; kept sorted
+    // all the same.
+    auto at = std::lower_bound(points_.begin(), points_.end(), offset,
+                               [](const auto& e, uint64_t o) { return e.first < o; });
+    if (at != points_.end() && at->first == offset)
+      at->second = rec;
+    else
+      points_.emplace(at, offset, rec);
+  }
+  while (points_.size() > keep) points_.pop_front();
+}
+
+OutputChecker::LeaderRec* OutputChecker::PointRing::Find(uint64_t offset) {
+  auto at = std::lower_bound(points_.begin(), points_.end(), offset,
+                             [](const auto& e, uint64_t o) { return e.first < o; });
+  return at != points_.end() && at->first == offset ? &at->second : nullptr;
+}
+
 void OutputChecker::OnLeaderPoint(const OutputPoint& p) {
   ConnPoints& c = leader_points_[p.key];
-  auto& points = p.mark ? c.marks : c.recent;
-  points[p.offset] = LeaderRec{p.digest, p.applied, 0};
-  while (points.size() > (p.mark ? kMarksPerConn : kPointsPerConn)) points.erase(points.begin());
+  (p.mark ? c.marks : c.recent)
+      .Put(p.offset, LeaderRec{p.digest, p.applied, 0}, p.mark ? kMarksPerConn : kPointsPerConn);
 }
 
 OutputChecker::LeaderRec* OutputChecker::FindLeader(const ConnKey& key, uint64_t offset) {
   auto conn = leader_points_.find(key);
   if (conn == leader_points_.end()) return nullptr;
-  for (auto* points : {&conn->second.recent, &conn->second.marks}) {
-    auto at = points->find(offset);
-    if (at != points->end()) return &at->second;
-  }
+  for (PointRing* points : {&conn->second.recent, &conn->second.marks})
+    if (LeaderRec* rec = points->Find(offset)) return rec;
   return nullptr;
 }
 
@@ -135,12 +157,12 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
       suspended(leader_))  // the leader is judged already: it hands over
     return false;
   // The leader's newest point on the connection (marks are kept apart).
-  const std::map<uint64_t, LeaderRec>* in = nullptr;
-  for (auto* points : {&conn->second.recent, &conn->second.marks})
-    if (!points->empty() && (!in || points->rbegin()->first > in->rbegin()->first)) in = points;
+  const PointRing* in = nullptr;
+  for (const PointRing* points : {&conn->second.recent, &conn->second.marks})
+    if (!points->empty() && (!in || points->newest().first > in->newest().first)) in = points;
   if (!in) return false;
-  uint64_t offset = in->rbegin()->first;
-  const LeaderRec& ref = in->rbegin()->second;
+  uint64_t offset = in->newest().first;
+  const LeaderRec& ref = in->newest().second;
   // A backup behind the leader's newest point may yet send what it lacks;
   // one whose stream ended never will (its server closed the connection:
   // a login its server refused, a request it failed on).

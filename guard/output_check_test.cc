@@ -270,5 +270,26 @@ TEST(OutputCheck, PointsOfAForgottenConnectionAreNotCompared) {
   EXPECT_EQ(c.checks(), 1u);
 }
 
+TEST(OutputCheck, TheLeaderKeepsItsNewestPointsOfEachKind) {
+  OutputChecker c(3, kLeader);
+  const uint64_t n = OutputChecker::kPointsPerConn;
+  for (uint64_t i = 1; i <= n + 10; i++) c.OnLeaderPoint(Pt(i * 10, i));
+  OutputPoint mark = Pt(4096, 0x4096);
+  mark.mark = true;
+  c.OnLeaderPoint(mark);                       // kept apart: the recent ones do not push it out
+  c.OnLeaderPoint(Pt((n + 10) * 10, n + 10));  // the same offset again (a close)
+  c.OnBackupPoint(1, Pt(10 * 10, 10), 0);      // older than the newest n: gone
+  c.OnBackupPoint(1, Pt(11 * 10, 11), 0);      // the oldest kept
+  c.OnBackupPoint(1, Pt((n + 10) * 10, n + 10), 0);
+  c.OnBackupPoint(2, Pt(4096, 0x4096), 0);
+  c.OnBackupPoint(2, Pt(200 * 10, 0xbad), 0);
+  EXPECT_EQ(c.checks(), 4u);
+  std::vector<Divergence> v = c.Poll(OutputChecker::kVerdictWaitUs + 1);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 2);
+  EXPECT_EQ(v[0].offset, 2000u);
+  EXPECT_EQ(v[0].leader_digest, 200u);
+}
+
 }  // namespace
 }  // namespace lockstep

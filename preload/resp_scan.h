@@ -36,7 +36,8 @@
 struct resp_list {
   struct {
     char word[2][RESP_WORD];
-    uint8_t words; /* 1 or 2 */
+    uint8_t len[2]; /* strlen of each word: compared first, on every request */
+    uint8_t words;  /* 1 or 2 */
   } cmd[RESP_LIST];
   uint32_t count;
 };
@@ -70,6 +71,7 @@ static inline int resp_list_parse(struct resp_list* l, const char* text) {
       }
       if (len + 1 >= RESP_WORD) goto bad;
       l->cmd[l->count].word[words - 1][len++] = resp_upper(c);
+      l->cmd[l->count].len[words - 1] = (uint8_t)len;
     }
     if (!words) goto bad;
     l->cmd[l->count++].words = (uint8_t)words;
@@ -163,10 +165,17 @@ static inline int resp_word_is(const struct resp_in* in, uint32_t which, const c
   return in->word_len[which] == n && memcmp(in->word[which], w, n) == 0;
 }
 
+static inline int resp_word_eq(const struct resp_in* in, uint32_t which, const char* w,
+                               uint8_t len) {
+  return in->word_len[which] == len && memcmp(in->word[which], w, len) == 0;
+}
+
 static inline int resp_listed(const struct resp_list* l, const struct resp_in* in) {
   for (uint32_t i = 0; i < l->count; i++) {
-    if (!resp_word_is(in, 0, l->cmd[i].word[0])) continue;
-    if (l->cmd[i].words == 1 || (in->argc > 1 && resp_word_is(in, 1, l->cmd[i].word[1]))) return 1;
+    if (!resp_word_eq(in, 0, l->cmd[i].word[0], l->cmd[i].len[0])) continue;
+    if (l->cmd[i].words == 1 ||
+        (in->argc > 1 && resp_word_eq(in, 1, l->cmd[i].word[1], l->cmd[i].len[1])))
+      return 1;
   }
   return 0;
 }
