@@ -42,7 +42,8 @@ baseline measured in the same run.
 
 --quick: 4 repeats of 2 s, 20K keys, 3 trials of each, a 500-entry suffix: 1-3 minutes.
 Writes eval/out/divergence.json (every sample, the machine, the commit), divergence.md (target,
-measured, baseline, ratio, PASS/SHORT) and divergence.png (throughput and p50 on vs off per
+measured, baseline, ratio, PASS/SHORT, or NOISE for a cost target whose bootstrap 90%
+interval of the per-repeat median holds the target) and divergence.png (throughput and p50 on vs off per
 repeat; detection and repair times per trial). Progress goes to stderr; the table is printed
 at the end. Exit status 1 if a phase failed.
 """
