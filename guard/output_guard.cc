@@ -135,7 +135,8 @@ void OutputGuard::OnPeerFrame(int from, FrameKind kind, std::string_view body, u
 void OutputGuard::BackupStep(uint64_t now) {
   OutputPoint p;
   uint32_t flags = 0;
-  for (size_t n = 0; n < kPointsPerPass && pipeline_.PollOutput(&p, &flags); n++) {
+  ServerPipeline::OutputSource source;
+  for (size_t n = 0; n < kPointsPerPass && pipeline_.PollOutput(&p, &flags, &source); n++) {
     bool ends = (flags & (LS_OUT_SHUT | LS_OUT_CLOSED)) != 0;
     p.ended = ends;
     if (p.mark || ends) {
@@ -147,6 +148,7 @@ void OutputGuard::BackupStep(uint64_t now) {
     }
     ConnOut& c = conns_[p.key];
     c.latest = p;
+    c.source = source;
     if (p.mark) {
       c.sent_offset = p.offset;
       c.sent_us = now;
@@ -161,10 +163,14 @@ void OutputGuard::BackupStep(uint64_t now) {
     while (conns_.size() > kConnsTracked) conns_.erase(conns_.begin());  // the oldest ballot's
   }
   // The newest point of every connection that moved: a connection that
-  // never reaches a mark is checked too.
+  // never reaches a mark is checked too. Read from its window: this
+  // replica's shim publishes few of a busy connection's records.
   if (now >= next_sample_us_) {
     next_sample_us_ = now + kSampleUs;
     for (auto& [key, c] : conns_) {
+      OutputPoint newest = c.latest;
+      if (pipeline_.LatestOutput(c.source, &newest) && newest.offset > c.latest.offset)
+        c.latest = newest;
       if (c.latest.offset <= c.sent_offset) continue;
       outgoing_.push_back(c.latest);
       c.sent_offset = c.latest.offset;

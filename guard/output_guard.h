@@ -59,8 +59,8 @@ class OutputGuard {
   // or one report ("" when not here).
   std::string Divergence(const DivergenceRequest& req) const;
 
-  static constexpr uint64_t kSampleUs = 20000;           // a backup's periodic points
-  static constexpr uint64_t kForgetClosedUs = 30000000;  // a closed connection's points
+  static constexpr uint64_t kSampleUs = LS_OUT_SAMPLE_US;  // a backup's periodic points
+  static constexpr uint64_t kForgetClosedUs = 30000000;    // a closed connection's points
   static constexpr uint64_t kRepairTimeoutUs = 120000000;
   // A leader that handed over stands for no election until repaired, at
   // most this long (the others elect one of themselves meanwhile).
@@ -75,6 +75,7 @@ class OutputGuard {
   // ---- backup side
   struct ConnOut {
     OutputPoint latest;
+    ServerPipeline::OutputSource source;  // where the sample reads its newest output
     uint64_t sent_offset = 0;
     uint64_t sent_us = 0;  // when a point of it was last sent
   };

@@ -17,7 +17,7 @@ namespace {
 constexpr size_t kOutputNamesKept = 16384;
 }  // namespace
 
-bool ServerPipeline::PollOutput(OutputPoint* p, uint32_t* flags) {
+bool ServerPipeline::PollOutput(OutputPoint* p, uint32_t* flags, OutputSource* src) {
   if (!shim_) return false;
   ShimChannel::OutputDigest d;
   while (shim_->PollOutput(&d)) {
@@ -54,11 +54,19 @@ bool ServerPipeline::PollOutput(OutputPoint* p, uint32_t* flags) {
     p->applied = applied_;
     p->mark = (d.flags & LS_OUT_MARK) != 0;
     *flags = d.flags;
+    if (src) *src = OutputSource{d.conn, named->second.out_slot};
     // A closed connection's name stays: its window lasts until the slot is
     // reused, and a report may still want it.
     return true;
   }
   return false;
+}
+
+bool ServerPipeline::LatestOutput(const OutputSource& src, OutputPoint* p) const {
+  if (!shim_ || !shim_->OutputNow(src.out_slot, src.conn, &p->offset, &p->digest)) return false;
+  p->applied = applied_;
+  p->mark = p->ended = false;
+  return true;
 }
 
 bool ServerPipeline::RecentOutput(const ConnKey& key, ShimChannel::OutputWindow* w) const {

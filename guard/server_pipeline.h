@@ -102,7 +102,16 @@ class ServerPipeline {
   // log names it (applied: entries handed to the server so far); false when
   // there is none. Records the pipeline cannot name, and those of streams
   // the shim lost track of, are skipped (counted in unnamed_outputs()).
-  bool PollOutput(OutputPoint* p, uint32_t* flags);
+  // src, if given: where LatestOutput samples the connection later.
+  struct OutputSource {
+    uint32_t conn = 0;  // the shim's number of the connection
+    int out_slot = -1;  // its output window; -1: none
+  };
+  bool PollOutput(OutputPoint* p, uint32_t* flags, OutputSource* src = nullptr);
+  // The connection's newest output as its window has it now (offset,
+  // digest; applied: entries handed to the server so far), for a backup's
+  // periodic sample; false if the window no longer holds it.
+  bool LatestOutput(const OutputSource& src, OutputPoint* p) const;
   // The server's latest output on connection `key`; false: not kept.
   bool RecentOutput(const ConnKey& key, ShimChannel::OutputWindow* w) const;
   // The stacks of w's sends, named from the running server's files

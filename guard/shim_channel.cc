@@ -511,6 +511,27 @@ bool ShimChannel::DecodeOutputRecord(const ls_out_record& r, OutputDigest* d) {
   return true;
 }
 
+bool ShimChannel::OutputNow(int out_slot, uint32_t conn, uint64_t* end, uint64_t* digest) const {
+  if (!hdr_ || out_slot < 0 || out_slot >= static_cast<int>(LS_OUT_SLOTS)) return false;
+  const ls_out_slot& s = out_win_[out_slot];
+  for (int attempt = 0; attempt < 64; attempt++) {  // the seqlock, as RecentOutput's
+    uint32_t seq = s.seq.load(std::memory_order_acquire);
+    if (seq & 1) continue;
+    uint32_t state = s.state.load(std::memory_order_relaxed);
+    uint32_t holder = s.conn.load(std::memory_order_relaxed);
+    uint32_t lost = s.lost.load(std::memory_order_relaxed);
+    uint64_t e = s.end.load(std::memory_order_relaxed);
+    uint64_t d = s.end_digest.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != seq) continue;
+    if (state == LS_OUT_FREE || holder != conn || lost) return false;
+    *end = e;
+    *digest = d;
+    return true;
+  }
+  return false;
+}
+
 bool ShimChannel::RecentOutput(int out_slot, uint32_t conn, OutputWindow* w) const {
   if (!hdr_ || out_slot < 0 || out_slot >= static_cast<int>(LS_OUT_SLOTS)) return false;
   const ls_out_slot& s = out_win_[out_slot];

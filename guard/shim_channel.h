@@ -181,6 +181,11 @@ class ShimChannel {
     bool closed = false;
   };
   bool RecentOutput(int out_slot, uint32_t conn, OutputWindow* w) const;
+  // The newest offset of connection `conn`'s stream in window out_slot and
+  // its digest there (a backup's sample: its shim does not publish every
+  // send's record, shim_abi.h "Output"); false if the window no longer
+  // holds it, its output was lost, or the shim kept changing it.
+  bool OutputNow(int out_slot, uint32_t conn, uint64_t* end, uint64_t* digest) const;
   struct OutputStats {
     bool enabled = false;       // the shim hashes outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS)
     uint64_t published = 0;     // records the shim put into the ring

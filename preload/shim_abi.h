@@ -68,6 +68,14 @@
  * A dropped record is a skipped check: the next record of the stream is
  * complete on its own. The shim never wakes the daemon for records: the
  * daemon reads them when it runs.
+ * The leader's daemon needs the record of every send (a backup's point may
+ * fall at the end of any of them); a backup's daemon only samples its
+ * connections, every LS_OUT_SAMPLE_US, from the window's (end, end_digest).
+ * So outside LS_MODE_LEADER the record at the end of a send is published
+ * only when it names a new connection, falls on a mark, or comes after the
+ * connection's last record by LS_OUT_SAMPLE_US or more (a reply after a
+ * quiet spell is checked at once); records of marks, shutdown, close and
+ * lost output always are. Under load that is one record in tens.
  * Each tracked connection also gets an output slot (while there are free
  * ones): its last LS_OUT_WINDOW bytes, the byte at stream offset o at
  * bytes[o % LS_OUT_WINDOW], under a seqlock. A closed connection's window
@@ -99,7 +107,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 12u
+#define LS_SHIM_VERSION 13u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -112,6 +120,7 @@
 #define LS_OUT_NONE 0xffffu           /* ls_out_record: no replay slot / no out slot */
 #define LS_SEND_STACKS 8u             /* recent sends whose stacks a window keeps */
 #define LS_STACK_DEPTH 14u            /* return addresses kept per send */
+#define LS_OUT_SAMPLE_US 20000u       /* a backup samples its connections' outputs this often */
 
 /* Daemon -> shim: what a newly accepted client connection is. */
 enum ls_mode {
@@ -226,7 +235,10 @@ struct ls_out_slot {
   LS_ATOMIC(uint32_t) replay_slot; /* or LS_OUT_NONE */
   LS_ATOMIC(uint64_t) end;         /* stream offset just past the newest byte */
   LS_ATOMIC(uint64_t) sends;       /* sends recorded in the window's stacks, ever */
-  uint64_t pad[4];
+  LS_ATOMIC(uint64_t) end_digest;  /* the stream's digest at `end` (a backup's samples) */
+  LS_ATOMIC(uint32_t) lost;        /* LS_OUT_LOST: the digests mean nothing any more */
+  uint32_t pad32;
+  uint64_t pad[2];
 };
 
 /* The server's stack at one send on a connection (its return addresses,

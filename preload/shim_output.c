@@ -59,6 +59,8 @@ struct out_state {
   uint16_t replay_slot;     /* or LS_OUT_NONE */
   uint64_t next_mark;       /* stream offset of the next mark record */
   struct ls_stream_hash h;  /* h.total is the stream offset */
+  int named;                /* a record of this connection reached the ring */
+  uint64_t pushed_ns;       /* when the last send's record was published (out_push_sent) */
   /* unchecked_greeting: nothing read from the connection yet, so what the
    * server sends is its greeting, left out of the stream. */
   _Atomic(int) greeting;
@@ -263,6 +265,7 @@ static void out_unlock(struct out_state* st) {
  * from now on. */
 static void out_lose(struct out_state* st) {
   atomic_store(&st->lost, 1);
+  atomic_store(&out_win[st - out_st].lost, 1); /* a backup's samples stop too */
   atomic_fetch_add_explicit(&hdr->out_unhashed, 1, memory_order_relaxed);
 }
 
@@ -297,8 +300,26 @@ static void out_push(struct out_state* st, int slot, uint32_t flags) {
   } else {
     out_ring[head & (out_cap - 1)] = r;
     atomic_store_explicit(&hdr->out_head, head + 1, memory_order_release);
+    st->named = 1;
   }
   atomic_store_explicit(&out_ring_owner, 0, memory_order_release);
+}
+
+/* The record at the end of a send (shim_abi.h, "Output"): every one on the
+ * leader; on a backup, whose daemon samples the window every
+ * LS_OUT_SAMPLE_US, only the first of a connection, one on a mark, one
+ * with lost output, and one after LS_OUT_SAMPLE_US without (a reply after
+ * a quiet spell is checked at once). */
+static void out_push_sent(struct out_state* st, int slot) {
+  uint64_t total = st->h.total;
+  int mark = out_mark && total && !(total & (out_mark - 1));
+  uint64_t now = now_ns();
+  if (st->named && !mark && !atomic_load_explicit(&st->lost, memory_order_relaxed) &&
+      atomic_load_explicit(&hdr->mode, memory_order_relaxed) != LS_MODE_LEADER &&
+      now - st->pushed_ns < (uint64_t)LS_OUT_SAMPLE_US * 1000)
+    return;
+  st->pushed_ns = now;
+  out_push(st, slot, 0);
 }
 
 /* The window's seqlock: odd while it changes. */
@@ -308,8 +329,9 @@ static void win_begin(struct ls_out_slot* w) {
   atomic_thread_fence(memory_order_release);
 }
 
-static void win_end(struct ls_out_slot* w, uint64_t end) {
+static void win_end(struct ls_out_slot* w, uint64_t end, uint64_t digest) {
   atomic_store_explicit(&w->end, end, memory_order_relaxed);
+  atomic_store_explicit(&w->end_digest, digest, memory_order_relaxed);
   uint32_t seq = atomic_load_explicit(&w->seq, memory_order_relaxed);
   atomic_store_explicit(&w->seq, seq + 1, memory_order_release);
 }
@@ -422,8 +444,8 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
       n -= k;
     }
     stack_keep(slot, &stack, start, st->h.total);
-    win_end(&out_win[slot], st->h.total);
-    out_push(st, slot, 0);
+    win_end(&out_win[slot], st->h.total, ls_stream_hash_digest(&st->h));
+    out_push_sent(st, slot);
   }
   uint64_t total = st->h.total;
   out_unlock(st);
@@ -470,8 +492,8 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
       n -= (size_t)k;
     }
     stack_keep(slot, &stack, start, st->h.total);
-    win_end(&out_win[slot], st->h.total);
-    out_push(st, slot, 0);
+    win_end(&out_win[slot], st->h.total, ls_stream_hash_digest(&st->h));
+    out_push_sent(st, slot);
   }
   uint64_t total = st->h.total;
   out_unlock(st);
@@ -525,6 +547,8 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   st->conn = conn;
   st->replay_slot = replay_slot >= 0 ? (uint16_t)replay_slot : LS_OUT_NONE;
   atomic_store(&st->lost, 0);
+  st->named = 0;
+  st->pushed_ns = 0;
   st->next_mark = out_mark;
   atomic_store(&st->greeting, greeting_unchecked);
   ls_stream_hash_init(&st->h);
@@ -535,7 +559,8 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   atomic_store_explicit(&w->conn, conn, memory_order_relaxed);
   atomic_store_explicit(&w->replay_slot, st->replay_slot, memory_order_relaxed);
   atomic_store_explicit(&w->sends, 0, memory_order_relaxed);
-  win_end(w, 0);
+  atomic_store_explicit(&w->lost, 0, memory_order_relaxed);
+  win_end(w, 0, ls_stream_hash_digest(&st->h));
   out_unlock(st);
   atomic_store_explicit(&out_of_fd[fd], (uint16_t)(slot + 1), memory_order_release);
 }
