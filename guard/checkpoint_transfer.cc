@@ -108,7 +108,7 @@ void CheckpointSenders::Reap() {
 }
 
 void CheckpointSenders::Serve(std::unique_ptr<Stream> to, const CheckpointStore* store,
-                              uint64_t min_index, std::function<bool()> coming) {
+                              uint64_t min_index, ComingFn coming) {
   Reap();
   auto done = std::make_shared<std::atomic<bool>>(false);
   std::thread t([this, to = std::move(to), store, min_index, done, coming = std::move(coming)] {
@@ -116,6 +116,7 @@ void CheckpointSenders::Serve(std::unique_ptr<Stream> to, const CheckpointStore*
     CheckpointDone result;
     const CheckpointInfo* chosen = nullptr;
     std::vector<CheckpointInfo> all;
+    std::string why_none;
     for (uint64_t waited_us = 0;; waited_us += kComingPollUs) {
       if (store) all = store->List();
       for (const auto& cp : all)
@@ -123,7 +124,7 @@ void CheckpointSenders::Serve(std::unique_ptr<Stream> to, const CheckpointStore*
           chosen = &cp;
           break;
         }
-      if (chosen || !coming || !coming() || waited_us >= kComingWaitUs) break;
+      if (chosen || !coming || !coming(&why_none) || waited_us >= kComingWaitUs) break;
       std::this_thread::sleep_for(std::chrono::microseconds(kComingPollUs));
     }
     uint64_t sent = 0;
@@ -132,6 +133,7 @@ void CheckpointSenders::Serve(std::unique_ptr<Stream> to, const CheckpointStore*
                          ? "no checkpoint here"
                          : "no checkpoint here at or past index " + std::to_string(min_index) +
                                " (newest " + std::to_string(all.front().index) + ")";
+      if (!why_none.empty()) result.error += ": " + why_none;
     } else {
       result.index = chosen->index;
       result.ok = SendCheckpoint(*to, *chosen, &sent, &result.error);

@@ -36,9 +36,12 @@ class CheckpointSenders {
   // Sends the newest checkpoint with index >= min_index in store over `to`
   // (its request read), then closes it. While there is none and `coming`
   // says one is being taken (a leader's own, for a repair: ServerPipeline::
-  // StartLeaderCheckpoint), it waits for it, up to kComingWaitUs.
+  // StartLeaderCheckpoint), it waits for it, up to kComingWaitUs; once it
+  // says none is, it may say why (that checkpoint failed), and the peer is
+  // told.
+  using ComingFn = std::function<bool(std::string* why_none)>;
   void Serve(std::unique_ptr<Stream> to, const CheckpointStore* store, uint64_t min_index,
-             std::function<bool()> coming = {});
+             ComingFn coming = {});
   static constexpr uint64_t kComingWaitUs = 10000000;
   static constexpr uint64_t kComingPollUs = 20000;
 

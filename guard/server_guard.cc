@@ -85,7 +85,7 @@ void ServerPipeline::HandOverIfStopped(uint64_t now) {
 
 void ServerPipeline::ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index) {
   senders_->Serve(std::move(to), checkpointer_ ? &checkpointer_->store() : nullptr, min_index,
-                  [coming = leader_cp_coming_] { return coming->load(); });
+                  [news = leader_cp_news_](std::string* why) { return news->Coming(why); });
   // Nothing recent enough here: a backup that has executed that far takes
   // one now, so that the peer's next try finds it. Without this, a replica
   // whose log the leader truncated past would wait for the next checkpoint
@@ -241,7 +241,7 @@ bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
   else
     why_not->clear();
   if (!why_not->empty()) return false;
-  leader_cp_coming_->store(true);
+  leader_cp_news_->Set(true);
   if (leader_cp_ == LeaderCheckpoint::kPreparing) return true;  // not at rest yet: it serves
   if (leader_cp_ == LeaderCheckpoint::kDumping || leader_cp_ == LeaderCheckpoint::kCommitting) {
     leader_cp_again_ = true;  // of the server before this was asked: another follows
@@ -265,7 +265,8 @@ bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
 void ServerPipeline::FailLeaderCheckpoint(const std::string& why) {
   leader_cp_ = LeaderCheckpoint::kNone;
   leader_cp_again_ = false;
-  leader_cp_coming_->store(false);  // a backup waiting for it is told there is none
+  // A backup waiting for it is told there is none, and why.
+  leader_cp_news_->Set(false, "the leader's checkpoint of its own server failed: " + why);
   log_("LEADER CHECKPOINT FAILED: %s; serving clients again", why.c_str());
 }
 
@@ -323,7 +324,7 @@ bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
           std::string ignored;
           StartLeaderCheckpoint(now, &ignored);
         } else {
-          leader_cp_coming_->store(false);
+          leader_cp_news_->Set(false);
         }
       } else {
         FailLeaderCheckpoint(checkpointer_->last_error().empty()

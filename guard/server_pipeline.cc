@@ -251,7 +251,7 @@ void ServerPipeline::OnRoleChange() {
   // A leader checkpoint is of this leadership's server: a later one starts afresh.
   if (leader_cp_ != LeaderCheckpoint::kDumping) leader_cp_ = LeaderCheckpoint::kNone;
   leader_cp_again_ = false;
-  if (!leading) leader_cp_coming_->store(false);
+  if (!leading) leader_cp_news_->Set(false, "the replica asked is no longer the leader");
 }
 
 // A new leader's server must first execute everything committed before its

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -288,8 +289,24 @@ class ServerPipeline {
   uint64_t leader_cp_since_us_ = 0;  // when it was asked for (kPreparing's deadline)
   uint64_t leader_cp_index_ = 0;     // the index it is taken at
   bool leader_cp_again_ = false;     // asked for again while one was dumped or committed
-  // Read by checkpoint senders' threads: a leader checkpoint is on its way.
-  std::shared_ptr<std::atomic<bool>> leader_cp_coming_ = std::make_shared<std::atomic<bool>>(false);
+  // Read by checkpoint senders' threads: a leader checkpoint is on its way,
+  // or why the last one asked for never came.
+  struct LeaderCheckpointNews {
+    std::mutex mu;
+    bool coming = false;
+    std::string failed;
+    void Set(bool now_coming, std::string why = {}) {
+      std::lock_guard<std::mutex> g(mu);
+      coming = now_coming;
+      failed = std::move(why);
+    }
+    bool Coming(std::string* why_none) {
+      std::lock_guard<std::mutex> g(mu);
+      if (!coming && why_none) *why_none = failed;
+      return coming;
+    }
+  };
+  std::shared_ptr<LeaderCheckpointNews> leader_cp_news_ = std::make_shared<LeaderCheckpointNews>();
   static constexpr int kRepairFetchTries = 4;  // a peer asked takes a checkpoint for the next
 
   uint64_t applied_ = 0;      // log entries handed to the server (or replayer)
