@@ -12,6 +12,11 @@ OutputChecker::OutputChecker(int replicas, int leader) : replicas_(replicas), le
             "output checker for replica %d of %d", leader, replicas);
 }
 
+OutputChecker::PointRing::Points::iterator OutputChecker::PointRing::LowerBound(uint64_t offset) {
+  return std::lower_bound(points_.begin(), points_.end(), offset,
+                          [](const auto& e, uint64_t o) { return e.first < o; });
+}
+
 void OutputChecker::PointRing::Put(uint64_t offset, const LeaderRec& rec, size_t keep) {
   if (points_.empty() || points_.back().first < offset) {
     points_.emplace_back(offset, rec);
@@ -19,8 +24,7 @@ void OutputChecker::PointRing::Put(uint64_t offset, const LeaderRec& rec, size_t
     // Not past the newest: the same offset again (a close after the last
     // send), else out of order, which the shim never reports; kept sorted
     // all the same.
-    auto at = std::lower_bound(points_.begin(), points_.end(), offset,
-                               [](const auto& e, uint64_t o) { return e.first < o; });
+    auto at = LowerBound(offset);
     if (at != points_.end() && at->first == offset)
       at->second = rec;
     else
@@ -30,8 +34,7 @@ void OutputChecker::PointRing::Put(uint64_t offset, const LeaderRec& rec, size_t
 }
 
 OutputChecker::LeaderRec* OutputChecker::PointRing::Find(uint64_t offset) {
-  auto at = std::lower_bound(points_.begin(), points_.end(), offset,
-                             [](const auto& e, uint64_t o) { return e.first < o; });
+  auto at = LowerBound(offset);
   return at != points_.end() && at->first == offset ? &at->second : nullptr;
 }
 

@@ -125,7 +125,9 @@ class OutputChecker {
     const std::pair<uint64_t, LeaderRec>& newest() const { return points_.back(); }
 
    private:
-    std::deque<std::pair<uint64_t, LeaderRec>> points_;  // ascending offsets
+    using Points = std::deque<std::pair<uint64_t, LeaderRec>>;  // ascending offsets
+    Points::iterator LowerBound(uint64_t offset);               // the first at or past it
+    Points points_;
   };
   struct ConnPoints {
     PointRing recent, marks;

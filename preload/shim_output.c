@@ -269,11 +269,11 @@ static void out_lose(struct out_state* st) {
   atomic_fetch_add_explicit(&hdr->out_unhashed, 1, memory_order_relaxed);
 }
 
-/* Publishes st's digest at its current offset. Called with st held, so one
- * connection's records enter the ring in stream order. */
-static void out_push(struct out_state* st, int slot, uint32_t flags) {
+/* Publishes st's digest (at its current offset) in a record. Called with st
+ * held, so one connection's records enter the ring in stream order. */
+static void out_push(struct out_state* st, int slot, uint32_t flags, uint64_t digest) {
   struct ls_out_record r = {.offset = st->h.total,
-                            .digest = ls_stream_hash_digest(&st->h),
+                            .digest = digest,
                             .conn = st->conn,
                             .replay_slot = st->replay_slot,
                             .out_slot = (uint16_t)slot,
@@ -310,7 +310,7 @@ static void out_push(struct out_state* st, int slot, uint32_t flags) {
  * LS_OUT_SAMPLE_US, only the first of a connection, one on a mark, one
  * with lost output, and one after LS_OUT_SAMPLE_US without (a reply after
  * a quiet spell is checked at once). */
-static void out_push_sent(struct out_state* st, int slot) {
+static void out_push_sent(struct out_state* st, int slot, uint64_t digest) {
   uint64_t total = st->h.total;
   int mark = out_mark && total && !(total & (out_mark - 1));
   uint64_t now = now_ns();
@@ -319,7 +319,7 @@ static void out_push_sent(struct out_state* st, int slot) {
       now - st->pushed_ns < (uint64_t)LS_OUT_SAMPLE_US * 1000)
     return;
   st->pushed_ns = now;
-  out_push(st, slot, 0);
+  out_push(st, slot, 0, digest);
 }
 
 /* The window's seqlock: odd while it changes. */
@@ -359,7 +359,8 @@ static void out_feed(struct out_state* st, int slot, uint64_t keep_from, const c
     n -= take;
     if (out_mark && st->h.total == st->next_mark) {
       st->next_mark += out_mark;
-      if (n > 0 || more) out_push(st, slot, 0); /* the call's end has its own record */
+      if (n > 0 || more) /* the call's end has its own record */
+        out_push(st, slot, 0, ls_stream_hash_digest(&st->h));
     }
   }
 }
@@ -408,12 +409,23 @@ static void stack_keep(int slot, const struct send_stack* s, uint64_t start, uin
   atomic_store_explicit(&w->sends, k + 1, memory_order_relaxed);
 }
 
-/* The kernel took the first n (> 0) bytes of iov on fd, output slot slot. */
+/* A send's bytes are hashed: its stack, the window's new end and the
+ * digest there (inside the window's seqlock), and its record. The digest is
+ * computed once for both. */
+static void sent_end(struct out_state* st, int slot, const struct send_stack* stack,
+                     uint64_t start) {
+  uint64_t digest = ls_stream_hash_digest(&st->h);
+  stack_keep(slot, stack, start, st->h.total);
+  win_end(&out_win[slot], st->h.total, digest);
+  out_push_sent(st, slot, digest);
+}
+
 /* fd's output so far is its greeting (unchecked_greeting). Under out_lock. */
 static int greeting(struct out_state* st, int fd) {
   return st->fd == fd && atomic_load_explicit(&st->greeting, memory_order_relaxed);
 }
 
+/* The kernel took the first n (> 0) bytes of iov on fd, output slot slot. */
 static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, size_t n) {
   struct out_state* st = &out_st[slot];
   struct send_stack stack;
@@ -443,9 +455,7 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
       out_feed(st, slot, keep_from, (const char*)iov[i].iov_base, k, n > k);
       n -= k;
     }
-    stack_keep(slot, &stack, start, st->h.total);
-    win_end(&out_win[slot], st->h.total, ls_stream_hash_digest(&st->h));
-    out_push_sent(st, slot);
+    sent_end(st, slot, &stack, start);
   }
   uint64_t total = st->h.total;
   out_unlock(st);
@@ -491,9 +501,7 @@ static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
       from += k;
       n -= (size_t)k;
     }
-    stack_keep(slot, &stack, start, st->h.total);
-    win_end(&out_win[slot], st->h.total, ls_stream_hash_digest(&st->h));
-    out_push_sent(st, slot);
+    sent_end(st, slot, &stack, start);
   }
   uint64_t total = st->h.total;
   out_unlock(st);
@@ -512,7 +520,7 @@ void out_end(int fd, uint32_t flag) {
   int freed = 0;
   if (st->fd == fd) {
     atomic_store(&out_win[slot].state, flag == LS_OUT_CLOSED ? LS_OUT_GONE : LS_OUT_ENDED);
-    out_push(st, slot, flag);
+    out_push(st, slot, flag, ls_stream_hash_digest(&st->h));
     if (flag == LS_OUT_CLOSED) {
       st->fd = -1;
       freed = 1;
