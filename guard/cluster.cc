@@ -149,18 +149,34 @@ std::vector<std::string> ListAppProfiles(const std::string& apps_dir) {
 
 bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppProfile* out,
                     std::string* error) {
-  std::vector<std::string> known = ListAppProfiles(apps_dir);
-  if (std::find(known.begin(), known.end(), name) == known.end()) {
-    std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-    *error = "unknown app '" + name + "': no profile " + apps_dir + "/" + name +
-             ".toml; available: " + (list.empty() ? "none" : list) +
-             " (or give any server command after --)";
-    return false;
-  }
   AppProfile p;
-  p.name = name;
-  p.path = apps_dir + "/" + name + ".toml";
+  // A profile of one's own, anywhere (a path: it has a '/' or ends in
+  // .toml), for a server that apps/ does not know; its `files` are beside it.
+  bool is_path = name.find('/') != std::string::npos ||
+                 (name.size() > 5 && name.compare(name.size() - 5, 5, ".toml") == 0);
+  if (is_path) {
+    std::error_code ec;
+    std::filesystem::path file = std::filesystem::absolute(name, ec);
+    if (ec || !std::filesystem::is_regular_file(file, ec)) {
+      *error = "no app profile " + name + " (not a file; --app takes a profile's name in " +
+               apps_dir + " or the path of a NAME.toml)";
+      return false;
+    }
+    p.name = file.stem().string();
+    p.path = file.string();
+  } else {
+    std::vector<std::string> known = ListAppProfiles(apps_dir);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      *error = "unknown app '" + name + "': no profile " + apps_dir + "/" + name +
+               ".toml; available: " + (list.empty() ? "none" : list) +
+               " (or the path of a profile of your own, or any server command after --)";
+      return false;
+    }
+    p.name = name;
+    p.path = apps_dir + "/" + name + ".toml";
+  }
   std::string text;
   if (!ReadTextFile(p.path, &text, error)) return false;
   std::vector<TomlTable> tables;

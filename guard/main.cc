@@ -113,7 +113,8 @@ int CmdCluster(int argc, char** argv) {
         "(with a fresh secret), starts one daemon per replica and waits for a leader.\n"
         "durability memory keeps entries in RAM on a majority only: NOT durable, for "
         "comparison.\n\n"
-        "A server to replicate: --app NAME uses the profile %s/NAME.toml; or give any\n"
+        "A server to replicate: --app NAME uses the profile %s/NAME.toml (--app\n"
+        "PATH/NAME.toml: a profile of your own, same fields, apps/README.md); or give any\n"
         "command after --, where {port} and {dir} become each replica's own server port\n"
         "(base+200+i) and data directory (DIR/replica-i/server), e.g.\n"
         "  lockstep cluster up -- redis-server --port {port} --dir {dir} --save ''\n"
@@ -173,7 +174,7 @@ int CmdCluster(int argc, char** argv) {
                   "' (a server command goes after --, e.g. `cluster up -- redis-server --port "
                   "{port}`)");
     if (a.dashdash && a.rest.empty()) return Fail("no server command after --");
-    if (a.Has("app") && a.Get("app").empty()) return Fail("--app needs a profile name");
+    if (a.Has("app") && a.Get("app").empty()) return Fail("--app needs a profile name or path");
     o.segment_bytes = static_cast<uint64_t>(segment);
     o.dir = dir;
     o.replicas = static_cast<int>(n);

@@ -8,10 +8,12 @@
  * Same rules as shim.c: errno preserved, no allocation; all of it under
  * `mu` unless said otherwise. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
@@ -64,6 +66,7 @@ void serial_init(int flags) {
  * by anything a later input could end, and letting that input in would run
  * the two at once. */
 static pid_t exec_tid;         /* the thread executing an input; 0: none */
+static pid_t exec_proc_tid;    /* the same thread's number in /proc (below); 0: unknown */
 static struct conn* exec_conn; /* whose input */
 static uint64_t exec_since_ns;
 static uint64_t exec_expired;
@@ -76,18 +79,38 @@ static int exec_asleep;            /* consecutive looks that found it asleep */
 static _Atomic(int) exec_fd = -1;
 static _Atomic(uint64_t) exec_out_at;
 static _Atomic(int) exec_replied;
-static __thread pid_t my_tid;
+static __thread pid_t my_tid, my_proc_tid;
 
 static pid_t self_tid(void) {
   if (!my_tid) my_tid = (pid_t)syscall(SYS_gettid);
   return my_tid;
 }
 
-/* The thread is asleep in the kernel ('S' in its /proc stat): waiting on a
- * lock or a condition, not running and not on the disk ('D'). */
-static int thread_sleeps(pid_t tid) {
+/* This thread's number in the /proc we can read. The daemon starts the
+ * server in a PID namespace of its own (so that CRIU restores it under the
+ * same pids) while /proc stays the daemon's: gettid says 23 where /proc
+ * knows the thread as 48213. /proc/thread-self names it as /proc sees it
+ * ("PID/task/TID"). 0: no /proc. */
+static pid_t self_proc_tid(void) {
+  if (!my_proc_tid) {
+    int saved = errno;
+    char link[64];
+    ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/thread-self", link, sizeof link - 1);
+    const char* task = n > 0 ? (link[n] = 0, strstr(link, "/task/")) : NULL;
+    my_proc_tid = task ? (pid_t)strtol(task + 6, NULL, 10) : -1;
+    errno = saved;
+  }
+  return my_proc_tid > 0 ? my_proc_tid : 0;
+}
+
+/* The thread (its number in /proc) is asleep in the kernel ('S' in its
+ * stat): waiting on a lock or a condition, not running and not on the disk
+ * ('D'). Not known (no /proc): taken as awake, and only the holder's
+ * LS_SERIAL_EXEC_NS lets the next input in. */
+static int thread_sleeps(pid_t proc_tid) {
+  if (!proc_tid) return 0;
   char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)proc_tid);
   int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 1; /* the thread is gone */
   ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
@@ -130,7 +153,7 @@ int executing_other(const struct conn* c) {
   if (held < LS_SERIAL_EXEC_NS) {
     if (now < exec_next_look_ns) return 1;
     exec_next_look_ns = now + LS_SERIAL_LOOK_NS;
-    exec_asleep = thread_sleeps(exec_tid) ? exec_asleep + 1 : 0;
+    exec_asleep = thread_sleeps(exec_proc_tid) ? exec_asleep + 1 : 0;
     if (exec_asleep < 2) return 1;
     exec_blocked++;
     exec_release();
@@ -150,6 +173,7 @@ int executing_other(const struct conn* c) {
 void serial_begin(struct conn* c) {
   if (!serial_on) return;
   exec_tid = self_tid();
+  exec_proc_tid = self_proc_tid();
   exec_conn = c;
   exec_since_ns = now_ns();
   exec_next_look_ns = 0;
