@@ -253,14 +253,20 @@ int pthread_cond_timedwait(pthread_cond_t* restrict c, pthread_mutex_t* restrict
   if (!real_pthread_cond_timedwait)
     real_pthread_cond_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
   struct timespec d;
-  return real_pthread_cond_timedwait(c, m, cond_is_monotonic(c) ? abs : clk_deadline(abs, &d));
+  serial_cond_enter(c);
+  int r = real_pthread_cond_timedwait(c, m, cond_is_monotonic(c) ? abs : clk_deadline(abs, &d));
+  serial_cond_leave(m);
+  return r;
 }
 
 int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t id,
                            const struct timespec* abs) {
   CLK_REAL(pthread_cond_clockwait);
   struct timespec d;
-  return real_pthread_cond_clockwait(c, m, id, id == CLOCK_REALTIME ? clk_deadline(abs, &d) : abs);
+  serial_cond_enter(c);
+  int r = real_pthread_cond_clockwait(c, m, id, id == CLOCK_REALTIME ? clk_deadline(abs, &d) : abs);
+  serial_cond_leave(m);
+  return r;
 }
 
 int pthread_mutex_timedlock(pthread_mutex_t* restrict m, const struct timespec* restrict abs) {

@@ -124,6 +124,11 @@ LS_HIDDEN void serial_begin(struct conn* c);         /* this thread read an inpu
 LS_HIDDEN void serial_closed(const struct conn* c);  /* the server closed c */
 LS_HIDDEN int chunk_finished(const struct chunk* h); /* shim.c: read (or dropped) whole */
 LS_HIDDEN void serial_done(int my_epfd);             /* my_epfd: the set it waits in next, or -1 */
+/* Around each wait of the server's on a condition variable (shim_clock.c,
+ * shim_serial.c): a holder let go while it waits takes the turn back before
+ * it returns (shim_serial.c, "Condition variables"). Not under mu. */
+LS_HIDDEN void serial_cond_enter(pthread_cond_t* c);
+LS_HIDDEN void serial_cond_leave(pthread_mutex_t* m);
 /* A thread about to sleep in poll/select/read registers its own eventfd
  * (returned; -1 if none) with the connection it waits for (shim_serial.c,
  * "Threads waiting"); it takes its wake-up, leaves, and relays the daemon's
@@ -140,6 +145,9 @@ LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
 #define LS_SERIAL_EXEC_NS 5000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */
 #define LS_SERIAL_LOOK_NS 1000000ull
+/* How long a holder asleep on anything but a condition variable (a latch,
+ * a futex of the server's own) keeps the turn (shim_serial.c, holder_holds). */
+#define LS_SERIAL_ASLEEP_ELSEWHERE_NS 100000000ull
 /* 0: no thread holds an input (serial_inputs); 2: one does and the next
  * agreed input is c's (or, with c NULL, that of a connection in epoll set
  * epfd): the thread waiting for it looks again every LS_SERIAL_LOOK_NS, to

@@ -3,13 +3,19 @@
  * `serial_inputs`, LOCKSTEP_SHIM_SERIAL=1), and the wake-ups of threads
  * waiting in poll, select or a blocking read. shim.c's delivery order asks
  * executing_other() whose turn it is; its reads call serial_begin(); every
- * place a thread shows it is done with an input calls serial_done().
+ * place a thread shows it is done with an input calls serial_done(). The
+ * server's waits on condition variables come through here too (the
+ * wrappers of pthread_cond_wait, _signal and _broadcast below; shim_clock.c
+ * has the timed waits), so that a thread let go while it waits goes on in
+ * the log's order.
  *
  * Same rules as shim.c: errno preserved, no allocation; all of it under
- * `mu` unless said otherwise. */
+ * `mu` unless said otherwise (the wrappers take it themselves). */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,9 +48,12 @@ void serial_init(int flags) {
  * one has finished with it: it waits again (epoll, poll, select) or reads
  * its connection dry (EAGAIN, or a blocking read that would wait), or
  * closes it. Its connection may go on reading its own run meanwhile. A
- * thread found asleep in the kernel twice LS_SERIAL_LOOK_NS apart waits on
- * something (a row lock) that only a later input can release: the next one
- * goes in (executing_other). One that does none of these for
+ * thread found asleep on a condition variable twice LS_SERIAL_LOOK_NS apart
+ * waits on something (a row lock) that only a later input can release: the
+ * next one goes in (holder_holds), and the thread, once woken, takes its
+ * turn back in the log's order ("Condition variables" below); one asleep
+ * anywhere else does so only after LS_SERIAL_ASLEEP_ELSEWHERE_NS. (On the
+ * /proc this looks at, see self_proc_tid.) One that does none of these for
  * LS_SERIAL_EXEC_NS lets the next one in too, logged: liveness over
  * determinism.
  *
@@ -79,7 +88,7 @@ static int exec_asleep;            /* consecutive looks that found it asleep */
 static _Atomic(int) exec_fd = -1;
 static _Atomic(uint64_t) exec_out_at;
 static _Atomic(int) exec_replied;
-static __thread pid_t my_tid, my_proc_tid;
+static __thread pid_t my_tid;
 
 static pid_t self_tid(void) {
   if (!my_tid) my_tid = (pid_t)syscall(SYS_gettid);
@@ -90,17 +99,15 @@ static pid_t self_tid(void) {
  * server in a PID namespace of its own (so that CRIU restores it under the
  * same pids) while /proc stays the daemon's: gettid says 23 where /proc
  * knows the thread as 48213. /proc/thread-self names it as /proc sees it
- * ("PID/task/TID"). 0: no /proc. */
+ * ("PID/task/TID"); asked anew each time, since a restored server's
+ * threads have new numbers there. 0: no /proc. */
 static pid_t self_proc_tid(void) {
-  if (!my_proc_tid) {
-    int saved = errno;
-    char link[64];
-    ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/thread-self", link, sizeof link - 1);
-    const char* task = n > 0 ? (link[n] = 0, strstr(link, "/task/")) : NULL;
-    my_proc_tid = task ? (pid_t)strtol(task + 6, NULL, 10) : -1;
-    errno = saved;
-  }
-  return my_proc_tid > 0 ? my_proc_tid : 0;
+  int saved = errno;
+  char link[64];
+  ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/thread-self", link, sizeof link - 1);
+  const char* task = n > 0 ? (link[n] = 0, strstr(link, "/task/")) : NULL;
+  errno = saved;
+  return task ? (pid_t)strtol(task + 6, NULL, 10) : 0;
 }
 
 /* The thread (its number in /proc) is asleep in the kernel ('S' in its
@@ -129,35 +136,132 @@ static void exec_release(void) {
   atomic_store(&exec_fd, -1);
 }
 
-void serial_sent(int fd, uint64_t end) {
-  if (serial_reply && atomic_load(&exec_fd) == fd && end > atomic_load(&exec_out_at) &&
-      !atomic_exchange(&exec_replied, 1))
-    (void)eventfd_write(wake_server_fd, 1); /* whoever waits for its turn looks again */
+/* Condition variables, in the mode that lets a sleeping holder go (neither
+ * serial_until_reply nor serial_sleep_keeps_turn). A holder found asleep is
+ * let go because it waits for what only a later input can end: an InnoDB
+ * row lock, released by the COMMIT of the transaction that holds it. Woken,
+ * it would go on at once, beside whatever input executes by then, and two
+ * replicas could execute the two in either order. So a holder let go while
+ * it waits on a condition variable is parked: back from its wait, it takes
+ * the turn again before it returns to the server. Whoever signals that
+ * condition variable (the COMMIT's thread, executing its input: the same
+ * point on every replica) makes it owed, and owed threads get the turn first,
+ * in the order they were signalled, as soon as it is free: the woken thread
+ * goes on between the same two inputs on every replica. One that wakes
+ * unsignalled (a timeout) takes the turn when it is next free. While it
+ * waits for it, it does not hold the server's mutex (the holder may need
+ * it: InnoDB's lock_sys.wait_mutex). A holder asleep elsewhere (a futex
+ * of the server's own) is let go, unparked, only after
+ * LS_SERIAL_ASLEEP_ELSEWHERE_NS (holder_holds). */
+enum park_state {
+  PARK_WAITING, /* in its wait, not let go */
+  PARK_LET_GO,  /* let go while it waits; back, it needs the turn */
+  PARK_OWED,    /* ... and signalled: the turn is its next */
+  PARK_GRANTED, /* the turn is its (it may not be back yet) */
+};
+struct cond_waiter {
+  pthread_cond_t* cond; /* NULL: a free slot */
+  pid_t tid, proc_tid;
+  struct conn* conn; /* the input it held */
+  uint64_t order;    /* let go, then signalled: in what order */
+  int state;         /* enum park_state */
+};
+static struct cond_waiter cond_waiters[256];
+static int cond_waiters_n;
+static _Atomic(int) parked_n;        /* let go or owed: the signal wrappers' fast path */
+static uint64_t park_order;          /* the last order handed out */
+static _Atomic(uint32_t) turn_futex; /* bumped when the turn is free or granted */
+static __thread int my_cond_slot = -1;
+
+static int parking(void) {
+  return serial_on && !serial_reply && !serial_sleep_keeps;
 }
 
-/* Another connection's input is executing, so c's must wait. mu held. */
-int executing_other(const struct conn* c) {
-  if (!serial_on || !exec_tid || c == exec_conn) return 0;
-  int until_reply = atomic_load(&exec_fd) >= 0;
-  if (until_reply && atomic_load(&exec_replied)) {
-    exec_release();
-    return 0;
+static void turn_moved(void) {
+  atomic_fetch_add(&turn_futex, 1);
+  syscall(SYS_futex, (uint32_t*)&turn_futex, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* The turn is free: the first owed thread gets it. 1: one did. */
+static int grant_owed(void) {
+  if (exec_tid || !atomic_load(&parked_n)) return 0;
+  struct cond_waiter* first = NULL;
+  for (int i = 0; i < cond_waiters_n; i++) {
+    struct cond_waiter* w = &cond_waiters[i];
+    if (w->cond && w->state == PARK_OWED && (!first || w->order < first->order)) first = w;
   }
+  if (!first) return 0;
+  first->state = PARK_GRANTED;
+  atomic_fetch_sub(&parked_n, 1);
+  exec_tid = first->tid;
+  exec_proc_tid = first->proc_tid;
+  exec_conn = first->conn;
+  exec_since_ns = now_ns();
+  /* Back from its wait it is awake; until then (the kernel's wake-up, the
+   * server's mutex) it may look asleep: not looked at for a while. */
+  exec_next_look_ns = exec_since_ns + 10 * LS_SERIAL_LOOK_NS;
+  exec_asleep = 0;
+  turn_moved();
+  return 1;
+}
+
+/* The holder is done or let go: the turn goes to an owed thread, or to
+ * whoever reads the next agreed input. */
+static void turn_next(int my_epfd) {
+  exec_release();
+  if (!grant_owed()) {
+    if (atomic_load(&parked_n)) turn_moved(); /* a parked thread woken unsignalled may take it */
+    wake_next_turn(my_epfd);
+  }
+}
+
+/* The holder (exec_tid), asleep, is let go: parked if it waits on a
+ * condition variable. */
+static void let_holder_go(void) {
+  for (int i = 0; i < cond_waiters_n; i++) {
+    struct cond_waiter* w = &cond_waiters[i];
+    if (w->cond && w->tid == exec_tid && (w->state == PARK_WAITING || w->state == PARK_GRANTED)) {
+      w->state = PARK_LET_GO;
+      w->conn = exec_conn;
+      w->proc_tid = exec_proc_tid;
+      w->order = ++park_order;
+      atomic_fetch_add(&parked_n, 1);
+    }
+  }
+  exec_blocked++;
+  turn_next(-1);
+}
+
+/* The holder waits on a condition variable (it is registered there). */
+static int holder_in_cond(void) {
+  for (int i = 0; i < cond_waiters_n; i++)
+    if (cond_waiters[i].cond && cond_waiters[i].tid == exec_tid) return 1;
+  return 0;
+}
+
+/* The holder still holds the turn, after a look at it if one is due: 0 if
+ * it was let go or held it too long. Let go: asleep at two looks
+ * LS_SERIAL_LOOK_NS apart on a condition variable, where it waits for what
+ * only a later input can release (the lock holder's COMMIT; every replica
+ * blocks at the same point, since each executed the same inputs in the same
+ * order so far). Asleep anywhere else (with parking: a latch or a futex of
+ * the server's own, which a running thread releases soon, and which may be
+ * taken on one replica and not on another) only once it was for
+ * LS_SERIAL_ASLEEP_ELSEWHERE_NS: letting the next input in beside it would
+ * run the two at once. mu held, exec_tid set. */
+static int holder_holds(int until_reply) {
   uint64_t now = now_ns(), held = now - exec_since_ns;
   if (held < LS_SERIAL_LOOK_NS || ((until_reply || serial_sleep_keeps) && held < LS_SERIAL_EXEC_NS))
     return 1;
-  /* Asleep at two looks LS_SERIAL_LOOK_NS apart: it waits for something
-   * (an InnoDB row lock) that only a later input can release, such as
-   * the lock holder's COMMIT: let that in. Every replica blocks at the same
-   * point, since each executed the same inputs in the same order so far. */
   if (held < LS_SERIAL_EXEC_NS) {
     if (now < exec_next_look_ns) return 1;
     exec_next_look_ns = now + LS_SERIAL_LOOK_NS;
     exec_asleep = thread_sleeps(exec_proc_tid) ? exec_asleep + 1 : 0;
-    if (exec_asleep < 2) return 1;
-    exec_blocked++;
-    exec_release();
-    wake_next_turn(-1);
+    int looks = !parking() || holder_in_cond()
+                    ? 2
+                    : (int)(LS_SERIAL_ASLEEP_ELSEWHERE_NS / LS_SERIAL_LOOK_NS);
+    if (exec_asleep < looks) return 1;
+    let_holder_go();
     return 0;
   }
   if (exec_expired++ % 1000 == 0)
@@ -165,15 +269,154 @@ int executing_other(const struct conn* c) {
         "serial_inputs: a thread held an input for over %llu ms without waiting again; "
         "the next connection's input goes ahead (%llu times so far)",
         (unsigned long long)(LS_SERIAL_EXEC_NS / 1000000), (unsigned long long)exec_expired);
-  exec_release();
-  wake_next_turn(-1);
+  turn_next(-1);
   return 0;
+}
+
+void serial_sent(int fd, uint64_t end) {
+  if (serial_reply && atomic_load(&exec_fd) == fd && end > atomic_load(&exec_out_at) &&
+      !atomic_exchange(&exec_replied, 1))
+    (void)eventfd_write(wake_server_fd, 1); /* whoever waits for its turn looks again */
+}
+
+/* Another connection's input is executing (or an owed thread's turn has
+ * come), so c's must wait. mu held. */
+int executing_other(const struct conn* c) {
+  if (!serial_on) return 0;
+  grant_owed();
+  if (!exec_tid || c == exec_conn) return 0;
+  int until_reply = atomic_load(&exec_fd) >= 0;
+  if (until_reply && atomic_load(&exec_replied)) {
+    turn_next(-1);
+    return exec_tid && c != exec_conn;
+  }
+  if (holder_holds(until_reply)) return 1;
+  return exec_tid && c != exec_conn; /* let go: maybe to an owed thread */
+}
+
+/* Around a server's wait on a condition variable (shim_clock.c's timed
+ * waits and pthread_cond_wait below); `m` is its mutex, held on entry and
+ * on return. */
+void serial_cond_enter(pthread_cond_t* c) {
+  if (!parking()) return;
+  pthread_mutex_lock(&mu);
+  if (exec_tid != self_tid()) { /* only a holder is ever let go */
+    pthread_mutex_unlock(&mu);
+    return;
+  }
+  int slot = -1;
+  for (int i = 0; i < cond_waiters_n && slot < 0; i++)
+    if (!cond_waiters[i].cond) slot = i;
+  if (slot < 0 && cond_waiters_n < (int)(sizeof cond_waiters / sizeof *cond_waiters))
+    slot = cond_waiters_n++;
+  if (slot >= 0) { /* else unregistered: never parked */
+    cond_waiters[slot] = (struct cond_waiter){c, self_tid(), 0, NULL, 0, PARK_WAITING};
+    my_cond_slot = slot;
+  }
+  pthread_mutex_unlock(&mu);
+}
+
+void serial_cond_leave(pthread_mutex_t* m) {
+  if (my_cond_slot < 0) return;
+  int saved = errno;
+  pthread_mutex_lock(&mu);
+  struct cond_waiter* w = &cond_waiters[my_cond_slot];
+  pid_t me = self_tid();
+  int unlocked = 0;
+  while (w->state != PARK_WAITING) { /* let go meanwhile: the turn first */
+    grant_owed();
+    if (w->state == PARK_GRANTED && exec_tid == me) break;
+    if (w->state == PARK_GRANTED) { /* granted, and its time ran out before it came back */
+      w->state = PARK_LET_GO;
+      atomic_fetch_add(&parked_n, 1);
+    }
+    if (!exec_tid && w->state == PARK_LET_GO) { /* woken unsignalled: the free turn */
+      atomic_fetch_sub(&parked_n, 1);
+      exec_tid = me;
+      exec_conn = w->conn;
+      break;
+    }
+    if (exec_tid) holder_holds(0); /* a holder asleep on what we hold is let go too */
+    if (exec_tid == me || !exec_tid) continue;
+    if (!unlocked) {
+      unlocked = 1;
+      pthread_mutex_unlock(m); /* the holder may need it */
+    }
+    uint32_t seen = atomic_load(&turn_futex);
+    pthread_mutex_unlock(&mu);
+    struct timespec look = {0, (long)LS_SERIAL_LOOK_NS};
+    syscall(SYS_futex, (uint32_t*)&turn_futex, FUTEX_WAIT_PRIVATE, seen, &look, NULL, 0);
+    pthread_mutex_lock(&mu);
+  }
+  if (w->state != PARK_WAITING) { /* it holds the turn again, from now */
+    exec_proc_tid = self_proc_tid();
+    exec_since_ns = now_ns();
+    exec_next_look_ns = 0;
+    exec_asleep = 0;
+  }
+  w->cond = NULL;
+  while (cond_waiters_n && !cond_waiters[cond_waiters_n - 1].cond) cond_waiters_n--;
+  my_cond_slot = -1;
+  pthread_mutex_unlock(&mu);
+  if (unlocked) pthread_mutex_lock(m);
+  errno = saved;
+}
+
+/* c was signalled (all = 0) or broadcast: the parked threads waiting on it
+ * are owed the turn, in the order they were let go; for a signal, the one
+ * let go first. (InnoDB's lock waits have a condition variable each. Where
+ * several threads wait on one, a signal may wake another than the one made
+ * owed; that one, granted the turn and still asleep, is let go again at
+ * the next looks.) */
+static void cond_signalled(pthread_cond_t* c, int all) {
+  int saved = errno;
+  pthread_mutex_lock(&mu);
+  for (;;) {
+    struct cond_waiter* first = NULL;
+    for (int i = 0; i < cond_waiters_n; i++) {
+      struct cond_waiter* w = &cond_waiters[i];
+      if (w->cond == c && w->state == PARK_LET_GO && (!first || w->order < first->order)) first = w;
+    }
+    if (!first) break;
+    first->state = PARK_OWED;
+    first->order = ++park_order;
+    if (!all) break;
+  }
+  pthread_mutex_unlock(&mu);
+  errno = saved;
+}
+
+int pthread_cond_signal(pthread_cond_t* c) {
+  static int (*real)(pthread_cond_t*);
+  if (!real)
+    real = (int (*)(pthread_cond_t*))dlvsym(RTLD_NEXT, "pthread_cond_signal", "GLIBC_2.3.2");
+  if (atomic_load_explicit(&parked_n, memory_order_relaxed)) cond_signalled(c, 0);
+  return real(c);
+}
+
+int pthread_cond_broadcast(pthread_cond_t* c) {
+  static int (*real)(pthread_cond_t*);
+  if (!real)
+    real = (int (*)(pthread_cond_t*))dlvsym(RTLD_NEXT, "pthread_cond_broadcast", "GLIBC_2.3.2");
+  if (atomic_load_explicit(&parked_n, memory_order_relaxed)) cond_signalled(c, 1);
+  return real(c);
+}
+
+int pthread_cond_wait(pthread_cond_t* c, pthread_mutex_t* m) {
+  static int (*real)(pthread_cond_t*, pthread_mutex_t*);
+  if (!real)
+    real = (int (*)(pthread_cond_t*, pthread_mutex_t*))dlvsym(RTLD_NEXT, "pthread_cond_wait",
+                                                              "GLIBC_2.3.2");
+  serial_cond_enter(c);
+  int r = real(c, m);
+  serial_cond_leave(m);
+  return r;
 }
 
 void serial_begin(struct conn* c) {
   if (!serial_on) return;
   exec_tid = self_tid();
-  exec_proc_tid = self_proc_tid();
+  exec_proc_tid = serial_sleep_keeps ? 0 : self_proc_tid(); /* never looked at with it */
   exec_conn = c;
   exec_since_ns = now_ns();
   exec_next_look_ns = 0;
@@ -306,13 +549,9 @@ void serial_done(int my_epfd) {
   } else if (exec_tid != self_tid()) {
     return;
   }
-  exec_release();
-  wake_next_turn(my_epfd);
+  turn_next(my_epfd);
 }
 
 void serial_closed(const struct conn* c) {
-  if (serial_on && c == exec_conn) {
-    exec_release();
-    wake_next_turn(-1);
-  }
+  if (serial_on && c == exec_conn) turn_next(-1);
 }

@@ -6,8 +6,9 @@ must never let happen.
     python3 tests/serial_probe_server.py PORT
 
 Requests, one per line: `spin MS` keeps its thread busy on the CPU (running,
-never asleep) for MS milliseconds and answers `done`; `overlaps` answers how
-many requests began while another executed.
+never asleep) for MS milliseconds and answers `done`; `sleep MS` sleeps in
+the kernel for MS milliseconds (not on a condition variable) and answers
+`done`; `overlaps` answers how many requests began while another executed.
 """
 
 import socket
@@ -31,6 +32,9 @@ def execute(line):
             end = time.monotonic() + int(args[0]) / 1000
             while time.monotonic() < end:
                 pass
+            return b"done\n"
+        if word == b"sleep":
+            time.sleep(int(args[0]) / 1000)
             return b"done\n"
         if word == b"overlaps":
             return b"%d\n" % overlaps
