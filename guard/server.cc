@@ -458,6 +458,13 @@ bool ServerProcess::Exited(std::string* how) {
   return done;
 }
 
+bool ServerProcess::Crashed() const {
+  if (!reaped_ || !WIFSIGNALED(status_)) return false;
+  int sig = WTERMSIG(status_);
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT ||
+         sig == SIGTRAP || sig == SIGSYS;
+}
+
 void ServerProcess::Stop() {
   int saved = errno;
   if (pid_ && !reaped_) {

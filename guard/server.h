@@ -94,6 +94,10 @@ class ServerProcess {
   // status 1" or "killed by signal 9" (reaped; what is left of its process
   // group is killed). False while it runs or before Start.
   bool Exited(std::string* how);
+  // Once Exited: it died of a signal of its own making (SIGSEGV, SIGBUS,
+  // SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS: a crash, which an input may
+  // cause on every replica alike), not one sent from outside or an exit.
+  bool Crashed() const;
 
   // SIGTERM to the process group, up to 3 s for the server to exit, then
   // SIGKILL to the group; reaps it. Does nothing when nothing runs.

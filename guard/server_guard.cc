@@ -457,6 +457,21 @@ bool ServerPipeline::RestoreNewest(uint64_t max_index, const char* why) {
 
 bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
   crashes_++;
+  // A leader's clients are served by nobody until its server is back (a
+  // checkpoint's restore and the log's replay, or a fresh start: hundreds
+  // of ms), while a backup's server is up: leadership goes to the backup
+  // furthest along first, as for a stopped server (HandOverIfStopped), and
+  // this server comes back as a backup's. Not when the server crashed by
+  // itself: an input that crashes it crashes every replica's, and handing
+  // over would only move leadership from one dying server to the next.
+  if (core_.role() == Role::kLeader && server_ && !server_->Crashed()) {
+    int successor = core_.FurthestReadyPeer();
+    if (successor >= 0 && core_.HandOver(now, successor, kStoppedHoldUs))
+      log_(
+          "this leader's server died: handed leadership over to replica %d while it is brought "
+          "back",
+          successor);
+  }
   // The input it died on: the newest one whose bytes it had begun to read,
   // if it was still at work: something unread, or reading shortly before
   // (a crash handler may take a while: redis writes a report first). A

@@ -291,3 +291,31 @@ def test_a_leader_whose_server_is_stopped_hands_leadership_over(cluster):
     )
     digests = {c.call("DEBUG", "DIGEST") for _, c in cluster.each_server()}
     assert len(digests) == 1, digests
+
+
+def test_a_leader_whose_server_dies_hands_leadership_over(cluster):
+    # The leader's redis SIGKILLed: its guard brings it back (a checkpoint or
+    # a fresh start, then the log), which takes a restore and a replay while
+    # nobody is served; a backup's server is up. So the leader hands
+    # leadership over first, and its own server comes back as a backup's.
+    cluster.up(app="redis")
+    Redis(cluster.client_addr()).call("SET", "before", "1")
+    old = cluster.leader()
+    server = cluster.status()["replicas"][old]["server_pid"]
+    os.kill(server, signal.SIGKILL)
+    s = cluster.wait(lambda s: s["leader"] not in (None, old), 10, "another leader")
+    assert Redis(cluster.client_addr()).call("SET", "during", "2") == "OK"
+    assert s["replicas"][old]["role"] == "backup", s
+    log = (cluster.dir / f"replica-{old}.log").read_text()
+    assert "this leader's server died: handed leadership over to replica" in log, log[-2000:]
+    cluster.wait(
+        lambda s: (
+            s["replicas"][old]["server_pid"] not in (0, server)
+            and len({r["applied_index"] for r in s["replicas"]}) == 1
+            and all(r["server_read_all"] for r in s["replicas"])
+        ),
+        30,
+        "the old leader's server back, and every server to have read every input",
+    )
+    digests = {c.call("DEBUG", "DIGEST") for _, c in cluster.each_server()}
+    assert len(digests) == 1, digests
