@@ -259,38 +259,56 @@ def test_a_server_that_closes_after_each_reply_keeps_its_backups_going(cluster):
     cluster.wait(counts, 30, "every replica's server to have counted 30 requests")
 
 
+def leader_server_signalled(cluster, sig):
+    """`sig` to the leader's redis, then a write through whoever leads once
+    the old leader is a backup (its own status says so: a status is each
+    replica's answer in turn, and the old leader's may predate its step
+    down). Returns (old leader, its server's pid, seconds until then)."""
+    cluster.up(app="redis")
+    Redis(cluster.client_addr()).call("SET", "before", "1")
+    old = cluster.leader()
+    server = cluster.status()["replicas"][old]["server_pid"]
+    os.kill(server, sig)
+    try:
+        t0 = time.monotonic()
+        cluster.wait(
+            lambda s: s["leader"] not in (None, old) and s["replicas"][old]["role"] == "backup",
+            10,
+            "another leader, and the old one a backup",
+        )
+        took = time.monotonic() - t0
+        assert Redis(cluster.client_addr()).call("SET", "during", "2") == "OK"
+    finally:
+        if sig == signal.SIGSTOP:
+            os.kill(server, signal.SIGCONT)
+    return old, server, took
+
+
+def assert_every_server_alike(cluster, also=lambda s: True, timeout=20):
+    cluster.wait(
+        lambda s: (
+            also(s)
+            and len({r["applied_index"] for r in s["replicas"]}) == 1
+            and all(r["server_read_all"] for r in s["replicas"])
+        ),
+        timeout,
+        "every server to have read every input",
+    )
+    digests = {c.call("DEBUG", "DIGEST") for _, c in cluster.each_server()}
+    assert len(digests) == 1, digests
+
+
 def test_a_leader_whose_server_is_stopped_hands_leadership_over(cluster):
     # The leader's redis SIGSTOPped (a debugger, a hung process): its daemon
     # is healthy and would go on leading while nobody is served. It hands
     # leadership to a backup instead, and its redis, continued, catches up
     # as a backup's.
-    cluster.up(app="redis")
-    Redis(cluster.client_addr()).call("SET", "before", "1")
-    old = cluster.leader()
-    server = cluster.status()["replicas"][old]["server_pid"]
-    os.kill(server, signal.SIGSTOP)
-    try:
-        t0 = time.monotonic()
-        s = cluster.wait(lambda s: s["leader"] not in (None, old), 10, "another leader")
-        took = time.monotonic() - t0
-        assert Redis(cluster.client_addr()).call("SET", "during", "2") == "OK"
-    finally:
-        os.kill(server, signal.SIGCONT)
+    old, server, took = leader_server_signalled(cluster, signal.SIGSTOP)
     assert took < 5, took
-    assert s["replicas"][old]["role"] == "backup", s
     log = (cluster.dir / f"replica-{old}.log").read_text()
     assert f"this leader's server (pid {server}) has been stopped for" in log, log[-2000:]
     Redis(cluster.client_addr()).call("SET", "after", "3")
-    cluster.wait(
-        lambda s: (
-            len({r["applied_index"] for r in s["replicas"]}) == 1
-            and all(r["server_read_all"] for r in s["replicas"])
-        ),
-        20,
-        "every server to have read every input",
-    )
-    digests = {c.call("DEBUG", "DIGEST") for _, c in cluster.each_server()}
-    assert len(digests) == 1, digests
+    assert_every_server_alike(cluster)
 
 
 def test_a_leader_whose_server_dies_hands_leadership_over(cluster):
@@ -298,24 +316,9 @@ def test_a_leader_whose_server_dies_hands_leadership_over(cluster):
     # a fresh start, then the log), which takes a restore and a replay while
     # nobody is served; a backup's server is up. So the leader hands
     # leadership over first, and its own server comes back as a backup's.
-    cluster.up(app="redis")
-    Redis(cluster.client_addr()).call("SET", "before", "1")
-    old = cluster.leader()
-    server = cluster.status()["replicas"][old]["server_pid"]
-    os.kill(server, signal.SIGKILL)
-    s = cluster.wait(lambda s: s["leader"] not in (None, old), 10, "another leader")
-    assert Redis(cluster.client_addr()).call("SET", "during", "2") == "OK"
-    assert s["replicas"][old]["role"] == "backup", s
+    old, server, _ = leader_server_signalled(cluster, signal.SIGKILL)
     log = (cluster.dir / f"replica-{old}.log").read_text()
     assert "this leader's server died: handed leadership over to replica" in log, log[-2000:]
-    cluster.wait(
-        lambda s: (
-            s["replicas"][old]["server_pid"] not in (0, server)
-            and len({r["applied_index"] for r in s["replicas"]}) == 1
-            and all(r["server_read_all"] for r in s["replicas"])
-        ),
-        30,
-        "the old leader's server back, and every server to have read every input",
+    assert_every_server_alike(
+        cluster, also=lambda s: s["replicas"][old]["server_pid"] not in (0, server), timeout=30
     )
-    digests = {c.call("DEBUG", "DIGEST") for _, c in cluster.each_server()}
-    assert len(digests) == 1, digests
