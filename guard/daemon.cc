@@ -583,12 +583,13 @@ void Daemon::NoteRoleChange() {
              : "no live leader known");
   else if (last_role_ == Role::kLeader && core_->promised() == last_ballot_ &&
            core_->election_hold_until_us() > NowUs())
-    // Replica::HandOver (the output guard found this leader's server wrong).
+    // Replica::HandOver (the output guard found this leader's server wrong,
+    // or its server is stopped or was killed).
     log_(
         "backup, promised ballot %s (handed its leadership over; standing for no election for up "
-        "to %lu s)",
+        "to %lu ms)",
         BallotString(core_->promised()).c_str(),
-        (unsigned long)((core_->election_hold_until_us() - NowUs()) / 1000000));
+        (unsigned long)((core_->election_hold_until_us() - NowUs()) / 1000));
   else
     log_("backup, promised ballot %s", BallotString(core_->promised()).c_str());
   last_role_ = core_->role();
