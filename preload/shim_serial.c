@@ -416,7 +416,8 @@ int pthread_cond_wait(pthread_cond_t* c, pthread_mutex_t* m) {
 void serial_begin(struct conn* c) {
   if (!serial_on) return;
   exec_tid = self_tid();
-  exec_proc_tid = serial_sleep_keeps ? 0 : self_proc_tid(); /* never looked at with it */
+  /* With serial_sleep_keeps the holder is never looked at. */
+  exec_proc_tid = serial_sleep_keeps ? 0 : self_proc_tid();
   exec_conn = c;
   exec_since_ns = now_ns();
   exec_next_look_ns = 0;
