@@ -34,6 +34,7 @@
 
 #include "guard/server.h"
 #include "guard/shim_channel.h"
+#include "guard/symbolize.h"
 #include "preload/stream_hash.h"
 
 namespace lockstep {
@@ -250,6 +251,10 @@ class Harness {
     port_ = FreePort();
     if (!ch_.Create(1 << 20, error, o.ring)) return false;
     if (o.digests >= 0) ch_.set_output_digests(o.digests != 0);
+    // A consumer from the start: records published before the pump's first
+    // pass would otherwise be passed over as nobody's (ShimChannel::Flush).
+    OutputDigest first;
+    if (o.poll) ch_.PollOutput(&first);
     ch_.SetLeader(o.leader);
     std::vector<std::string> argv;
     for (const auto& a : argv_template) argv.push_back(SubstituteCommand(a, port_, dir_));
@@ -393,6 +398,7 @@ class Harness {
     std::lock_guard<std::mutex> g(mu_);
     return ch_.RecentOutput(out_slot, conn, w);
   }
+  pid_t server_pid() const { return server_.pid(); }
   ShimChannel::OutputStats Stats() {
     std::lock_guard<std::mutex> g(mu_);
     return ch_.GetOutputStats();
@@ -1108,6 +1114,47 @@ TEST(ShimOutput, SendCost) {
   std::cerr << "hashing costs " << cost << " ns per send (fastest batches, median of " << kRounds
             << " runs each; a send of 5 bytes takes " << mid(fastest[0]) << " ns without)\n";
   EXPECT_LT(cost, 2000);
+}
+
+// The stack kept with each send names the server's own call chain, also
+// when two chains differ only two frames above the send (tools/
+// send_chains.c: via_a and via_b have the same frame), and back-to-back
+// sends from one chain share an entry: which they can only when the shim
+// recognized the chain from its cache rather than walking it again.
+TEST(ShimOutput, SendStacks) {
+  Harness h;
+  std::string err;
+  ASSERT_TRUE(h.Start({LOCKSTEP_SEND_CHAINS, "{port}", "aabab"}, {.leader = true}, &err)) << err;
+  Harness::Replay r = h.ConnectReplay();
+  ASSERT_TRUE(h.WaitRecord(r.conn, 5)) << "the last send's digest";
+  int out_slot = -1;
+  for (const auto& d : h.Records(r.conn)) out_slot = d.out_slot;
+  ASSERT_GE(out_slot, 0);
+  ShimChannel::OutputWindow w;
+  ASSERT_TRUE(h.Window(out_slot, r.conn, &w));
+  EXPECT_EQ(std::string(w.bytes.begin(), w.bytes.end()), "aabab");
+  Symbolizer names(h.server_pid());
+  std::vector<std::string> got;
+  for (const auto& send : w.sends) {
+    std::string stack = names.DescribeStack(send.pcs);
+    SCOPED_TRACE(stack);
+    // Innermost first; under ASan its write interceptor comes before send_one.
+    auto at = [&](const std::string& fn) {
+      size_t p = stack.find(" " + fn + "+0x");
+      return p == std::string::npos
+                 ? -1
+                 : static_cast<int>(std::count(stack.begin(), stack.begin() + p, '\n'));
+    };
+    int send_one = at("send_one"), via_a = at("via_a"), via_b = at("via_b");
+    ASSERT_GE(send_one, 0);
+    EXPECT_EQ(at("through"), send_one + 1);
+    EXPECT_TRUE((via_a == send_one + 2) != (via_b == send_one + 2));
+    EXPECT_GT(at("main"), send_one + 2);
+    got.push_back(std::to_string(send.start) + ".." + std::to_string(send.end) +
+                  (via_a == send_one + 2 ? " a" : " b"));
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"0..2 a", "2..3 b", "3..4 a", "4..5 b"}));
+  close(r.fd);
 }
 
 }  // namespace

@@ -211,6 +211,48 @@ static inline int resp_request_done(const struct resp_list* l, struct resp_in* i
   return unchecked;
 }
 
+/* A length line's digits and "\r\n" at p[*i] in p[0..n), in the one form
+ * clients send: 1 to 12 digits. 1 with *i past it; 0 for anything else (not
+ * all of it here, a sign, a stray '\r'), which the byte-wise scan reads. */
+static inline int resp_plain_num(const unsigned char* p, size_t n, size_t* i, uint64_t* value) {
+  size_t k = *i;
+  uint64_t v = 0;
+  while (k < n && k - *i < 12 && p[k] >= '0' && p[k] <= '9') v = v * 10 + (uint64_t)(p[k++] - '0');
+  if (k == *i || n - k < 2 || p[k] != '\r' || p[k + 1] != '\n') return 0;
+  *value = v;
+  *i = k + 2;
+  return 1;
+}
+
+/* A whole multibulk request at the start of p[0..n), read at once: its
+ * length, with in->argc and in->word as the byte-wise scan leaves them;
+ * 0 when it is not all here or not in the plain form (the byte-wise scan
+ * then reads it, from in->word emptied again). The common case costs a
+ * pass over its length lines. */
+static inline size_t resp_whole_request(struct resp_in* in, const unsigned char* p, size_t n) {
+  size_t i = 1;
+  uint64_t count, len;
+  if (p[0] != '*' || !resp_plain_num(p, n, &i, &count) || count == 0) return 0;
+  for (uint64_t a = 0; a < count; a++) {
+    if (i >= n || p[i] != '$') return 0;
+    i++;
+    if (!resp_plain_num(p, n, &i, &len) || len > n - i || n - i - len < 2 || p[i + len] != '\r' ||
+        p[i + len + 1] != '\n')
+      return 0;
+    if (a < 2) {
+      if (len >= RESP_WORD) {
+        in->word_len[a] = RESP_WORD; /* too long to be one of ours */
+      } else {
+        for (size_t k = 0; k < len; k++) in->word[a][k] = resp_upper((char)p[i + k]);
+        in->word_len[a] = (uint8_t)len;
+      }
+    }
+    i += len + 2;
+  }
+  in->argc = (uint32_t)count;
+  return i;
+}
+
 /* Scans n request bytes. For each unchecked request, push(ctx, number);
  * push returns 0 when its queue is full (skipping then ends). Once skipping
  * ends the scanner reads nothing more. */
@@ -222,8 +264,16 @@ static inline void resp_scan_requests(const struct resp_list* l, struct resp_in*
     int r;
     uint64_t number = 0;
     switch (in->state) {
-      case RESP_IN_START:
-        in->argc = 0;
+      case RESP_IN_START: {
+        size_t whole = resp_whole_request(in, p + i, n - i);
+        if (whole > 0) {
+          i += whole;
+          r = resp_request_done(l, in, &number);
+          if (r < 0) in->state = RESP_IN_OFF;
+          if (r == 1 && !push(ctx, number)) in->state = RESP_IN_OFF;
+          break;
+        }
+        in->argc = 0; /* and the words resp_whole_request may have begun */
         in->word_len[0] = in->word_len[1] = 0;
         if (p[i] == '*') {
           memset(&in->num, 0, sizeof in->num);
@@ -235,6 +285,7 @@ static inline void resp_scan_requests(const struct resp_list* l, struct resp_in*
           in->state = RESP_IN_INLINE;
         }
         break;
+      }
       case RESP_IN_COUNT:
         r = resp_num_step(&in->num, p[i++]);
         if (r < 0) {

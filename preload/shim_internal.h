@@ -1,5 +1,6 @@
-/* shim_internal.h — what the shim's own files (shim.c, shim_output.c,
- * shim_random.c, shim_unchecked.c, shim_clock.c, shim_inspect.c) share.
+/* shim_internal.h — what the shim's own files (shim.c, shim_wait.c,
+ * shim_serial.c, shim_output.c, shim_stack.c, shim_random.c,
+ * shim_unchecked.c, shim_clock.c, shim_inspect.c) share.
  * Nothing here is exported from the library: the server and its other
  * libraries never see these names. */
 #ifndef LOCKSTEP_SHIM_INTERNAL_H
@@ -189,6 +190,28 @@ LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n);
 /* A send on fd would block (EAGAIN): an EPOLLET server hears the next
  * EPOLLOUT edge (shim_wait.c). */
 LS_HIDDEN void wait_send_blocked(int fd);
+
+/* shim_stack.c: the server's stack at a send. */
+/* Where a send wrapper was called from: its return address and where that
+ * lies (the frame pointer's word above; stack_take checks it). Declared
+ * first thing in each wrapper by SEND_SITE. */
+struct send_site {
+  void* const* ra_slot;
+  void* ra;
+};
+#define SEND_SITE(name)                                                        \
+  const struct send_site name = {(void* const*)__builtin_frame_address(0) + 1, \
+                                 __builtin_return_address(0)}
+struct send_stack {
+  uint32_t depth;
+  uint64_t chain; /* the cached chain it is (equal ids: equal stacks); 0: walked plainly */
+  uintptr_t pc[LS_STACK_DEPTH];
+};
+/* Sets the walker up: stacks are taken from now on. */
+LS_HIDDEN void stack_init(void);
+/* The stack of the send whose wrapper was called from site, the shim's
+ * frames left out. */
+LS_HIDDEN void stack_take(struct send_stack* s, const struct send_site* site);
 
 /* shim_inspect.c: connections accepted while this replica does not lead. */
 /* 1: fd (accepted, from peer's port) is an inspector's, served; 0: refuse it. */

@@ -11,8 +11,6 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
-#include <execinfo.h>
-#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -20,16 +18,12 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
 #include "preload/shim_internal.h"
 #include "preload/stream_hash.h"
-
-#define UNW_LOCAL_ONLY
-#include <libunwind.h> /* types and names only: the library is dlopen'ed (out_init) */
-#define LS_STR2(x) #x
-#define LS_STR(x) LS_STR2(x) /* a libunwind macro's real symbol name */
 
 static ssize_t (*real_write)(int, const void*, size_t);
 static ssize_t (*real_send)(int, const void*, size_t, int);
@@ -61,6 +55,7 @@ struct out_state {
   struct ls_stream_hash h;  /* h.total is the stream offset */
   int named;                /* a record of this connection reached the ring */
   uint64_t pushed_ns;       /* when the last send's record was published (out_push_sent) */
+  uint64_t kept_chain;      /* the call chain of the window's newest kept stack (stack_keep) */
   /* unchecked_greeting: nothing read from the connection yet, so what the
    * server sends is its greeting, left out of the stream. */
   _Atomic(int) greeting;
@@ -78,17 +73,9 @@ static struct ls_out_record* out_ring;
 static struct ls_out_slot* out_win;      /* window headers */
 static char* out_bytes;                  /* window bytes, LS_OUT_WINDOW per slot */
 static struct ls_send_stack* out_stacks; /* LS_SEND_STACKS per slot */
-/* The server's stack at each send (LOCKSTEP_SHIM_SEND_STACKS=0: not taken),
- * walked by libunwind, which caches what it learnt of each return address:
- * ~0.1 us a send, where libgcc's unwinder (glibc's backtrace(), the fallback
- * when libunwind.so.8 cannot be loaded) interprets the unwind tables anew
- * each time, ~2 us. libunwind is dlopen'ed RTLD_LOCAL, never linked: it
- * exports _Unwind_* and backtrace, which would otherwise take over the
- * server's own C++ exceptions and backtraces. Frames in the shim's own code
- * are left out. */
+/* The server's stack at each send (shim_stack.c), kept beside the window;
+ * LOCKSTEP_SHIM_SEND_STACKS=0: not taken. */
 static int out_stacks_on;
-static int (*unwind_backtrace)(void**, int);
-static uintptr_t shim_text_lo, shim_text_hi;
 static _Atomic(uintptr_t) out_ring_owner; /* the output ring's producer lock */
 static struct out_state out_st[LS_OUT_SLOTS];
 static _Atomic(uint16_t) out_of_fd[LS_MAX_FD]; /* output slot + 1; 0: not hashed */
@@ -126,23 +113,6 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* dl_iterate_phdr: the executable segment holding the address `data`. */
-static int find_own_text(struct dl_phdr_info* info, size_t size, void* data) {
-  (void)size;
-  uintptr_t me = (uintptr_t)data;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
-    if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
-    uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
-    if (me >= lo && me < hi) {
-      shim_text_lo = lo;
-      shim_text_hi = hi;
-      return 1;
-    }
-  }
-  return 0;
-}
-
 void out_init(char* base) {
   /* The region's geometry is the daemon's: hash only if it is sane. */
   uint64_t cap = hdr->out_slots, mark = hdr->out_mark_bytes;
@@ -168,26 +138,7 @@ void out_init(char* base) {
                     hdr->stacks_offset + (uint64_t)LS_OUT_SLOTS * LS_SEND_STACKS *
                                              sizeof(struct ls_send_stack) <=
                         hdr->size;
-    if (out_stacks_on) {
-      dl_iterate_phdr(find_own_text, (void*)(uintptr_t)&out_init);
-      void* lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
-      unwind_backtrace = lib ? (int (*)(void**, int))dlsym(lib, "unw_backtrace") : NULL;
-      int (*policy)(unw_addr_space_t, unw_caching_policy_t) =
-          lib ? (int (*)(unw_addr_space_t, unw_caching_policy_t))dlsym(
-                    lib, LS_STR(unw_set_caching_policy))
-              : NULL;
-      unw_addr_space_t* space =
-          lib ? (unw_addr_space_t*)dlsym(lib, LS_STR(unw_local_addr_space)) : NULL;
-      if (!unwind_backtrace || !policy || !space) {
-        unwind_backtrace = backtrace;
-        shim_log("libunwind.so.8 not usable (%s): send stacks by glibc's backtrace (slower)",
-                 lib ? "symbols missing" : dlerror());
-      } else {
-        policy(*space, UNW_CACHE_PER_THREAD);
-      }
-      void* prime[2];
-      (void)unwind_backtrace(prime, 2); /* sets the unwinder up now, not at the first send */
-    }
+    if (out_stacks_on) stack_init();
     for (uint32_t i = 0; i < LS_OUT_SLOTS; i++) {
       out_free[i] = (uint16_t)i;
       out_st[i].fd = -1;
@@ -313,9 +264,16 @@ static void out_push(struct out_state* st, int slot, uint32_t flags, uint64_t di
 static void out_push_sent(struct out_state* st, int slot, uint64_t digest) {
   uint64_t total = st->h.total;
   int mark = out_mark && total && !(total & (out_mark - 1));
-  uint64_t now = now_ns();
+  if (atomic_load_explicit(&hdr->mode, memory_order_relaxed) == LS_MODE_LEADER) {
+    st->pushed_ns = 0; /* were it to lead no more, its next send's record goes out */
+    out_push(st, slot, 0, digest);
+    return;
+  }
+  /* A coarse clock (a few ms) is fine for a 20 ms spacing, and costs less. */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
   if (st->named && !mark && !atomic_load_explicit(&st->lost, memory_order_relaxed) &&
-      atomic_load_explicit(&hdr->mode, memory_order_relaxed) != LS_MODE_LEADER &&
       now - st->pushed_ns < (uint64_t)LS_OUT_SAMPLE_US * 1000)
     return;
   st->pushed_ns = now;
@@ -376,36 +334,26 @@ static void feed_checked(void* ctx, const char* p, size_t n) {
   out_feed(f->st, f->slot, f->keep_from, p, n, f->st->h.total + n < f->end);
 }
 
-/* The server's stack at this send, without the shim's frames. */
-struct send_stack {
-  int depth;
-  void* pc[LS_STACK_DEPTH + 8];
-};
-static void stack_take(struct send_stack* s) {
-  s->depth = 0;
-  if (!out_stacks_on) return;
-  int n = unwind_backtrace(s->pc, (int)(sizeof s->pc / sizeof s->pc[0]));
-  int skip = 0;
-  while (skip < n && (uintptr_t)s->pc[skip] >= shim_text_lo &&
-         (uintptr_t)s->pc[skip] < shim_text_hi)
-    skip++;
-  for (int i = skip; i < n; i++) s->pc[i - skip] = s->pc[i];
-  s->depth = n - skip;
-}
-
 /* Keeps it as the slot's newest send, whose bytes took the stream offsets
- * [start, end). Inside the window's seqlock. */
-static void stack_keep(int slot, const struct send_stack* s, uint64_t start, uint64_t end) {
-  if (!out_stacks_on || s->depth <= 0 || end == start) return;
+ * [start, end). A send from the same call chain as the newest kept, right
+ * after it, extends that one: one stack, and more of the window's recent
+ * sends named by the LS_SEND_STACKS kept. Inside the window's seqlock. */
+static void stack_keep(struct out_state* st, int slot, const struct send_stack* s, uint64_t start,
+                       uint64_t end) {
+  if (!out_stacks_on || s->depth == 0 || end == start) return;
   struct ls_out_slot* w = &out_win[slot];
   uint64_t k = atomic_load_explicit(&w->sends, memory_order_relaxed);
-  struct ls_send_stack* to = &out_stacks[(size_t)slot * LS_SEND_STACKS + k % LS_SEND_STACKS];
+  struct ls_send_stack* kept = out_stacks + (size_t)slot * LS_SEND_STACKS;
+  if (k && s->chain && s->chain == st->kept_chain && kept[(k - 1) % LS_SEND_STACKS].end == start) {
+    kept[(k - 1) % LS_SEND_STACKS].end = end;
+    return;
+  }
+  struct ls_send_stack* to = &kept[k % LS_SEND_STACKS];
   to->start = start;
   to->end = end;
-  uint32_t d = 0;
-  for (; d < (uint32_t)s->depth && d < LS_STACK_DEPTH; d++)
-    to->pc[d] = (uint64_t)(uintptr_t)s->pc[d];
-  to->depth = d;
+  memcpy(to->pc, s->pc, s->depth * sizeof to->pc[0]);
+  to->depth = s->depth;
+  st->kept_chain = s->chain;
   atomic_store_explicit(&w->sends, k + 1, memory_order_relaxed);
 }
 
@@ -415,7 +363,7 @@ static void stack_keep(int slot, const struct send_stack* s, uint64_t start, uin
 static void sent_end(struct out_state* st, int slot, const struct send_stack* stack,
                      uint64_t start) {
   uint64_t digest = ls_stream_hash_digest(&st->h);
-  stack_keep(slot, stack, start, st->h.total);
+  stack_keep(st, slot, stack, start, st->h.total);
   win_end(&out_win[slot], st->h.total, digest);
   out_push_sent(st, slot, digest);
 }
@@ -426,10 +374,11 @@ static int greeting(struct out_state* st, int fd) {
 }
 
 /* The kernel took the first n (> 0) bytes of iov on fd, output slot slot. */
-static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, size_t n) {
+static void out_sent(int fd, int slot, const struct send_site* site, const struct iovec* iov,
+                     size_t iovcnt, size_t n) {
   struct out_state* st = &out_st[slot];
   struct send_stack stack;
-  stack_take(&stack);
+  stack_take(&stack, site);
   if (!out_lock(st)) {
     out_lose(st);
     return;
@@ -466,10 +415,11 @@ static void out_sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, s
 /* sendfile took n (> 0) bytes of in_fd from offset `from`: they are read
  * back to be hashed (a file changed in between would be hashed as it is
  * now; one that cannot be read back loses the connection's digests). */
-static void out_sent_file(int fd, int slot, int in_fd, off64_t from, size_t n) {
+static void out_sent_file(int fd, int slot, const struct send_site* site, int in_fd, off64_t from,
+                          size_t n) {
   struct out_state* st = &out_st[slot];
   struct send_stack stack;
-  stack_take(&stack);
+  stack_take(&stack, site);
   if (!out_lock(st)) {
     out_lose(st);
     return;
@@ -557,6 +507,7 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   atomic_store(&st->lost, 0);
   st->named = 0;
   st->pushed_ns = 0;
+  st->kept_chain = 0;
   st->next_mark = out_mark;
   atomic_store(&st->greeting, greeting_unchecked);
   ls_stream_hash_init(&st->h);
@@ -582,7 +533,8 @@ void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
 /* The kernel took n bytes of a send (n <= 0: none, or an error): hash
  * them if fd's output is (slot >= 0); returns n with errno as the call left it. */
 /* ... and ends the send that send_begin counted. */
-static ssize_t sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, ssize_t n) {
+static ssize_t sent(int fd, int slot, const struct send_site* site, const struct iovec* iov,
+                    size_t iovcnt, ssize_t n) {
   if (slot < 0) return n;
   if (n <= 0) {
     send_end(slot);
@@ -590,45 +542,51 @@ static ssize_t sent(int fd, int slot, const struct iovec* iov, size_t iovcnt, ss
     return n;
   }
   int saved = errno;
-  out_sent(fd, slot, iov, iovcnt, (size_t)n);
+  out_sent(fd, slot, site, iov, iovcnt, (size_t)n);
   send_end(slot);
   errno = saved;
   return n;
 }
 
-static ssize_t sent_buf(int fd, int slot, const void* buf, ssize_t n) {
+static ssize_t sent_buf(int fd, int slot, const struct send_site* site, const void* buf,
+                        ssize_t n) {
   struct iovec v = {(void*)buf, n > 0 ? (size_t)n : 0};
-  return sent(fd, slot, &v, 1, n);
+  return sent(fd, slot, site, &v, 1, n);
 }
 
 ssize_t write(int fd, const void* buf, size_t len) {
+  SEND_SITE(site);
   LS_REAL(write);
   int slot = send_begin(fd);
-  return sent_buf(fd, slot, buf, real_write(fd, buf, len));
+  return sent_buf(fd, slot, &site, buf, real_write(fd, buf, len));
 }
 
 ssize_t send(int fd, const void* buf, size_t len, int flags) {
+  SEND_SITE(site);
   LS_REAL(send);
   int slot = send_begin(fd);
-  return sent_buf(fd, slot, buf, real_send(fd, buf, len, flags));
+  return sent_buf(fd, slot, &site, buf, real_send(fd, buf, len, flags));
 }
 
 ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
                socklen_t addrlen) {
+  SEND_SITE(site);
   LS_REAL(sendto);
   int slot = send_begin(fd);
-  return sent_buf(fd, slot, buf, real_sendto(fd, buf, len, flags, addr, addrlen));
+  return sent_buf(fd, slot, &site, buf, real_sendto(fd, buf, len, flags, addr, addrlen));
 }
 
 ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
+  SEND_SITE(site);
   LS_REAL(sendmsg);
   int slot = send_begin(fd);
   ssize_t n = real_sendmsg(fd, msg, flags);
-  if (n <= 0) return sent(fd, slot, NULL, 0, n); /* msg may be bad: EFAULT */
-  return sent(fd, slot, msg->msg_iov, msg->msg_iovlen, n);
+  if (n <= 0) return sent(fd, slot, &site, NULL, 0, n); /* msg may be bad: EFAULT */
+  return sent(fd, slot, &site, msg->msg_iov, msg->msg_iovlen, n);
 }
 
 int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
+  SEND_SITE(site);
   LS_REAL(sendmmsg);
   int slot = send_begin(fd);
   int r = real_sendmmsg(fd, vec, vlen, flags);
@@ -639,16 +597,17 @@ int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
   int saved = errno;
   for (int i = 0; i < r; i++)
     if (vec[i].msg_len > 0)
-      out_sent(fd, slot, vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen, vec[i].msg_len);
+      out_sent(fd, slot, &site, vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen, vec[i].msg_len);
   send_end(slot);
   errno = saved;
   return r;
 }
 
 ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
+  SEND_SITE(site);
   LS_REAL(writev);
   int slot = send_begin(fd);
-  return sent(fd, slot, iov, (size_t)iovcnt, real_writev(fd, iov, iovcnt));
+  return sent(fd, slot, &site, iov, (size_t)iovcnt, real_writev(fd, iov, iovcnt));
 }
 
 /* Where sendfile reads from: *offset, or in_fd's file position (which the
@@ -661,31 +620,34 @@ static off64_t sendfile_start(int slot, int in_fd, const off64_t* offset) {
   return from;
 }
 
-static void sendfile_done(int fd, int slot, int in_fd, off64_t from, ssize_t n) {
+static void sendfile_done(int fd, int slot, const struct send_site* site, int in_fd, off64_t from,
+                          ssize_t n) {
   int saved = errno;
   if (from >= 0)
-    out_sent_file(fd, slot, in_fd, from, (size_t)n);
+    out_sent_file(fd, slot, site, in_fd, from, (size_t)n);
   else
     out_lose(&out_st[slot]);
   errno = saved;
 }
 
 ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
+  SEND_SITE(site);
   LS_REAL(sendfile);
   int slot = send_begin(out_fd);
   off64_t from = sendfile_start(slot, in_fd, offset ? &(off64_t){*offset} : NULL);
   ssize_t n = real_sendfile(out_fd, in_fd, offset, count);
-  if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, in_fd, from, n);
+  if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
   return n;
 }
 
 ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
+  SEND_SITE(site);
   LS_REAL(sendfile64);
   int slot = send_begin(out_fd);
   off64_t from = sendfile_start(slot, in_fd, offset);
   ssize_t n = real_sendfile64(out_fd, in_fd, offset, count);
-  if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, in_fd, from, n);
+  if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
   return n;
 }
