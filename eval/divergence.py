@@ -2,8 +2,9 @@
 """Output-checking benchmark (issue 8's targets): redis under lockstep, each target against a
 baseline measured in the same run.
 
-    scripts/bench divergence [--repeats 5] [--seconds 5] [--keys 100000] [--trials 5]
-                             [--suffix 1000] [--quick] [--build DIR]
+    scripts/bench divergence [--repeats 15] [--seconds 3] [--keys 100000] [--trials 5]
+                             [--suffix 1000] [--quick] [--build DIR] [--no-control]
+                             [--cpu-repeats 8] [--cpu-seconds 8] [--cpu-rate 5000]
                              [--phases cost,detection,repair]
     .venv/bin/python eval/divergence.py [same options]
     .venv/bin/python eval/divergence.py --from-json eval/out/divergence.json  (redraw only)
@@ -16,8 +17,18 @@ baseline measured in the same run.
              while the "on" one counts them). build/bin/loadgen (64-byte values on 10000 keys,
              every key written once first): SET throughput at 16 connections and SET p50 at 1
              connection, --seconds windows, --repeats times, on and off interleaved
-             (on-off, then off-on, ...). Targets: throughput on >= 0.95 x off; p50 on <= off
-             + 5 us (medians over the repeats; the ratio of each repeat is kept too).
+             (each first in turn). Targets: throughput on >= 0.95 x off; p50 on <= off + 5
+             us, judged on the median of the per-repeat pairs with its bootstrap interval.
+             With --control (the default) a third cluster, hashing off too, takes its turn
+             in each repeat: its ratio to "off" is what the method reads when nothing
+             differs. On this 2-core VM that is itself several % either way (the machine's
+             speed drifts by 10-20 % within a minute, and two clusters started alike need
+             not run alike), which is why the windows are many and short. Then, what the
+             machine's drift cannot touch: two clusters driven at the same time, each at
+             --cpu-rate SET/s (open loop, 16 connections), --cpu-repeats windows (--cpu-seconds) of on with
+             off and (control) off2 with off: the CPU per SET of each cluster's daemons and
+             servers. Saturated throughput goes as 1 / CPU per op, so the throughput target
+             reads there as CPU on <= 1/0.95 = 1.053 x off.
   detection  A cluster with --keys keys of 100 bytes (pipelined through the leader), a
              checkpoint of each backup. Per trial, under load (loadgen, 16 connections, the
              same keys): a backup's daemon is SIGKILLed and `cluster restart`ed with
@@ -192,10 +203,21 @@ def run_loadgen(ctx, addr, conns, seconds, keys, size):
 
 
 def phase_cost(ctx, a, res):
-    on_env, off_env = clean_env(), clean_env(**{DIGESTS_ENV: "0"})
+    """Hashing on against off, windows interleaved; with --control a second "off" cluster
+    ("off2") in the same rotation, whose ratio to "off" is what this method reads when
+    nothing differs (two clusters of this machine differ by several % on their own)."""
+    envs = {"on": clean_env(), "off": clean_env(**{DIGESTS_ENV: "0"})}
+    if a.control:
+        envs["off2"] = clean_env(**{DIGESTS_ENV: "0"})
+    modes = list(envs)
     res["samples"], res["check"] = [], {}
-    with cluster(ctx, "on", on_env) as d_on, cluster(ctx, "off", off_env) as d_off:
-        dirs = {"on": d_on, "off": d_off}
+    # Started in a random order (logged): in every earlier run "on" came up first, and
+    # it read lower in most of them while the control did not.
+    start = random.sample(list(envs), len(envs))
+    res["start_order"] = start
+    log(f"cost: clusters started in the order {', '.join(start)}")
+    with contextlib.ExitStack() as stack:
+        dirs = {m: stack.enter_context(cluster(ctx, m, envs[m])) for m in start}
         addrs = {m: status(d)["client_addr"] for m, d in dirs.items()}
         for m, addr in addrs.items():
             log(f"cost: {m}: writing {COST_KEYS} keys of {COST_VALUE} bytes at {addr}")
@@ -203,7 +225,8 @@ def phase_cost(ctx, a, res):
             run_loadgen(ctx, addr, 16, 1.0, COST_KEYS, COST_VALUE)  # warm-up, not kept
         verify_hashing(dirs, res, "before")
         for rep in range(a.repeats):
-            order = ("on", "off") if rep % 2 == 0 else ("off", "on")
+            # Each mode first, middle and last in turn: the machine's speed drifts.
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for m in order:
                 for conns in (16, 1):
                     r = run_loadgen(ctx, addrs[m], conns, a.seconds, COST_KEYS, COST_VALUE)
@@ -222,12 +245,71 @@ def phase_cost(ctx, a, res):
                         s["lost"] = r["lost"]
                     res["samples"].append(s)
                     log(
-                        f"cost: repeat {rep + 1}/{a.repeats}, hashing {m:3}, {conns:2} conns: "
+                        f"cost: repeat {rep + 1}/{a.repeats}, hashing {m:4}, {conns:2} conns: "
                         f"{r['ops_per_s']:.0f} ops/s, p50 {r['p50_us']:.1f} µs, p99 "
                         f"{r['p99_us']:.0f} µs, errors {r['errors']}"
                     )
+        if a.cpu_repeats:
+            equal_load_cpu(ctx, a, dirs, addrs, res)
         verify_hashing(dirs, res, "after")
     summarize_cost(res)
+
+
+def cluster_pids(d):
+    """Every replica's daemon and server (status' pid and server_pid)."""
+    pids = []
+    for r in status(d)["replicas"]:
+        if r:
+            pids += [p for p in (r.get("pid"), r.get("server_pid")) if p]
+    return pids
+
+
+def equal_load_cpu(ctx, a, dirs, addrs, res):
+    """CPU per SET of two clusters driven at the same time at the same offered load (open
+    loop, --cpu-rate each): whatever the machine's speed does in a window, it does to both,
+    which alternating windows cannot give. "on" against "off", and with the control "off2"
+    against "off", in turn. The daemons' and servers' CPU (utime + stime), not loadgen's."""
+    pairs = [("on", "off")] + ([("off2", "off")] if "off2" in dirs else [])
+    res["cpu_samples"], res["cpu_rate"] = [], a.cpu_rate
+    for rep in range(a.cpu_repeats):
+        for x, y in pairs:
+            pids = {m: cluster_pids(dirs[m]) for m in (x, y)}
+            before = {m: apps.usage(p)[0] for m, p in pids.items()}
+            procs = {}
+            for m in (x, y):
+                cmd = checkpoints.loadgen_cmd(addrs[m], 16, a.cpu_seconds, COST_KEYS, COST_VALUE)
+                procs[m] = subprocess.Popen(
+                    [*cmd, "--rate", f"{a.cpu_rate:g}"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                )
+                procs[m].cmd_name, procs[m].logpath = "loadgen", os.devnull
+                ctx.procs.procs.append(procs[m])
+            out = {
+                m: checkpoints.finish_loadgen(ctx, p, a.cpu_seconds + 60) for m, p in procs.items()
+            }
+            after = {m: apps.usage(p)[0] for m, p in pids.items()}
+            s = {"repeat": rep, "pair": f"{x}/{y}"}
+            for m in (x, y):
+                ops = out[m]["ops"]
+                s[m] = {
+                    "ops": ops,
+                    "achieved_rate": out[m].get("achieved_rate"),
+                    "p99_us": out[m]["p99_us"],
+                    "cpu_s": after[m] - before[m],
+                    "cpu_us_per_op": (after[m] - before[m]) / ops * 1e6 if ops else None,
+                }
+            cx, cy = s[x]["cpu_us_per_op"], s[y]["cpu_us_per_op"]
+            s["ratio"] = cx / cy if cx and cy else None
+            res["cpu_samples"].append(s)
+            log(
+                f"cost: equal load {rep + 1}/{a.cpu_repeats}, {x} and {y} at once, "
+                f"{a.cpu_rate:g} SET/s each: CPU per op {cx:.1f} / {cy:.1f} µs = "
+                f"{s['ratio']:.3f} (achieved {s[x]['achieved_rate']:.0f}, "
+                f"{s[y]['achieved_rate']:.0f}/s)"
+            )
 
 
 def verify_hashing(dirs, res, when):
@@ -241,7 +323,7 @@ def verify_hashing(dirs, res, when):
             f"cost: hashing {m}: {checks} checks, {points} points sent; daemons' {DIGESTS_ENV}: "
             f"{', '.join(sorted(str(e) for e in envs))}"
         )
-        if m == "off" and (checks or points or envs != {"0"}):
+        if m != "on" and (checks or points or envs != {"0"}):
             raise Failed(
                 f"{DIGESTS_ENV}=0 did not turn hashing off ({checks} checks, {points} points, "
                 f"daemons' environment {envs}): {counts}"
@@ -258,7 +340,7 @@ def summarize_cost(res):
     p50 = {m: statistics.median(pick(m, 1, "p50_us")) for m in ("on", "off")}
     reps = sorted({s["repeat"] for s in res["samples"]})
 
-    def paired(conns, key, f):
+    def paired(conns, key, f, a="on", b="off"):
         out = []
         for rep in reps:
             v = {
@@ -266,15 +348,18 @@ def summarize_cost(res):
                 for s in res["samples"]
                 if s["repeat"] == rep and s["conns"] == conns
             }
-            if "on" in v and "off" in v:
-                out.append(f(v["on"], v["off"]))
+            if a in v and b in v:
+                out.append(f(v[a], v[b]))
         return out
+
+    def ratio(x, y):
+        return x / y if y else None
 
     res["summary"] = {
         "tput16_on": tput["on"],
         "tput16_off": tput["off"],
         "tput16_ratio": tput["on"] / tput["off"] if tput["off"] else None,
-        "tput16_ratio_per_repeat": paired(16, "ops_per_s", lambda x, y: x / y if y else None),
+        "tput16_ratio_per_repeat": paired(16, "ops_per_s", ratio),
         "p50_1_on_us": p50["on"],
         "p50_1_off_us": p50["off"],
         "p50_1_added_us": p50["on"] - p50["off"],
@@ -282,12 +367,41 @@ def summarize_cost(res):
         "p50_1_ratio": p50["on"] / p50["off"] if p50["off"] else None,
     }
     s = res["summary"]
+    if pick("off2", 16, "ops_per_s"):
+        s["tput16_control_ratio_per_repeat"] = paired(16, "ops_per_s", ratio, "off2", "off")
+        s["p50_1_control_added_us_per_repeat"] = paired(
+            1, "p50_us", lambda x, y: x - y, "off2", "off"
+        )
     log(
         f"cost: throughput at 16 conns on/off = {s['tput16_on']:.0f}/{s['tput16_off']:.0f} = "
         f"{s['tput16_ratio']:.3f} (target >= {TARGET_TPUT_RATIO}); p50 at 1 conn on - off = "
         f"{s['p50_1_on_us']:.1f} - {s['p50_1_off_us']:.1f} = {s['p50_1_added_us']:+.1f} µs "
         f"(target <= +{TARGET_P50_ADD_US:g} µs)"
     )
+    cpu = res.get("cpu_samples") or []
+    if cpu:
+        s["cpu_rate"] = res.get("cpu_rate")
+        s["cpu_ratio_per_repeat"] = [c["ratio"] for c in cpu if c["pair"] == "on/off"]
+        s["cpu_us_per_op_on"] = statistics.median(
+            c["on"]["cpu_us_per_op"] for c in cpu if c["pair"] == "on/off"
+        )
+        s["cpu_us_per_op_off"] = statistics.median(
+            c["off"]["cpu_us_per_op"] for c in cpu if c["pair"] == "on/off"
+        )
+        control = [c["ratio"] for c in cpu if c["pair"] == "off2/off"]
+        if control:
+            s["cpu_control_ratio_per_repeat"] = control
+        log(
+            f"cost: CPU per op at equal load, on/off: paired median "
+            f"{statistics.median(s['cpu_ratio_per_repeat']):.3f}"
+            + (f"; control off2/off {statistics.median(control):.3f}" if control else "")
+        )
+    if "tput16_control_ratio_per_repeat" in s:
+        c = [x for x in s["tput16_control_ratio_per_repeat"] if x is not None]
+        log(
+            f"cost: control, hashing off against hashing off: paired median "
+            f"{statistics.median(c):.3f} (per repeat {min(c):.2f}..{max(c):.2f})"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -851,8 +965,32 @@ def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--repeats", type=int, default=5, help="on/off window pairs (default 5)")
-    ap.add_argument("--seconds", type=float, default=5.0, help="loadgen window (default 5)")
+    ap.add_argument("--repeats", type=int, default=15, help="on/off window pairs (default 15)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="loadgen window (default 3)")
+    ap.add_argument(
+        "--cpu-repeats",
+        type=int,
+        default=8,
+        help="equal-load windows (two clusters driven at once) per pair (default 8; 0: none)",
+    )
+    ap.add_argument(
+        "--cpu-seconds",
+        type=float,
+        default=8.0,
+        help="length of an equal-load window (default 8: CPU time is counted in 10 ms ticks)",
+    )
+    ap.add_argument(
+        "--cpu-rate",
+        type=float,
+        default=5000,
+        help="SET/s offered to each of the two clusters at once (default 5000)",
+    )
+    ap.add_argument(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a second hashing-off cluster in the cost phase: the method's own spread (default on)",
+    )
     ap.add_argument("--keys", type=int, help="redis keys of the repair phase (default 100000)")
     ap.add_argument("--trials", type=int, default=5, help="detection trials (default 5)")
     ap.add_argument("--repair-trials", type=int, default=5, help="repair trials (default 5)")
@@ -880,6 +1018,7 @@ def main():
         return 0
     if a.quick:
         a.repeats, a.seconds = min(a.repeats, 4), min(a.seconds, 2.0)
+        a.cpu_repeats, a.cpu_seconds = min(a.cpu_repeats, 3), min(a.cpu_seconds, 4.0)
         a.keys = a.keys or 20_000
         a.trials, a.repair_trials, a.suffix = min(a.trials, 3), min(a.repair_trials, 3), 500
     a.keys = a.keys or 100_000

@@ -101,6 +101,48 @@ def rows(res):
                 else verdict(r >= TARGET_TPUT_RATIO),
             )
         )
+        control = [x for x in cost.get("tput16_control_ratio_per_repeat") or [] if x is not None]
+        if control:
+            ci = median_interval(control)
+            per = ", ".join(f"{x:.2f}" for x in control)
+            what = (
+                "control: hashing off against a second hashing-off cluster, 16 conns "
+                "(what this method reads when nothing differs)"
+            )
+            spread = "" if ci is None else f"; 90% interval {ci[0]:.3f}–{ci[1]:.3f}"
+            median = f"{statistics.median(control):.3f} (median of the pairs)"
+            out.append((what, median, "1.000", f"per repeat: {per}{spread}", "–"))
+        cpu = [x for x in cost.get("cpu_ratio_per_repeat") or [] if x is not None]
+        if cpu:
+            ci = median_interval(cpu)
+            per = ", ".join(f"{x:.3f}" for x in cpu)
+            med_ = statistics.median(cpu)
+            control = [x for x in cost.get("cpu_control_ratio_per_repeat") or [] if x is not None]
+            ctl = (
+                f"; control off2/off: median {statistics.median(control):.3f}"
+                f" ({min(control):.3f}–{max(control):.3f})"
+                if control
+                else ""
+            )
+            # Saturated throughput goes as 1 / CPU per op: the target in CPU terms.
+            limit = 1 / TARGET_TPUT_RATIO
+            what = (
+                f"hashing on: CPU per SET at equal offered load ({cost.get('cpu_rate') or 0:g}/s"
+                f" each, both clusters at once) ≤ {limit:.3f} × off (throughput ≥"
+                f" {TARGET_TPUT_RATIO} ×)"
+            )
+            out.append(
+                (
+                    what,
+                    f"{cost['cpu_us_per_op_on']:.1f} µs (median)",
+                    f"hashing off: {cost['cpu_us_per_op_off']:.1f} µs",
+                    f"{med_:.3f}, throughput ≈ {1 / med_:.3f} × (per repeat: {per}"
+                    + ("" if ci is None else f"; 90% interval {ci[0]:.3f}–{ci[1]:.3f}")
+                    + ctl
+                    + ")",
+                    verdict_within(ci, limit, False) if ci else verdict(med_ <= limit),
+                )
+            )
         add = cost["p50_1_added_us"]
         added = cost["p50_1_added_us_per_repeat"]
         per = ", ".join(f"{x:+.1f}" for x in added)
@@ -255,7 +297,13 @@ def plot(res, path):
         (axes[0], 16, "ops_per_s", "SET throughput, 16 conns (ops/s)"),
         (axes[1], 1, "p50_us", "SET p50, 1 conn (µs)"),
     ):
-        for j, (m, color) in enumerate((("off", "C0"), ("on", "C1"))):
+        shown = [
+            mc
+            for mc in (("off", "C0"), ("on", "C1"), ("off2", "C7"))
+            if any(s["hashing"] == mc[0] for s in samples)
+        ]
+        width = 0.76 / len(shown)
+        for j, (m, color) in enumerate(shown):
             xs, ys = [], []
             for rep_ in reps:
                 v = [
@@ -264,9 +312,10 @@ def plot(res, path):
                     if s["repeat"] == rep_ and s["conns"] == conns and s["hashing"] == m
                 ]
                 if v:
-                    xs.append(rep_ + (j - 0.5) * 0.38)
+                    xs.append(rep_ + (j - (len(shown) - 1) / 2) * width)
                     ys.append(v[0])
-            ax.bar(xs, ys, 0.38, color=color, label=f"hashing {m}")
+            label = "hashing off (control)" if m == "off2" else f"hashing {m}"
+            ax.bar(xs, ys, width, color=color, label=label)
         ax.set_xticks(reps, [f"repeat {r + 1}" for r in reps])
         ax.set_title(title)
         ax.legend(fontsize=8)
