@@ -316,7 +316,8 @@ def plot(res, path):
                     ys.append(v[0])
             label = "hashing off (control)" if m == "off2" else f"hashing {m}"
             ax.bar(xs, ys, width, color=color, label=label)
-        ax.set_xticks(reps, [f"repeat {r + 1}" for r in reps])
+        ax.set_xticks(reps, [str(r + 1) for r in reps])
+        ax.set_xlabel("repeat")
         ax.set_title(title)
         ax.legend(fontsize=8)
     ax = axes[2]
@@ -335,6 +336,17 @@ def plot(res, path):
                     ((done - dv) * 1000) if done is not None and dv is not None else 0,
                 )
             )
+    cpu = res.get("cost", {}).get("cpu_samples", [])
+    if not parts and cpu:  # a cost-only run: the equal-load windows instead
+        for pair, color in (("on/off", "C1"), ("off2/off", "C7")):
+            ys = [c["ratio"] for c in cpu if c["pair"] == pair and c.get("ratio")]
+            label = "on / off" if pair == "on/off" else "control: off2 / off"
+            ax.plot(range(1, len(ys) + 1), ys, "o-", color=color, label=label)
+        ax.axhline(1 / TARGET_TPUT_RATIO, color="k", lw=0.8, ls="--", label="target: ≤ 1/0.95")
+        ax.axhline(1.0, color="0.5", lw=0.6)
+        ax.set_xlabel("equal-load window (both clusters driven at once)")
+        ax.set_title("CPU per SET, ratio (equal offered load)")
+        ax.legend(fontsize=7)
     if parts:
         y = range(len(parts))
         a0 = [p[0] for p in parts]
