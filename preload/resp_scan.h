@@ -211,6 +211,16 @@ static inline int resp_request_done(const struct resp_list* l, struct resp_in* i
   return unchecked;
 }
 
+/* A whole request was read: the scanner starts the next, or stops (see
+ * resp_request_done; and when push finds its queue full). */
+static inline void resp_end_request(const struct resp_list* l, struct resp_in* in,
+                                    int (*push)(void* ctx, uint64_t number), void* ctx) {
+  uint64_t number = 0;
+  int r = resp_request_done(l, in, &number);
+  in->state = r < 0 ? RESP_IN_OFF : RESP_IN_START;
+  if (r == 1 && !push(ctx, number)) in->state = RESP_IN_OFF;
+}
+
 /* A length line's digits and "\r\n" at p[*i] in p[0..n), in the one form
  * clients send: 1 to 12 digits. 1 with *i past it; 0 for anything else (not
  * all of it here, a sign, a stray '\r'), which the byte-wise scan reads. */
@@ -262,15 +272,12 @@ static inline void resp_scan_requests(const struct resp_list* l, struct resp_in*
   size_t i = 0;
   while (i < n && in->state != RESP_IN_OFF) {
     int r;
-    uint64_t number = 0;
     switch (in->state) {
       case RESP_IN_START: {
         size_t whole = resp_whole_request(in, p + i, n - i);
         if (whole > 0) {
           i += whole;
-          r = resp_request_done(l, in, &number);
-          if (r < 0) in->state = RESP_IN_OFF;
-          if (r == 1 && !push(ctx, number)) in->state = RESP_IN_OFF;
+          resp_end_request(l, in, push, ctx);
           break;
         }
         in->argc = 0; /* and the words resp_whole_request may have begun */
@@ -337,16 +344,12 @@ static inline void resp_scan_requests(const struct resp_list* l, struct resp_in*
           in->state = RESP_IN_ARG_HDR;
           break;
         }
-        r = resp_request_done(l, in, &number);
-        in->state = r < 0 ? RESP_IN_OFF : RESP_IN_START;
-        if (r == 1 && !push(ctx, number)) in->state = RESP_IN_OFF;
+        resp_end_request(l, in, push, ctx);
         break;
       case RESP_IN_INLINE: {
         unsigned char c = p[i++];
         if (c == '\n') {
-          r = resp_request_done(l, in, &number);
-          in->state = r < 0 ? RESP_IN_OFF : RESP_IN_START;
-          if (r == 1 && !push(ctx, number)) in->state = RESP_IN_OFF;
+          resp_end_request(l, in, push, ctx);
         } else if (c == ' ' || c == '\t' || c == '\r') {
           in->in_word = 0;
         } else {
