@@ -705,6 +705,18 @@ bool CheckpointStore::Open(const std::string& replica_dir, std::string* error) {
   return true;
 }
 
+bool CheckpointStore::OpenToRead(const std::string& replica_dir, std::string* error) {
+  std::string dir = Join(replica_dir, "checkpoints");
+  struct stat st;
+  int err = stat(dir.c_str(), &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+  if (err) {
+    *error = Errno("cannot open " + dir, err);
+    return false;
+  }
+  dir_ = dir;
+  return true;
+}
+
 std::string CheckpointStore::PathOf(uint64_t index) const {
   return Join(dir_, IndexName(index));
 }

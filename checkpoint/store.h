@@ -73,6 +73,10 @@ class CheckpointStore {
   // Creates <replica_dir>/checkpoints/ if needed (fsynced) and removes tmp-*
   // dirs a crash left behind.
   bool Open(const std::string& replica_dir, std::string* error);
+  // For looking only (List, Verify, NewestGood) at the store of a replica
+  // that is not running: writes nothing, removes nothing. false when
+  // <replica_dir>/checkpoints/ does not exist.
+  bool OpenToRead(const std::string& replica_dir, std::string* error);
   const std::string& dir() const { return dir_; }
   std::string PathOf(uint64_t index) const;  // where checkpoint `index` lives (or would)
 

@@ -431,7 +431,7 @@ std::unique_ptr<DiskLog> DiskLog::Open(const DiskLogOptions& options, RecoveredL
   log->dir_ = options.dir;
   while (log->dir_.size() > 1 && log->dir_.back() == '/') log->dir_.pop_back();
   log->mode_ = options.mode;
-  if (!MakeDirs(log->dir_, error)) return nullptr;
+  if (!options.read_only && !MakeDirs(log->dir_, error)) return nullptr;
 
   log->dir_fd_ = open(log->dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (log->dir_fd_ < 0) {
@@ -439,16 +439,18 @@ std::unique_ptr<DiskLog> DiskLog::Open(const DiskLogOptions& options, RecoveredL
     return nullptr;
   }
   std::string lock_path = log->dir_ + "/LOCK";
-  log->lock_fd_ = open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  log->lock_fd_ = options.read_only ? open(lock_path.c_str(), O_RDONLY | O_CLOEXEC)
+                                    : open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (log->lock_fd_ < 0) {
     *error = "cannot open " + lock_path + ": " + ErrnoText(errno);
     return nullptr;
   }
-  int lock_rc = flock(log->lock_fd_, LOCK_EX | LOCK_NB);
+  const int lock_kind = options.read_only ? LOCK_SH : LOCK_EX;
+  int lock_rc = flock(log->lock_fd_, lock_kind | LOCK_NB);
   for (int waited_ms = 0; lock_rc != 0 && errno == EWOULDBLOCK && waited_ms < options.lock_wait_ms;
        waited_ms += 20) {
     usleep(20000);
-    lock_rc = flock(log->lock_fd_, LOCK_EX | LOCK_NB);
+    lock_rc = flock(log->lock_fd_, lock_kind | LOCK_NB);
   }
   if (lock_rc != 0) {
     *error = errno == EWOULDBLOCK ? "disk log " + log->dir_ + " is in use by another DiskLog (" +
@@ -478,7 +480,7 @@ std::unique_ptr<DiskLog> DiskLog::Open(const DiskLogOptions& options, RecoveredL
   log->zeros_.assign(2 * 65536, '\0');
 
   if (!log->Recover(recovered, error)) return nullptr;
-  if (options.prepare_ahead) {
+  if (options.prepare_ahead && !options.read_only) {
     // The next segment is prepared once the active one is half full (see
     // Append), not now: zero-filling 64 MiB at start competes with the first
     // durable writes of every replica on this host.
@@ -545,7 +547,8 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
     }
   }
   closedir(d);
-  for (const std::string& p : stale_preps) unlink(p.c_str());
+  if (!options_.read_only)
+    for (const std::string& p : stale_preps) unlink(p.c_str());
   std::sort(files.begin(), files.end(),
             [](const Segment& a, const Segment& b) { return a.base < b.base; });
   for (Segment& f : files) {
@@ -704,7 +707,7 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
     // recovery never reads them again) for inspection.
     size_t keep = end_off > 0 ? last + 1 : last;
     bool removed = false;
-    for (size_t j = keep; j < files.size(); j++) {
+    for (size_t j = keep; j < files.size() && !options_.read_only; j++) {
       if (out->damaged) {
         std::string to = files[j].path + ".damaged";
         for (int n = 1; access(to.c_str(), F_OK) == 0; n++)
@@ -725,7 +728,7 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
     // end_off == 0 happens only in the first segment (a later one is reached
     // through its valid header), so then no valid record precedes.
     chain_end_ = end_off > 0 ? end_pos : 0;
-    if (clean && end_off > 0 && end_off % align_ == 0) {
+    if (clean && end_off > 0 && end_off % align_ == 0 && !options_.read_only) {
       // Continue in this segment, right after the last valid record.
       if (!OpenForWrite(seg.path, &active_fd_, error)) return false;
       write_off_ = end_off;
@@ -764,6 +767,10 @@ bool DiskLog::Append(const std::vector<LogRecord>& batch, std::string* error) {
 bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
                             std::string* error) {
   if (batch.empty()) return true;
+  if (options_.read_only) {
+    *error = "disk log " + dir_ + " was opened read-only";
+    return false;
+  }
   if (uint32_t us = append_delay_us_.load()) usleep(us);  // failpoint: a slow disk
   // Check everything before writing anything.
   uint64_t next = std::max(last_index_ + 1, FirstIndex());
@@ -970,6 +977,10 @@ bool DiskLog::TruncateBelow(uint64_t index, std::string* error) {
   std::string scratch;
   if (!error) error = &scratch;
   if (index <= truncated_below_) return true;
+  if (options_.read_only) {
+    *error = "disk log " + dir_ + " was opened read-only";
+    return false;
+  }
   // Everything below index is chosen (a truncation point is at most the
   // commit index + 1, or a checkpoint's index + 1): a recovery must not find
   // a log that starts past its commit index.

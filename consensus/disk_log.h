@@ -97,6 +97,11 @@ struct DiskLogOptions {
   // How long Open waits for another holder of the log's LOCK to let go
   // (a replica restarted while its SIGKILLed predecessor is still exiting).
   int lock_wait_ms = 0;
+  // Only to look at a log nobody runs (`lockstep cluster up` telling what a
+  // directory holds): takes a shared lock (fails while a replica holds the
+  // log), recovers into RecoveredLog exactly as a replica would, but writes,
+  // removes and renames nothing; Append and TruncateBelow then refuse.
+  bool read_only = false;
 };
 
 struct RecoveredLog {

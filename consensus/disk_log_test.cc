@@ -442,6 +442,65 @@ TEST(DiskLog, DamageInAnEarlySegmentSetsLaterSegmentsAside) {
   }
 }
 
+// What `cluster up` does to tell a user what a directory holds: a damaged
+// log read read-only is recovered as a replica would (same slots, same
+// problem) and left exactly as it was; while a replica holds the log, the
+// look is refused.
+TEST(DiskLog, ReadOnlyOpenRecoversLikeAReplicaAndChangesNothing) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.segment_bytes = 32 << 10;
+  std::vector<std::string> segs;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    AppendSlots(log.get(), 1, 60, 1500, MakeBallot(1, 0), 2);
+    segs = log->SegmentPaths();
+    DiskLogOptions ro = o;
+    ro.read_only = true;
+    std::string err;
+    EXPECT_FALSE(DiskLog::Open(ro, nullptr, &err)) << "opened while a writer holds the log";
+    EXPECT_NE(err.find("in use"), std::string::npos) << err;
+  }
+  ASSERT_GE(segs.size(), 3u);
+  std::vector<uint8_t> first = ReadFile(segs[0]);
+  uint64_t off = 72 + 2 * RecordSize(1500) - 3;  // the canary of slot 2
+  uint8_t b = first[off] ^ 1;
+  WriteAt(segs[0], off, &b, 1);
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> before;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    before.emplace_back(e.path().string(), ReadFile(e.path().string()));
+  std::sort(before.begin(), before.end());
+
+  DiskLogOptions ro = o;
+  ro.read_only = true;
+  RecoveredLog r;
+  auto log = MustOpen(ro, &r);
+  ASSERT_TRUE(log);
+  EXPECT_TRUE(r.damaged);
+  ExpectSlots(r, 1, 1, 1500);
+  std::string err;
+  EXPECT_FALSE(log->Append({Slot(2, MakeBallot(1, 0), "x")}, &err));
+  EXPECT_NE(err.find("read-only"), std::string::npos) << err;
+  EXPECT_FALSE(log->TruncateBelow(2, &err));
+  log.reset();
+
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> after;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    after.emplace_back(e.path().string(), ReadFile(e.path().string()));
+  std::sort(after.begin(), after.end());
+  EXPECT_TRUE(before == after) << "a read-only open changed the log's files";
+
+  // A replica opening it afterwards sees the same damage (nothing was repaired).
+  RecoveredLog again;
+  auto writer = MustOpen(o, &again);
+  ASSERT_TRUE(writer);
+  EXPECT_TRUE(again.damaged);
+  EXPECT_EQ(again.problem, r.problem);
+}
+
 TEST(DiskLog, DamagedSegmentHeaderIsReportedAtThatSegment) {
   TempDir dir;
   DiskLogOptions o;

@@ -229,6 +229,7 @@ int BenchConsensus(Args& o) {
                   tr.c_str(), du.c_str(), r.replicas, r.clients, seconds);
           ClusterUpOptions up;
           up.dir = dir;
+          up.wipe = true;  // a scratch directory of the bench's own
           up.replicas = r.replicas;
           up.transport = tr;
           up.durability = du;
@@ -550,6 +551,7 @@ int BenchFailover(Args& o) {
   }
   ClusterUpOptions up;
   up.dir = dir;
+  up.wipe = true;  // a scratch directory of the bench's own
   up.replicas = static_cast<int>(o.IntOr("replicas", 3));
   up.hosts = o.Get("hosts", "loopback");
   if (up.hosts != "loopback" && up.hosts != "netns") {
@@ -691,6 +693,7 @@ int CmdDemo(int argc, char** argv) {
   std::string dir = o.Get("dir", "/tmp/lockstep-demo");
   ClusterUpOptions up;
   up.dir = dir;
+  up.wipe = true;  // a scratch directory of the bench's own
   up.base_port = static_cast<int>(o.IntOr("base-port", 7800));
   if (!o.error.empty()) {
     fprintf(stderr, "lockstep demo: %s\n", o.error.c_str());

@@ -21,6 +21,8 @@
 #include <thread>
 
 #include "checkpoint/spawn.h"
+#include "checkpoint/store.h"
+#include "consensus/disk_log.h"
 #include "guard/client.h"
 #include "guard/keys.h"
 #include "guard/netns_hosts.h"
@@ -477,8 +479,139 @@ static bool MakeDataTemplate(ClusterConfig::ServerConfig* server, const std::str
   return true;
 }
 
+// Makes the namespaces of a --hosts netns cluster; on failure removes what was made.
+static bool MakeNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::string* error) {
+  if (CreateNetnsHosts(dir, hosts, error)) return true;
+  *error = "cannot make the network namespaces: " + *error;
+  std::string ignored;
+  RemoveNetnsHosts(dir, true, &ignored);
+  return false;
+}
+
+// Each replica's namespace answers strangers on its client and server ports only.
+static bool FirewallReplicas(const NetnsHosts& hosts, const ClusterConfig& c, std::string* error) {
+  std::vector<std::vector<int>> open_ports;
+  for (const auto& r : c.replicas)
+    open_ports.push_back(r.server_port ? std::vector<int>{r.client_port, r.server_port}
+                                       : std::vector<int>{r.client_port});
+  if (FirewallReplicaHosts(hosts, open_ports, error)) return true;
+  *error = "cannot set the replicas' firewall: " + *error;
+  return false;
+}
+
+// Waits up to timeout_ms for a leader among replicas just started; gives up
+// early once a majority of them has stopped (a server refused, a port
+// taken), saying why from their logs.
+static bool WaitForFirstLeader(const std::string& dir, const ClusterConfig& c, int timeout_ms,
+                               std::string* error) {
+  const int n = static_cast<int>(c.replicas.size());
+  int leader = -1;
+  auto stopped = [&] {
+    std::vector<int> gone;
+    for (int i = 0; i < n; i++)
+      if (!ReplicaPid(dir, i)) gone.push_back(i);
+    return gone;
+  };
+  for (int waited = 0; waited < timeout_ms && !WaitForLeader(c, 500, &leader); waited += 500)
+    if (static_cast<int>(stopped().size()) > n / 2) break;
+  if (leader >= 0) return true;
+  std::vector<int> gone = stopped();
+  *error = gone.empty() ? "no leader was elected within " + std::to_string(timeout_ms / 1000) +
+                              " s; see the logs in " + dir
+                        : "no leader: replicas stopped (" + std::to_string(gone.size()) + " of " +
+                              std::to_string(n) + "); see the logs in " + dir;
+  for (int i : gone) {
+    std::ifstream f(dir + "/replica-" + std::to_string(i) + ".log");
+    std::string line, last, refused;  // its refusal if it said one, else its last line
+    while (std::getline(f, line)) {
+      if (line.find("REFUSED") != std::string::npos && refused.empty()) refused = line;
+      if (!line.empty()) last = line;
+    }
+    if (!refused.empty()) last = refused;
+    if (!last.empty()) *error += "\n  replica " + std::to_string(i) + ": " + last;
+  }
+  return false;
+}
+
+ClusterHoldings ReadClusterHoldings(const std::string& dir) {
+  ClusterHoldings held;
+  std::vector<int> ids;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string digits = name.rfind("replica-", 0) == 0 ? name.substr(8) : "";
+    if (!digits.empty() && digits.size() < 4 &&
+        digits.find_first_not_of("0123456789") == std::string::npos && e.is_directory(ec))
+      ids.push_back(std::stoi(digits));
+  }
+  std::sort(ids.begin(), ids.end());
+  for (int id : ids) {
+    ReplicaHolding r;
+    r.id = id;
+    const std::string replica_dir = dir + "/replica-" + std::to_string(id);
+    if (std::filesystem::exists(replica_dir + "/log/LOCK", ec)) {
+      DiskLogOptions o;
+      o.dir = replica_dir + "/log";
+      o.read_only = true;
+      RecoveredLog log;
+      std::string err;
+      if (DiskLog::Open(o, &log, &err)) {
+        r.has_log = true;
+        r.first_index = std::max<uint64_t>(log.truncated_below, 1);
+        r.last_index = log.slots.empty() ? r.first_index - 1 : log.slots.back().index;
+        r.commit_index = log.commit_index;
+        r.problem = log.problem;
+      } else {
+        r.read_error = err;
+      }
+    }
+    CheckpointStore store;
+    std::string err;
+    if (store.OpenToRead(replica_dir, &err)) {
+      for (const CheckpointInfo& c : store.List())
+        if (c.ok) {
+          r.newest_checkpoint = c.index;
+          break;
+        }
+    }
+    held.replicas.push_back(r);
+  }
+  return held;
+}
+
+bool ClusterHoldings::HoldsData() const {
+  for (const ReplicaHolding& r : replicas)
+    if (r.last_index > 0 || r.newest_checkpoint > 0 || !r.read_error.empty()) return true;
+  return false;
+}
+
+std::string DescribeHoldings(const ClusterHoldings& held) {
+  std::string out;
+  for (const ReplicaHolding& r : held.replicas) {
+    out += (out.empty() ? "" : "\n") + std::string("  replica ") + std::to_string(r.id) + ": ";
+    if (!r.read_error.empty()) {
+      out += "its log cannot be read (" + r.read_error + ")";
+      continue;
+    }
+    if (!r.has_log) {
+      out += "no log";
+    } else if (r.last_index < r.first_index) {
+      out += "an empty log";
+    } else {
+      out += "log entries " + std::to_string(r.first_index) + ".." + std::to_string(r.last_index) +
+             " (committed up to at least " +
+             std::to_string(std::min(r.commit_index, r.last_index)) + ")";
+    }
+    out += r.newest_checkpoint
+               ? ", newest checkpoint at index " + std::to_string(r.newest_checkpoint)
+               : ", no checkpoint";
+    if (!r.problem.empty()) out += "; " + r.problem;
+  }
+  return out.empty() ? "  no replica directories" : out;
+}
+
 bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* error) {
-  if (o.replicas != 3 && o.replicas != 5 && o.replicas != 7 && o.replicas != 1) {
+  if (o.replicas != 3 && o.replicas != 5 && o.replicas != 7) {
     *error = "--replicas must be 3, 5 or 7 (got " + std::to_string(o.replicas) + ")";
     return false;
   }
@@ -508,6 +641,19 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
         return false;
       }
   }
+  // A stopped cluster's log and checkpoints are its clients' data: a new
+  // cluster here would remove them, so only on request (--wipe).
+  if (!o.wipe) {
+    ClusterHoldings held = ReadClusterHoldings(o.dir);
+    if (held.HoldsData()) {
+      *error = o.dir + " holds the data of a stopped cluster:\n" + DescribeHoldings(held) +
+               "\nTo bring that cluster back with its data: lockstep cluster start --dir " + o.dir +
+               "\nTo throw its data away and start a new cluster here: lockstep cluster up "
+               "--wipe --dir " +
+               o.dir + " ...";
+      return false;
+    }
+  }
   ClusterConfig c;
   c.secret = Hex(RandomBytes(16));
   c.client_secret = Hex(RandomBytes(16));
@@ -531,12 +677,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   const bool netns = o.hosts == "netns";
   NetnsHosts hosts = PlanNetnsHosts(o.dir, o.replicas);
   if (netns) {
-    std::string ignored_error;
-    if (!CreateNetnsHosts(o.dir, hosts, error)) {
-      *error = "cannot make the network namespaces: " + *error;
-      RemoveNetnsHosts(o.dir, true, &ignored_error);
-      return false;
-    }
+    if (!MakeNetnsHosts(o.dir, hosts, error)) return false;
     c.client_netns = hosts.client;
     // Clients reach whoever serves them here (guard/leader_address.h).
     if (c.has_server())
@@ -567,22 +708,21 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     }
     c.replicas.push_back(r);
   }
-  if (netns) {
-    std::vector<std::vector<int>> open_ports;
-    for (const auto& r : c.replicas)
-      open_ports.push_back(r.server_port ? std::vector<int>{r.client_port, r.server_port}
-                                         : std::vector<int>{r.client_port});
-    if (!FirewallReplicaHosts(hosts, open_ports, error)) {
-      *error = "cannot set the replicas' firewall: " + *error;
-      return false;
-    }
-  }
-  // Fresh data: a new cluster starts with empty logs.
-  for (int i = 0; i < o.replicas; i++) {
-    std::string cmd =
-        "rm -rf '" + c.replicas[i].dir + "' '" + o.dir + "/replica-" + std::to_string(i) + ".log'";
-    if (system(cmd.c_str()) != 0) {
-      *error = "cannot clear " + c.replicas[i].dir;
+  if (netns && !FirewallReplicas(hosts, c, error)) return false;
+  // Fresh data: a new cluster starts with empty logs (what was here holds
+  // nothing, or --wipe said to throw it away), an earlier cluster's extra
+  // replicas' directories included.
+  std::vector<int> clear;
+  for (int i = 0; i < o.replicas; i++) clear.push_back(i);
+  for (const ReplicaHolding& r : ReadClusterHoldings(o.dir).replicas)
+    if (r.id >= o.replicas) clear.push_back(r.id);
+  for (int i : clear) {
+    const std::string replica_dir = o.dir + "/replica-" + std::to_string(i);
+    std::error_code ec;
+    std::filesystem::remove_all(replica_dir, ec);
+    if (!ec) std::filesystem::remove(replica_dir + ".log", ec);
+    if (ec) {
+      *error = "cannot clear " + replica_dir + ": " + ec.message();
       return false;
     }
   }
@@ -610,34 +750,49 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   if (!EnterClientSide(c, error)) return false;
   for (int i = 0; i < o.replicas; i++)
     if (!StartReplica(o.dir, c, i, error)) return false;
-  // Waits for a leader; gives up early once a majority of the replicas has
-  // stopped (a server refused, a port taken), saying why from their logs.
-  int leader = -1;
-  auto stopped = [&] {
-    std::vector<int> gone;
-    for (int i = 0; i < o.replicas; i++)
-      if (!ReplicaPid(o.dir, i)) gone.push_back(i);
-    return gone;
-  };
-  for (int waited = 0; waited < 15000 && !WaitForLeader(c, 500, &leader); waited += 500)
-    if (static_cast<int>(stopped().size()) > o.replicas / 2) break;
-  if (leader < 0) {
-    std::vector<int> gone = stopped();
-    *error = gone.empty() ? "no leader was elected within 15 s; see the logs in " + o.dir
-                          : "no leader: replicas stopped (" + std::to_string(gone.size()) + " of " +
-                                std::to_string(o.replicas) + "); see the logs in " + o.dir;
-    for (int i : gone) {
-      std::ifstream f(o.dir + "/replica-" + std::to_string(i) + ".log");
-      std::string line, last, refused;  // its refusal if it said one, else its last line
-      while (std::getline(f, line)) {
-        if (line.find("REFUSED") != std::string::npos && refused.empty()) refused = line;
-        if (!line.empty()) last = line;
-      }
-      if (!refused.empty()) last = refused;
-      if (!last.empty()) *error += "\n  replica " + std::to_string(i) + ": " + last;
+  if (!WaitForFirstLeader(o.dir, c, 15000, error)) return false;
+  *config = c;
+  return true;
+}
+
+bool ClusterStart(const std::string& dir, ClusterConfig* config, std::string* error) {
+  ClusterConfig c;
+  if (!LoadClusterDir(dir, &c, error)) return false;
+  const int n = static_cast<int>(c.replicas.size());
+  for (int i = 0; i < n; i++)
+    if (ReplicaPid(dir, i)) {
+      *error = "replica " + std::to_string(i) + " of the cluster in " + dir +
+               " is running; `lockstep cluster status --dir " + dir +
+               "` shows the others (`cluster restart --id N` starts one that is down)";
+      return false;
     }
-    return false;
+  ClusterHoldings held = ReadClusterHoldings(dir);
+  for (const ReplicaHolding& r : held.replicas)
+    if (!r.read_error.empty()) {
+      *error = "cannot read what replica " + std::to_string(r.id) + " holds: " + r.read_error;
+      return false;
+    }
+  if (!c.client_netns.empty()) {
+    // `cluster down` removed the namespaces; they are made again, with the
+    // names and addresses cluster.toml has (both follow from the directory).
+    NetnsHosts hosts = PlanNetnsHosts(dir, n);
+    bool same = hosts.client == c.client_netns;
+    for (int i = 0; i < n && same; i++) same = hosts.replicas[i] == c.replicas[i].netns;
+    if (!same) {
+      *error = "the network namespaces in " + dir +
+               "/cluster.toml are not the ones this directory's path gives (was the directory "
+               "moved?); bring the cluster back where it was made";
+      return false;
+    }
+    if (!MakeNetnsHosts(dir, hosts, error) || !FirewallReplicas(hosts, c, error)) return false;
   }
+  if (!EnterClientSide(c, error)) return false;
+  fprintf(stderr, "starting the cluster in %s:\n%s\n", dir.c_str(), DescribeHoldings(held).c_str());
+  for (int i = 0; i < n; i++)
+    if (!StartReplica(dir, c, i, error)) return false;
+  // Each replica first restores its newest checkpoint and replays its log
+  // into its server: a big one takes a while.
+  if (!WaitForFirstLeader(dir, c, 120000, error)) return false;
   *config = c;
   return true;
 }

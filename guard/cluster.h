@@ -34,6 +34,9 @@ struct ClusterUpOptions {
   std::string hosts = "loopback";  // or "netns": a network namespace per replica (netns_hosts.h)
   uint64_t checkpoint_every_entries = 0;  // 0: the default policy's
   uint64_t lagging_backup_grace_s = 0;    // 0: the default policy's
+  // Remove what a stopped cluster in dir left (its log and checkpoints);
+  // without it ClusterUp refuses such a directory (ReadClusterHoldings).
+  bool wipe = false;
 };
 
 // For a cluster of namespace hosts (client_netns in its config): moves the
@@ -118,6 +121,27 @@ struct ClusterStatus {
 
 std::string DefaultClusterDir();
 bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* error);
+// `cluster start`: every replica of the stopped cluster in dir started again
+// (each recovers from its own log and checkpoints), then a leader awaited.
+// Refuses when any of them runs.
+bool ClusterStart(const std::string& dir, ClusterConfig* config, std::string* error);
+
+// What the replica directories of a cluster directory hold on disk, read
+// without changing anything (DiskLogOptions::read_only).
+struct ReplicaHolding {
+  int id = 0;
+  bool has_log = false;
+  uint64_t first_index = 1, last_index = 0, commit_index = 0;
+  uint64_t newest_checkpoint = 0;  // 0: none that reads back
+  std::string problem;             // a torn tail or damage recovery would drop
+  std::string read_error;          // the log could not be read (in use, unreadable)
+};
+struct ClusterHoldings {
+  std::vector<ReplicaHolding> replicas;  // one per DIR/replica-N directory, by id
+  bool HoldsData() const;  // any entry, any checkpoint, or a log that could not be read
+};
+ClusterHoldings ReadClusterHoldings(const std::string& dir);
+std::string DescribeHoldings(const ClusterHoldings& held);  // a line per replica
 bool ClusterDown(const std::string& dir, bool quiet, std::string* error);
 bool LoadClusterDir(const std::string& dir, ClusterConfig* config, std::string* error);
 ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& config);

@@ -93,7 +93,7 @@ int CmdReplica(int argc, char** argv) {
 
 int CmdCluster(int argc, char** argv) {
   std::string sub = argc > 2 ? argv[2] : "";
-  Args a = Parse(argc, argv, 3, {"help", "json", "quiet", "no-checkpoints", "failpoints"});
+  Args a = Parse(argc, argv, 3, {"help", "json", "quiet", "no-checkpoints", "failpoints", "wipe"});
   if (sub.empty() || sub == "--help" || WantsHelp(a)) {
     std::string apps;
     for (const auto& n : ListAppProfiles(AppsDir())) apps += (apps.empty() ? "" : "|") + n;
@@ -105,12 +105,16 @@ int CmdCluster(int argc, char** argv) {
         "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
         "                      [--checkpoint-entries N] [--no-checkpoints] [--backup-grace-s S]\n"
         "                      [--election-timeout-ms MIN-MAX] [--hosts loopback|netns]\n"
-        "                      [--failpoints]\n"
+        "                      [--failpoints] [--wipe]\n"
         "  lockstep cluster status [--dir DIR] [--json]\n"
         "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
-        "  lockstep cluster down [--dir DIR]\n\n"
+        "  lockstep cluster down [--dir DIR]   stop every replica; the data stays in DIR\n"
+        "  lockstep cluster start [--dir DIR]  start a stopped cluster again, with its data\n\n"
         "DIR defaults to $LOCKSTEP_DIR or /tmp/lockstep-cluster. `up` writes DIR/cluster.toml\n"
-        "(with a fresh secret), starts one daemon per replica and waits for a leader.\n"
+        "(with a fresh secret), starts one daemon per replica and waits for a leader. `up`\n"
+        "refuses a DIR that holds a stopped cluster's log or checkpoints, saying what they\n"
+        "hold: `start` brings that cluster back (each replica from its own checkpoints and\n"
+        "log: every acknowledged write, also after a power cut), `up --wipe` throws it away.\n"
         "durability memory keeps entries in RAM on a majority only: NOT durable, for "
         "comparison.\n\n"
         "A server to replicate: --app NAME uses the profile %s/NAME.toml (--app\n"
@@ -164,6 +168,7 @@ int CmdCluster(int argc, char** argv) {
     o.checkpoint_every_entries = static_cast<uint64_t>(every);
     o.checkpoints = !a.Has("no-checkpoints");
     o.failpoints = a.Has("failpoints");
+    o.wipe = a.Has("wipe");
     if (ring < (1 << 16) || segment < (1 << 16))
       return Fail("--ring-bytes and --segment-bytes must be at least 65536");
     if (port < 1 || port > 65535) return Fail("--base-port must be in 1..65535");
@@ -215,7 +220,21 @@ int CmdCluster(int argc, char** argv) {
     return 0;
   }
   // down also removes what a crashed `up` left (its namespaces) without a cluster.toml.
-  if (sub == "down") return ClusterDown(dir, a.Has("quiet"), &err) ? 0 : Fail(err);
+  if (sub == "down") {
+    if (!ClusterDown(dir, a.Has("quiet"), &err)) return Fail(err);
+    if (!a.Has("quiet") && ReadClusterHoldings(dir).HoldsData())
+      printf("the data stays in %s: `lockstep cluster start --dir %s` brings it back\n",
+             dir.c_str(), dir.c_str());
+    return 0;
+  }
+  if (sub == "start") {
+    ClusterConfig c;
+    if (!ClusterStart(dir, &c, &err)) return Fail(err);
+    ClusterStatus s = GetClusterStatus(dir, c);
+    printf("cluster of %zu replicas started again in %s\n", c.replicas.size(), dir.c_str());
+    printf("%s", FormatStatusTable(s, "lockstep cluster status --dir " + dir).c_str());
+    return 0;
+  }
   ClusterConfig c;
   if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
   if (sub == "status") {
@@ -237,7 +256,7 @@ int CmdCluster(int argc, char** argv) {
     printf("replica %lld running (pid %d)\n", id, pid);
     return 0;
   }
-  return Fail("unknown cluster command '" + sub + "' (up, status, restart, down)");
+  return Fail("unknown cluster command '" + sub + "' (up, start, status, restart, down)");
 }
 
 // ------------------------------------------------------------------ propose / log
