@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -398,26 +399,37 @@ TEST(DiskLog, CorruptionInTheMiddleIsReportedAsDamageWithFileAndOffset) {
   }
 }
 
+// Slots 1..60 of 1500 bytes, two a batch, over segments of 32 KiB (at
+// least 3); then a byte of slot 2's canary (the last record of the first
+// segment's first batch) flipped. Returns the segment files, oldest first.
+// holder_check runs while the writer still holds the log.
+std::vector<std::string> ThreeSegmentsDamagedAtSlot2(
+    const DiskLogOptions& o, const std::function<void()>& holder_check = [] {}) {
+  std::vector<std::string> segs;
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    EXPECT_TRUE(log);
+    if (!log) return segs;
+    AppendSlots(log.get(), 1, 60, 1500, MakeBallot(1, 0), 2);
+    segs = log->SegmentPaths();
+    holder_check();
+  }
+  EXPECT_GE(segs.size(), 3u);
+  std::vector<uint8_t> first = ReadFile(segs[0]);
+  uint64_t off = 72 + 2 * RecordSize(1500) - 3;  // header, slots 1 and 2
+  uint8_t b = first[off] ^ 1;
+  WriteAt(segs[0], off, &b, 1);
+  return segs;
+}
+
 TEST(DiskLog, DamageInAnEarlySegmentSetsLaterSegmentsAside) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
   o.segment_bytes = 32 << 10;
-  std::vector<std::string> segs;
-  {
-    RecoveredLog r;
-    auto log = MustOpen(o, &r);
-    ASSERT_TRUE(log);
-    AppendSlots(log.get(), 1, 60, 1500, MakeBallot(1, 0), 2);
-    segs = log->SegmentPaths();
-  }
+  std::vector<std::string> segs = ThreeSegmentsDamagedAtSlot2(o);
   ASSERT_GE(segs.size(), 3u);
-  // Flip a byte in the canary of the last record of the first batch of the
-  // first segment.
-  std::vector<uint8_t> first = ReadFile(segs[0]);
-  uint64_t off = 72 + 2 * RecordSize(1500) - 3;  // header, slots 1 and 2
-  uint8_t b = first[off] ^ 1;
-  WriteAt(segs[0], off, &b, 1);
   {
     RecoveredLog r;
     auto log = MustOpen(o, &r);
@@ -451,31 +463,19 @@ TEST(DiskLog, ReadOnlyOpenRecoversLikeAReplicaAndChangesNothing) {
   DiskLogOptions o;
   o.dir = dir.path();
   o.segment_bytes = 32 << 10;
-  std::vector<std::string> segs;
-  {
-    RecoveredLog r;
-    auto log = MustOpen(o, &r);
-    ASSERT_TRUE(log);
-    AppendSlots(log.get(), 1, 60, 1500, MakeBallot(1, 0), 2);
-    segs = log->SegmentPaths();
-    DiskLogOptions ro = o;
-    ro.read_only = true;
+  DiskLogOptions ro = o;
+  ro.read_only = true;
+  std::vector<std::string> segs = ThreeSegmentsDamagedAtSlot2(o, [&] {
     std::string err;
     EXPECT_FALSE(DiskLog::Open(ro, nullptr, &err)) << "opened while a writer holds the log";
     EXPECT_NE(err.find("in use"), std::string::npos) << err;
-  }
+  });
   ASSERT_GE(segs.size(), 3u);
-  std::vector<uint8_t> first = ReadFile(segs[0]);
-  uint64_t off = 72 + 2 * RecordSize(1500) - 3;  // the canary of slot 2
-  uint8_t b = first[off] ^ 1;
-  WriteAt(segs[0], off, &b, 1);
   std::vector<std::pair<std::string, std::vector<uint8_t>>> before;
   for (const auto& e : fs::directory_iterator(dir.path()))
     before.emplace_back(e.path().string(), ReadFile(e.path().string()));
   std::sort(before.begin(), before.end());
 
-  DiskLogOptions ro = o;
-  ro.read_only = true;
   RecoveredLog r;
   auto log = MustOpen(ro, &r);
   ASSERT_TRUE(log);
