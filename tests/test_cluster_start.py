@@ -175,3 +175,20 @@ def test_power_cut_under_load_then_start_keeps_every_acknowledged_write(cluster)
     assert missing_keys(cluster, acknowledged) == []
     _, dbsize = assert_same_data(cluster, timeout=120)
     assert dbsize >= len(acknowledged)
+
+
+def test_start_makes_a_netns_clusters_namespaces_again(cluster):
+    from netns import run_in_netns  # eval/netns.py
+    from test_netns_hosts import config, namespaces, redis_on
+
+    cluster.up(app="redis", transport="tcp", extra=["--hosts", "netns"])
+    client_ns = config(cluster)["cluster"]["client_netns"]
+    mine = {r["netns"] for r in config(cluster)["replica"]} | {client_ns}
+    assert run_in_netns(client_ns, lambda: redis_on(cluster.client_addr(), "SET", "a", "1")) == "OK"
+    run("cluster", "down", "--dir", cluster.dir)
+    assert not mine & namespaces(), "down left namespaces"
+
+    run("cluster", "start", "--dir", cluster.dir)
+    assert mine <= namespaces()
+    got = run_in_netns(client_ns, lambda: missing_keys(cluster, {"a": "1"}))
+    assert got == []
