@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "consensus/core.h"
+#include "guard/common/conn_key.h"
+#include "guard/common/output_point.h"  // OutputPoint, SendStack
 #include "guard/net/tls.h"
-#include "guard/output/divergence_report.h"  // SendStack
-#include "guard/output/output_check.h"       // OutputPoint
 
 namespace lockstep {
 

@@ -10,19 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "guard/server/replay.h"  // ConnKey
+#include "guard/common/conn_key.h"
+#include "guard/common/output_point.h"
 
 namespace lockstep {
 
 // One replica's latest output on the connection, around the difference.
-// One of the server's sends on the connection: the stream offsets its bytes
-// took, and the server's stack at the send (named by guard/server/symbolize.h,
-// one "#i function+0x.. (file)" line per frame).
-struct SendStack {
-  uint64_t start = 0, end = 0;
-  std::string frames;
-};
-
 struct OutputExcerpt {
   int replica = -1;
   bool have = false;             // false: the bytes were no longer kept

@@ -24,21 +24,10 @@
 #include <set>
 #include <vector>
 
-#include "guard/server/replay.h"  // ConnKey
+#include "guard/common/conn_key.h"
+#include "guard/common/output_point.h"
 
 namespace lockstep {
-
-// One digest of one connection's output, as a replica saw it.
-struct OutputPoint {
-  ConnKey key;           // the connection, as the log names it
-  uint64_t offset = 0;   // the digest covers the stream bytes [0, offset)
-  uint64_t digest = 0;   // XXH64 of those bytes
-  uint64_t applied = 0;  // log entries handed to that replica's server when it was seen
-  bool mark = false;     // at a multiple of the shim's mark interval (kept longer)
-  // The stream ends here: the server closed the connection or shut it down
-  // for writing. No later input makes it longer (JudgeLength).
-  bool ended = false;
-};
 
 struct Divergence {
   int replica = -1;  // the divergent replica (the leader's id when the leader is)

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "guard/server/replay.h"  // ConnKey
+#include "guard/common/conn_key.h"
 
 namespace lockstep {
 

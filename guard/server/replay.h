@@ -12,7 +12,6 @@
 // server has read, which tells a new leader when its server has caught up.
 #pragma once
 
-#include <compare>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -21,17 +20,10 @@
 #include <string_view>
 #include <vector>
 
+#include "guard/common/conn_key.h"
 #include "guard/server/shim_channel.h"
 
 namespace lockstep {
-
-// A client connection as the log names it: the ballot whose leader accepted
-// it, and that leader's shim connection number.
-struct ConnKey {
-  uint64_t ballot = 0;
-  uint32_t no = 0;
-  auto operator<=>(const ConnKey&) const = default;
-};
 
 class Replayer {
  public:

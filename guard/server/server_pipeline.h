@@ -25,9 +25,8 @@
 #include "consensus/core.h"
 #include "guard/common/config.h"
 #include "guard/common/event_loop.h"
+#include "guard/common/output_point.h"  // OutputPoint, SendStack
 #include "guard/common/replica_log.h"
-#include "guard/output/divergence_report.h"  // SendStack
-#include "guard/output/output_check.h"
 #include "guard/server/checkpoint_transfer.h"
 #include "guard/server/checkpointer.h"
 #include "guard/server/replay.h"
