@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "guard/server/server.h"
+#include "guard/common/command_line.h"
 #include "preload/resp_scan.h"
 
 namespace lockstep {

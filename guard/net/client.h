@@ -12,6 +12,7 @@
 
 #include "consensus/log_format.h"
 #include "guard/common/config.h"
+#include "guard/common/json.h"  // JsonField, JsonEscape: for the replies
 #include "guard/net/wire.h"
 
 namespace lockstep {
@@ -65,10 +66,5 @@ class Client {
 bool SecretFor(const ClusterConfig& config, Principal as, std::string* secret, std::string* error);
 // Asks every replica; returns the id of the one that says it leads, or -1.
 int FindLeader(const ClusterConfig& config, int timeout_ms);
-// A field of the flat status JSON a daemon returns ("role", "commit_index"...),
-// string values unescaped.
-std::string JsonField(const std::string& json, const std::string& key);
-// s as the inside of a JSON string literal.
-std::string JsonEscape(const std::string& s);
 
 }  // namespace lockstep

@@ -12,8 +12,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "consensus/core.h"    // BallotString
-#include "guard/net/client.h"  // JsonEscape, JsonField
+#include "consensus/core.h"     // BallotString
+#include "guard/common/json.h"  // JsonEscape, JsonField
 
 namespace lockstep {
 

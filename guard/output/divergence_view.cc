@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "guard/net/client.h"        // JsonField
+#include "guard/common/json.h"       // JsonField
 #include "guard/server/log_input.h"  // EscapeBytes
 
 namespace lockstep {

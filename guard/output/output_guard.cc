@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "consensus/assert.h"
-#include "guard/net/client.h"  // JsonEscape
+#include "guard/common/json.h"
 #include "guard/server/log_input.h"
 
 namespace lockstep {

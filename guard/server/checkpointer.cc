@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "checkpoint/spawn.h"
-#include "guard/net/client.h"
+#include "guard/common/json.h"
 
 namespace lockstep {
 

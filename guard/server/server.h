@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "guard/common/command_line.h"  // SplitCommand, JoinCommand
+
 namespace lockstep {
 
 // Replaces every {port} and {dir} in a command template. Apply it to each
@@ -24,16 +26,6 @@ std::string SubstituteCommand(const std::string& tmpl, int port, const std::stri
 // cannot be read or written.
 bool RenderFile(const std::string& path, int port, const std::string& dir, const std::string& host,
                 std::string* error);
-
-// Splits a command line into argv the way a shell would without expansions:
-// whitespace separates, '...' quotes literally, "..." quotes with backslash
-// escapes, a backslash outside quotes escapes the next character; "" is an
-// empty argument. false and *error on an unbalanced quote or a trailing
-// backslash.
-bool SplitCommand(const std::string& cmd, std::vector<std::string>* argv, std::string* error);
-
-// The inverse of SplitCommand: quotes each argument only where needed.
-std::string JoinCommand(const std::vector<std::string>& argv);
 
 // Resolves argv[0] against PATH (a name with a '/' is taken as a path,
 // relative ones against the current directory) to an absolute path of an

@@ -19,7 +19,7 @@
 #include "checkpoint/relocate.h"
 #include "checkpoint/spawn.h"
 #include "consensus/assert.h"
-#include "guard/net/client.h"
+#include "guard/common/json.h"
 #include "guard/server/restore_point.h"
 #include "guard/server/server_pipeline.h"
 
