@@ -1,5 +1,5 @@
 // spawn.h — fork+exec of a helper program (the server, criu, nft) from the
-// multithreaded daemon, shared by guard/server.cc and checkpoint/criu.cc.
+// multithreaded daemon, shared by guard/server/server.cc and checkpoint/criu.cc.
 //
 // Everything the child needs is prepared before fork, and the child makes
 // only async-signal-safe calls: it blocks every signal, puts every handler

@@ -171,7 +171,7 @@ TEST(Core, LostPutsStallTheStreamAndTheBackupRejoins) {
 // partition healed, the messages went through again while the transport's
 // own connection still retransmitted, so the backup found its stream
 // stalled and rejoined every 20 ms; each rejoin took a fresh region and
-// recycled an old one (guard/peer_link.cc keeps three). When the held puts
+// recycled an old one (guard/daemon/peer_link.cc keeps three). When the held puts
 // finally landed, some were for streams whose region memory a newer stream
 // now had. Same-sized records of an older stream sit at the same positions:
 // the reader took them, ran past everything the leader sent its own stream

@@ -138,7 +138,7 @@ class DiskLog {
   // No-op when index <= truncated_below().
   bool TruncateBelow(uint64_t index, std::string* error);
 
-  // Failpoints (guard/failpoints.h), safe from any thread. Each Append
+  // Failpoints (guard/daemon/failpoints.h), safe from any thread. Each Append
   // first waits this long (a slow disk; 0: none).
   void SetAppendDelayUs(uint32_t us) { append_delay_us_.store(us); }
   // The next Append writes only the sectors before the one holding its last

@@ -335,7 +335,7 @@ void SimCluster::Process(Event& ev) {
 }
 
 // The replica reads the region of (promised, stream) when it is a backup,
-// as the daemon does (guard/peer_link.cc, EnsureRegion); a change of either
+// as the daemon does (guard/daemon/peer_link.cc, EnsureRegion); a change of either
 // gives it a zeroed region, and it never reads an older one again. Like the
 // daemon it keeps the three newest regions and recycles the buffers of
 // older ones, whose addresses the leaders that had them still put to.

@@ -8,7 +8,7 @@
 //    a random delay, sometimes torn in two parts that land at different times
 //    (in either order), sometimes not at all. A put for a region its owner no
 //    longer reads lands there anyway, and the owner reuses the memory as the
-//    daemon does (guard/peer_link.cc: the three newest regions are kept,
+//    daemon does (guard/daemon/peer_link.cc: the three newest regions are kept,
 //    older ones zeroed and given to later streams), so a late put for an old
 //    stream can land in the stream read now. Control and ack words are
 //    words in memory: the last write to land wins, whichever was issued last;

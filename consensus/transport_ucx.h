@@ -86,7 +86,7 @@ class UcxTransport {
     // for good after a one-way partition healed, in 1 of 6 such fault runs;
     // with it, a keepalive failure during a partition can make UCX 1.13
     // abort the process when the peer's puts arrive afterwards (see
-    // guard/cluster.cc KeepReplica, which starts it again).
+    // guard/cli/cluster.cc KeepReplica, which starts it again).
     int keepalive_ms = 100;
     // UCX_NET_DEVICES for kTcp/kAuto ("" = all). E.g. "lo" or "eth0".
     std::string net_devices;

@@ -41,7 +41,7 @@ baseline measured in the same run.
              FAILPOINT (its server got the flipped input) and the leader's DIVERGENCE. The
              detection interval in output bytes is the report's offset - first_difference.
              Target: within one check interval (a backup sends each moved connection's newest
-             point every 20 ms, guard/output_guard.h kSampleUs): FAILPOINT -> DIVERGENCE.
+             point every 20 ms, guard/output/output_guard.h kSampleUs): FAILPOINT -> DIVERGENCE.
   repair     The same cluster, idle. Per trial: a checkpoint of the backup, the restart with
              the failpoint, --suffix SETs (a log suffix after the checkpoint), then the marker.
              The report's total_ms, restore_ms and restored_index; the time until the

@@ -12,7 +12,7 @@ from apps import log
 
 TARGET_TPUT_RATIO = 0.95  # hashing on / off, SET at 16 connections
 TARGET_P50_ADD_US = 5.0  # hashing on - off, SET p50 at 1 connection
-CHECK_INTERVAL_MS = 20.0  # guard/output_guard.h kSampleUs: a backup's periodic points
+CHECK_INTERVAL_MS = 20.0  # guard/output/output_guard.h kSampleUs: a backup's periodic points
 TARGET_REPAIR_MS = 100.0  # back in sync within this plus the replay of the suffix
 
 

@@ -13,7 +13,7 @@ interface and binds its HTTP port to one interface's address, never to 0.0.0.0. 
     servers listen from BASE_PORT + 200);
   - a DNAT rule in its own nft table from 127.0.0.1:{server ports} to ADDR: lockstep's
     daemon checks that a server is up, and its backups replay inputs, on 127.0.0.1
-    (guard/server.cc WaitReady, the Replayer), where gerbera does not listen.
+    (guard/server/server.cc WaitReady, the Replayer), where gerbera does not listen.
 
 Commands run inside with Netns.exec (`ip netns exec`), or the calling process enters the
 namespace itself (Netns.inside: setns(2), so that everything it starts, and its own sockets,

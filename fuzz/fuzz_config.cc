@@ -1,9 +1,9 @@
-// fuzz_config.cc — libFuzzer target for guard/config.h: ParseClusterConfig on
+// fuzz_config.cc — libFuzzer target for guard/common/config.h: ParseClusterConfig on
 // a cluster.toml, and ParseToml with the typed getters on the TOML subset the
 // app profiles (apps/*.toml) share. A config that parses is written out
 // again (FormatClusterConfig), and that must parse to the same config.
 #include "fuzz/fuzz_util.h"
-#include "guard/config.h"
+#include "guard/common/config.h"
 
 namespace {
 

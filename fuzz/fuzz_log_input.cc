@@ -1,10 +1,10 @@
-// fuzz_log_input.cc — libFuzzer target for guard/log_input.h: DecodeInput on
+// fuzz_log_input.cc — libFuzzer target for guard/server/log_input.h: DecodeInput on
 // a kInput entry's payload (what a leader proposed, read back from the log or
 // from a peer), and DescribeInput, which `lockstep log` prints it with. A
 // decoded input encodes again to the same bytes (an entry from before the
 // clock stamp: to those bytes and the stamps' zeros).
 #include "fuzz/fuzz_util.h"
-#include "guard/log_input.h"
+#include "guard/server/log_input.h"
 #include "preload/shim_abi.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,9 +1,9 @@
-// fuzz_restore_point.cc — libFuzzer target for guard/restore_point.h:
+// fuzz_restore_point.cc — libFuzzer target for guard/server/restore_point.h:
 // DecodeRestorePoint on a checkpoint's `extra` blob (read back from the
 // store, or from a checkpoint a peer sent in a state transfer). A decoded
 // point encodes again and decodes to the same value.
 #include "fuzz/fuzz_util.h"
-#include "guard/restore_point.h"
+#include "guard/server/restore_point.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace lockstep;

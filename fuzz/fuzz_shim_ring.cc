@@ -1,5 +1,5 @@
 // fuzz_shim_ring.cc — libFuzzer target for what the daemon reads from the
-// shim's shared memory (guard/shim_channel.h), which the server process may
+// shim's shared memory (guard/server/shim_channel.h), which the server process may
 // scribble on: ParseSubmission, the parser behind ShimChannel::Peek, walked
 // over a submission ring of the fuzzer's bytes the way Peek and Pop walk it,
 // and ShimChannel::DecodeOutputRecord on output ring records. Every record
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "guard/shim_channel.h"
+#include "guard/server/shim_channel.h"
 
 namespace lockstep {
 namespace {

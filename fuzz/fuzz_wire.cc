@@ -1,4 +1,4 @@
-// fuzz_wire.cc — libFuzzer target for guard/wire.h: every decoder of bytes a
+// fuzz_wire.cc — libFuzzer target for guard/net/wire.h: every decoder of bytes a
 // peer or a client sends (the protocol messages, the HELLO, the client
 // requests and replies, a state transfer's parts, the output-checking
 // messages) and the frame reader (FrameConn::ReadFrames, fed through a
@@ -10,8 +10,8 @@
 #include <cerrno>
 
 #include "fuzz/fuzz_util.h"
-#include "guard/failpoints.h"
-#include "guard/wire.h"
+#include "guard/daemon/failpoints.h"
+#include "guard/net/wire.h"
 
 namespace lockstep {
 namespace {

@@ -13,10 +13,10 @@
 #include "checkpoint/store.h"
 #include "consensus/log_format.h"
 #include "consensus/region.h"
-#include "guard/config.h"
-#include "guard/log_input.h"
-#include "guard/restore_point.h"
-#include "guard/wire.h"
+#include "guard/common/config.h"
+#include "guard/net/wire.h"
+#include "guard/server/log_input.h"
+#include "guard/server/restore_point.h"
 #include "preload/shim_abi.h"
 
 namespace lockstep {

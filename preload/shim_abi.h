@@ -246,7 +246,7 @@ struct ls_out_slot {
  * its compared bytes took. Each output slot keeps the last LS_SEND_STACKS,
  * send k at [k % LS_SEND_STACKS], under the window's seqlock: a divergence
  * report names the server's functions that sent the first differing byte
- * (guard/symbolize.h). */
+ * (guard/server/symbolize.h). */
 struct ls_send_stack {
   uint64_t start, end; /* [start, end): stream offsets of the send's bytes */
   uint32_t depth;      /* valid entries of pc */

@@ -6,10 +6,10 @@
  * another instant on each replica, so a GET 300 ms later finds it on a
  * backup that replayed both late and not on the leader. When the daemon
  * passes LOCKSTEP_SHIM_SAME_CLOCK=1 (the app profile's `same_clock`,
- * guard/config.h) to the process it started (LOCKSTEP_SHIM_PID), the wall
+ * guard/common/config.h) to the process it started (LOCKSTEP_SHIM_PID), the wall
  * clock the server reads through libc is the stamp of the input it
  * processes: the leader's CLOCK_REALTIME when it proposed the input, carried
- * in the log entry (guard/log_input.h) and handed to the shim with the
+ * in the log entry (guard/server/log_input.h) and handed to the shim with the
  * input (ls_done_record on the leader, ls_order_record on backups:
  * shim_abi.h). Without the variable (or in any other process) nothing here
  * changes anything.

@@ -5,7 +5,7 @@
  * SPOP, SRANDMEMBER and RANDOMKEY then pick different members on each
  * replica, and their data diverge. When the daemon passes
  * LOCKSTEP_SHIM_RANDOM_SEED (64 hex digits, the same on every replica: the
- * app profile's `same_random`, guard/config.h) to the process it started
+ * app profile's `same_random`, guard/common/config.h) to the process it started
  * (LOCKSTEP_SHIM_PID), every source of randomness the server reaches through
  * libc gives the same values on every replica. Without the variable (or in
  * any other process: an exec'd child) nothing here changes anything.

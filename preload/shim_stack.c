@@ -1,7 +1,7 @@
 /* shim_stack.c — the server's stack at each send on a hashed connection:
  * shim_output.c keeps it beside the bytes the send took, and a divergence
  * report names the server's functions that sent the first differing byte
- * (guard/symbolize.h). Frames of the shim's own code are left out.
+ * (guard/server/symbolize.h). Frames of the shim's own code are left out.
  *
  * The walker is libunwind, which caches what it learnt of each return
  * address: ~0.1-0.3 us a send, where libgcc's unwinder (glibc's

@@ -1,4 +1,4 @@
-"""Checkpoints (checkpoint/, guard/server_guard.cc): backups take real CRIU
+"""Checkpoints (checkpoint/, guard/server/server_guard.cc): backups take real CRIU
 checkpoints of their real redis at log indices; a backup whose redis is
 SIGKILLed gets it back from its newest checkpoint plus the log's suffix
 without stopping the replica; a whole replica killed and restarted does the

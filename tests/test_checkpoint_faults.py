@@ -1,4 +1,4 @@
-"""Checkpoints under real faults (checkpoint/, guard/checkpointer.cc).
+"""Checkpoints under real faults (checkpoint/, guard/server/checkpointer.cc).
 
 - A backup's daemon SIGKILLed while CRIU dumps its redis (200k keys), at
   one of two moments found to be the worst: criu waiting in wait4() for

@@ -1,7 +1,7 @@
 """Prevention (issue 8, part 5): with the app profile's `same_clock`, every
 replica's server reads the same wall clock while it processes a given input,
 the leader's time when it proposed it, carried in the log entry
-(preload/shim_clock.c, guard/log_input.h). So redis's TIME answers the same
+(preload/shim_clock.c, guard/server/log_input.h). So redis's TIME answers the same
 everywhere, a key set with PX gets the same expiry time everywhere, and it
 expires at the same input on a backup that replays late as on the leader.
 Without it the replicas diverge (the control that shows the test can fail).
@@ -186,7 +186,7 @@ def test_without_same_clock_the_replicas_diverge(cluster):
     # (after `--`), so without same_clock (and same_random). Without output
     # digests too (LOCKSTEP_SHIM_OUTPUT_DIGESTS=0, inherited by the daemons
     # and their servers): output checking would see TIME's replies differ and
-    # repair the backups (guard/output_guard.h); this test is about the data.
+    # repair the backups (guard/output/output_guard.h); this test is about the data.
     cluster.up_bare("redis", env=dict(os.environ, LOCKSTEP_SHIM_OUTPUT_DIGESTS="0"))
     client = Redis(cluster.client_addr())
     lagging = workload(cluster, client)

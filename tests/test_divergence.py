@@ -1,4 +1,4 @@
-"""Output checking, divergence reports and repair (guard/output_guard.h), with
+"""Output checking, divergence reports and repair (guard/output/output_guard.h), with
 real redis servers, real CRIU checkpoints and a real fault: a failpoint in
 one backup's daemon flips one byte of one input as it is replayed to that
 backup's server (LOCKSTEP_FAILPOINT=flip-input:MARKER), or a leader proposes
@@ -228,7 +228,7 @@ def test_unknown_report_id_is_a_clear_error(redis_cluster):
 
 def test_a_divergent_leader_steps_down_is_repaired_and_clients_move(cluster, monkeypatch):
     """The leader in the minority. Every daemon has flip-proposal:MARKER armed,
-    which only a leader acts on (guard/server_output.cc): it proposes the
+    which only a leader acts on (guard/server/server_output.cc): it proposes the
     client's input with one byte flipped while its own redis executes it as
     sent. The log is the reference: the backups replay it, agree with each
     other and not with the leader. The leader hands over to one of them,

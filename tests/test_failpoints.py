@@ -1,4 +1,4 @@
-"""Failpoints (guard/failpoints.h): faults injected into a running replica
+"""Failpoints (guard/daemon/failpoints.h): faults injected into a running replica
 by an admin, which the fault runner (scripts/faults) draws at random. Each
 fault here is real in its effect: peer messages lost or late, a durable
 write torn by the replica's exit, a slow disk, a clock that jumps; and

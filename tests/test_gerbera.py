@@ -15,8 +15,8 @@ shared with the bench (eval/gerbera.py).
 
 lockstep's daemon checks that a server is up, and its backups replay
 inputs, by connecting to the replica's host, 127.0.0.1 for a local cluster
-(guard/server.cc WaitReady with me_.host, the Replayer with the same host;
-guard/cluster.cc sets host = "127.0.0.1"), where gerbera does not listen. A
+(guard/server/server.cc WaitReady with me_.host, the Replayer with the same host;
+guard/cli/cluster.cc sets host = "127.0.0.1"), where gerbera does not listen. A
 DNAT rule in the namespace's own nft table sends 127.0.0.1:{server ports}
 to 10.77.0.1, so that `cluster up` works unchanged. (Without it `cluster
 up` fails: "not listening on 127.0.0.1:49200".)
@@ -44,7 +44,7 @@ And under the concurrent page load, a backup's libupnp answered
 daemon reclaimed a replay slot between libupnp's shutdown and close of the
 slot's connection, and the shim gave the next connection's input to the old
 one (fixed with numbered claims, preload/shim_abi.h; ShimReplay in
-guard/shim_output_test.cc).
+guard/server/shim_output_test.cc).
 """
 
 import json

@@ -295,7 +295,7 @@ def test_ed25519_password_logins_work_on_every_replica(cluster):
     on_threads(client, clients)
     # One login, many writes on it, held open longer than the daemon's wait
     # for a backup's reply (a login refused on a backup would be a reply of
-    # another length: guard/output_check.h). RANDOM_BYTES() (RAND_bytes as
+    # another length: guard/output/output_check.h). RANDOM_BYTES() (RAND_bytes as
     # well) is the same on every replica: the checksums below cover it.
     sql(
         addr,

@@ -280,7 +280,7 @@ def replica_views(cluster):
 
 
 def output_checks(cluster, timeout=10.0):
-    """The leader's output checking status (guard/output_guard.h) once it
+    """The leader's output checking status (guard/output/output_guard.h) once it
     checked something; None when the daemon has no output checking."""
     s = cluster.wait(
         lambda s: (s["replicas"][s["leader"]].get("output") or {}).get("checks", 1) > 0,
@@ -341,7 +341,7 @@ def test_without_same_random_the_replicas_diverge(cluster):
     # (after `--`), so without same_random. Without output digests too
     # (LOCKSTEP_SHIM_OUTPUT_DIGESTS=0, inherited by the daemons and their
     # servers): output checking would see the replies differ and repair the
-    # backups (guard/output_guard.h), and this test is about the data.
+    # backups (guard/output/output_guard.h), and this test is about the data.
     cluster.up_bare("redis", env=dict(os.environ, LOCKSTEP_SHIM_OUTPUT_DIGESTS="0"))
     assert len(set(run_ids(cluster))) == 2
     client = Redis(cluster.client_addr())

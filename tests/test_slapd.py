@@ -149,7 +149,7 @@ def test_a_backup_behind_executes_one_connections_requests_one_at_a_time(cluster
     had replied to the one before. Were the backup's listener to hand the
     next one to another pool thread at once, two adds would run together and
     the first could take the second's clock (entryCSN, entryUUID). The reply
-    gate (guard/log_input.h out_before) keeps each request unread until the
+    gate (guard/server/log_input.h out_before) keeps each request unread until the
     backup's server has replied as far as the leader's had."""
     import signal
 

@@ -1,5 +1,5 @@
 // send_chains.c — a test program for the shim's send stacks, run under the
-// preload shim by guard/shim_output_test.cc (ShimOutput.SendStacks): it
+// preload shim by guard/server/shim_output_test.cc (ShimOutput.SendStacks): it
 // accepts one connection on 127.0.0.1:PORT and sends the letters of PATTERN
 // one byte a write(), each from its own call chain: main -> via_a ->
 // through -> send_one -> write for 'a', main -> via_b -> through ->

@@ -1,0 +1,49 @@
+// json.cc — JSON string escaping and flat field lookup (json.h).
+#include "guard/common/json.h"
+
+#include <cstdio>
+
+namespace lockstep {
+
+std::string JsonEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+std::string JsonField(const std::string& json, const std::string& key) {
+  std::string pat = "\"" + key + "\":";
+  size_t p = json.find(pat);
+  if (p == std::string::npos) return "";
+  p += pat.size();
+  if (p < json.size() && json[p] == '"') {
+    std::string v;
+    for (size_t i = p + 1; i < json.size() && json[i] != '"'; i++) {
+      if (json[i] == '\\' && i + 1 < json.size()) {
+        i++;
+        if (json[i] == 'u' && i + 4 < json.size()) {
+          v += static_cast<char>(std::stoi(json.substr(i + 1, 4), nullptr, 16));
+          i += 4;
+          continue;
+        }
+      }
+      v += json[i];
+    }
+    return v;
+  }
+  size_t e = json.find_first_of(",}]", p);
+  return json.substr(p, e - p);
+}
+
+}  // namespace lockstep

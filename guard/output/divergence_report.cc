@@ -1,0 +1,187 @@
+// divergence_report.cc — see divergence_report.h.
+#include "guard/output/divergence_report.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "consensus/core.h"     // BallotString
+#include "guard/common/json.h"  // JsonEscape, JsonField
+
+namespace lockstep {
+
+namespace fs = std::filesystem;
+
+std::string JsonBytes(const std::string& bytes) {
+  std::string o;
+  o.reserve(bytes.size() + 16);
+  for (unsigned char c : bytes) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c == '\n') {
+      o += "\\n";
+    } else if (c == '\r') {
+      o += "\\r";
+    } else if (c < 0x20 || c >= 0x7f) {
+      char b[8];
+      snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o;
+}
+
+int64_t FirstDifference(const OutputExcerpt& a, const OutputExcerpt& b, uint64_t from,
+                        uint64_t to) {
+  if (!a.have || !b.have) return -1;
+  uint64_t lo = std::max({from, a.start, b.start});
+  uint64_t hi = std::min({to, a.start + a.bytes.size(), b.start + b.bytes.size()});
+  for (uint64_t o = lo; o < hi; o++)
+    if (a.bytes[o - a.start] != b.bytes[o - b.start]) return static_cast<int64_t>(o);
+  return -1;
+}
+
+std::string StackAt(const OutputExcerpt& x, int64_t at) {
+  std::string who = "replica " + std::to_string(x.replica) + "'s server";
+  if (x.sends.empty()) return "not captured (" + who + " sent nothing recorded on the connection)";
+  const SendStack* best = nullptr;
+  for (const SendStack& s : x.sends)
+    if (at < 0 || s.start <= static_cast<uint64_t>(at)) best = &s;  // oldest first
+  if (!best) best = &x.sends.front();
+  bool covers =
+      at >= 0 && best->start <= static_cast<uint64_t>(at) && static_cast<uint64_t>(at) < best->end;
+  return who + ", at the send of bytes " + std::to_string(best->start) + ".." +
+         std::to_string(best->end) +
+         (covers    ? " (the first different byte's)"
+          : at >= 0 ? " (the newest kept before the first different byte)"
+                    : " (its newest)") +
+         ":\n" + best->frames;
+}
+
+std::string DivergenceReport::ToJson() const {
+  char digest[64];
+  std::ostringstream o;
+  // Summary fields first (`divergence list` reads them with JsonField, which
+  // takes the first occurrence of a key).
+  o << "{\"id\":\"" << JsonEscape(id) << "\",\"time_unix\":" << time_unix
+    << ",\"found_unix_ms\":" << found_unix_ms << ",\"done_unix_ms\":" << done_unix_ms
+    << ",\"status\":\"" << JsonEscape(status) << "\",\"replica\":" << replica
+    << ",\"leader\":" << leader << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false")
+    << ",\"how\":\"" << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/"
+    << key.no << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
+    << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\"";
+  o << ",\"agreeing\":[";
+  for (size_t i = 0; i < agreeing.size(); i++) o << (i ? "," : "") << agreeing[i];
+  snprintf(digest, sizeof digest, "%016llx", (unsigned long long)leader_digest);
+  o << "],\"agreed_offset\":" << agreed_offset << ",\"reference_digest\":\"" << digest << "\"";
+  snprintf(digest, sizeof digest, "%016llx", (unsigned long long)replica_digest);
+  o << ",\"divergent_digest\":\"" << digest << "\"";
+  o << ",\"log_window\":{\"from\":" << window_from << ",\"to\":" << window_to
+    << ",\"inputs\":" << inputs_in_window << "},\"connection_inputs\":[";
+  for (size_t i = 0; i < inputs.size(); i++)
+    o << (i ? "," : "") << "\"" << JsonBytes(inputs[i]) << "\"";
+  o << "],\"first_difference\":" << first_difference << ",\"outputs\":[";
+  for (size_t i = 0; i < outputs.size(); i++) {
+    const OutputExcerpt& x = outputs[i];
+    o << (i ? "," : "") << "{\"from_replica\":" << x.replica
+      << ",\"kept\":" << (x.have ? "true" : "false") << ",\"start\":" << x.start
+      << ",\"length\":" << x.bytes.size() << ",\"bytes\":\"" << JsonBytes(x.bytes)
+      << "\",\"note\":\"" << JsonEscape(x.note) << "\"}";
+  }
+  o << "],\"restored_index\":" << restored_index << ",\"restore_ms\":" << restore_ms
+    << ",\"new_leader\":" << new_leader << ",\"new_leader_ms\":" << new_leader_ms << ",\"stack\":\""
+    << JsonEscape(stack) << "\"}";
+  return o.str();
+}
+
+bool WriteReport(const std::string& dir, const DivergenceReport& report, std::string* error) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string final_path = dir + "/" + report.id + ".json";
+  std::string tmp = final_path + ".tmp";
+  std::string text = report.ToJson() + "\n";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *error = "cannot write " + tmp + ": " + strerror(errno);
+    return false;
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *error = "cannot write " + tmp + ": " + strerror(errno);
+      close(fd);
+      unlink(tmp.c_str());
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    *error = "cannot fsync " + tmp + ": " + strerror(errno);
+    close(fd);
+    unlink(tmp.c_str());
+    return false;
+  }
+  close(fd);
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    *error = "cannot rename " + tmp + ": " + strerror(errno);
+    unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+namespace {
+// "<leader>-<n>.json" -> n, or 0.
+uint64_t ReportNumber(const std::string& name, int leader) {
+  std::string prefix = std::to_string(leader) + "-";
+  if (name.rfind(prefix, 0) != 0 || name.size() < prefix.size() + 6 ||
+      name.substr(name.size() - 5) != ".json")
+    return 0;
+  std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 5);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stoull(digits);
+}
+}  // namespace
+
+uint64_t NextReportNumber(const std::string& dir, int leader) {
+  uint64_t next = 1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    next = std::max(next, ReportNumber(e.path().filename().string(), leader) + 1);
+  return next;
+}
+
+std::vector<std::string> ReadReports(const std::string& dir) {
+  std::vector<std::pair<std::pair<uint64_t, std::string>, std::string>> reports;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string s = text.str();
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    if (s.empty()) continue;
+    std::string t = JsonField(s, "time_unix");
+    uint64_t when = t.empty() ? 0 : std::strtoull(t.c_str(), nullptr, 10);
+    reports.push_back({{when, JsonField(s, "id")}, std::move(s)});
+  }
+  std::sort(reports.begin(), reports.end());
+  std::vector<std::string> out;
+  for (auto& r : reports) out.push_back(std::move(r.second));
+  return out;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,671 @@
+// server_guard.cc — the part of ServerPipeline that keeps the server alive
+// and bounded: checkpoints of a backup's server at a log index, restores of
+// the newest good one (at a restart, and when the server dies), and the
+// crash-loop stop. See server_pipeline.h for the class and
+// checkpoint/README.md for what a checkpoint holds and why.
+//
+// A checkpoint at index k must hold the server having executed exactly the
+// entries up to k. A backup therefore stops applying when one is due, waits
+// until the server has read everything it was handed (Replayer::Idle) and
+// then lets CRIU freeze and dump it; applying resumes once the dump is done
+// and the data directory copied. The leader pauses its server only when a
+// repair needs its state (no backup agrees with it: StartLeaderCheckpoint).
+#include <signal.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "checkpoint/relocate.h"
+#include "checkpoint/spawn.h"
+#include "consensus/assert.h"
+#include "guard/common/json.h"
+#include "guard/server/restore_point.h"
+#include "guard/server/server_pipeline.h"
+
+namespace lockstep {
+
+namespace {
+// After a failed state transfer, the next try waits this long.
+constexpr uint64_t kFetchRetryUs = 3000000;
+// How long a due checkpoint waits for the server to read its inputs before
+// it is put off by a whole interval (a server that stopped reading one
+// connection must not stop this replica from applying).
+constexpr uint64_t kRestWaitUs = 1000000;
+// The same for a leader's own checkpoint, whose clients' connections must
+// close first (through the log) and whose inputs are refused meanwhile:
+// failing sooner gives them back sooner.
+constexpr uint64_t kLeaderRestWaitUs = 2000000;
+}  // namespace
+
+void ServerPipeline::OpenCheckpoints() {
+  senders_ =
+      std::make_unique<CheckpointSenders>([this](const std::string& m) { log_("%s", m.c_str()); });
+  if (!cfg_.checkpoint.enabled) return;
+  checkpointer_ = std::make_unique<Checkpointer>(
+      cfg_.checkpoint, me_.id, static_cast<int>(cfg_.replicas.size()), me_.dir,
+      [this](const std::string& m) { log_("%s", m.c_str()); });
+  std::string err;
+  if (!checkpointer_->Open(&err)) {
+    log_("CHECKPOINTS OFF: cannot open the checkpoint store in %s: %s", me_.dir.c_str(),
+         err.c_str());
+    checkpointer_.reset();
+    return;
+  }
+  fetcher_ =
+      std::make_unique<CheckpointFetcher>(cfg_, me_.id, &checkpointer_->store(),
+                                          [this](const std::string& m) { log_("%s", m.c_str()); });
+}
+
+// A leader whose server is stopped (SIGSTOP, a debugger holding it) serves
+// nobody, while its daemon goes on leading and nothing else would move the
+// clients: after kStoppedHandOverUs it hands leadership to the backup
+// furthest along (Replica::HandOver, as a divergent leader does), and it may
+// lead again once its server runs. A CRIU dump also stops the server (a
+// leader dumps only for a repair, LeaderCheckpointStep): not counted. A
+// server merely busy (a long command) is not stopped: every replica's would
+// be as slow.
+void ServerPipeline::HandOverIfStopped(uint64_t now) {
+  char state = core_.role() == Role::kLeader && server_ ? ProcessState(server_->pid()) : 0;
+  bool stopped = (state == 'T' || state == 't') && !(checkpointer_ && checkpointer_->dumping());
+  if (!stopped) {
+    stopped_since_us_ = 0;
+    return;
+  }
+  if (!stopped_since_us_) stopped_since_us_ = now;
+  if (now - stopped_since_us_ < kStoppedHandOverUs) return;
+  int successor = core_.FurthestReadyPeer();
+  if (successor >= 0 && core_.HandOver(now, successor, kStoppedHoldUs))
+    log_(
+        "this leader's server (pid %d) has been stopped for %lu ms: handed leadership over to "
+        "replica %d",
+        (int)server_->pid(), (unsigned long)((now - stopped_since_us_) / 1000), successor);
+  stopped_since_us_ = 0;
+}
+
+void ServerPipeline::ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index) {
+  senders_->Serve(std::move(to), checkpointer_ ? &checkpointer_->store() : nullptr, min_index,
+                  [news = leader_cp_news_](std::string* why) { return news->Coming(why); });
+  // Nothing recent enough here: a backup that has executed that far takes
+  // one now, so that the peer's next try finds it. Without this, a replica
+  // whose log the leader truncated past would wait for the next checkpoint
+  // the policy makes, which never comes while the cluster is idle.
+  if (checkpointer_ && checkpointer_->newest_index() < min_index && applied_ >= min_index &&
+      core_.role() == Role::kBackup && server_ && server_failed_.empty() &&
+      !checkpointer_->requested() && !checkpointer_->dumping()) {
+    log_("a peer needs a checkpoint at index >= %lu and the newest here is %lu: taking one",
+         (unsigned long)min_index, (unsigned long)checkpointer_->newest_index());
+    checkpointer_->Request();
+  }
+}
+
+uint64_t ServerPipeline::log_needed_from() const {
+  if (!checkpointer_) return 0;
+  // The oldest kept checkpoint, not the newest: if the newest is found
+  // damaged at a restore, the one before it still has its log.
+  return checkpointer_->oldest_kept_index() + 1;
+}
+
+std::string ServerPipeline::server_state() const {
+  if (!cfg_.has_server()) return "none";
+  if (!server_failed_.empty()) return server_failed_;
+  return server_ ? "running" : "stopped";
+}
+
+std::string ServerPipeline::RequestCheckpoint() {
+  if (!cfg_.has_server()) return "this cluster runs no server";
+  if (!checkpointer_) return "checkpoints are off on this replica (see its log)";
+  if (checkpointer_->broken())
+    return "CRIU cannot dump this server (see `lockstep cluster status`)";
+  if (!server_failed_.empty()) return "the server is not running: " + server_failed_;
+  if (core_.role() != Role::kBackup)
+    return "replica " + std::to_string(me_.id) +
+           " is not a backup: the leader never pauses its server for a checkpoint on request (only "
+           "when a repair needs its state)";
+  checkpointer_->Request();
+  return "";
+}
+
+std::string ServerPipeline::CheckpointStatusJson(uint64_t now) const {
+  std::ostringstream o;
+  if (checkpointer_) {
+    std::string s = checkpointer_->StatusJson(now);
+    o << s.substr(0, s.size() - 1);  // without the closing brace
+  } else {
+    o << "{\"index\":0,\"age_s\":-1,\"enabled\":false";
+  }
+  o << ",\"server_state\":\"" << JsonEscape(server_state()) << "\",\"crashes\":" << crashes_
+    << ",\"restored_from\":" << restored_index_ << "}";
+  return o.str();
+}
+
+std::string ServerPipeline::CheckpointListJson() const {
+  std::ostringstream o;
+  o << "[";
+  if (checkpointer_) {
+    bool first = true;
+    for (const CheckpointInfo& cp : checkpointer_->List()) {
+      if (!first) o << ",";
+      first = false;
+      o << "{\"replica\":" << me_.id << ",\"index\":" << cp.index
+        << ",\"time_unix\":" << cp.meta.time_unix << ",\"bytes\":" << cp.bytes
+        << ",\"dump_us\":" << cp.meta.dump_us << ",\"ok\":" << (cp.ok ? "true" : "false")
+        << ",\"path\":\"" << JsonEscape(cp.path) << "\",\"error\":\"" << JsonEscape(cp.error)
+        << "\"}";
+    }
+  }
+  o << "]";
+  return o.str();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+bool ServerPipeline::CheckpointStep(uint64_t now) {
+  if (!checkpointer_ || !server_) return false;
+  std::string data_dir = me_.dir + "/server";
+  if (dump_watch_fd_ >= 0) {
+    checkpointer_->Poll(data_dir, now);  // copies the data directory once criu is done
+    if (checkpointer_->dumping()) return true;
+    loop_.Remove(dump_watch_fd_);
+    dump_watch_fd_ = -1;
+    if (leader_cp_ == LeaderCheckpoint::kDumping)  // (a former leader's is no repair's any more)
+      leader_cp_ =
+          core_.role() == Role::kLeader ? LeaderCheckpoint::kCommitting : LeaderCheckpoint::kNone;
+    return false;
+  }
+  if (core_.role() != Role::kBackup) {  // the leader pauses its server only for a repair
+    checkpoint_wanted_ = false;
+    return LeaderCheckpointStep(now);
+  }
+  // A server a repair is replacing with a peer's checkpoint is known to be
+  // wrong (a divergent one, or a former leader's): a checkpoint of it could
+  // be restored or sent to a peer later. Nor does it wait for it to rest.
+  if (repair_transfer_ == RepairTransfer::kRunning) {
+    checkpoint_wanted_ = false;
+    return false;
+  }
+  if (!checkpoint_wanted_) {
+    if (!checkpointer_->Due(applied_, log_bytes_applied_, now)) return false;
+    checkpoint_wanted_ = true;
+    rest_wait_since_us_ = now;
+  }
+  std::string busy = RestBusy();
+  if (busy.empty() && applied_ > core_.commit_index()) busy = "applied past the commit index";
+  if (!busy.empty()) {
+    if (now - rest_wait_since_us_ < kRestWaitUs) return true;
+    log_("checkpoint put off: the server did not come to rest within %lu ms (%s)",
+         (unsigned long)(kRestWaitUs / 1000), busy.c_str());
+    checkpointer_->Postpone(applied_, log_bytes_applied_, now);
+    checkpoint_wanted_ = false;
+    return false;
+  }
+  checkpoint_wanted_ = false;
+  return TakeCheckpoint(now);
+}
+
+// Why the server is not at rest for a checkpoint ("" if it is): what it was
+// handed and has not read, its own clients' inputs and connections.
+std::string ServerPipeline::RestBusy() const {
+  std::string busy = replayer_->Busy();
+  if (busy.empty() && !own_pending_.empty()) busy = "inputs of its own clients in flight";
+  if (busy.empty() && !own_conns_.empty())
+    busy = std::to_string(own_conns_.size()) + " connections of its own clients open";
+  if (busy.empty() && !closing_.empty()) busy = "connections being closed";
+  return busy;
+}
+
+bool ServerPipeline::TakeCheckpoint(uint64_t now, bool may_break) {
+  RestorePoint rp;
+  rp.server_fds = server_fds_;
+  rp.open_conns = open_conns_;
+  rp.replay_conns = replayer_->OpenConns();
+  rp.log_bytes = log_bytes_applied_;
+  if (!checkpointer_->StartDump(applied_, log_bytes_applied_, server_->pid(),
+                                EncodeRestorePoint(rp), now, may_break))
+    return false;
+  dump_watch_fd_ = checkpointer_->fd();
+  LS_ASSERT(dump_watch_fd_ >= 0, "a dump runs without a pidfd");
+  loop_.Add(dump_watch_fd_, [](uint32_t) { return false; });  // wakes the loop when criu exits
+  return true;
+}
+
+// ---------------------------------------------------------------- the leader's own checkpoint
+
+bool ServerPipeline::StartLeaderCheckpoint(uint64_t now, std::string* why_not) {
+  if (core_.role() != Role::kLeader)
+    *why_not = "this replica does not lead";
+  else if (!server_ || !server_failed_.empty())
+    *why_not = "its server is not running";
+  else if (!checkpointer_)
+    *why_not = "checkpoints are off on the leader";
+  else
+    why_not->clear();
+  if (!why_not->empty()) return false;
+  leader_cp_news_->Set(true);
+  if (leader_cp_ == LeaderCheckpoint::kPreparing) return true;  // not at rest yet: it serves
+  if (leader_cp_ == LeaderCheckpoint::kDumping || leader_cp_ == LeaderCheckpoint::kCommitting) {
+    leader_cp_again_ = true;  // of the server before this was asked: another follows
+    return true;
+  }
+  leader_cp_ = LeaderCheckpoint::kPreparing;
+  leader_cp_since_us_ = now;
+  leader_cp_index_ = 0;
+  // Every connection open in the log is closed through it, this leader's
+  // own clients' too (ApplyCommitted, as a restored leader does); inputs
+  // are refused meanwhile (ProcessSubmissions), so the server comes to rest.
+  close_old_pending_ = true;
+  close_old_after_ = core_.last_index();
+  close_all_open_ = true;
+  log_(
+      "checkpointing this leader's own server for a repair: closing every client connection and "
+      "refusing new inputs until it rests");
+  return true;
+}
+
+void ServerPipeline::FailLeaderCheckpoint(const std::string& why) {
+  leader_cp_ = LeaderCheckpoint::kNone;
+  leader_cp_again_ = false;
+  // A backup waiting for it is told there is none, and why.
+  leader_cp_news_->Set(false, "the leader's checkpoint of its own server failed: " + why);
+  log_("LEADER CHECKPOINT FAILED: %s; serving clients again", why.c_str());
+}
+
+// At rest means what it means for a backup's checkpoint, and more: none of
+// this leader's own connections open or in flight (their TCP ends cannot
+// move to another host), none being closed, every committed entry applied.
+// What the shim holds for the server (inputs handed to it and not yet read,
+// EOFs) is in the image and is read by the restored server as by this one.
+bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
+  switch (leader_cp_) {
+    case LeaderCheckpoint::kPreparing: {
+      if (core_.role() != Role::kLeader) {
+        FailLeaderCheckpoint("leadership moved before the server came to rest");
+        return false;
+      }
+      // A connection whose ACCEPT was in flight when the sweep went out is
+      // open in the log only now: another sweep closes it.
+      if (!close_old_pending_ && own_pending_.empty()) {
+        for (const auto& [no, key] : own_conns_) {
+          if (!open_conns_.count(key) || closing_.count(key)) continue;
+          close_old_pending_ = true;
+          close_old_after_ = applied_;
+          close_all_open_ = true;
+          break;
+        }
+      }
+      std::string busy = close_old_pending_ ? "connections about to be closed" : RestBusy();
+      if (busy.empty() && applied_ != core_.commit_index())
+        busy = "entries committed and not yet applied";
+      if (!busy.empty()) {
+        if (now - leader_cp_since_us_ < kLeaderRestWaitUs) return false;  // applying goes on
+        FailLeaderCheckpoint("the server did not come to rest within " +
+                             std::to_string(kLeaderRestWaitUs / 1000) + " ms (" + busy + ")");
+        return false;
+      }
+      leader_cp_index_ = applied_;
+      if (!TakeCheckpoint(now, /*may_break=*/false)) {
+        FailLeaderCheckpoint(checkpointer_->last_error());
+        return false;
+      }
+      leader_cp_ = LeaderCheckpoint::kDumping;
+      log_("leader checkpoint %lu: the server rests after %.1f ms; dumping it",
+           (unsigned long)leader_cp_index_, (now - leader_cp_since_us_) / 1000.0);
+      return true;
+    }
+    case LeaderCheckpoint::kCommitting:
+      // Serving again meanwhile: Healthy's Poll collects the commit.
+      if (checkpointer_->committing()) return false;
+      if (checkpointer_->newest_index() >= leader_cp_index_) {
+        leader_cp_ = LeaderCheckpoint::kNone;
+        log_("leader checkpoint %lu committed, %.1f ms after it was asked for",
+             (unsigned long)leader_cp_index_, (now - leader_cp_since_us_) / 1000.0);
+        if (leader_cp_again_) {
+          leader_cp_again_ = false;
+          std::string ignored;
+          StartLeaderCheckpoint(now, &ignored);
+        } else {
+          leader_cp_news_->Set(false);
+        }
+      } else {
+        FailLeaderCheckpoint(checkpointer_->last_error().empty()
+                                 ? "the dump was abandoned (see the log)"
+                                 : checkpointer_->last_error());
+      }
+      return false;
+    default: return false;
+  }
+}
+
+// ---------------------------------------------------------------- restores
+
+bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error) {
+  RestorePoint rp;
+  if (!DecodeRestorePoint(cp.meta.extra, &rp)) {
+    *error = "its record of the daemon's side does not decode (written by another version?)";
+    return false;
+  }
+  if (dump_watch_fd_ >= 0) {
+    loop_.Remove(dump_watch_fd_);
+    dump_watch_fd_ = -1;
+    checkpointer_->AbandonDump("the server is replaced from checkpoint " +
+                               std::to_string(cp.index));
+  }
+  if (server_) server_->Kill();  // its state is being replaced: no graceful stop
+  DropServer();
+  uint64_t t0 = NowUs();
+  std::string dir = me_.dir + "/server";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!checkpointer_->store().RestoreDataDir(cp.index, dir, error)) return false;
+  // Another replica's images name its files and its port: restore a view
+  // of them that names ours.
+  std::string img_dir = cp.path + "/img";
+  if (cp.meta.replica_id != static_cast<uint64_t>(me_.id)) {
+    if (cp.meta.replica_id >= cfg_.replicas.size()) {
+      *error = "it was taken by replica " + std::to_string(cp.meta.replica_id) +
+               ", which this cluster does not have";
+      return false;
+    }
+    const ReplicaConfig& from = cfg_.replicas[cp.meta.replica_id];
+    Relocation r{std::filesystem::absolute(from.dir).lexically_normal().string(),
+                 std::filesystem::absolute(me_.dir).lexically_normal().string(),
+                 static_cast<uint32_t>(from.server_port), static_cast<uint32_t>(me_.server_port)};
+    img_dir = me_.dir + "/restore-view";
+    if (!BuildRelocatedView(cp.path + "/img", img_dir, r, error)) return false;
+  }
+  CriuJob job;
+  CriuOptions o;
+  o.timeout_ms = static_cast<int>(cfg_.checkpoint.timeout_ms);
+  o.file_locks = cfg_.checkpoint.file_locks;
+  if (!job.StartRestore(img_dir, me_.dir + "/restore.pid", {}, o, error)) return false;
+  CriuResult r;
+  job.Wait(&r);
+  if (!r.ok) {
+    *error = r.error + " (criu's log: " + r.log_path + ")";
+    return false;
+  }
+  std::vector<std::string> argv;
+  std::string ignored;
+  SplitCommand(cfg_.server.command, &argv, &ignored);
+  server_ = std::make_unique<ServerProcess>();
+  server_->Adopt(r.restored_pid, argv.empty() ? "server" : argv[0], me_.dir + "/server.log");
+  shim_ = std::make_unique<ShimChannel>();
+  if (!shim_->Adopt(r.restored_pid, rp.server_fds, error)) {
+    kill(r.restored_pid, SIGKILL);
+    DropServer();
+    return false;
+  }
+  server_fds_ = rp.server_fds;
+  ConnectServer();
+  // Fresh replay connections in place of the restored (closed) ones; they
+  // connect now and the server accepts them as soon as it runs.
+  replayer_->Reattach(rp.replay_conns);
+  applied_ = cp.index;
+  restored_index_ = cp.index;
+  log_bytes_applied_ = rp.log_bytes;
+  open_conns_ = rp.open_conns;
+  ResumeRole();
+  bytes_read_seen_ = 0;
+  last_read_change_us_ = NowUs();  // it has the suffix to read
+  kill(r.restored_pid, SIGCONT);
+  checkpointer_->NoteRestore();
+  // The restored checkpoint is the last one taken, for the policy: the next
+  // is due an interval (of entries, log bytes, seconds) after it.
+  checkpointer_->Postpone(cp.index, rp.log_bytes, NowUs());
+  log_(
+      "restored checkpoint %lu in %.0f ms (server pid %d, %zu replay connections); replaying "
+      "the log from entry %lu",
+      (unsigned long)cp.index, (NowUs() - t0) / 1000.0, r.restored_pid, rp.replay_conns.size(),
+      (unsigned long)cp.index + 1);
+  return true;
+}
+
+void ServerPipeline::ResumeRole() {
+  bool leading = core_.role() == Role::kLeader;
+  shim_->SetLeader(leading);
+  if (!leading) return;
+  // Like a new leader: catch the server up, close every connection (its own
+  // clients' died with the old server, whose inputs are now replayed), then
+  // serve.
+  serving_ballot_ = 0;
+  close_old_pending_ = true;
+  close_old_after_ = core_.last_index();
+  close_all_open_ = true;
+}
+
+bool ServerPipeline::RestoreNewest(uint64_t max_index, const char* why) {
+  // The log must hold every entry after the checkpoint.
+  uint64_t oldest_usable = core_.first_index() - 1;
+  for (;;) {
+    std::optional<CheckpointInfo> cp = checkpointer_->NewestGood(max_index);
+    if (!cp) return false;
+    if (cp->index < oldest_usable) {
+      log_(
+          "checkpoint %lu is older than this replica's log, which starts at entry %lu: it "
+          "cannot be brought forward",
+          (unsigned long)cp->index, (unsigned long)core_.first_index());
+      return false;
+    }
+    std::string err;
+    if (RestoreServer(*cp, &err)) return true;
+    log_("CANNOT RESTORE checkpoint %lu (%s): %s; trying an older one", (unsigned long)cp->index,
+         why, err.c_str());
+    if (cp->index == 0) return false;
+    max_index = cp->index - 1;
+  }
+}
+
+bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
+  crashes_++;
+  // A leader's clients are served by nobody until its server is back (a
+  // checkpoint's restore and the log's replay, or a fresh start: hundreds
+  // of ms), while a backup's server is up: leadership goes to the backup
+  // furthest along first, as for a stopped server (HandOverIfStopped), and
+  // this server comes back as a backup's. Not when the server crashed by
+  // itself: an input that crashes it crashes every replica's, and handing
+  // over would only move leadership from one dying server to the next.
+  if (core_.role() == Role::kLeader && server_ && !server_->Crashed()) {
+    int successor = core_.FurthestReadyPeer();
+    if (successor >= 0 && core_.HandOver(now, successor, kStoppedHoldUs))
+      log_(
+          "this leader's server died: handed leadership over to replica %d while it is brought "
+          "back",
+          successor);
+  }
+  // The input it died on: the newest one whose bytes it had begun to read,
+  // if it was still at work: something unread, or reading shortly before
+  // (a crash handler may take a while: redis writes a report first). A
+  // server killed while idle names no input.
+  bool all_read = true;
+  uint64_t entry = replayer_ ? replayer_->EntryBeingRead(&all_read) : 0;
+  bool working = !all_read || now - last_read_change_us_ <= kCrashAttributionUs ||
+                 (replayer_ && replayer_->BytesRead() != bytes_read_seen_);
+  if (!working) entry = 0;
+  log_("SERVER DIED: the server %s %s %lu", how.c_str(),
+       entry ? "while executing log entry" : "with the log applied up to entry",
+       (unsigned long)(entry ? entry : applied_));
+  // No crash loop: the same input twice, or three deaths in a row without
+  // the log moving on, and the server is not brought back again.
+  deaths_without_progress_ = applied_ <= last_death_applied_ ? deaths_without_progress_ + 1 : 1;
+  last_death_applied_ = applied_;
+  std::string loop;
+  if (entry && entry == last_crash_entry_)
+    loop = "the server died twice at log entry " + std::to_string(entry) + " (" + how +
+           "): an input that kills it";
+  else if (deaths_without_progress_ >= kMaxDeathsWithoutProgress)
+    loop = "the server died " + std::to_string(deaths_without_progress_) +
+           " times without getting past log entry " + std::to_string(applied_) + " (" + how + ")";
+  if (!loop.empty()) {
+    server_failed_ = loop + "; it is not restored again (lockstep cluster restart --id " +
+                     std::to_string(me_.id) + " tries again)";
+    log_("SERVER NOT RESTORED: %s. This replica keeps its log and votes.", server_failed_.c_str());
+    DropServer();
+    return true;
+  }
+  if (entry) last_crash_entry_ = entry;
+  uint64_t before = applied_;
+  if (checkpointer_ && RestoreNewest(before, "the server died")) return true;
+  if (core_.first_index() > 1) {
+    DropServer();
+    RebuildFromPeer("the server died");
+    return true;
+  }
+  std::string err;
+  if (!StartAfresh("the server died", &err)) {
+    server_failed_ = "the server died and cannot be started again: " + err;
+    log_("SERVER NOT RESTORED: %s", server_failed_.c_str());
+  }
+  return true;
+}
+
+bool ServerPipeline::StartAfresh(const char* why, std::string* error) {
+  LS_ASSERT(core_.first_index() == 1, "a fresh server needs the whole log (it starts at %lu)",
+            (unsigned long)core_.first_index());
+  if (dump_watch_fd_ >= 0) {
+    loop_.Remove(dump_watch_fd_);
+    dump_watch_fd_ = -1;
+    checkpointer_->AbandonDump("the server is started afresh");
+  }
+  if (server_) server_->Kill();  // its state is being replaced: no graceful stop
+  DropServer();
+  if (!LaunchServer(error)) {
+    DropServer();
+    return false;
+  }
+  open_conns_.clear();
+  restored_index_ = 0;
+  ResumeRole();
+  bytes_read_seen_ = 0;
+  last_read_change_us_ = NowUs();
+  log_("%s; no checkpoint to restore: started the server afresh; replaying the whole log", why);
+  return true;
+}
+
+// ---------------------------------------------------------------- state transfer
+
+void ServerPipeline::RebuildFromPeer(const std::string& why) {
+  uint64_t need = core_.first_index() - 1;
+  LS_ASSERT(need > 0, "a log from entry 1 rebuilds any server");
+  if (!fetcher_) {
+    server_failed_ = why + ", the log starts at entry " + std::to_string(need + 1) +
+                     " and checkpoints are off here: the server cannot be rebuilt";
+    log_("SERVER NOT STARTED: %s", server_failed_.c_str());
+    return;
+  }
+  log_(
+      "%s; no checkpoint here brings the server to the log's start (entry %lu): fetching one "
+      "from a peer",
+      why.c_str(), (unsigned long)need + 1);
+  fetch_for_ = FetchFor::kNoServer;
+  fetch_min_ = need;
+  if (!fetcher_->active()) fetcher_->Start(fetch_min_);
+}
+
+bool ServerPipeline::RestoreIndex(uint64_t index, std::string* error) {
+  for (const CheckpointInfo& cp : checkpointer_->List())
+    if (cp.index == index && cp.ok) return RestoreServer(cp, error);
+  *error = "checkpoint " + std::to_string(index) + " is not in the store";
+  return false;
+}
+
+void ServerPipeline::TransferStep(uint64_t now) {
+  uint64_t need = core_.checkpoint_needed();
+  if (!fetcher_) {
+    if (need && !transfer_off_warned_)
+      log_(
+          "this replica lacks entries the leader truncated (up to %lu) and has checkpoints off: "
+          "it cannot catch up (turn [checkpoint] on)",
+          (unsigned long)need);
+    transfer_off_warned_ = need != 0;
+    return;
+  }
+  // A dump in flight finishes first: a restore now would swap the data
+  // directory under it (dumps are short; a fetch waits for them).
+  if (checkpointer_->dumping()) return;
+  if (fetcher_->active()) {
+    uint64_t index = 0;
+    std::string summary;
+    if (!fetcher_->Collect(&index, &summary)) return;  // still fetching
+    std::string err;
+    if (!index) {
+      log_("STATE TRANSFER FAILED: %s; trying again in %lu s", summary.c_str(),
+           (unsigned long)(kFetchRetryUs / 1000000));
+    } else if (!RestoreIndex(index, &err)) {
+      log_("STATE TRANSFER FAILED: cannot restore the fetched checkpoint %lu: %s",
+           (unsigned long)index, err.c_str());
+    } else {
+      checkpointer_->NoteFetched();
+      // Only a backup the leader truncated past moves its log: a server
+      // rebuilt for a log that still holds what follows the checkpoint keeps
+      // that log whole (slots past the checkpoint may hold the only other
+      // copy of a chosen entry). Restored past the commit index it knows,
+      // it applies on once the commit index passes it (ApplyCommitted).
+      if (fetch_for_ == FetchFor::kLagging) core_.InstallCheckpoint(now, index);
+      log_("state transfer: %s, restored; the log goes on from entry %lu", summary.c_str(),
+           (unsigned long)index + 1);
+      if (fetch_for_ == FetchFor::kRepair) {
+        repair_transfer_ = RepairTransfer::kDone;
+        repair_transfer_index_ = index;
+      }
+      fetch_for_ = FetchFor::kNone;
+      return;
+    }
+    if (fetch_for_ == FetchFor::kRepair && ++repair_fetch_failures_ >= kRepairFetchTries) {
+      repair_transfer_ = RepairTransfer::kFailed;
+      repair_transfer_error_ =
+          index ? "the fetched checkpoint " + std::to_string(index) + " does not restore: " + err
+                : summary;
+      fetch_for_ = FetchFor::kNone;
+      return;
+    }
+    // A lagging backup asks again from what the leader says then; a dead
+    // server's fetch is simply tried again.
+    if (fetch_for_ == FetchFor::kLagging) fetch_for_ = FetchFor::kNone;
+    next_fetch_us_ = now + kFetchRetryUs;
+    return;
+  }
+  if (now < next_fetch_us_) return;
+  if (fetch_for_ == FetchFor::kNoServer) {
+    fetcher_->Start(fetch_min_);
+    return;
+  }
+  if (fetch_for_ == FetchFor::kRepair) {  // again from those that agree, never from the others
+    fetcher_->Start(fetch_min_, repair_sources_, /*only_first=*/true);
+    return;
+  }
+  if (!need || core_.role() != Role::kBackup) return;
+  std::vector<CheckpointInfo> listed = checkpointer_->List();
+  // Restarted from its own checkpoint, the server may already be where the
+  // leader's log begins: the commit index it told the leader lagged what it
+  // had applied (the checkpoint proves those entries chosen). Nothing to
+  // restore; a checkpoint at that index keeps a restart local.
+  if (server_ && applied_ >= need && !listed.empty() && listed.front().index == applied_ &&
+      listed.front().ok) {
+    log_("the leader's log begins past this replica's commit index; the server is already at %lu",
+         (unsigned long)applied_);
+    core_.InstallCheckpoint(now, applied_);
+    return;
+  }
+  // A checkpoint of our own may be recent enough (listed first: verifying
+  // one that is too old would hash it on every retry for nothing).
+  std::optional<CheckpointInfo> own;
+  if (!listed.empty() && listed.front().index >= need) own = checkpointer_->NewestGood(UINT64_MAX);
+  std::string err;
+  if (own && own->index >= need) {
+    if (RestoreServer(*own, &err)) {
+      core_.InstallCheckpoint(now, own->index);
+      return;
+    }
+    log_("cannot restore this replica's checkpoint %lu: %s", (unsigned long)own->index,
+         err.c_str());
+  }
+  log_(
+      "this replica lacks entries the leader truncated (it needs a checkpoint of index >= %lu): "
+      "fetching one from a peer",
+      (unsigned long)need);
+  fetch_for_ = FetchFor::kLagging;
+  fetch_min_ = need;
+  fetcher_->Start(need);
+}
+
+}  // namespace lockstep
