@@ -93,6 +93,8 @@
  * preserved on every path (the real calls set it as they would).
  */
 #define _GNU_SOURCE
+#include "preload/shim_random.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -109,7 +111,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "preload/shim_internal.h"
+#include "preload/shim_order.h"
+#include "preload/shim_state.h"
 
 extern void __chk_fail(void) __attribute__((noreturn)); /* glibc: a fortify check failed */
 
@@ -799,7 +802,7 @@ static void reseed_app(void) {
 }
 
 int listen(int fd, int backlog) {
-  listen_check(fd); /* shim.c: only the process lockstep started may serve the port */
+  listen_check(fd); /* shim_order.c: only the process lockstep started may serve the port */
   RND_REAL(listen);
   int r = real_listen(fd, backlog);
   if (rnd_on && r == 0 && !atomic_load_explicit(&rnd_app_reseeded, memory_order_relaxed))
