@@ -17,11 +17,11 @@
  * What we chose, and why:
  *
  *  - "While it processes an input" is: from the moment the server reads
- *    into an input's bytes (shim.c, clock_from_reads, when the read is
+ *    into an input's bytes (shim_rings.c, clock_from_reads, when the read is
  *    taken) until it reads into the next one. Nothing else marks it: the
  *    shim does not know the server's commands. So that a read never spans
  *    two inputs (the leader may read two agreed inputs at once where a
- *    backup, whose second input arrives later, reads one), shim.c hands the
+ *    backup, whose second input arrives later, reads one), shim_order.c hands the
  *    server at most one input per read while this is on (find_head_run):
  *    every replica then reads the same bytes under the same stamp. Inputs
  *    of another connection come one at a time anyway. A command split over
@@ -61,11 +61,11 @@
  * (memcached's item times, apps/memcached.toml), direct syscalls and the
  * vDSO called without libc (Go), rdtsc, libc's own internal reads (syslog's
  * timestamp), ftime, the file times the kernel writes (mtime), and a
- * server that ignores the input whose turn it is (shim.c opens the gate
+ * server that ignores the input whose turn it is (shim_order.c opens the gate
  * then, and reads out of turn follow the head input's stamp).
  *
  * Hot path: one load and a branch before the real call; no allocation, no
- * lock (the stamp is one atomic word, written under shim.c's mu by the
+ * lock (the stamp is one atomic word, written under shim_state.c's mu by the
  * thread that reads an input, read by any thread). errno is untouched: the
  * stamp path sets nothing, the real calls set what they would.
  */

@@ -1,13 +1,14 @@
 /* shim_serial.c — serial_inputs: one agreed input executes at a time in a
  * server that runs connections on several threads (the app profile's
  * `serial_inputs`, LOCKSTEP_SHIM_SERIAL=1), and the wake-ups of threads
- * waiting in poll, select or a blocking read. shim.c's delivery order asks
- * executing_other() whose turn it is; its reads call serial_begin(); every
- * place a thread shows it is done with an input calls serial_done(). The
- * server's waits on condition variables come through here too (the
- * wrappers of pthread_cond_wait, _signal and _broadcast below; shim_clock.c
- * has the timed waits), so that a thread let go while it waits goes on in
- * the log's order.
+ * waiting in poll, select or a blocking read. shim_order.c's delivery
+ * order asks executing_other() whose turn it is (hooks.executing_other);
+ * shim.c's reads call serial_begin(); every place a thread shows it is done
+ * with an input calls serial_done(). The server's waits on condition
+ * variables come through here too (the wrappers of pthread_cond_wait,
+ * _timedwait, _clockwait, _signal and _broadcast below; the timed ones take
+ * their deadline from shim_clock.c), so that a thread let go while it waits
+ * goes on in the log's order.
  *
  * Same rules as shim.c: errno preserved, no allocation; all of it under
  * `mu` unless said otherwise (the wrappers take it themselves). */

@@ -4,7 +4,8 @@
  * never because the kernel has client bytes; those are ingested (submitted
  * for agreement) here as they arrive. The daemon's wake eventfd rides in
  * each epoll set and poll call, so a completion wakes the server. The
- * connection table and the FIFO are shim.c's (shim_internal.h).
+ * connection table and the FIFO are shim_state.c's, the delivery order
+ * shim_order.c's.
  *
  * Same rules as shim.c: errno preserved, no allocation. */
 #define _GNU_SOURCE
