@@ -1,4 +1,9 @@
-/* shim.c — the LD_PRELOAD shim loaded into the unmodified server.
+/* shim.c — the LD_PRELOAD shim loaded into the unmodified server; this
+ * file is its top layer (README.md, "Layers"): the constructor that attaches
+ * to the daemon's region and sets the hooks, accept, the reads, close and
+ * fork. What it tells of below lives in the layers under it: the shared
+ * state in shim_state.c, the delivery order in shim_order.c, the rings to
+ * the daemon in shim_rings.c, the waits in shim_wait.c.
  *
  * On the leader it makes the server see a client's input only after the
  * replicated log agreed it:
@@ -13,7 +18,7 @@
  *    read/recv/readv/recvmsg return the agreed bytes; EOF is an input (CLOSE)
  *    like any other.
  * Agreed inputs are handed to the server in the log's order (see "the
- * delivery window" below), so a server that serves ready connections in the
+ * delivery window" in shim_order.c), so a server that serves ready connections in the
  * order it is told executes exactly the order the backups replay. A server
  * that keeps ignoring the connection whose turn it is (told it is readable
  * LS_GATE_BYPASS_REPORTS times without reading, or for LS_GATE_BYPASS_NS)
@@ -33,8 +38,9 @@
  *
  * With LOCKSTEP_SHIM_SAME_CLOCK=1, shim_clock.c makes the server's wall
  * clock read the stamp of the input it processes: the inputs carry their
- * stamps here (apply_done, drain_order), the server reads one input at a
- * time (find_head_run), and what it reads sets the clock (clock_from_reads).
+ * stamps (shim_rings.c, apply_done, drain_order), the server reads one input
+ * at a time (shim_order.c, find_head_run), and what it reads sets the clock
+ * (shim_rings.c, clock_from_reads).
  *
  * Everything else (files, pipes, the server's outbound connections,
  * connections accepted while this replica is not the leader, and anything a
@@ -48,24 +54,15 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/sendfile.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
