@@ -1,4 +1,9 @@
-/* shim.c — the LD_PRELOAD shim loaded into the unmodified server.
+/* shim.c — the LD_PRELOAD shim loaded into the unmodified server; this
+ * file is its top layer (README.md, "Layers"): the constructor that attaches
+ * to the daemon's region and sets the hooks, accept, the reads, close and
+ * fork. What it tells of below lives in the layers under it: the shared
+ * state in shim_state.c, the delivery order in shim_order.c, the rings to
+ * the daemon in shim_rings.c, the waits in shim_wait.c.
  *
  * On the leader it makes the server see a client's input only after the
  * replicated log agreed it:
@@ -13,7 +18,7 @@
  *    read/recv/readv/recvmsg return the agreed bytes; EOF is an input (CLOSE)
  *    like any other.
  * Agreed inputs are handed to the server in the log's order (see "the
- * delivery window" below), so a server that serves ready connections in the
+ * delivery window" in shim_order.c), so a server that serves ready connections in the
  * order it is told executes exactly the order the backups replay. A server
  * that keeps ignoring the connection whose turn it is (told it is readable
  * LS_GATE_BYPASS_REPORTS times without reading, or for LS_GATE_BYPASS_NS)
@@ -33,8 +38,9 @@
  *
  * With LOCKSTEP_SHIM_SAME_CLOCK=1, shim_clock.c makes the server's wall
  * clock read the stamp of the input it processes: the inputs carry their
- * stamps here (apply_done, drain_order), the server reads one input at a
- * time (find_head_run), and what it reads sets the clock (clock_from_reads).
+ * stamps (shim_rings.c, apply_done, drain_order), the server reads one input
+ * at a time (shim_order.c, find_head_run), and what it reads sets the clock
+ * (shim_rings.c, clock_from_reads).
  *
  * Everything else (files, pipes, the server's outbound connections,
  * connections accepted while this replica is not the leader, and anything a
@@ -48,112 +54,44 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/sendfile.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
-#include "preload/shim_internal.h"
+#include "preload/shim_clock.h"
+#include "preload/shim_inspect.h"
+#include "preload/shim_order.h"
+#include "preload/shim_output.h"
+#include "preload/shim_random.h"
+#include "preload/shim_rings.h"
+#include "preload/shim_serial.h"
+#include "preload/shim_state.h"
 
-#define LS_GATE_BYPASS_REPORTS 16u      /* told this often it may read, and did not */
-#define LS_GATE_BYPASS_NS 1000000000ull /* or 1 s without progress */
 #define LS_ACCEPT_WAIT_NS 2000000000ull
 
 /* ------------------------------------------------------------ real calls */
 
 static ssize_t (*real_read)(int, void*, size_t);
-static ssize_t (*real_recv)(int, void*, size_t, int);
 static ssize_t (*real_recvfrom)(int, void*, size_t, int, struct sockaddr*, socklen_t*);
 static ssize_t (*real_recvmsg)(int, struct msghdr*, int);
 static ssize_t (*real_readv)(int, const struct iovec*, int);
 static int (*real_accept)(int, struct sockaddr*, socklen_t*);
 static int (*real_accept4)(int, struct sockaddr*, socklen_t*, int);
-LS_HIDDEN int (*real_close)(int);
-LS_HIDDEN int (*real_epoll_ctl)(int, int, int, struct epoll_event*);
-LS_HIDDEN int (*real_epoll_pwait)(int, struct epoll_event*, int, int, const sigset_t*);
-LS_HIDDEN int (*real_poll)(struct pollfd*, nfds_t, int);
-LS_HIDDEN int (*real_ppoll)(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*);
-LS_HIDDEN int (*real_select)(int, fd_set*, fd_set*, fd_set*, struct timeval*);
-LS_HIDDEN int (*real_pselect)(int, fd_set*, fd_set*, fd_set*, const struct timespec*,
-                              const sigset_t*);
 
-/* ------------------------------------------------------------ state */
-
-int active;                 /* shim_internal.h */
-struct ls_shim_header* hdr; /* shim_internal.h */
-static char* sub_ring;
-static struct ls_done_record* done_ring;
-static struct ls_order_record* order_ring;
-int wake_server_fd = -1; /* shim_internal.h */
-static int wake_daemon_fd = -1;
-static int client_port;
-/* A process started by one the server forked (LOCKSTEP_SHIM_PID names
- * another): never attached; refused if it listens on or accepts from the
- * client port (refuse_forked). */
-static int descendant;
-static uint32_t max_chunk;
-
-pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* shim_internal.h */
-struct conn* by_fd[LS_MAX_FD];                  /* shim_internal.h */
-static struct conn* by_slot[LS_MAX_REPLAY];     /* replay connections by slot */
-/* The claim (ls_replay_slot::claim) of the replay connection the server
- * closed on this slot (0: none): the slot's order records are skipped while
- * the slot is still under that claim, and wait (a new connection, not
- * accepted yet) once the daemon has claimed the slot again (drain_order). */
-static uint32_t slot_closed_claim[LS_MAX_REPLAY];
-static uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
-uint8_t wake_in_epfd[LS_MAX_FD];       /* shim_internal.h */
-int set_wake_fd[LS_MAX_FD];            /* shim_internal.h */
-static struct chunk fifo[LS_FIFO_SLOTS];
-uint64_t fifo_head_seq = 1, fifo_count; /* shim_internal.h */
-static uint64_t next_conn_no = 1;
-static uint64_t head_since_ns; /* when the current head chunk became the head */
-static uint64_t head_seen_seq;
-uint32_t head_reports;             /* shim_internal.h */
-struct conn* log_closed_list[256]; /* shim_internal.h */
-int log_closed_n;
-
-uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void shim_log(const char* fmt, ...) {
-  char buf[512];
-  int n = snprintf(buf, sizeof buf, "lockstep shim[%d]: ", (int)getpid());
-  va_list ap;
-  va_start(ap, fmt);
-  n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-  va_end(ap);
-  if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
-  buf[n++] = '\n';
-  (void)!write(2, buf, (size_t)n);
-}
-
-static int env_int(const char* name) {
-  const char* v = getenv(name);
-  return v && *v ? atoi(v) : -1;
-}
+static void output_reached(int fd, uint64_t end);
 
 __attribute__((constructor)) static void shim_init(void) {
   int saved = errno;
+  hooks.executing_other = executing_other; /* before anything is attached */
+  hooks.output_reached = output_reached;
   real_read = dlsym(RTLD_NEXT, "read");
   real_recv = dlsym(RTLD_NEXT, "recv");
   real_recvfrom = dlsym(RTLD_NEXT, "recvfrom");
@@ -221,33 +159,11 @@ out:
   errno = saved;
 }
 
-/* A process the server forked is not replicated: what it reads from a client
- * would be neither agreed nor replayed on the backups. Children that exec
- * something else, or do their own work (redis's BGSAVE), never touch a
- * client connection and run on; one that does (a prefork server's worker)
- * is refused: it exits, telling why, and the daemon stops the replica
- * (forked_served) rather than let clients be served unreplicated. */
-int forked_child;
-
-void refuse_forked(const char* what) {
-  shim_log(
-      "REFUSED: process %d, %s of the process lockstep started, %s: lockstep replicates a "
-      "server whose clients are served by the process it started (on any number of "
-      "threads), not by processes it forks or starts; run the server without worker "
-      "processes, and start it through a wrapper only if the wrapper execs it",
-      (int)getpid(), descendant ? "a descendant" : "a forked child", what);
-  struct ls_shim_header* h = hdr;
-  int shm_fd = env_int("LOCKSTEP_SHIM_FD");
-  if (!h && shm_fd >= 0) { /* a descendant: the region's fd stays open across exec */
-    void* p = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd, 0);
-    if (p != MAP_FAILED && ((struct ls_shim_header*)p)->magic == LS_SHIM_MAGIC) h = p;
-  }
-  if (h) atomic_store(&h->forked_served, (uint32_t)getpid());
-  if (wake_daemon_fd >= 0) {
-    uint64_t one = 1;
-    (void)!write(wake_daemon_fd, &one, sizeof one);
-  }
-  _exit(70); /* EX_SOFTWARE */
+/* The hooks (shim_state.h): the send that finished tells the layers
+ * above the output side. */
+static void output_reached(int fd, uint64_t end) {
+  reply_gate_sent(fd, end); /* a backup's next input may have waited for this */
+  serial_sent(fd, end);     /* the executing input's reply (serial_until_reply) */
 }
 
 static void in_child_after_fork(void) {
@@ -259,518 +175,7 @@ __attribute__((constructor)) static void shim_init_fork(void) {
   pthread_atfork(NULL, NULL, in_child_after_fork);
 }
 
-/* ------------------------------------------------------------ signalling */
-
-/* The first waker takes the announcement (exchange, not load): the other
- * submissions of the same burst, before the daemon has run, would each
- * write the eventfd again (one write per input under load). The daemon
- * announces again before its next sleep and re-checks its rings after. */
-static void wake_daemon(void) {
-  if (atomic_exchange(&hdr->daemon_sleeping, 0)) {
-    uint64_t one = 1;
-    (void)!write(wake_daemon_fd, &one, sizeof one);
-  }
-}
-
-static void futex_wait_done(uint32_t seen, uint64_t timeout_ns) {
-  struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
-  atomic_fetch_add(&hdr->server_sleepers, 1);
-  if (atomic_load(&hdr->done_futex) == seen)
-    syscall(SYS_futex, (uint32_t*)&hdr->done_futex, FUTEX_WAIT, seen, &ts, NULL, 0);
-  atomic_fetch_sub(&hdr->server_sleepers, 1);
-}
-
-/* ------------------------------------------------------------ the FIFO */
-
-struct chunk* fifo_at(uint64_t seq) {
-  if (seq < fifo_head_seq || seq >= fifo_head_seq + fifo_count) return NULL;
-  return &fifo[seq & (LS_FIFO_SLOTS - 1)];
-}
-
-static void conn_unref(struct conn* c) {
-  if (--c->refs == 0 && c->fd < 0) {
-    free(c->inbox);
-    free(c);
-  }
-}
-
-/* A chunk at the head is done with once the server can never need it again. */
-int chunk_finished(const struct chunk* h) {
-  const struct conn* c = h->c;
-  if (h->state == CH_DROPPED) return 1;
-  if (h->state != CH_COMMITTED) return 0;
-  if (c->fd < 0) return 1; /* the server closed the connection */
-  switch (h->kind) {
-    case LS_SUB_ACCEPT: return 1;
-    case LS_SUB_DATA: return c->consumed >= h->end;
-    case LS_SUB_CLOSE: return c->eof_read;
-  }
-  return 1;
-}
-
-/* same_clock (shim_clock.c): the server's wall clock reads the stamp of
- * the newest input it has read into. It reads in FIFO order, one input at a
- * time (find_head_run), so those are the agreed DATA chunks at the head:
- * the finished ones, about to be popped, and the one it is reading. */
-static void clock_from_reads(void) {
-  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
-    const struct chunk* ch = &fifo[s & (LS_FIFO_SLOTS - 1)];
-    if (ch->kind == LS_SUB_DATA && ch->state == CH_COMMITTED && ch->c->consumed > ch->start)
-      clk_enter(ch->clock_ns);
-    if (!chunk_finished(ch)) break;
-  }
-}
-
-static void fifo_pop_finished(void) {
-  if (clk_on) clock_from_reads();
-  while (fifo_count) {
-    struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
-    if (!chunk_finished(h)) break;
-    struct conn* c = h->c;
-    fifo_head_seq++;
-    fifo_count--;
-    conn_unref(c);
-  }
-  if (fifo_count && head_seen_seq != fifo_head_seq) {
-    head_seen_seq = fifo_head_seq;
-    head_since_ns = now_ns();
-    head_reports = 0;
-  }
-}
-
-/* The gate is open (every connection reads its agreed bytes) while the
- * server ignores the head input: it was told often enough that it may read
- * it and went on without, or a long time passed. Not a short timeout: a
- * server merely descheduled for a while (tens of ms happen here) must not
- * open it, or its order could differ from the backups'. */
-int gate_bypassed(void) {
-  if (!fifo_count) return 1;
-  struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
-  if (h->state != CH_COMMITTED) return 0;
-  if (executing_other(h->c)) return 0;
-  return head_reports >= LS_GATE_BYPASS_REPORTS || now_ns() - head_since_ns > LS_GATE_BYPASS_NS;
-}
-
-/* ------------------------------------------------------------ completions */
-
-static void apply_done(const struct ls_done_record* d) {
-  if (d->kind == LS_DONE_CLOSE) {
-    /* A newer leader closed one of our connections: find it by number. */
-    for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
-      struct chunk* ch = fifo_at(s);
-      if (ch->c->no == d->conn) {
-        if (!ch->c->log_closed && log_closed_n < 256) log_closed_list[log_closed_n++] = ch->c;
-        ch->c->log_closed = 1;
-        return;
-      }
-    }
-    for (int fd = 0; fd < LS_MAX_FD; fd++) {
-      struct conn* c = by_fd[fd];
-      if (c && c->no == d->conn) {
-        if (!c->log_closed && log_closed_n < 256) log_closed_list[log_closed_n++] = c;
-        c->log_closed = 1;
-        return;
-      }
-    }
-    return;
-  }
-  struct chunk* ch = fifo_at(d->seq);
-  if (!ch || ch->state != CH_PENDING) return;
-  struct conn* c = ch->c;
-  if (d->kind == LS_DONE_COMMITTED) {
-    ch->state = CH_COMMITTED;
-    ch->clock_ns = d->clock_ns;
-    if (ch->kind == LS_SUB_ACCEPT) c->accept_state = ACCEPT_COMMITTED;
-    if (ch->kind == LS_SUB_DATA && !c->broken) c->committed_end = ch->end;
-    if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
-  } else {
-    ch->state = CH_DROPPED;
-    if (ch->kind == LS_SUB_ACCEPT)
-      c->accept_state = ACCEPT_DROPPED;
-    else
-      c->broken = 1;
-  }
-}
-
-static struct chunk* push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
-  uint64_t seq = fifo_head_seq + fifo_count;
-  struct chunk* ch = &fifo[seq & (LS_FIFO_SLOTS - 1)];
-  ch->c = c;
-  ch->seq = seq;
-  ch->kind = kind;
-  ch->state = state;
-  ch->end = kind == LS_SUB_DATA && state == CH_COMMITTED ? c->committed_end : c->received;
-  ch->start = ch->end;
-  ch->clock_ns = 0;
-  if (kind == LS_SUB_DATA) {
-    ch->start = c->chunked_end;
-    c->chunked_end = ch->end;
-  }
-  c->refs++;
-  if (fifo_count++ == 0) {
-    head_seen_seq = seq;
-    head_since_ns = now_ns();
-    head_reports = 0;
-  }
-  return ch;
-}
-
-/* The reply gate (log_input.h, out_before). The leader's shim notes with
- * each input how much output its server had sent on that connection when
- * the input came; a backup's server may read the input only once it has
- * sent as much there. A client that waits for each reply thus reaches every
- * replica's server one request at a time, as it reached the leader's: a
- * server that reads ahead and starts the next request while a thread still
- * answers the previous one (clamd in IDSESSION: replies tagged by request,
- * in whatever order its threads finish) would otherwise answer a backup's
- * burst of replayed requests in another order than the leader's. An input
- * waits behind a gate for at most LS_REPLY_GATE_MAX_NS (a server whose
- * output differs, or comes from a timer, must not stop its replica: the
- * output comparison judges it), and everything after it waits too. */
-#define LS_REPLY_GATE_MAX_NS 5000000000ull
-static _Atomic(int) gate_fd = -1;   /* waiting for output on this fd; -2: it came; -1: none */
-static _Atomic(uint64_t) gate_need; /* ... up to this stream offset */
-static uint64_t gate_tail;          /* the order record that waits */
-static uint64_t gate_since_ns;
-static uint64_t gates_expired;
-
-int reply_gate_pending(void) {
-  return atomic_load(&gate_fd) != -1;
-}
-
-void reply_gate_sent(int fd, uint64_t end) {
-  int want = fd;
-  if (atomic_load(&gate_fd) == fd && end >= atomic_load(&gate_need) &&
-      atomic_compare_exchange_strong(&gate_fd, &want, -2))
-    (void)eventfd_write(wake_server_fd, 1); /* whoever waits drains the order again */
-}
-
-/* 1: the order record at `tail` (for c, needing `need`) may be taken. */
-static int gate_open(uint64_t tail, struct conn* c, uint64_t need) {
-  if (need == 0 || c->fd < 0 || out_offset(c->fd) >= need) {
-    atomic_store(&gate_fd, -1);
-    return 1;
-  }
-  uint64_t now = now_ns();
-  if (atomic_load(&gate_fd) == -1 || gate_tail != tail) {
-    gate_tail = tail;
-    gate_since_ns = now;
-    atomic_store(&gate_need, need);
-    atomic_store(&gate_fd, c->fd);
-    if (out_offset(c->fd) < need) return 0; /* else its reply came meanwhile */
-  } else if (now - gate_since_ns < LS_REPLY_GATE_MAX_NS) {
-    if (atomic_load(&gate_fd) == -2) atomic_store(&gate_fd, c->fd); /* not enough yet */
-    if (out_offset(c->fd) < need) return 0;
-  } else if (gates_expired++ < 10) {
-    shim_log(
-        "reply gate: connection %u waited %.1f s for the server's output to reach byte %llu "
-        "(it stands at %llu) before its next input; delivered anyway",
-        c->no, (double)(now - gate_since_ns) / 1e9, (unsigned long long)need,
-        (unsigned long long)out_offset(c->fd));
-  }
-  atomic_store(&gate_fd, -1);
-  return 1;
-}
-
-/* Takes the replay order the daemon published: each record allows the
- * server to read the next `len` bytes of one replay connection (or its EOF),
- * after everything before it. A record for a connection the server has not
- * accepted yet waits, and so do the ones after it; so does one behind its
- * reply gate (above). Called with mu held. */
-static void drain_order(void) {
-  uint64_t head = atomic_load_explicit(&hdr->order_head, memory_order_acquire);
-  uint64_t tail = atomic_load_explicit(&hdr->order_tail, memory_order_relaxed);
-  uint64_t first = tail;
-  for (; tail < head && fifo_count < LS_FIFO_SLOTS; tail++) {
-    const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
-    if (r->slot >= LS_MAX_REPLAY) continue;
-    struct conn* c = by_slot[r->slot];
-    /* Nothing to deliver when the server closed the slot's connection
-     * (slot_closed_claim), or the daemon released the slot (port 0): it does
-     * so once the server closed it, and reuses it only after this ring
-     * named it for the last time (shim_channel.cc ReleaseReplaySlot). A
-     * server that closes after its reply while the client's EOF is still
-     * ordered (HTTP/1.0) leaves such records behind. Not by port: the next
-     * claim of the slot may get the same port, and its first input was then
-     * dropped as the closed one's (gerbera under load: a backup's libupnp
-     * read EOF first and answered 400). */
-    uint32_t port = atomic_load(&hdr->replay[r->slot].port);
-    uint32_t claim = atomic_load(&hdr->replay[r->slot].claim);
-    /* Every record of an earlier claim was taken before the daemon claimed
-     * the slot again: the record is the current claim's. A connection of an
-     * earlier claim still under the slot was shut down by the server, not
-     * yet closed (libupnp: shutdown, then close; the daemon released the
-     * slot at the shutdown): the record waits for the new one's accept. */
-    if (c && c->replay_claim != claim) c = NULL;
-    if (!c && (port == 0 || slot_closed_claim[r->slot] == claim)) continue;
-    if (!c) break; /* not accepted yet: it and all after it wait */
-    if (!gate_open(tail, c, r->out_before)) break;
-    if (r->kind == LS_ORDER_DATA) {
-      c->committed_end += r->len;
-      push_chunk(c, LS_SUB_DATA, CH_COMMITTED)->clock_ns = r->clock_ns;
-    } else {
-      c->close_committed = 1;
-      push_chunk(c, LS_SUB_CLOSE, CH_COMMITTED);
-    }
-  }
-  if (tail != first) {
-    atomic_store_explicit(&hdr->order_tail, tail, memory_order_release);
-    if (atomic_load(&hdr->replay_waiting)) wake_daemon();
-  }
-}
-
-/* Takes the daemon's outcomes and replay order. Called with mu held. */
-void drain_done(void) {
-  uint64_t head = atomic_load_explicit(&hdr->done_head, memory_order_acquire);
-  uint64_t tail = atomic_load_explicit(&hdr->done_tail, memory_order_relaxed);
-  for (; tail < head; tail++) apply_done(&done_ring[tail % hdr->done_slots]);
-  atomic_store_explicit(&hdr->done_tail, tail, memory_order_release);
-  drain_order();
-  fifo_pop_finished();
-}
-
-/* ------------------------------------------------------------ submissions */
-
-/* Hands one input to the daemon. Called with mu held; may drop it while the
- * ring or the FIFO is full (back-pressure: the server's thread waits). */
-static uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len) {
-  uint64_t need = (sizeof(struct ls_sub_record) + len + 7) & ~7ull;
-  for (;;) {
-    uint64_t head = atomic_load_explicit(&hdr->sub_head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&hdr->sub_tail, memory_order_acquire);
-    uint64_t at = head % hdr->sub_bytes;
-    uint64_t waste = at + need > hdr->sub_bytes ? hdr->sub_bytes - at : 0;
-    if (fifo_count < LS_FIFO_SLOTS && head + waste + need - tail <= hdr->sub_bytes) {
-      if (waste) {
-        struct ls_sub_record* w = (struct ls_sub_record*)(sub_ring + at);
-        w->kind = LS_SUB_WRAP;
-        w->len = 0;
-        head += waste;
-        at = 0;
-      }
-      uint64_t seq = fifo_head_seq + fifo_count;
-      struct ls_sub_record* r = (struct ls_sub_record*)(sub_ring + at);
-      r->len = len;
-      r->kind = kind;
-      r->conn = c->no;
-      r->pad2 = 0;
-      r->seq = seq;
-      uint64_t sent = kind == LS_SUB_ACCEPT || c->fd < 0 ? 0 : out_offset(c->fd);
-      r->out_before = sent == UINT64_MAX ? 0 : sent;
-      if (len) memcpy(r + 1, bytes, len);
-      push_chunk(c, kind, CH_PENDING);
-      atomic_store_explicit(&hdr->sub_head, head + need, memory_order_seq_cst);
-      wake_daemon();
-      return seq;
-    }
-    /* Full: wake the daemon and wait for it to catch up. */
-    uint64_t one = 1;
-    (void)!write(wake_daemon_fd, &one, sizeof one);
-    uint32_t seen = atomic_load(&hdr->done_futex);
-    pthread_mutex_unlock(&mu);
-    futex_wait_done(seen, 1000000);
-    pthread_mutex_lock(&mu);
-    drain_done();
-  }
-}
-
-static int inbox_reserve(struct conn* c, uint64_t more) {
-  uint64_t used = c->received - c->inbox_base;
-  uint64_t dead = c->consumed - c->inbox_base;
-  if (dead > 0 && dead >= used / 2) { /* slide consumed bytes out */
-    memmove(c->inbox, c->inbox + dead, used - dead);
-    c->inbox_base += dead;
-    used -= dead;
-  }
-  if (used + more <= c->inbox_cap) return 1;
-  uint64_t cap = c->inbox_cap ? c->inbox_cap : 16384;
-  while (cap < used + more) cap *= 2;
-  char* p = realloc(c->inbox, cap);
-  if (!p) return 0;
-  c->inbox = p;
-  c->inbox_cap = cap;
-  return 1;
-}
-
-static void stop_kernel_input(struct conn* c) {
-  if (c->epfd >= 0 && (c->events & EPOLLIN)) {
-    struct epoll_event ev = {.events = kernel_interest(c),
-                             .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
-    real_epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->fd, &ev);
-  }
-}
-
-/* The kernel interest the shim registers for a tracked connection: what the
- * server asked for, level-triggered and never one-shot (the shim must hear
- * every client byte to ingest it; shim_wait.c gives the server its one-shot
- * and edge semantics), without input once EOF was taken, and without the
- * events the server must not hear now: all but input while one-shot
- * disarmed, EPOLLOUT after an edge was told. */
-uint32_t kernel_interest(const struct conn* c) {
-  uint32_t kernel = c->events & ~(uint32_t)(EPOLLET | EPOLLONESHOT);
-  if (c->disarmed) kernel &= (uint32_t)(EPOLLIN | EPOLLRDHUP);
-  if (c->et_out_told) kernel &= ~(uint32_t)EPOLLOUT;
-  if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
-  return kernel;
-}
-
-/* A replay connection restored from a checkpoint whose fresh connection has
- * not been put in place yet (shim_abi.h, "After a restore"). Its socket is
- * dead: it is taken out of the kernel's epoll set so that its hang-up does
- * not wake the server's loop over and over. Called with mu held. */
-static int awaiting_reattach(struct conn* c) {
-  if (c->replay_slot < 0 || !atomic_load(&hdr->replay[c->replay_slot].reattach)) return 0;
-  if (!c->detached && c->epfd >= 0) real_epoll_ctl(c->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  c->detached = 1;
-  return 1;
-}
-
-/* Puts the fresh connection `fresh` in place of c's dead restored socket,
- * under c's fd number, with its flags and the server's epoll interest.
- * Called with mu held; closes `fresh`. */
-static void reattach(struct conn* c, int fresh) {
-  int status_flags = fcntl(c->fd, F_GETFL);
-  int fd_flags = fcntl(c->fd, F_GETFD);
-  if (!c->detached && c->epfd >= 0) real_epoll_ctl(c->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  if (dup2(fresh, c->fd) < 0) {
-    shim_log("cannot put the replay connection of slot %d back in place: %s", c->replay_slot,
-             strerror(errno));
-    real_close(fresh);
-    return;
-  }
-  real_close(fresh);
-  if (status_flags >= 0) fcntl(c->fd, F_SETFL, status_flags);
-  if (fd_flags >= 0) fcntl(c->fd, F_SETFD, fd_flags);
-  if (c->epfd >= 0) {
-    struct epoll_event ev = {.events = kernel_interest(c),
-                             .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
-    real_epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->fd, &ev);
-  }
-  c->detached = 0;
-  atomic_store(&hdr->replay[c->replay_slot].reattach, 0);
-  if (atomic_load(&hdr->replay_waiting)) wake_daemon();
-}
-
-/* Moves what the kernel holds for a client connection into its inbox and
- * hands it to the daemon. Called with mu held. */
-void ingest(struct conn* c) {
-  if (c->fd < 0 || c->eof_submitted) return;
-  if (c->replay_slot >= 0) {
-    if (awaiting_reattach(c)) return; /* a dead restored socket: its EOF means nothing */
-    /* The daemon's replay connection: keep what arrives; the order ring
-     * says when the server may read it. */
-    for (int round = 0; round < 8; round++) {
-      if (!inbox_reserve(c, max_chunk)) return;
-      ssize_t n =
-          real_recv(c->fd, c->inbox + (c->received - c->inbox_base), max_chunk, MSG_DONTWAIT);
-      if (n > 0) {
-        c->received += (uint64_t)n;
-        if ((uint64_t)n < max_chunk) return;
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-      c->eof_submitted = 1; /* the daemon shut its side: nothing more comes */
-      stop_kernel_input(c);
-      return;
-    }
-    return;
-  }
-  int discard = c->broken || c->gap || c->log_closed || atomic_load(&hdr->mode) != LS_MODE_LEADER;
-  for (int round = 0; round < 8; round++) {
-    if (!inbox_reserve(c, max_chunk)) return;
-    char* tail = c->inbox + (c->received - c->inbox_base);
-    ssize_t n = real_recv(c->fd, tail, max_chunk, MSG_DONTWAIT);
-    if (n > 0) {
-      if (discard) {
-        /* Not the leader any more: these bytes are never agreed, and the
-         * stream has a hole from here on: nothing after it may be submitted
-         * either (this replica may lead again before the log closes it).
-         * Not `broken`: inputs submitted before the hole may still commit,
-         * and then this server must read them as the backups do. */
-        c->gap = 1;
-        continue;
-      }
-      c->received += (uint64_t)n;
-      submit(c, LS_SUB_DATA, tail, (uint32_t)n);
-      if ((uint64_t)n < max_chunk) return;
-      continue;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    /* EOF, or the connection failed: the client is gone. */
-    c->eof_submitted = 1;
-    stop_kernel_input(c);
-    if (!discard) submit(c, LS_SUB_CLOSE, NULL, 0);
-    return;
-  }
-}
-
-/* ------------------------------------------------------------ readability */
-
-/* The delivery window is the head run: the consecutive agreed inputs of one
- * connection at the FIFO head. Only that connection may read, and only up to
- * the end of its run; the next connection's turn comes once the server has
- * read it. So a server executes inputs in the log's order, which is the
- * order the backups replay.
- *
- * Why not a wider window (several connections' runs readable at once, in log
- * order, so the server takes several inputs per wake-up): the backups cannot
- * reproduce the server's order then. epoll does not report sockets in the
- * order their data arrived (a level-triggered socket reported once stays
- * queued at its old place), and with it memcached's stores, hence its CAS
- * uniques, came out in another order on the backups.
- *
- * Returns the head run's connection (NULL if the head input is not agreed
- * yet), with the stream offset its data runs to and whether it ends in EOF.
- * Called with mu held. */
-
-struct head_run find_head_run(void) {
-  struct head_run r = {NULL, 0, 0};
-  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
-    struct chunk* ch = fifo_at(s);
-    if (chunk_finished(ch)) continue;
-    if (ch->state != CH_COMMITTED) break;
-    if (ch->kind == LS_SUB_ACCEPT) continue;   /* delivered by accept itself */
-    if (r.c && ch->c != r.c) break;            /* the next connection's run */
-    if (!r.c && executing_other(ch->c)) break; /* serial_inputs: not its turn yet */
-    if (!r.c) {
-      r.c = ch->c;
-      r.end = ch->c->consumed;
-    }
-    if (ch->kind == LS_SUB_DATA) {
-      r.end = ch->end;
-      if (clk_on) break; /* one input per read: each runs under its own stamp (shim_clock.c) */
-    }
-    if (ch->kind == LS_SUB_CLOSE) r.close = 1;
-  }
-  return r;
-}
-
-/* Bytes connection c may hand to the server now. Called with mu held. */
-uint64_t readable(struct conn* c) {
-  /* A replayed input may be allowed before all its bytes arrived. */
-  uint64_t have = c->committed_end < c->received ? c->committed_end : c->received;
-  if (c->consumed >= have) return 0;
-  if (gate_bypassed()) return have - c->consumed;
-  struct head_run r = find_head_run();
-  if (r.c != c) return 0;
-  uint64_t end = r.end < have ? r.end : have;
-  return end > c->consumed ? end - c->consumed : 0;
-}
-
-/* EOF may be reported once everything agreed before it was read. */
-int eof_ready(struct conn* c) {
-  if (c->eof_read) return 1;
-  if (c->consumed < c->committed_end) return 0;
-  if (c->log_closed) return 1;
-  if (!c->close_committed) return 0;
-  if (gate_bypassed()) return 1;
-  struct head_run r = find_head_run();
-  return r.c == c && r.close;
-}
-
-int ready(struct conn* c) {
-  return readable(c) > 0 || eof_ready(c);
-}
+/* ------------------------------------------------------------ reads */
 
 /* Copies up to `len` agreed bytes (consuming them unless peek). mu held. */
 static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek) {
@@ -794,8 +199,6 @@ static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek
   return done;
 }
 
-/* ------------------------------------------------------------ lookups */
-
 /* The server read n bytes (0: EOF) of a replay connection: the daemon
  * knows from these counts when its server has caught up (a new leader waits
  * for that before it serves clients). */
@@ -806,21 +209,6 @@ static void note_replay_read(struct conn* c, size_t n) {
   else
     atomic_store(&hdr->replay[c->replay_slot].eof_read, 1);
   if (atomic_load(&hdr->replay_waiting)) wake_daemon();
-}
-
-static int is_client_listener(int lfd) {
-  if (lfd < 0 || lfd >= LS_MAX_FD) return 0;
-  if (!listen_kind[lfd]) {
-    struct sockaddr_storage a;
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (getsockname(lfd, (struct sockaddr*)&a, &len) == 0) {
-      if (a.ss_family == AF_INET) port = ntohs(((struct sockaddr_in*)&a)->sin_port);
-      if (a.ss_family == AF_INET6) port = ntohs(((struct sockaddr_in6*)&a)->sin6_port);
-    }
-    listen_kind[lfd] = port == client_port ? 1 : 2;
-  }
-  return listen_kind[lfd] == 1;
 }
 
 /* ------------------------------------------------------------ read side */
@@ -1078,11 +466,6 @@ static int after_accept(int lfd, int fd, int flags) {
   real_close(fd);
   errno = EAGAIN;
   return -1;
-}
-
-void listen_check(int fd) {
-  if ((forked_child || descendant) && is_client_listener(fd))
-    refuse_forked("listens on the client port");
 }
 
 int accept4(int lfd, struct sockaddr* addr, socklen_t* addrlen, int flags) {

@@ -134,7 +134,7 @@ enum ls_mode {
  * inspecting machine can bind one, and the kernel never picks one as an
  * ephemeral port); any other is closed unread. Otherwise a client holding a
  * stale leader address would be answered by a backup's server, its writes
- * acknowledged and never agreed (eval/inspect.py connects from such ports). */
+ * acknowledged and never agreed (eval/inspector.py connects from such ports). */
 #define LS_INSPECT_PORT_MAX 1023
 
 /* LOCKSTEP_SHIM_SERIAL (daemon -> shim, environment): serial_inputs and how
@@ -170,7 +170,7 @@ struct ls_sub_record { /* followed by `len` payload bytes, then padding to 8 */
   /* DATA, CLOSE: the connection's output stream offset (shim_output.c) when
    * the shim took this input from the kernel: the replies the server had
    * sent by then. A backup's server may read the input only once it has sent
-   * as much (the reply gate, shim.c drain_order). */
+   * as much (the reply gate, shim_rings.c drain_order). */
   uint64_t out_before;
 };
 
@@ -308,7 +308,7 @@ struct ls_shim_header {
   LS_ATOMIC(uint32_t) out_enabled;   /* the shim hashes outputs (LOCKSTEP_SHIM_OUTPUT_DIGESTS) */
   /* The pid of a process the server forked that went to serve a client
    * (accept on the client port, or a read or wait on a connection): not
-   * replicated, so refused (shim.c, refuse_forked); the daemon stops. */
+   * replicated, so refused (shim_state.c, refuse_forked); the daemon stops. */
   LS_ATOMIC(uint32_t) forked_served;
 
   /* Submission ring positions (monotonic byte counts). */

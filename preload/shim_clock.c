@@ -17,11 +17,11 @@
  * What we chose, and why:
  *
  *  - "While it processes an input" is: from the moment the server reads
- *    into an input's bytes (shim.c, clock_from_reads, when the read is
+ *    into an input's bytes (shim_rings.c, clock_from_reads, when the read is
  *    taken) until it reads into the next one. Nothing else marks it: the
  *    shim does not know the server's commands. So that a read never spans
  *    two inputs (the leader may read two agreed inputs at once where a
- *    backup, whose second input arrives later, reads one), shim.c hands the
+ *    backup, whose second input arrives later, reads one), shim_order.c hands the
  *    server at most one input per read while this is on (find_head_run):
  *    every replica then reads the same bytes under the same stamp. Inputs
  *    of another connection come one at a time anyway. A command split over
@@ -61,15 +61,17 @@
  * (memcached's item times, apps/memcached.toml), direct syscalls and the
  * vDSO called without libc (Go), rdtsc, libc's own internal reads (syslog's
  * timestamp), ftime, the file times the kernel writes (mtime), and a
- * server that ignores the input whose turn it is (shim.c opens the gate
+ * server that ignores the input whose turn it is (shim_order.c opens the gate
  * then, and reads out of turn follow the head input's stamp).
  *
  * Hot path: one load and a branch before the real call; no allocation, no
- * lock (the stamp is one atomic word, written under shim.c's mu by the
+ * lock (the stamp is one atomic word, written under shim_state.c's mu by the
  * thread that reads an input, read by any thread). errno is untouched: the
  * stamp path sets nothing, the real calls set what they would.
  */
 #define _GNU_SOURCE
+#include "preload/shim_clock.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -82,7 +84,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "preload/shim_internal.h"
+#include "preload/shim_state.h"
 
 /* ------------------------------------------------------------ real calls */
 
@@ -92,15 +94,12 @@ static time_t (*real_time)(time_t*);
 static int (*real_timespec_get)(struct timespec*, int);
 
 /* These may run before our constructor (another library's constructor, or
- * the dynamic loader's): each looks its real call up itself when needed. */
-#define CLK_REAL(fn)                                                        \
-  do {                                                                      \
-    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
-  } while (0)
+ * the dynamic loader's): each looks its real call up itself when needed
+ * (LS_REAL). */
 
 /* ------------------------------------------------------------ state */
 
-int clk_on;                      /* shim_internal.h */
+int clk_on;                      /* shim_clock.h */
 static _Atomic(uint64_t) clk_ns; /* the stamp the clock reads (0: no input yet: real) */
 
 static void clk_in_child(void) {
@@ -109,10 +108,10 @@ static void clk_in_child(void) {
 
 __attribute__((constructor)) static void clk_init(void) {
   int saved = errno;
-  CLK_REAL(clock_gettime);
-  CLK_REAL(gettimeofday);
-  CLK_REAL(time);
-  CLK_REAL(timespec_get);
+  LS_REAL(clock_gettime);
+  LS_REAL(gettimeofday);
+  LS_REAL(time);
+  LS_REAL(timespec_get);
   const char* on = getenv("LOCKSTEP_SHIM_SAME_CLOCK");
   const char* pid = getenv("LOCKSTEP_SHIM_PID");
   /* Only the process the daemon started (see shim.c): an exec'd child
@@ -124,10 +123,18 @@ __attribute__((constructor)) static void clk_init(void) {
   errno = saved;
 }
 
-void clk_enter(uint64_t clock_ns) { /* shim_internal.h; called with mu held */
+void clk_enter(uint64_t clock_ns) { /* shim_clock.h; called with mu held */
   if (!clock_ns) return;            /* an entry from before the stamps: the last one's time */
   if (clock_ns > atomic_load_explicit(&clk_ns, memory_order_relaxed))
     atomic_store_explicit(&clk_ns, clock_ns, memory_order_relaxed);
+}
+
+/* Every layer's clock for timeouts (shim_clock.h); CLOCK_MONOTONIC is never
+ * the stamp's. */
+uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* The stamp the wall clock reads now; 0: the real clock. */
@@ -155,7 +162,7 @@ static int64_t tai_offset_ns(void) {
 /* ------------------------------------------------------------ the calls */
 
 int clock_gettime(clockid_t id, struct timespec* ts) {
-  CLK_REAL(clock_gettime);
+  LS_REAL(clock_gettime);
   uint64_t t = clk_stamp();
   if (t) {
     if (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE) {
@@ -173,7 +180,7 @@ int clock_gettime(clockid_t id, struct timespec* ts) {
 }
 
 int gettimeofday(struct timeval* restrict tv, void* restrict tz) {
-  CLK_REAL(gettimeofday);
+  LS_REAL(gettimeofday);
   uint64_t t = clk_stamp();
   if (!t) return real_gettimeofday(tv, tz);
   if (tz) memset(tz, 0, sizeof(struct timezone)); /* obsolete: glibc >= 2.31 zeroes it too */
@@ -183,7 +190,7 @@ int gettimeofday(struct timeval* restrict tv, void* restrict tz) {
 }
 
 time_t time(time_t* tloc) {
-  CLK_REAL(time);
+  LS_REAL(time);
   uint64_t t = clk_stamp();
   if (!t) return real_time(tloc);
   time_t s = (time_t)(t / 1000000000ull);
@@ -192,7 +199,7 @@ time_t time(time_t* tloc) {
 }
 
 int timespec_get(struct timespec* ts, int base) {
-  CLK_REAL(timespec_get);
+  LS_REAL(timespec_get);
   uint64_t t = clk_stamp();
   if (!t || base != TIME_UTC) return real_timespec_get(ts, base);
   to_timespec(t, ts);
@@ -213,13 +220,13 @@ int timespec_get(struct timespec* ts, int base) {
  * long in real time; one at or before the stamp is already due. Timeouts are
  * each replica's own business either way: nothing the server computes is
  * stamped by when its wait ends, only by the inputs it reads. */
-static const struct timespec* clk_deadline(const struct timespec* abs, struct timespec* out) {
+const struct timespec* clk_deadline(const struct timespec* abs, struct timespec* out) {
   uint64_t t = clk_stamp();
   if (!t || !abs || abs->tv_nsec < 0 || abs->tv_nsec >= 1000000000l || abs->tv_sec < 0)
     return abs; /* the real clock, or not ours to judge (the call says EINVAL) */
   int saved = errno;
   struct timespec now;
-  CLK_REAL(clock_gettime);
+  LS_REAL(clock_gettime);
   real_clock_gettime(CLOCK_REALTIME, &now);
   errno = saved;
   uint64_t want = (uint64_t)abs->tv_sec * 1000000000ull + (uint64_t)abs->tv_nsec;
@@ -231,70 +238,43 @@ static const struct timespec* clk_deadline(const struct timespec* abs, struct ti
 /* glibc's condition variables keep their clock in __wrefs (bit 1:
  * CLOCK_MONOTONIC, set by pthread_condattr_setclock): a monotonic deadline
  * is real already. */
-static int cond_is_monotonic(const pthread_cond_t* c) {
+int cond_is_monotonic(const pthread_cond_t* c) {
   return (atomic_load_explicit((_Atomic(unsigned int)*)&c->__data.__wrefs, memory_order_relaxed) &
           2) != 0;
 }
 
-static int (*real_pthread_cond_timedwait)(pthread_cond_t*, pthread_mutex_t*,
-                                          const struct timespec*);
-static int (*real_pthread_cond_clockwait)(pthread_cond_t*, pthread_mutex_t*, clockid_t,
-                                          const struct timespec*);
 static int (*real_pthread_mutex_timedlock)(pthread_mutex_t*, const struct timespec*);
 static int (*real_pthread_rwlock_timedrdlock)(pthread_rwlock_t*, const struct timespec*);
 static int (*real_pthread_rwlock_timedwrlock)(pthread_rwlock_t*, const struct timespec*);
 static int (*real_sem_timedwait)(sem_t*, const struct timespec*);
 static int (*real_clock_nanosleep)(clockid_t, int, const struct timespec*, struct timespec*);
 
-int pthread_cond_timedwait(pthread_cond_t* restrict c, pthread_mutex_t* restrict m,
-                           const struct timespec* restrict abs) {
-  /* The current version: the real one under the same name is glibc's old
-   * (2.2.5) condition variable, which would misread ours. */
-  if (!real_pthread_cond_timedwait)
-    real_pthread_cond_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
-  struct timespec d;
-  serial_cond_enter(c);
-  int r = real_pthread_cond_timedwait(c, m, cond_is_monotonic(c) ? abs : clk_deadline(abs, &d));
-  serial_cond_leave(m);
-  return r;
-}
-
-int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t id,
-                           const struct timespec* abs) {
-  CLK_REAL(pthread_cond_clockwait);
-  struct timespec d;
-  serial_cond_enter(c);
-  int r = real_pthread_cond_clockwait(c, m, id, id == CLOCK_REALTIME ? clk_deadline(abs, &d) : abs);
-  serial_cond_leave(m);
-  return r;
-}
-
 int pthread_mutex_timedlock(pthread_mutex_t* restrict m, const struct timespec* restrict abs) {
-  CLK_REAL(pthread_mutex_timedlock);
+  LS_REAL(pthread_mutex_timedlock);
   struct timespec d;
   return real_pthread_mutex_timedlock(m, clk_deadline(abs, &d));
 }
 
 int pthread_rwlock_timedrdlock(pthread_rwlock_t* restrict l, const struct timespec* restrict abs) {
-  CLK_REAL(pthread_rwlock_timedrdlock);
+  LS_REAL(pthread_rwlock_timedrdlock);
   struct timespec d;
   return real_pthread_rwlock_timedrdlock(l, clk_deadline(abs, &d));
 }
 
 int pthread_rwlock_timedwrlock(pthread_rwlock_t* restrict l, const struct timespec* restrict abs) {
-  CLK_REAL(pthread_rwlock_timedwrlock);
+  LS_REAL(pthread_rwlock_timedwrlock);
   struct timespec d;
   return real_pthread_rwlock_timedwrlock(l, clk_deadline(abs, &d));
 }
 
 int sem_timedwait(sem_t* restrict s, const struct timespec* restrict abs) {
-  CLK_REAL(sem_timedwait);
+  LS_REAL(sem_timedwait);
   struct timespec d;
   return real_sem_timedwait(s, clk_deadline(abs, &d));
 }
 
 int clock_nanosleep(clockid_t id, int flags, const struct timespec* req, struct timespec* rem) {
-  CLK_REAL(clock_nanosleep);
+  LS_REAL(clock_nanosleep);
   struct timespec d;
   if ((flags & TIMER_ABSTIME) && id == CLOCK_REALTIME) req = clk_deadline(req, &d);
   return real_clock_nanosleep(id, flags, req, rem);

@@ -4,12 +4,15 @@
  * LS_INSPECT_PORT_MAX: preload/shim_abi.h), and only until the replica
  * leads; any other is refused (shim.c closes it), since a backup's server
  * would acknowledge writes that are never agreed. */
+#include "preload/shim_inspect.h"
+
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "preload/shim_internal.h"
+#include "preload/shim_clock.h"
+#include "preload/shim_state.h"
 
 /* Inspection connections: client connections the server accepted while this
  * replica was not the leader. They pass straight through (a backup's server

@@ -9,6 +9,8 @@
  * allocation at all.
  */
 #define _GNU_SOURCE
+#include "preload/shim_output.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -22,10 +24,14 @@
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
-#include "preload/shim_internal.h"
+#include "preload/shim_clock.h"
+#include "preload/shim_order.h"
+#include "preload/shim_random.h"
+#include "preload/shim_stack.h"
+#include "preload/shim_state.h"
+#include "preload/shim_unchecked.h"
 #include "preload/stream_hash.h"
 
-static ssize_t (*real_write)(int, const void*, size_t);
 static ssize_t (*real_send)(int, const void*, size_t, int);
 static ssize_t (*real_sendto)(int, const void*, size_t, int, const struct sockaddr*, socklen_t);
 static ssize_t (*real_sendmsg)(int, const struct msghdr*, int);
@@ -36,11 +42,8 @@ static ssize_t (*real_sendfile64)(int, int, off64_t*, size_t);
 static int (*real_shutdown)(int, int);
 
 /* The output calls may run before our constructor did (another library's
- * constructor writing to stderr): they look their real call up themselves. */
-#define LS_REAL(fn)                                                         \
-  do {                                                                      \
-    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
-  } while (0)
+ * constructor writing to stderr): they look their real call up themselves
+ * (LS_REAL; real_write is shim_state.c's, which its log shares). */
 
 /* Output hashing (see "output" below). The hashing state of a connection
  * lives in a static table indexed by its output slot, never freed, so that a
@@ -408,8 +411,9 @@ static void out_sent(int fd, int slot, const struct send_site* site, const struc
   }
   uint64_t total = st->h.total;
   out_unlock(st);
-  reply_gate_sent(fd, total); /* a backup's next input may have waited for this */
-  serial_sent(fd, total);     /* the executing input's reply (serial_until_reply) */
+  /* A backup's next input may have waited for this (the reply gate), and the
+   * executing input for its reply (serial_until_reply). */
+  hooks.output_reached(fd, total);
 }
 
 /* sendfile took n (> 0) bytes of in_fd from offset `from`: they are read
@@ -455,8 +459,9 @@ static void out_sent_file(int fd, int slot, const struct send_site* site, int in
   }
   uint64_t total = st->h.total;
   out_unlock(st);
-  reply_gate_sent(fd, total); /* a backup's next input may have waited for this */
-  serial_sent(fd, total);     /* the executing input's reply (serial_until_reply) */
+  /* A backup's next input may have waited for this (the reply gate), and the
+   * executing input for its reply (serial_until_reply). */
+  hooks.output_reached(fd, total);
 }
 
 /* The stream of fd ends: shut down for writing (LS_OUT_SHUT), or closed

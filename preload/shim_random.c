@@ -93,6 +93,8 @@
  * preserved on every path (the real calls set it as they would).
  */
 #define _GNU_SOURCE
+#include "preload/shim_random.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -109,7 +111,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "preload/shim_internal.h"
+#include "preload/shim_order.h"
+#include "preload/shim_state.h"
 
 extern void __chk_fail(void) __attribute__((noreturn)); /* glibc: a fortify check failed */
 
@@ -151,11 +154,7 @@ static int (*real_seed48_r)(unsigned short[3], struct drand48_data*);
 static int (*real_lcong48_r)(unsigned short[7], struct drand48_data*);
 
 /* These may run before our constructor (another library's constructor):
- * each looks its real call up itself when it has not been yet. */
-#define RND_REAL(fn)                                                        \
-  do {                                                                      \
-    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
-  } while (0)
+ * each looks its real call up itself when it has not been yet (LS_REAL). */
 
 /* ------------------------------------------------------------ state */
 
@@ -303,12 +302,12 @@ static int parse_key(const char* v) {
 
 __attribute__((constructor)) static void rnd_init(void) {
   int saved = errno;
-  RND_REAL(read);
-  RND_REAL(readv);
-  RND_REAL(open);
-  RND_REAL(fopen);
-  RND_REAL(getrandom);
-  RND_REAL(listen);
+  LS_REAL(read);
+  LS_REAL(readv);
+  LS_REAL(open);
+  LS_REAL(fopen);
+  LS_REAL(getrandom);
+  LS_REAL(listen);
   const char* seed = getenv("LOCKSTEP_SHIM_RANDOM_SEED");
   const char* pid = getenv("LOCKSTEP_SHIM_PID");
   /* Only the process the daemon started (see shim.c): an exec'd child
@@ -397,7 +396,7 @@ static ssize_t tracked_read(int fd, const struct iovec* iov, int iovcnt, int how
     case 0: n = real_read(fd, iov[0].iov_base, iov[0].iov_len); break;
     case 1: n = real_readv(fd, iov, iovcnt); break;
     default:
-      RND_REAL(pread64);
+      LS_REAL(pread64);
       n = real_pread64(fd, iov[0].iov_base, iov[0].iov_len, at);
       break;
   }
@@ -406,8 +405,8 @@ static ssize_t tracked_read(int fd, const struct iovec* iov, int iovcnt, int how
 }
 
 ssize_t rnd_readv(int fd, const struct iovec* iov, int iovcnt) { /* shim_internal.h */
-  RND_REAL(read);
-  RND_REAL(readv);
+  LS_REAL(read);
+  LS_REAL(readv);
   return tracked_read(fd, iov, iovcnt, iovcnt == 1 ? 0 : 1, 0);
 }
 
@@ -416,7 +415,7 @@ ssize_t pread(int fd, void* buf, size_t len, off_t at) {
     struct iovec v = {buf, len};
     return tracked_read(fd, &v, 1, 2, at);
   }
-  RND_REAL(pread);
+  LS_REAL(pread);
   return real_pread(fd, buf, len, at);
 }
 
@@ -425,7 +424,7 @@ ssize_t pread64(int fd, void* buf, size_t len, off64_t at) {
     struct iovec v = {buf, len};
     return tracked_read(fd, &v, 1, 2, at);
   }
-  RND_REAL(pread64);
+  LS_REAL(pread64);
   return real_pread64(fd, buf, len, at);
 }
 
@@ -437,7 +436,7 @@ ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
     struct iovec v = {buf, len};
     return rnd_readv(fd, &v, 1);
   }
-  RND_REAL(__read_chk);
+  LS_REAL(__read_chk);
   return real___read_chk(fd, buf, len, buflen);
 }
 
@@ -457,7 +456,7 @@ ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
 int open(const char* path, int flags, ...) {
   unsigned int mode = 0;
   RND_MODE_ARG(flags, mode);
-  RND_REAL(open);
+  LS_REAL(open);
   int fd = real_open(path, flags, mode);
   after_open(fd, path, flags);
   return fd;
@@ -466,7 +465,7 @@ int open(const char* path, int flags, ...) {
 int open64(const char* path, int flags, ...) {
   unsigned int mode = 0;
   RND_MODE_ARG(flags, mode);
-  RND_REAL(open64);
+  LS_REAL(open64);
   int fd = real_open64(path, flags, mode);
   after_open(fd, path, flags);
   return fd;
@@ -475,7 +474,7 @@ int open64(const char* path, int flags, ...) {
 int openat(int dirfd, const char* path, int flags, ...) {
   unsigned int mode = 0;
   RND_MODE_ARG(flags, mode);
-  RND_REAL(openat);
+  LS_REAL(openat);
   int fd = real_openat(dirfd, path, flags, mode);
   after_open(fd, path, flags); /* absolute paths only: a relative one never matches */
   return fd;
@@ -484,7 +483,7 @@ int openat(int dirfd, const char* path, int flags, ...) {
 int openat64(int dirfd, const char* path, int flags, ...) {
   unsigned int mode = 0;
   RND_MODE_ARG(flags, mode);
-  RND_REAL(openat64);
+  LS_REAL(openat64);
   int fd = real_openat64(dirfd, path, flags, mode);
   after_open(fd, path, flags);
   return fd;
@@ -492,28 +491,28 @@ int openat64(int dirfd, const char* path, int flags, ...) {
 
 /* The fortified forms (open without a mode argument, checked by glibc). */
 int __open_2(const char* path, int flags) {
-  RND_REAL(__open_2);
+  LS_REAL(__open_2);
   int fd = real___open_2(path, flags);
   after_open(fd, path, flags);
   return fd;
 }
 
 int __open64_2(const char* path, int flags) {
-  RND_REAL(__open64_2);
+  LS_REAL(__open64_2);
   int fd = real___open64_2(path, flags);
   after_open(fd, path, flags);
   return fd;
 }
 
 int __openat_2(int dirfd, const char* path, int flags) {
-  RND_REAL(__openat_2);
+  LS_REAL(__openat_2);
   int fd = real___openat_2(dirfd, path, flags);
   after_open(fd, path, flags);
   return fd;
 }
 
 int __openat64_2(int dirfd, const char* path, int flags) {
-  RND_REAL(__openat64_2);
+  LS_REAL(__openat64_2);
   int fd = real___openat64_2(dirfd, path, flags);
   after_open(fd, path, flags);
   return fd;
@@ -565,26 +564,26 @@ static FILE* after_fopen(FILE* f, const char* path, const char* mode) {
 }
 
 FILE* fopen(const char* path, const char* mode) {
-  RND_REAL(fopen);
+  LS_REAL(fopen);
   return after_fopen(real_fopen(path, mode), path, mode);
 }
 
 FILE* fopen64(const char* path, const char* mode) {
-  RND_REAL(fopen64);
+  LS_REAL(fopen64);
   return after_fopen(real_fopen64(path, mode), path, mode);
 }
 
 /* ------------------------------------------------------------ entropy calls */
 
 ssize_t getrandom(void* buf, size_t len, unsigned int flags) {
-  RND_REAL(getrandom);
+  LS_REAL(getrandom);
   ssize_t n = real_getrandom(buf, len, flags);
   if (rnd_on && n > 0) entropy_fill(buf, (size_t)n);
   return n;
 }
 
 int getentropy(void* buf, size_t len) {
-  RND_REAL(getentropy);
+  LS_REAL(getentropy);
   int r = real_getentropy(buf, len);
   if (rnd_on && r == 0) entropy_fill(buf, len);
   return r;
@@ -595,7 +594,7 @@ void arc4random_buf(void* buf, size_t len) {
     entropy_fill(buf, len);
     return;
   }
-  RND_REAL(arc4random_buf);
+  LS_REAL(arc4random_buf);
   if (real_arc4random_buf) {
     real_arc4random_buf(buf, len);
     return;
@@ -603,7 +602,7 @@ void arc4random_buf(void* buf, size_t len) {
   /* A libc without arc4random: getrandom, and like glibc's arc4random,
    * never return without the bytes. */
   int saved = errno;
-  RND_REAL(getrandom);
+  LS_REAL(getrandom);
   for (size_t got = 0; got < len;) {
     ssize_t n = real_getrandom ? real_getrandom((char*)buf + got, len - got, 0) : -1;
     if (n > 0)
@@ -616,7 +615,7 @@ void arc4random_buf(void* buf, size_t len) {
 
 uint32_t arc4random(void) {
   if (!rnd_on) {
-    RND_REAL(arc4random);
+    LS_REAL(arc4random);
     if (real_arc4random) return real_arc4random();
   }
   uint32_t v;
@@ -626,7 +625,7 @@ uint32_t arc4random(void) {
 
 uint32_t arc4random_uniform(uint32_t bound) {
   if (!rnd_on) {
-    RND_REAL(arc4random_uniform);
+    LS_REAL(arc4random_uniform);
     if (real_arc4random_uniform) return real_arc4random_uniform(bound);
   }
   if (bound < 2) return 0;
@@ -659,7 +658,7 @@ static int openssl_bytes(int (*real)(unsigned char*, int), unsigned char* buf, i
     r = num < 0 ? 0 : 1;
     if (!rnd_on && num > 0) {
       int saved = errno;
-      RND_REAL(getrandom);
+      LS_REAL(getrandom);
       for (size_t got = 0; r == 1 && got < (size_t)num;) {
         ssize_t n = real_getrandom ? real_getrandom(buf + got, (size_t)num - got, 0) : -1;
         if (n > 0)
@@ -678,34 +677,34 @@ static int openssl_bytes(int (*real)(unsigned char*, int), unsigned char* buf, i
 }
 
 int RAND_bytes(unsigned char* buf, int num) {
-  RND_REAL(RAND_bytes);
+  LS_REAL(RAND_bytes);
   return openssl_bytes(real_RAND_bytes, buf, num);
 }
 
 int RAND_priv_bytes(unsigned char* buf, int num) {
-  RND_REAL(RAND_priv_bytes);
+  LS_REAL(RAND_priv_bytes);
   return openssl_bytes(real_RAND_priv_bytes, buf, num);
 }
 
 /* ------------------------------------------------------------ libc generators */
 
 void srand(unsigned int seed) {
-  RND_REAL(srand);
+  LS_REAL(srand);
   real_srand(rnd_on ? (unsigned int)next_seed() : seed);
 }
 
 void srandom(unsigned int seed) {
-  RND_REAL(srandom);
+  LS_REAL(srandom);
   real_srandom(rnd_on ? (unsigned int)next_seed() : seed);
 }
 
 char* initstate(unsigned int seed, char* state, size_t n) {
-  RND_REAL(initstate);
+  LS_REAL(initstate);
   return real_initstate(rnd_on ? (unsigned int)next_seed() : seed, state, n);
 }
 
 void srand48(long seed) {
-  RND_REAL(srand48);
+  LS_REAL(srand48);
   real_srand48(rnd_on ? (long)next_seed() : seed);
 }
 
@@ -718,7 +717,7 @@ static void next_seed48(unsigned short out[3]) {
 }
 
 unsigned short* seed48(unsigned short seed[3]) {
-  RND_REAL(seed48);
+  LS_REAL(seed48);
   if (!rnd_on) return real_seed48(seed);
   unsigned short v[3];
   next_seed48(v);
@@ -726,7 +725,7 @@ unsigned short* seed48(unsigned short seed[3]) {
 }
 
 void lcong48(unsigned short param[7]) {
-  RND_REAL(lcong48);
+  LS_REAL(lcong48);
   if (!rnd_on) {
     real_lcong48(param);
     return;
@@ -738,22 +737,22 @@ void lcong48(unsigned short param[7]) {
 }
 
 int srandom_r(unsigned int seed, struct random_data* buf) {
-  RND_REAL(srandom_r);
+  LS_REAL(srandom_r);
   return real_srandom_r(rnd_on ? (unsigned int)next_seed() : seed, buf);
 }
 
 int initstate_r(unsigned int seed, char* state, size_t n, struct random_data* buf) {
-  RND_REAL(initstate_r);
+  LS_REAL(initstate_r);
   return real_initstate_r(rnd_on ? (unsigned int)next_seed() : seed, state, n, buf);
 }
 
 int srand48_r(long seed, struct drand48_data* buf) {
-  RND_REAL(srand48_r);
+  LS_REAL(srand48_r);
   return real_srand48_r(rnd_on ? (long)next_seed() : seed, buf);
 }
 
 int seed48_r(unsigned short seed[3], struct drand48_data* buf) {
-  RND_REAL(seed48_r);
+  LS_REAL(seed48_r);
   if (!rnd_on) return real_seed48_r(seed, buf);
   unsigned short v[3];
   next_seed48(v);
@@ -761,7 +760,7 @@ int seed48_r(unsigned short seed[3], struct drand48_data* buf) {
 }
 
 int lcong48_r(unsigned short param[7], struct drand48_data* buf) {
-  RND_REAL(lcong48_r);
+  LS_REAL(lcong48_r);
   if (!rnd_on) return real_lcong48_r(param, buf);
   unsigned short p[7];
   memcpy(p, param, sizeof p);
@@ -790,8 +789,8 @@ static void reseed_app(void) {
    * them, long enough for serial_inputs to find the thread asleep and let
    * the next input in, whose RAND_bytes would then take the stream's bytes
    * first. */
-  RND_REAL(RAND_bytes);
-  RND_REAL(RAND_priv_bytes);
+  LS_REAL(RAND_bytes);
+  LS_REAL(RAND_priv_bytes);
   unsigned char warm[16];
   if (real_RAND_bytes) (void)real_RAND_bytes(warm, (int)sizeof warm);
   if (real_RAND_priv_bytes) (void)real_RAND_priv_bytes(warm, (int)sizeof warm);
@@ -799,8 +798,8 @@ static void reseed_app(void) {
 }
 
 int listen(int fd, int backlog) {
-  listen_check(fd); /* shim.c: only the process lockstep started may serve the port */
-  RND_REAL(listen);
+  listen_check(fd); /* shim_order.c: only the process lockstep started may serve the port */
+  LS_REAL(listen);
   int r = real_listen(fd, backlog);
   if (rnd_on && r == 0 && !atomic_load_explicit(&rnd_app_reseeded, memory_order_relaxed))
     reseed_app();

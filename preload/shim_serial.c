@@ -1,17 +1,20 @@
 /* shim_serial.c — serial_inputs: one agreed input executes at a time in a
  * server that runs connections on several threads (the app profile's
  * `serial_inputs`, LOCKSTEP_SHIM_SERIAL=1), and the wake-ups of threads
- * waiting in poll, select or a blocking read. shim.c's delivery order asks
- * executing_other() whose turn it is; its reads call serial_begin(); every
- * place a thread shows it is done with an input calls serial_done(). The
- * server's waits on condition variables come through here too (the
- * wrappers of pthread_cond_wait, _signal and _broadcast below; shim_clock.c
- * has the timed waits), so that a thread let go while it waits goes on in
- * the log's order.
+ * waiting in poll, select or a blocking read. shim_order.c's delivery
+ * order asks executing_other() whose turn it is (hooks.executing_other);
+ * shim.c's reads call serial_begin(); every place a thread shows it is done
+ * with an input calls serial_done(). The server's waits on condition
+ * variables come through here too (the wrappers of pthread_cond_wait,
+ * _timedwait, _clockwait, _signal and _broadcast below; the timed ones take
+ * their deadline from shim_clock.c), so that a thread let go while it waits
+ * goes on in the log's order.
  *
  * Same rules as shim.c: errno preserved, no allocation; all of it under
  * `mu` unless said otherwise (the wrappers take it themselves). */
 #define _GNU_SOURCE
+#include "preload/shim_serial.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,7 +29,10 @@
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
-#include "preload/shim_internal.h"
+#include "preload/shim_clock.h"
+#include "preload/shim_order.h"
+#include "preload/shim_output.h"
+#include "preload/shim_state.h"
 
 static int serial_on;          /* LOCKSTEP_SHIM_SERIAL has LS_SERIAL_ON */
 static int serial_reply;       /* ... LS_SERIAL_UNTIL_REPLY: until the reply (below) */
@@ -409,6 +415,35 @@ int pthread_cond_wait(pthread_cond_t* c, pthread_mutex_t* m) {
                                                               "GLIBC_2.3.2");
   serial_cond_enter(c);
   int r = real(c, m);
+  serial_cond_leave(m);
+  return r;
+}
+
+/* The timed waits: their deadline as shim_clock.c reads it (clk_deadline). */
+static int (*real_pthread_cond_timedwait)(pthread_cond_t*, pthread_mutex_t*,
+                                          const struct timespec*);
+static int (*real_pthread_cond_clockwait)(pthread_cond_t*, pthread_mutex_t*, clockid_t,
+                                          const struct timespec*);
+
+int pthread_cond_timedwait(pthread_cond_t* restrict c, pthread_mutex_t* restrict m,
+                           const struct timespec* restrict abs) {
+  /* The current version: the real one under the same name is glibc's old
+   * (2.2.5) condition variable, which would misread ours. */
+  if (!real_pthread_cond_timedwait)
+    real_pthread_cond_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
+  struct timespec d;
+  serial_cond_enter(c);
+  int r = real_pthread_cond_timedwait(c, m, cond_is_monotonic(c) ? abs : clk_deadline(abs, &d));
+  serial_cond_leave(m);
+  return r;
+}
+
+int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t id,
+                           const struct timespec* abs) {
+  LS_REAL(pthread_cond_clockwait);
+  struct timespec d;
+  serial_cond_enter(c);
+  int r = real_pthread_cond_clockwait(c, m, id, id == CLOCK_REALTIME ? clk_deadline(abs, &d) : abs);
   serial_cond_leave(m);
   return r;
 }

@@ -34,13 +34,15 @@
  * thread-local arrays), errno untouched by the hit path (the walk may set
  * it: out_sent's caller restores it). */
 #define _GNU_SOURCE
+#include "preload/shim_stack.h"
+
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <link.h>
 #include <stdatomic.h>
 #include <string.h>
 
-#include "preload/shim_internal.h"
+#include "preload/shim_state.h"
 
 #define UNW_LOCAL_ONLY
 #include <libunwind.h> /* types and names only: the library is dlopen'ed (stack_init) */

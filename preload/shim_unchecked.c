@@ -12,12 +12,14 @@
  * Same rules as the rest of the shim: no allocation (the state is a static
  * table indexed by output slot, never freed), errno untouched. */
 #define _GNU_SOURCE
+#include "preload/shim_unchecked.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "preload/resp_scan.h"
-#include "preload/shim_internal.h"
+#include "preload/shim_state.h"
 
 int unck_on;
 static struct resp_list unck_list;

@@ -4,7 +4,8 @@
  * never because the kernel has client bytes; those are ingested (submitted
  * for agreement) here as they arrive. The daemon's wake eventfd rides in
  * each epoll set and poll call, so a completion wakes the server. The
- * connection table and the FIFO are shim.c's (shim_internal.h).
+ * connection table and the FIFO are shim_state.c's, the delivery order
+ * shim_order.c's.
  *
  * Same rules as shim.c: errno preserved, no allocation. */
 #define _GNU_SOURCE
@@ -21,7 +22,11 @@
 #include <unistd.h>
 
 #include "preload/shim_abi.h"
-#include "preload/shim_internal.h"
+#include "preload/shim_clock.h"
+#include "preload/shim_order.h"
+#include "preload/shim_rings.h"
+#include "preload/shim_serial.h"
+#include "preload/shim_state.h"
 
 /* ------------------------------------------------------------ epoll */
 
@@ -44,12 +49,6 @@ static void ensure_wake(int epfd) {
     else if (fd >= 0)
       real_close(fd);
   }
-}
-
-static void rearm_kernel(struct conn* c) {
-  if (c->epfd < 0 || c->detached) return;
-  struct epoll_event ev = {.events = kernel_interest(c), .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
-  real_epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
@@ -84,19 +83,6 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   pthread_mutex_unlock(&mu);
   errno = saved;
   return real_epoll_ctl(epfd, op, fd, &ev);
-}
-
-void wait_send_blocked(int fd) {
-  struct conn* c = tracked(fd);
-  if (!c) return;
-  int saved = errno;
-  pthread_mutex_lock(&mu);
-  if (c->et_out_told) {
-    c->et_out_told = 0;
-    rearm_kernel(c);
-  }
-  pthread_mutex_unlock(&mu);
-  errno = saved;
 }
 
 /* Adds (or merges) an event for the server; -1 when out is full. */
@@ -373,14 +359,11 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
   }
 }
 
-/* Resolved again here when a library polls before the shim's constructor ran. */
-#define REAL(fn)                                                            \
-  do {                                                                      \
-    if (__builtin_expect(!real_##fn, 0)) real_##fn = dlsym(RTLD_NEXT, #fn); \
-  } while (0)
+/* Resolved again here (LS_REAL) when a library polls before the shim's
+ * constructor ran. */
 
 int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
-  REAL(poll);
+  LS_REAL(poll);
   if (!active || nfds > 1024 || !any_tracked(fds, nfds)) return real_poll(fds, nfds, timeout);
   return poll_tracked(fds, nfds,
                       timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull, NULL);
@@ -388,7 +371,7 @@ int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
 
 int ppoll(struct pollfd* fds, nfds_t nfds, const struct timespec* timeout,
           const sigset_t* sigmask) {
-  REAL(ppoll);
+  LS_REAL(ppoll);
   if (!active || nfds > 1024 || !any_tracked(fds, nfds))
     return real_ppoll(fds, nfds, timeout, sigmask);
   return poll_tracked(fds, nfds, deadline_of(timeout), sigmask);
@@ -436,7 +419,7 @@ static int select_tracked(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, uint64_t
 }
 
 int select(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, struct timeval* timeout) {
-  REAL(select);
+  LS_REAL(select);
   struct timespec t;
   if (timeout) {
     t.tv_sec = timeout->tv_sec;
@@ -458,7 +441,7 @@ int select(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, struct timeval* timeout
 
 int pselect(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, const struct timespec* timeout,
             const sigset_t* sigmask) {
-  REAL(pselect);
+  LS_REAL(pselect);
   int handled;
   int r = select_tracked(nfds, rd, wr, ex, active ? deadline_of(timeout) : 0, sigmask, &handled);
   if (!handled) return real_pselect(nfds, rd, wr, ex, timeout, sigmask);

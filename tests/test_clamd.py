@@ -9,7 +9,7 @@ pool threads answered two of them in the other order ('11: ... FOUND' before
 '10: stream: OK'); the leader's had read each only after answering the one
 before. Each input now carries the leader's output offset of its connection
 (log_input.h, out_before), and a backup's server reads it only once it has
-answered as much (preload/shim.c, the reply gate).
+answered as much (preload/shim_rings.c, the reply gate).
 
 The signatures are lockstep's own (apps/clamd/lockstep.ndb): no database is
 downloaded, so every replica scans with the same one.

@@ -32,7 +32,7 @@ through the cluster (test_description_names_each_replica_own_port shows
 it on the backups' own ports). A session id is alike only if opened while
 the servers are idle (new_session says why): the tests open theirs first.
 
-Found while writing these tests, and fixed in preload/shim.c drain_order: a
+Found while writing these tests, and fixed in preload/shim_rings.c drain_order: a
 backup's server stopped executing the log once the shim met the EOF order
 record of a replay connection that the server had already closed and the
 daemon had already released (it took it for "not accepted yet" and waited,

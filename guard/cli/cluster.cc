@@ -679,7 +679,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   if (netns) {
     if (!MakeNetnsHosts(o.dir, hosts, error)) return false;
     c.client_netns = hosts.client;
-    // Clients reach whoever serves them here (guard/leader_address.h).
+    // Clients reach whoever serves them here (guard/daemon/leader_address.h).
     if (c.has_server())
       c.leader_address = hosts.LeaderAddr() + ":" + std::to_string(o.base_port + 199);
   }

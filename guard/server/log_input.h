@@ -32,7 +32,7 @@ struct Input {
   // The connection's output stream offset when the leader's shim took this
   // input from the kernel: how much of its replies the leader's server had
   // sent. A backup's server reads the input only once it has sent as much on
-  // its copy of the connection (the reply gate, preload/shim.c drain_order),
+  // its copy of the connection (the reply gate, preload/shim_rings.c drain_order),
   // so that a server that would read ahead and work on the next request while
   // a thread still answers the previous one (clamd's IDSESSION) sees the
   // requests on every replica as the leader's did, one reply at a time.

@@ -323,7 +323,7 @@ class Harness {
   }
 
   // A replay connection from local port `port` whose first input is
-  // ordered before the server accepts it (guard/replay.cc may do so); the
+  // ordered before the server accepts it (guard/server/replay.cc may do so); the
   // slot is claimed anew, which may be the one just released.
   Replay ConnectReplayFrom(int port, std::string_view first_input) {
     Replay r;
@@ -355,7 +355,7 @@ class Harness {
     r->fd = -1;
   }
 
-  // Replays bytes as one input (its order first, as guard/replay.cc does).
+  // Replays bytes as one input (its order first, as guard/server/replay.cc does).
   void ReplayInput(const Replay& r, std::string_view bytes) {
     {
       std::lock_guard<std::mutex> g(mu_);

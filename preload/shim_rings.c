@@ -1,0 +1,423 @@
+/* shim_rings.c — the shim's input side facing the daemon (README.md,
+ * "Layers"): submissions into the submission ring (ACCEPT, DATA, CLOSE),
+ * the daemon's outcomes from the done ring, the replay order from the order
+ * ring and its reply gate, the FIFO's push and pop, the client bytes taken
+ * from the kernel (ingest), and a restored replay connection put back in
+ * place. Above shim_state.c, shim_clock.c, shim_order.c and shim_output.c
+ * (out_offset: the output each input came after).
+ *
+ * Same rules as shim.c: errno preserved, no allocation except when a
+ * connection's inbox must grow; mu held unless said otherwise. */
+#define _GNU_SOURCE
+#include "preload/shim_rings.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "preload/shim_abi.h"
+#include "preload/shim_clock.h"
+#include "preload/shim_order.h"
+#include "preload/shim_output.h"
+#include "preload/shim_state.h"
+
+/* ------------------------------------------------------------ signalling */
+
+/* The first waker takes the announcement (exchange, not load): the other
+ * submissions of the same burst, before the daemon has run, would each
+ * write the eventfd again (one write per input under load). The daemon
+ * announces again before its next sleep and re-checks its rings after. */
+void wake_daemon(void) {
+  if (atomic_exchange(&hdr->daemon_sleeping, 0)) {
+    uint64_t one = 1;
+    (void)!write(wake_daemon_fd, &one, sizeof one);
+  }
+}
+
+void futex_wait_done(uint32_t seen, uint64_t timeout_ns) {
+  struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+  atomic_fetch_add(&hdr->server_sleepers, 1);
+  if (atomic_load(&hdr->done_futex) == seen)
+    syscall(SYS_futex, (uint32_t*)&hdr->done_futex, FUTEX_WAIT, seen, &ts, NULL, 0);
+  atomic_fetch_sub(&hdr->server_sleepers, 1);
+}
+
+/* ------------------------------------------------------------ the FIFO */
+
+/* same_clock (shim_clock.c): the server's wall clock reads the stamp of
+ * the newest input it has read into. It reads in FIFO order, one input at a
+ * time (find_head_run), so those are the agreed DATA chunks at the head:
+ * the finished ones, about to be popped, and the one it is reading. */
+static void clock_from_reads(void) {
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    const struct chunk* ch = &fifo[s & (LS_FIFO_SLOTS - 1)];
+    if (ch->kind == LS_SUB_DATA && ch->state == CH_COMMITTED && ch->c->consumed > ch->start)
+      clk_enter(ch->clock_ns);
+    if (!chunk_finished(ch)) break;
+  }
+}
+
+void fifo_pop_finished(void) {
+  if (clk_on) clock_from_reads();
+  while (fifo_count) {
+    struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
+    if (!chunk_finished(h)) break;
+    struct conn* c = h->c;
+    fifo_head_seq++;
+    fifo_count--;
+    conn_unref(c);
+  }
+  if (fifo_count && head_seen_seq != fifo_head_seq) {
+    head_seen_seq = fifo_head_seq;
+    head_since_ns = now_ns();
+    head_reports = 0;
+  }
+}
+
+/* ------------------------------------------------------------ completions */
+
+static void apply_done(const struct ls_done_record* d) {
+  if (d->kind == LS_DONE_CLOSE) {
+    /* A newer leader closed one of our connections: find it by number. */
+    for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+      struct chunk* ch = fifo_at(s);
+      if (ch->c->no == d->conn) {
+        if (!ch->c->log_closed && log_closed_n < 256) log_closed_list[log_closed_n++] = ch->c;
+        ch->c->log_closed = 1;
+        return;
+      }
+    }
+    for (int fd = 0; fd < LS_MAX_FD; fd++) {
+      struct conn* c = by_fd[fd];
+      if (c && c->no == d->conn) {
+        if (!c->log_closed && log_closed_n < 256) log_closed_list[log_closed_n++] = c;
+        c->log_closed = 1;
+        return;
+      }
+    }
+    return;
+  }
+  struct chunk* ch = fifo_at(d->seq);
+  if (!ch || ch->state != CH_PENDING) return;
+  struct conn* c = ch->c;
+  if (d->kind == LS_DONE_COMMITTED) {
+    ch->state = CH_COMMITTED;
+    ch->clock_ns = d->clock_ns;
+    if (ch->kind == LS_SUB_ACCEPT) c->accept_state = ACCEPT_COMMITTED;
+    if (ch->kind == LS_SUB_DATA && !c->broken) c->committed_end = ch->end;
+    if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
+  } else {
+    ch->state = CH_DROPPED;
+    if (ch->kind == LS_SUB_ACCEPT)
+      c->accept_state = ACCEPT_DROPPED;
+    else
+      c->broken = 1;
+  }
+}
+
+static struct chunk* push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
+  uint64_t seq = fifo_head_seq + fifo_count;
+  struct chunk* ch = &fifo[seq & (LS_FIFO_SLOTS - 1)];
+  ch->c = c;
+  ch->seq = seq;
+  ch->kind = kind;
+  ch->state = state;
+  ch->end = kind == LS_SUB_DATA && state == CH_COMMITTED ? c->committed_end : c->received;
+  ch->start = ch->end;
+  ch->clock_ns = 0;
+  if (kind == LS_SUB_DATA) {
+    ch->start = c->chunked_end;
+    c->chunked_end = ch->end;
+  }
+  c->refs++;
+  if (fifo_count++ == 0) {
+    head_seen_seq = seq;
+    head_since_ns = now_ns();
+    head_reports = 0;
+  }
+  return ch;
+}
+
+/* The reply gate (log_input.h, out_before). The leader's shim notes with
+ * each input how much output its server had sent on that connection when
+ * the input came; a backup's server may read the input only once it has
+ * sent as much there. A client that waits for each reply thus reaches every
+ * replica's server one request at a time, as it reached the leader's: a
+ * server that reads ahead and starts the next request while a thread still
+ * answers the previous one (clamd in IDSESSION: replies tagged by request,
+ * in whatever order its threads finish) would otherwise answer a backup's
+ * burst of replayed requests in another order than the leader's. An input
+ * waits behind a gate for at most LS_REPLY_GATE_MAX_NS (a server whose
+ * output differs, or comes from a timer, must not stop its replica: the
+ * output comparison judges it), and everything after it waits too. */
+#define LS_REPLY_GATE_MAX_NS 5000000000ull
+static _Atomic(int) gate_fd = -1;   /* waiting for output on this fd; -2: it came; -1: none */
+static _Atomic(uint64_t) gate_need; /* ... up to this stream offset */
+static uint64_t gate_tail;          /* the order record that waits */
+static uint64_t gate_since_ns;
+static uint64_t gates_expired;
+
+int reply_gate_pending(void) {
+  return atomic_load(&gate_fd) != -1;
+}
+
+void reply_gate_sent(int fd, uint64_t end) {
+  int want = fd;
+  if (atomic_load(&gate_fd) == fd && end >= atomic_load(&gate_need) &&
+      atomic_compare_exchange_strong(&gate_fd, &want, -2))
+    (void)eventfd_write(wake_server_fd, 1); /* whoever waits drains the order again */
+}
+
+/* 1: the order record at `tail` (for c, needing `need`) may be taken. */
+static int gate_open(uint64_t tail, struct conn* c, uint64_t need) {
+  if (need == 0 || c->fd < 0 || out_offset(c->fd) >= need) {
+    atomic_store(&gate_fd, -1);
+    return 1;
+  }
+  uint64_t now = now_ns();
+  if (atomic_load(&gate_fd) == -1 || gate_tail != tail) {
+    gate_tail = tail;
+    gate_since_ns = now;
+    atomic_store(&gate_need, need);
+    atomic_store(&gate_fd, c->fd);
+    if (out_offset(c->fd) < need) return 0; /* else its reply came meanwhile */
+  } else if (now - gate_since_ns < LS_REPLY_GATE_MAX_NS) {
+    if (atomic_load(&gate_fd) == -2) atomic_store(&gate_fd, c->fd); /* not enough yet */
+    if (out_offset(c->fd) < need) return 0;
+  } else if (gates_expired++ < 10) {
+    shim_log(
+        "reply gate: connection %u waited %.1f s for the server's output to reach byte %llu "
+        "(it stands at %llu) before its next input; delivered anyway",
+        c->no, (double)(now - gate_since_ns) / 1e9, (unsigned long long)need,
+        (unsigned long long)out_offset(c->fd));
+  }
+  atomic_store(&gate_fd, -1);
+  return 1;
+}
+
+/* Takes the replay order the daemon published: each record allows the
+ * server to read the next `len` bytes of one replay connection (or its EOF),
+ * after everything before it. A record for a connection the server has not
+ * accepted yet waits, and so do the ones after it; so does one behind its
+ * reply gate (above). Called with mu held. */
+static void drain_order(void) {
+  uint64_t head = atomic_load_explicit(&hdr->order_head, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(&hdr->order_tail, memory_order_relaxed);
+  uint64_t first = tail;
+  for (; tail < head && fifo_count < LS_FIFO_SLOTS; tail++) {
+    const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
+    if (r->slot >= LS_MAX_REPLAY) continue;
+    struct conn* c = by_slot[r->slot];
+    /* Nothing to deliver when the server closed the slot's connection
+     * (slot_closed_claim), or the daemon released the slot (port 0): it does
+     * so once the server closed it, and reuses it only after this ring
+     * named it for the last time (shim_channel.cc ReleaseReplaySlot). A
+     * server that closes after its reply while the client's EOF is still
+     * ordered (HTTP/1.0) leaves such records behind. Not by port: the next
+     * claim of the slot may get the same port, and its first input was then
+     * dropped as the closed one's (gerbera under load: a backup's libupnp
+     * read EOF first and answered 400). */
+    uint32_t port = atomic_load(&hdr->replay[r->slot].port);
+    uint32_t claim = atomic_load(&hdr->replay[r->slot].claim);
+    /* Every record of an earlier claim was taken before the daemon claimed
+     * the slot again: the record is the current claim's. A connection of an
+     * earlier claim still under the slot was shut down by the server, not
+     * yet closed (libupnp: shutdown, then close; the daemon released the
+     * slot at the shutdown): the record waits for the new one's accept. */
+    if (c && c->replay_claim != claim) c = NULL;
+    if (!c && (port == 0 || slot_closed_claim[r->slot] == claim)) continue;
+    if (!c) break; /* not accepted yet: it and all after it wait */
+    if (!gate_open(tail, c, r->out_before)) break;
+    if (r->kind == LS_ORDER_DATA) {
+      c->committed_end += r->len;
+      push_chunk(c, LS_SUB_DATA, CH_COMMITTED)->clock_ns = r->clock_ns;
+    } else {
+      c->close_committed = 1;
+      push_chunk(c, LS_SUB_CLOSE, CH_COMMITTED);
+    }
+  }
+  if (tail != first) {
+    atomic_store_explicit(&hdr->order_tail, tail, memory_order_release);
+    if (atomic_load(&hdr->replay_waiting)) wake_daemon();
+  }
+}
+
+/* Takes the daemon's outcomes and replay order. Called with mu held. */
+void drain_done(void) {
+  uint64_t head = atomic_load_explicit(&hdr->done_head, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(&hdr->done_tail, memory_order_relaxed);
+  for (; tail < head; tail++) apply_done(&done_ring[tail % hdr->done_slots]);
+  atomic_store_explicit(&hdr->done_tail, tail, memory_order_release);
+  drain_order();
+  fifo_pop_finished();
+}
+
+/* ------------------------------------------------------------ submissions */
+
+/* Hands one input to the daemon. Called with mu held; may drop it while the
+ * ring or the FIFO is full (back-pressure: the server's thread waits). */
+uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len) {
+  uint64_t need = (sizeof(struct ls_sub_record) + len + 7) & ~7ull;
+  for (;;) {
+    uint64_t head = atomic_load_explicit(&hdr->sub_head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&hdr->sub_tail, memory_order_acquire);
+    uint64_t at = head % hdr->sub_bytes;
+    uint64_t waste = at + need > hdr->sub_bytes ? hdr->sub_bytes - at : 0;
+    if (fifo_count < LS_FIFO_SLOTS && head + waste + need - tail <= hdr->sub_bytes) {
+      if (waste) {
+        struct ls_sub_record* w = (struct ls_sub_record*)(sub_ring + at);
+        w->kind = LS_SUB_WRAP;
+        w->len = 0;
+        head += waste;
+        at = 0;
+      }
+      uint64_t seq = fifo_head_seq + fifo_count;
+      struct ls_sub_record* r = (struct ls_sub_record*)(sub_ring + at);
+      r->len = len;
+      r->kind = kind;
+      r->conn = c->no;
+      r->pad2 = 0;
+      r->seq = seq;
+      uint64_t sent = kind == LS_SUB_ACCEPT || c->fd < 0 ? 0 : out_offset(c->fd);
+      r->out_before = sent == UINT64_MAX ? 0 : sent;
+      if (len) memcpy(r + 1, bytes, len);
+      push_chunk(c, kind, CH_PENDING);
+      atomic_store_explicit(&hdr->sub_head, head + need, memory_order_seq_cst);
+      wake_daemon();
+      return seq;
+    }
+    /* Full: wake the daemon and wait for it to catch up. */
+    uint64_t one = 1;
+    (void)!write(wake_daemon_fd, &one, sizeof one);
+    uint32_t seen = atomic_load(&hdr->done_futex);
+    pthread_mutex_unlock(&mu);
+    futex_wait_done(seen, 1000000);
+    pthread_mutex_lock(&mu);
+    drain_done();
+  }
+}
+
+static int inbox_reserve(struct conn* c, uint64_t more) {
+  uint64_t used = c->received - c->inbox_base;
+  uint64_t dead = c->consumed - c->inbox_base;
+  if (dead > 0 && dead >= used / 2) { /* slide consumed bytes out */
+    memmove(c->inbox, c->inbox + dead, used - dead);
+    c->inbox_base += dead;
+    used -= dead;
+  }
+  if (used + more <= c->inbox_cap) return 1;
+  uint64_t cap = c->inbox_cap ? c->inbox_cap : 16384;
+  while (cap < used + more) cap *= 2;
+  char* p = realloc(c->inbox, cap);
+  if (!p) return 0;
+  c->inbox = p;
+  c->inbox_cap = cap;
+  return 1;
+}
+
+static void stop_kernel_input(struct conn* c) {
+  if (c->epfd >= 0 && (c->events & EPOLLIN)) {
+    struct epoll_event ev = {.events = kernel_interest(c),
+                             .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
+    real_epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+  }
+}
+
+/* A replay connection restored from a checkpoint whose fresh connection has
+ * not been put in place yet (shim_abi.h, "After a restore"). Its socket is
+ * dead: it is taken out of the kernel's epoll set so that its hang-up does
+ * not wake the server's loop over and over. Called with mu held. */
+static int awaiting_reattach(struct conn* c) {
+  if (c->replay_slot < 0 || !atomic_load(&hdr->replay[c->replay_slot].reattach)) return 0;
+  if (!c->detached && c->epfd >= 0) real_epoll_ctl(c->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  c->detached = 1;
+  return 1;
+}
+
+/* Puts the fresh connection `fresh` in place of c's dead restored socket,
+ * under c's fd number, with its flags and the server's epoll interest.
+ * Called with mu held; closes `fresh`. */
+void reattach(struct conn* c, int fresh) {
+  int status_flags = fcntl(c->fd, F_GETFL);
+  int fd_flags = fcntl(c->fd, F_GETFD);
+  if (!c->detached && c->epfd >= 0) real_epoll_ctl(c->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  if (dup2(fresh, c->fd) < 0) {
+    shim_log("cannot put the replay connection of slot %d back in place: %s", c->replay_slot,
+             strerror(errno));
+    real_close(fresh);
+    return;
+  }
+  real_close(fresh);
+  if (status_flags >= 0) fcntl(c->fd, F_SETFL, status_flags);
+  if (fd_flags >= 0) fcntl(c->fd, F_SETFD, fd_flags);
+  if (c->epfd >= 0) {
+    struct epoll_event ev = {.events = kernel_interest(c),
+                             .data.u64 = LS_CONN_TAG | (uint64_t)c->fd};
+    real_epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->fd, &ev);
+  }
+  c->detached = 0;
+  atomic_store(&hdr->replay[c->replay_slot].reattach, 0);
+  if (atomic_load(&hdr->replay_waiting)) wake_daemon();
+}
+
+/* Moves what the kernel holds for a client connection into its inbox and
+ * hands it to the daemon. Called with mu held. */
+void ingest(struct conn* c) {
+  if (c->fd < 0 || c->eof_submitted) return;
+  if (c->replay_slot >= 0) {
+    if (awaiting_reattach(c)) return; /* a dead restored socket: its EOF means nothing */
+    /* The daemon's replay connection: keep what arrives; the order ring
+     * says when the server may read it. */
+    for (int round = 0; round < 8; round++) {
+      if (!inbox_reserve(c, max_chunk)) return;
+      ssize_t n =
+          real_recv(c->fd, c->inbox + (c->received - c->inbox_base), max_chunk, MSG_DONTWAIT);
+      if (n > 0) {
+        c->received += (uint64_t)n;
+        if ((uint64_t)n < max_chunk) return;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      c->eof_submitted = 1; /* the daemon shut its side: nothing more comes */
+      stop_kernel_input(c);
+      return;
+    }
+    return;
+  }
+  int discard = c->broken || c->gap || c->log_closed || atomic_load(&hdr->mode) != LS_MODE_LEADER;
+  for (int round = 0; round < 8; round++) {
+    if (!inbox_reserve(c, max_chunk)) return;
+    char* tail = c->inbox + (c->received - c->inbox_base);
+    ssize_t n = real_recv(c->fd, tail, max_chunk, MSG_DONTWAIT);
+    if (n > 0) {
+      if (discard) {
+        /* Not the leader any more: these bytes are never agreed, and the
+         * stream has a hole from here on: nothing after it may be submitted
+         * either (this replica may lead again before the log closes it).
+         * Not `broken`: inputs submitted before the hole may still commit,
+         * and then this server must read them as the backups do. */
+        c->gap = 1;
+        continue;
+      }
+      c->received += (uint64_t)n;
+      submit(c, LS_SUB_DATA, tail, (uint32_t)n);
+      if ((uint64_t)n < max_chunk) return;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    /* EOF, or the connection failed: the client is gone. */
+    c->eof_submitted = 1;
+    stop_kernel_input(c);
+    if (!discard) submit(c, LS_SUB_CLOSE, NULL, 0);
+    return;
+  }
+}
