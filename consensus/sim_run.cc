@@ -38,6 +38,25 @@ std::string MakePayload(std::mt19937_64& rng, const SimOptions& opt, uint64_t n,
   return p;
 }
 
+// The run's digest (SimResult::digest): what the cluster ended with, read
+// only (it draws nothing from the PRNG and changes nothing).
+uint32_t Digest(SimCluster& c) {
+  auto add = [](uint32_t crc, uint64_t v) { return Crc32c(crc, &v, sizeof v); };
+  uint32_t crc = add(add(0, c.now()), c.steps());
+  for (int r = 0; r < c.size(); r++) {
+    const Replica* x = c.replica(r);
+    crc = add(crc, x ? x->commit_index() : 0);
+    if (!x) continue;
+    for (uint64_t i = x->first_index(); i <= std::min(x->commit_index(), x->last_index()); i++) {
+      const Entry* e = x->At(i);
+      if (!e) continue;
+      crc = add(add(add(crc, e->index), e->ballot), static_cast<uint64_t>(e->type));
+      crc = Crc32c(crc, e->payload.data(), e->payload.size());
+    }
+  }
+  return crc;
+}
+
 SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
   SimResult res;
   SimCluster c(opt);
@@ -314,6 +333,7 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
   res.elections = c.elections();
   res.crashes = c.crashes();
   res.steps = c.steps();
+  res.digest = Digest(c);
   res.summary = Format(
       "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
       "elections %llu, crashes %llu, steps %llu",
