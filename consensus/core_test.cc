@@ -762,9 +762,11 @@ TEST(Checker, RunSimulationReportsAndIsDeterministic) {
   EXPECT_EQ(a.summary, b.summary);
   EXPECT_EQ(a.steps, b.steps);
   EXPECT_EQ(a.committed, b.committed);
+  EXPECT_EQ(a.digest, b.digest);
   o.seed = 43;
   SimResult d = RunSimulation(o);
   EXPECT_NE(a.steps, d.steps);
+  EXPECT_NE(a.digest, d.digest);
   EXPECT_GT(a.committed, 100u);
   EXPECT_GT(a.elections, 0u);
 }

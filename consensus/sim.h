@@ -159,6 +159,10 @@ struct SimResult {
   uint64_t elections = 0;     // ballots that got a leader
   uint64_t crashes = 0;
   uint64_t steps = 0;  // events processed
+  // CRC32C of what the run ended with: the simulated time, the step count and
+  // every replica's committed entries (index, ballot, type, payload). Two runs
+  // with the same digest made the same decisions (`lockstep sim --digest`).
+  uint32_t digest = 0;
   std::string summary;
 };
 

@@ -1,6 +1,7 @@
 // sim_run.cc — the randomized run of the simulator (RunSimulation, see
 // sim.h): drives a SimCluster with a seed's schedule of proposals, crashes,
-// partitions, held one-sided writes, pauses and truncations, and replays a
+// partitions, held one-sided writes, pauses and truncations (RandomRun: one
+// step function per kind of fault, run in a fixed order), and replays a
 // failing seed with its trace on.
 #include <algorithm>
 #include <cstring>
@@ -38,240 +39,324 @@ std::string MakePayload(std::mt19937_64& rng, const SimOptions& opt, uint64_t n,
   return p;
 }
 
-SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
-  SimResult res;
-  SimCluster c(opt);
-  c.KeepTrace(keep_trace);
-  std::mt19937_64& rng = c.rng();
-  const int n = opt.replicas;
-  const int tolerate = (n - 1) / 2;  // replicas that may be down at once
-  const uint64_t end = opt.duration_us;
-  const uint64_t kNever = UINT64_MAX;
+// The run's digest (SimResult::digest): what the cluster ended with, read
+// only (it draws nothing from the PRNG and changes nothing).
+uint32_t Digest(SimCluster& c) {
+  auto add = [](uint32_t crc, uint64_t v) { return Crc32c(crc, &v, sizeof v); };
+  uint32_t crc = add(add(0, c.now()), c.steps());
+  for (int r = 0; r < c.size(); r++) {
+    const Replica* x = c.replica(r);
+    crc = add(crc, x ? x->commit_index() : 0);
+    if (!x) continue;
+    for (uint64_t i = x->first_index(); i <= std::min(x->commit_index(), x->last_index()); i++) {
+      const Entry* e = x->At(i);
+      if (!e) continue;
+      crc = add(add(add(crc, e->index), e->ballot), static_cast<uint64_t>(e->type));
+      crc = Crc32c(crc, e->payload.data(), e->payload.size());
+    }
+  }
+  return crc;
+}
 
-  uint64_t next_propose = NextAt(rng, 0, opt.propose_every_us);
-  uint64_t next_crash = opt.faults ? NextAt(rng, 0, opt.crash_every_us) : kNever;
-  uint64_t next_partition = opt.faults ? NextAt(rng, 0, opt.partition_every_us) : kNever;
-  uint64_t next_pause = opt.faults ? NextAt(rng, 0, opt.pause_every_us) : kNever;
-  uint64_t next_truncate = NextAt(rng, 0, opt.truncate_every_us);
-  uint64_t next_handover = opt.faults ? NextAt(rng, 0, opt.handover_every_us) : kNever;
-  uint64_t next_hold = opt.faults ? NextAt(rng, 0, opt.hold_one_sided_every_us) : kNever;
-  uint64_t next_check = 1000;
-  uint64_t next_unreachable =
-      opt.faults ? NextAt(rng, 0, opt.spurious_unreachable_every_us) : kNever;
-  std::vector<uint64_t> restart_at(n, kNever);
-  uint64_t heal_at = kNever;
-  int paused = -1;
-  Ballot paused_ballot = 0;
-  uint64_t resume_at = kNever;
-  bool resume_soon = false;
-  uint64_t proposals = 0;
+// One randomized run: the faults and the client load of a seed's schedule,
+// then the end (everything healed, progress required) and the result. Each
+// kind of fault has its own next time and its own step, which does nothing
+// unless its time has come; Step runs them in a fixed order, the order in
+// which they draw from the PRNG, so that a seed replays bit for bit.
+class RandomRun {
+ public:
+  RandomRun(const SimOptions& opt, bool keep_trace)
+      : opt_(opt),
+        keep_trace_(keep_trace),
+        c_(opt),
+        rng_(c_.rng()),
+        n_(opt.replicas),
+        restart_at_(n_, kNever) {
+    c_.KeepTrace(keep_trace);
+    // The first times, drawn in this order.
+    next_propose_ = NextAt(rng_, 0, opt.propose_every_us);
+    next_crash_ = opt.faults ? NextAt(rng_, 0, opt.crash_every_us) : kNever;
+    next_partition_ = opt.faults ? NextAt(rng_, 0, opt.partition_every_us) : kNever;
+    next_pause_ = opt.faults ? NextAt(rng_, 0, opt.pause_every_us) : kNever;
+    next_truncate_ = NextAt(rng_, 0, opt.truncate_every_us);
+    next_handover_ = opt.faults ? NextAt(rng_, 0, opt.handover_every_us) : kNever;
+    next_hold_ = opt.faults ? NextAt(rng_, 0, opt.hold_one_sided_every_us) : kNever;
+    next_unreachable_ = opt.faults ? NextAt(rng_, 0, opt.spurious_unreachable_every_us) : kNever;
+  }
 
-  auto down = [&] {
+  SimResult Run() {
+    RunFaults();
+    if (!c_.failed()) HealEverything();
+    if (!c_.failed()) RequireProgress();
+    if (!c_.failed()) c_.CheckAcknowledged();
+    return Result();
+  }
+
+ private:
+  static constexpr uint64_t kNever = UINT64_MAX;
+
+  // Until the end of the schedule (or a violation): from one fault's or
+  // proposal's time to the next.
+  void RunFaults() {
+    while (!c_.failed()) {
+      uint64_t t = NextTime();
+      c_.RunUntilTime(t);
+      if (c_.failed() || t >= opt_.duration_us) break;
+      Step(t);
+    }
+  }
+
+  uint64_t NextTime() const {
+    uint64_t t = std::min({opt_.duration_us, next_propose_, next_crash_, next_partition_,
+                           next_pause_, next_truncate_, next_check_, next_unreachable_,
+                           next_handover_, next_hold_, heal_at_, resume_at_});
+    for (uint64_t x : restart_at_) t = std::min(t, x);
+    return t;
+  }
+
+  // Whatever is due at t, in the order the PRNG is drawn from.
+  void Step(uint64_t t) {
+    RestartCrashed(t);
+    HealPartition(t);
+    ResumeAfterTakeover(t);
+    ResumePaused(t);
+    if (t == next_check_) next_check_ = t + 1000;
+    Crash(t);
+    CutLinks(t);
+    Pause(t);
+    HoldOneSided(t);
+    SpuriousUnreachable(t);
+    HandOver(t);
+    Truncate(t);
+    Propose(t);
+  }
+
+  // Replicas down or paused.
+  int Down() const {
     int d = 0;
-    for (int r = 0; r < n; r++) d += !c.up(r) || c.paused(r);
+    for (int r = 0; r < n_; r++) d += !c_.up(r) || c_.paused(r);
     return d;
-  };
+  }
+  int Tolerate() const { return (n_ - 1) / 2; }  // replicas that may be down at once
+  int AnyReplica() { return static_cast<int>(Uniform(rng_, 0, n_ - 1)); }
 
-  while (!c.failed()) {
-    uint64_t t =
-        std::min({end, next_propose, next_crash, next_partition, next_pause, next_truncate,
-                  next_check, next_unreachable, next_handover, next_hold, heal_at, resume_at});
-    for (uint64_t x : restart_at) t = std::min(t, x);
-    c.RunUntilTime(t);
-    if (c.failed() || t >= end) break;
-    for (int r = 0; r < n; r++) {
-      if (restart_at[r] == t) {
-        restart_at[r] = kNever;
-        if (c.tracing()) c.Trace("fault: restart r" + std::to_string(r));
-        c.Restart(r);
+  void RestartCrashed(uint64_t t) {
+    for (int r = 0; r < n_; r++) {
+      if (restart_at_[r] == t) {
+        restart_at_[r] = kNever;
+        if (c_.tracing()) c_.Trace("fault: restart r" + std::to_string(r));
+        c_.Restart(r);
       }
     }
-    if (t == heal_at) {
-      heal_at = kNever;
-      if (c.tracing()) c.Trace("fault: heal");
-      c.Heal();
-    }
-    if (paused >= 0 && t == next_check && !resume_soon) {
-      // Resume the paused leader a little after another leader took over.
-      for (int r = 0; r < n; r++) {
-        const Replica* x = c.replica(r);
-        if (r != paused && x && x->role() == Role::kLeader && x->promised() > paused_ballot &&
-            !resume_soon) {
-          resume_at = std::min(resume_at, t + Uniform(rng, 1, 5000));
-          resume_soon = true;
-        }
+  }
+
+  void HealPartition(uint64_t t) {
+    if (t != heal_at_) return;
+    heal_at_ = kNever;
+    if (c_.tracing()) c_.Trace("fault: heal");
+    c_.Heal();
+  }
+
+  // Resume the paused leader a little after another leader took over
+  // (checked every ms).
+  void ResumeAfterTakeover(uint64_t t) {
+    if (paused_ < 0 || t != next_check_ || resume_soon_) return;
+    for (int r = 0; r < n_; r++) {
+      const Replica* x = c_.replica(r);
+      if (r != paused_ && x && x->role() == Role::kLeader && x->promised() > paused_ballot_ &&
+          !resume_soon_) {
+        resume_at_ = std::min(resume_at_, t + Uniform(rng_, 1, 5000));
+        resume_soon_ = true;
       }
     }
-    if (paused >= 0 && t == resume_at) {
-      if (c.tracing()) c.Trace("fault: resume r" + std::to_string(paused));
-      c.Resume(paused);
-      paused = -1;
-      resume_at = kNever;
+  }
+
+  void ResumePaused(uint64_t t) {
+    if (paused_ < 0 || t != resume_at_) return;
+    if (c_.tracing()) c_.Trace("fault: resume r" + std::to_string(paused_));
+    c_.Resume(paused_);
+    paused_ = -1;
+    resume_at_ = kNever;
+  }
+
+  // A replica crashes (the leader at crash_leader_bias), while fewer than a
+  // minority are down, and restarts a while later.
+  void Crash(uint64_t t) {
+    if (t != next_crash_) return;
+    next_crash_ = NextAt(rng_, t, opt_.crash_every_us);
+    if (Down() >= Tolerate()) return;
+    int victim = c_.Leader();
+    if (victim < 0 || !Bernoulli(rng_, opt_.crash_leader_bias)) victim = AnyReplica();
+    if (!c_.up(victim)) return;
+    if (c_.tracing()) c_.Trace("fault: crash r" + std::to_string(victim));
+    if (victim == paused_) {
+      paused_ = -1;
+      resume_at_ = kNever;
     }
-    if (t == next_check) next_check = t + 1000;
-    if (t == next_crash) {
-      next_crash = NextAt(rng, t, opt.crash_every_us);
-      if (down() < tolerate) {
-        int victim = c.Leader();
-        if (victim < 0 || !Bernoulli(rng, opt.crash_leader_bias)) {
-          victim = static_cast<int>(Uniform(rng, 0, n - 1));
-        }
-        if (c.up(victim)) {
-          if (c.tracing()) c.Trace("fault: crash r" + std::to_string(victim));
-          if (victim == paused) {
-            paused = -1;
-            resume_at = kNever;
-          }
-          c.Crash(victim);
-          restart_at[victim] = t + Uniform(rng, opt.restart_min_us, opt.restart_max_us);
-        }
-      }
-    }
-    if (t == next_partition) {
-      next_partition = NextAt(rng, t, opt.partition_every_us);
-      if (heal_at == kNever) {
-        if (Bernoulli(rng, 0.3)) {  // one direction of one link
-          int a = static_cast<int>(Uniform(rng, 0, n - 1));
-          int b = static_cast<int>(Uniform(rng, 0, n - 1));
-          if (a != b) {
-            if (c.tracing()) c.Trace(Format("fault: cut r%d -> r%d", a, b));
-            c.SetLink(a, b, false);
-          }
-        } else {
-          std::set<int> side;
-          for (int r = 0; r < n; r++)
-            if (rng() & 1) side.insert(r);
-          if (!side.empty() && static_cast<int>(side.size()) < n) {
-            std::string s;
-            for (int r : side) s += " r" + std::to_string(r);
-            if (c.tracing()) c.Trace("fault: partition {" + s + " } from the rest");
-            c.Partition(side);
-          }
-        }
-        heal_at = t + Uniform(rng, opt.partition_min_us, opt.partition_max_us);
-      }
-    }
-    if (t == next_pause) {
-      next_pause = NextAt(rng, t, opt.pause_every_us);
-      // Mostly the leader; sometimes anyone (a candidate or backup that
-      // stalls with its view of the world, then carries on).
-      bool anyone = Bernoulli(rng, opt.pause_anyone_rate);
-      int target = anyone ? static_cast<int>(Uniform(rng, 0, n - 1)) : c.Leader();
-      if (paused < 0 && target >= 0 && c.up(target) && down() < tolerate) {
-        paused = target;
-        paused_ballot = c.replica(target)->promised();
-        if (c.tracing())
-          c.Trace(Format("fault: pause %s r%d", RoleName(c.replica(target)->role()), target));
-        c.Pause(target);
-        // Usually resumed after a takeover (checked every ms), sometimes
-        // before anyone noticed; at the latest after pause_max_us.
-        resume_soon = anyone || Bernoulli(rng, 0.2);
-        resume_at =
-            t + (resume_soon ? Uniform(rng, 100, anyone ? 100'000 : 15'000) : opt.pause_max_us);
-      }
-    }
-    if (t == next_hold) {
-      // The one-sided writes of one direction of one link land late, one
-      // right after another (TCP retransmitting the transport's connection),
-      // while the messages go through.
-      next_hold = NextAt(rng, t, opt.hold_one_sided_every_us);
-      int a = static_cast<int>(Uniform(rng, 0, n - 1));
-      int b = static_cast<int>(Uniform(rng, 0, n - 1));
-      uint64_t until = t + Uniform(rng, 1, opt.hold_one_sided_max_us);
+    c_.Crash(victim);
+    restart_at_[victim] = t + Uniform(rng_, opt_.restart_min_us, opt_.restart_max_us);
+  }
+
+  // One direction of one link is cut, or the replicas split in two sides,
+  // until heal_at_ (one partition at a time).
+  void CutLinks(uint64_t t) {
+    if (t != next_partition_) return;
+    next_partition_ = NextAt(rng_, t, opt_.partition_every_us);
+    if (heal_at_ != kNever) return;
+    if (Bernoulli(rng_, 0.3)) {  // one direction of one link
+      int a = AnyReplica();
+      int b = AnyReplica();
       if (a != b) {
-        if (c.tracing()) c.Trace(Format("fault: hold one-sided writes r%d -> r%d", a, b));
-        c.HoldOneSided(a, b, until);
+        if (c_.tracing()) c_.Trace(Format("fault: cut r%d -> r%d", a, b));
+        c_.SetLink(a, b, false);
+      }
+    } else {
+      std::set<int> side;
+      for (int r = 0; r < n_; r++)
+        if (rng_() & 1) side.insert(r);
+      if (!side.empty() && static_cast<int>(side.size()) < n_) {
+        std::string s;
+        for (int r : side) s += " r" + std::to_string(r);
+        if (c_.tracing()) c_.Trace("fault: partition {" + s + " } from the rest");
+        c_.Partition(side);
       }
     }
-    if (t == next_unreachable) {
-      // The transport of one replica wrongly reports a live peer unreachable.
-      next_unreachable = NextAt(rng, t, opt.spurious_unreachable_every_us);
-      int a = static_cast<int>(Uniform(rng, 0, n - 1));
-      int b = static_cast<int>(Uniform(rng, 0, n - 1));
-      if (a != b) c.NotifyUnreachable(a, b);
+    heal_at_ = t + Uniform(rng_, opt_.partition_min_us, opt_.partition_max_us);
+  }
+
+  // Mostly the leader pauses; sometimes anyone (a candidate or backup that
+  // stalls with its view of the world, then carries on).
+  void Pause(uint64_t t) {
+    if (t != next_pause_) return;
+    next_pause_ = NextAt(rng_, t, opt_.pause_every_us);
+    bool anyone = Bernoulli(rng_, opt_.pause_anyone_rate);
+    int target = anyone ? AnyReplica() : c_.Leader();
+    if (paused_ >= 0 || target < 0 || !c_.up(target) || Down() >= Tolerate()) return;
+    paused_ = target;
+    paused_ballot_ = c_.replica(target)->promised();
+    if (c_.tracing())
+      c_.Trace(Format("fault: pause %s r%d", RoleName(c_.replica(target)->role()), target));
+    c_.Pause(target);
+    // Usually resumed after a takeover (checked every ms), sometimes
+    // before anyone noticed; at the latest after pause_max_us.
+    resume_soon_ = anyone || Bernoulli(rng_, 0.2);
+    resume_at_ =
+        t + (resume_soon_ ? Uniform(rng_, 100, anyone ? 100'000 : 15'000) : opt_.pause_max_us);
+  }
+
+  // The one-sided writes of one direction of one link land late, one right
+  // after another (TCP retransmitting the transport's connection), while the
+  // messages go through.
+  void HoldOneSided(uint64_t t) {
+    if (t != next_hold_) return;
+    next_hold_ = NextAt(rng_, t, opt_.hold_one_sided_every_us);
+    int a = AnyReplica();
+    int b = AnyReplica();
+    uint64_t until = t + Uniform(rng_, 1, opt_.hold_one_sided_max_us);
+    if (a == b) return;
+    if (c_.tracing()) c_.Trace(Format("fault: hold one-sided writes r%d -> r%d", a, b));
+    c_.HoldOneSided(a, b, until);
+  }
+
+  // The transport of one replica wrongly reports a live peer unreachable.
+  void SpuriousUnreachable(uint64_t t) {
+    if (t != next_unreachable_) return;
+    next_unreachable_ = NextAt(rng_, t, opt_.spurious_unreachable_every_us);
+    int a = AnyReplica();
+    int b = AnyReplica();
+    if (a != b) c_.NotifyUnreachable(a, b);
+  }
+
+  // The leader gives up leading (its server diverged, say) to anyone else: a
+  // live backup, or one that is down, cut off or paused.
+  void HandOver(uint64_t t) {
+    if (t != next_handover_) return;
+    next_handover_ = NextAt(rng_, t, opt_.handover_every_us);
+    int l = c_.Leader();
+    int to = AnyReplica();
+    uint64_t hold = Uniform(rng_, 0, opt_.handover_hold_max_us);
+    if (l < 0 || to == l) return;
+    if (c_.tracing()) c_.Trace(Format("fault: r%d hands over to r%d", l, to));
+    c_.HandOver(l, to, hold);
+  }
+
+  // A replica truncates its log. By default below what every replica holds
+  // durably as committed, so no replica ever needs a snapshot (checkpoints
+  // are the guard's business). With truncate_lagging, below what a majority
+  // holds: the others may need a snapshot, which the core cannot give them,
+  // but a majority can always go on.
+  void Truncate(uint64_t t) {
+    if (t != next_truncate_) return;
+    next_truncate_ = NextAt(rng_, t, opt_.truncate_every_us);
+    std::vector<uint64_t> held;
+    for (int r = 0; r < n_; r++) {
+      const DurableState& d = c_.durable(r);
+      uint64_t last = d.first_index + d.slots.size() - 1;
+      held.push_back(std::min(d.commit_index, last) + 1);
     }
-    if (t == next_handover) {
-      // The leader gives up leading (its server diverged, say) to anyone
-      // else: a live backup, or one that is down, cut off or paused.
-      next_handover = NextAt(rng, t, opt.handover_every_us);
-      int l = c.Leader();
-      int to = static_cast<int>(Uniform(rng, 0, n - 1));
-      uint64_t hold = Uniform(rng, 0, opt.handover_hold_max_us);
-      if (l >= 0 && to != l) {
-        if (c.tracing()) c.Trace(Format("fault: r%d hands over to r%d", l, to));
-        c.HandOver(l, to, hold);
-      }
-    }
-    if (t == next_truncate) {
-      next_truncate = NextAt(rng, t, opt.truncate_every_us);
-      // By default below what every replica holds durably as committed, so
-      // no replica ever needs a snapshot (checkpoints are the guard's
-      // business). With truncate_lagging, below what a majority holds: the
-      // others may need a snapshot, which the core cannot give them, but a
-      // majority can always go on.
-      std::vector<uint64_t> held;
-      for (int r = 0; r < n; r++) {
-        const DurableState& d = c.durable(r);
-        uint64_t last = d.first_index + d.slots.size() - 1;
-        held.push_back(std::min(d.commit_index, last) + 1);
-      }
-      std::sort(held.rbegin(), held.rend());
-      uint64_t limit = opt.truncate_lagging ? held[n / 2] : held.back();
-      int r = static_cast<int>(Uniform(rng, 0, n - 1));
-      const Replica* x = c.replica(r);
-      if (x && limit > x->first_index()) {
-        uint64_t below = Uniform(rng, x->first_index() + 1, limit);
-        c.TruncateBelow(r, below);
-      }
-    }
-    if (t == next_propose) {
-      next_propose = NextAt(rng, t, opt.propose_every_us);
-      int l = c.Leader();
-      if (l >= 0) {
-        const Replica* x = c.replica(l);
-        std::string p = MakePayload(rng, opt, proposals++, x->max_payload());
-        EntryType type = (rng() % 16 == 0) ? EntryType::kOutputCheck : EntryType::kInput;
-        ProposeResult pr = c.Propose(l, type, p);
-        if (pr.ok) c.Track(l, pr.index, type, p);
-      }
+    std::sort(held.rbegin(), held.rend());
+    uint64_t limit = opt_.truncate_lagging ? held[n_ / 2] : held.back();
+    int r = AnyReplica();
+    const Replica* x = c_.replica(r);
+    if (x && limit > x->first_index()) {
+      uint64_t below = Uniform(rng_, x->first_index() + 1, limit);
+      c_.TruncateBelow(r, below);
     }
   }
 
-  // The end: heal everything and require progress.
-  if (!c.failed()) {
-    if (c.tracing()) c.Trace("end of faults: heal, resume, restart");
-    c.SetLossy(false);
-    c.Heal();
-    for (int r = 0; r < n; r++) {
-      if (c.paused(r)) c.Resume(r);
-      if (!c.up(r)) c.Restart(r);
-    }
-    c.RunFor(opt.quiet_us);
+  // The client load: the leader, if there is one, proposes an input (one in
+  // sixteen an output check) and the cluster tracks what it acknowledges.
+  void Propose(uint64_t t) {
+    if (t != next_propose_) return;
+    next_propose_ = NextAt(rng_, t, opt_.propose_every_us);
+    int l = c_.Leader();
+    if (l < 0) return;
+    const Replica* x = c_.replica(l);
+    std::string p = MakePayload(rng_, opt_, proposals_++, x->max_payload());
+    EntryType type = (rng_() % 16 == 0) ? EntryType::kOutputCheck : EntryType::kInput;
+    ProposeResult pr = c_.Propose(l, type, p);
+    if (pr.ok) c_.Track(l, pr.index, type, p);
   }
-  if (!c.failed()) {
-    uint64_t deadline = c.now() + opt.progress_timeout_us;
+
+  // The end: heal everything, resume and restart every replica, then quiet.
+  void HealEverything() {
+    if (c_.tracing()) c_.Trace("end of faults: heal, resume, restart");
+    c_.SetLossy(false);
+    c_.Heal();
+    for (int r = 0; r < n_; r++) {
+      if (c_.paused(r)) c_.Resume(r);
+      if (!c_.up(r)) c_.Restart(r);
+    }
+    c_.RunFor(opt_.quiet_us);
+  }
+
+  // A new proposal (proposed again if lost with its leader) must commit on
+  // every replica (truncate_lagging: a majority) with the same value within
+  // progress_timeout_us.
+  void RequireProgress() {
+    uint64_t deadline = c_.now() + opt_.progress_timeout_us;
     int probe_at = -1;
     uint64_t probe_inc = 0, probe_index = 0;
     std::string probe;
     int probes = 0;
     bool done = false;
-    while (!c.failed() && c.now() < deadline) {
-      c.RunFor(1000);
+    while (!c_.failed() && c_.now() < deadline) {
+      c_.RunFor(1000);
       if (probe_at >= 0) {
-        const Replica* x = c.replica(probe_at);
+        const Replica* x = c_.replica(probe_at);
         const Entry* e = x ? x->At(probe_index) : nullptr;
-        if (c.incarnation(probe_at) != probe_inc || !e || e->payload != probe) {
+        if (c_.incarnation(probe_at) != probe_inc || !e || e->payload != probe) {
           probe_at = -1;  // lost with its leader; propose again
-        } else if (c.AllCommitted(probe_index) ||
-                   (opt.truncate_lagging && c.MajorityCommitted(probe_index))) {
+        } else if (c_.AllCommitted(probe_index) ||
+                   (opt_.truncate_lagging && c_.MajorityCommitted(probe_index))) {
           bool all = true;
-          for (int r = 0; r < n; r++) {
-            const Entry* f = c.replica(r)->At(probe_index);
-            if (f && c.replica(r)->commit_index() >= probe_index && f->payload != probe)
+          for (int r = 0; r < n_; r++) {
+            const Entry* f = c_.replica(r)->At(probe_index);
+            if (f && c_.replica(r)->commit_index() >= probe_index && f->payload != probe)
               all = false;
           }
           if (!all) {
-            c.Fail("probe committed with different values");
+            c_.Fail("probe committed with different values");
             break;
           }
           done = true;
@@ -279,51 +364,75 @@ SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
         }
       }
       if (probe_at < 0) {
-        int l = c.Leader();
+        int l = c_.Leader();
         if (l < 0) continue;
-        probe = "probe-" + std::to_string(opt.seed) + "-" + std::to_string(probes++);
-        ProposeResult pr = c.Propose(l, EntryType::kInput, probe);
+        probe = "probe-" + std::to_string(opt_.seed) + "-" + std::to_string(probes++);
+        ProposeResult pr = c_.Propose(l, EntryType::kInput, probe);
         if (pr.ok) {
           probe_at = l;
-          probe_inc = c.incarnation(l);
+          probe_inc = c_.incarnation(l);
           probe_index = pr.index;
-          c.Track(l, pr.index, EntryType::kInput, probe);
+          c_.Track(l, pr.index, EntryType::kInput, probe);
         }
       }
     }
-    if (!c.failed() && !done) {
-      std::string state;
-      for (int r = 0; r < n; r++) {
-        const Replica* x = c.replica(r);
-        state += Format(" r%d:%s/%s/c%llu/l%llu", r, x ? RoleName(x->role()) : "down",
-                        x ? BallotString(x->promised()).c_str() : "-",
-                        (U)(x ? x->commit_index() : 0), (U)(x ? x->last_index() : 0));
-      }
-      c.Fail(Format(
-          "progress: no proposal committed on %s replicas within %llums after the "
-          "faults healed (probe %s at index %llu;%s)",
-          opt.truncate_lagging ? "a majority of" : "all", (U)(opt.progress_timeout_us / 1000),
-          probe.c_str(), (U)probe_index, state.c_str()));
+    if (c_.failed() || done) return;
+    std::string state;
+    for (int r = 0; r < n_; r++) {
+      const Replica* x = c_.replica(r);
+      state += Format(" r%d:%s/%s/c%llu/l%llu", r, x ? RoleName(x->role()) : "down",
+                      x ? BallotString(x->promised()).c_str() : "-", (U)(x ? x->commit_index() : 0),
+                      (U)(x ? x->last_index() : 0));
     }
+    c_.Fail(
+        Format("progress: no proposal committed on %s replicas within %llums after the "
+               "faults healed (probe %s at index %llu;%s)",
+               opt_.truncate_lagging ? "a majority of" : "all",
+               (U)(opt_.progress_timeout_us / 1000), probe.c_str(), (U)probe_index, state.c_str()));
   }
-  if (!c.failed()) c.CheckAcknowledged();
 
-  res.ok = !c.failed();
-  res.committed = c.MaxCommitted();
-  res.acknowledged = c.acknowledged();
-  res.elections = c.elections();
-  res.crashes = c.crashes();
-  res.steps = c.steps();
-  res.summary = Format(
-      "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
-      "elections %llu, crashes %llu, steps %llu",
-      (U)opt.seed, n, (U)(c.now() / 1000), res.ok ? "ok" : "VIOLATION", (U)res.committed,
-      (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps);
-  if (!res.ok) {
-    res.violation = c.violation();
-    if (keep_trace) res.violation += "\nlast events:\n" + c.TraceTail();
+  SimResult Result() {
+    SimResult res;
+    res.ok = !c_.failed();
+    res.committed = c_.MaxCommitted();
+    res.acknowledged = c_.acknowledged();
+    res.elections = c_.elections();
+    res.crashes = c_.crashes();
+    res.steps = c_.steps();
+    res.digest = Digest(c_);
+    res.summary = Format(
+        "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
+        "elections %llu, crashes %llu, steps %llu",
+        (U)opt_.seed, n_, (U)(c_.now() / 1000), res.ok ? "ok" : "VIOLATION", (U)res.committed,
+        (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps);
+    if (!res.ok) {
+      res.violation = c_.violation();
+      if (keep_trace_) res.violation += "\nlast events:\n" + c_.TraceTail();
+    }
+    return res;
   }
-  return res;
+
+  const SimOptions& opt_;
+  const bool keep_trace_;  // a violation's report gets the trace's tail
+  SimCluster c_;
+  std::mt19937_64& rng_;
+  const int n_;
+  // The next time of each kind of fault, of the paused leader's check, and
+  // of a proposal (kNever: none due).
+  uint64_t next_propose_, next_crash_, next_partition_, next_pause_, next_truncate_;
+  uint64_t next_handover_, next_hold_, next_unreachable_;
+  uint64_t next_check_ = 1000;
+  std::vector<uint64_t> restart_at_;  // by replica: when a crashed one restarts
+  uint64_t heal_at_ = kNever;         // when the partition heals
+  int paused_ = -1;                   // the paused replica, or -1
+  Ballot paused_ballot_ = 0;          // its promise when it paused
+  uint64_t resume_at_ = kNever;
+  bool resume_soon_ = false;  // resumed at resume_at_, not after a takeover
+  uint64_t proposals_ = 0;
+};
+
+SimResult RunOnce(const SimOptions& opt, bool keep_trace) {
+  return RandomRun(opt, keep_trace).Run();
 }
 
 }  // namespace

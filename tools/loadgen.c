@@ -96,11 +96,10 @@
 // line.
 //
 // This file is the engine and the command line; each protocol's requests, replies and connection
-// setup are in their own file behind loadgen.h: loadgen_resp.c (redis, memcached), loadgen_ldap.c,
+// setup are in their own file, a `struct protocol` behind loadgen_proto.h, which the engine looks
+// up by --proto name in `protocols` below: loadgen_resp.c (redis, memcached), loadgen_ldap.c,
 // loadgen_clamd.c and loadgen_tarantool.c.
 #define _GNU_SOURCE
-#include "loadgen.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -121,31 +120,22 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char* const proto_names[NPROTOS] = {"redis", "memcached", "ldap", "clamd",
-                                                 "tarantool"};
-static const struct {
-  const char* name;
-  int protos;  // bit mask of the protocols that have the op
-} op_table[NOPS] = {
-    {"set", 1 << PROTO_REDIS | 1 << PROTO_MEMCACHED},
-    {"get", 1 << PROTO_REDIS | 1 << PROTO_MEMCACHED},
-    {"set-wait", 1 << PROTO_REDIS},
-    {"add", 1 << PROTO_LDAP},
-    {"modify", 1 << PROTO_LDAP},
-    {"search", 1 << PROTO_LDAP},
-    {"prefill", 1 << PROTO_LDAP | 1 << PROTO_TARANTOOL},
-    {"scan", 1 << PROTO_CLAMD},
-    {"doc-replace", 1 << PROTO_TARANTOOL},
-    {"doc-get", 1 << PROTO_TARANTOOL},
-    {"doc-by-owner", 1 << PROTO_TARANTOOL},
-    {"kv-set", 1 << PROTO_TARANTOOL},
-    {"kv-get", 1 << PROTO_TARANTOOL},
-};
+#include "loadgen_proto.h"
+
+// Every protocol, in the order --proto's message names them.
+static const struct protocol* const protocols[] = {
+    &redis_protocol, &memcached_protocol, &ldap_protocol, &clamd_protocol, &tarantool_protocol};
+#define NPROTOS (int)(sizeof protocols / sizeof protocols[0])
+
+static const char* const op_names[NOPS] = {
+    "set",  "get",         "set-wait", "add",          "modify", "search", "prefill",
+    "scan", "doc-replace", "doc-get",  "doc-by-owner", "kv-set", "kv-get"};
 
 #define GRACE_NS 5000000000LL  // how long an op may run past the deadline
 
-struct config cfg = {
-    .proto = PROTO_REDIS,
+static const struct protocol* proto = &redis_protocol;  // --proto
+
+static struct config cfg = {
     .op = -1,  // the protocol's default
     .conns = 1,
     .value_bytes = 64,
@@ -162,7 +152,7 @@ struct config cfg = {
     .space_kv = 513};
 
 static int64_t start_ns, deadline_ns;
-char* value;
+static char* value;  // the --value-bytes bytes every request that writes a value carries
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -204,29 +194,17 @@ static double uniform01(uint64_t* s) {  // in (0, 1]: never 0, so that log() of 
 }
 
 // The op of a connection's next request: --op; with --set-ratio a set or a get at random (the
-// sets counted in c->sets); tarantool's prefill alternates a doc and a kv pair.
+// sets counted in c->sets).
 static int next_op(struct conn* c) {
-  int tnt = cfg.proto == PROTO_TARANTOOL;
   if (cfg.set_ratio >= 0) {
-    if (uniform01(&c->rng) * 100.0 > cfg.set_ratio) return tnt ? OP_KV_GET : OP_GET;
+    if (uniform01(&c->rng) * 100.0 > cfg.set_ratio) return proto->get_op;
     c->sets++;
-    return tnt ? OP_KV_SET : OP_SET;
+    return proto->set_op;
   }
-  if (tnt && cfg.op == OP_PREFILL) return c->seq % 2 ? OP_KV_SET : OP_DOC_REPLACE;
   return cfg.op;
 }
 
-static long parse_reply(struct conn* c, int* kind) {
-  switch (cfg.proto) {
-    case PROTO_REDIS: return parse_redis(c->buf, c->len, kind);
-    case PROTO_MEMCACHED: return parse_memcached(c->buf, c->len, kind);
-    case PROTO_LDAP: return parse_ldap(c, kind);
-    case PROTO_TARANTOOL: return parse_tarantool(c, kind);
-    default: return parse_clamd(c, kind);
-  }
-}
-
-int send_all(int fd, const char* p, size_t n) {
+static int send_all(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
@@ -239,7 +217,7 @@ int send_all(int fd, const char* p, size_t n) {
 
 // Sends one request and reads its reply. Returns the reply kind, or -1 (reason in c->lost)
 // when the connection broke, the reply was garbled, or no reply came by the deadline + grace.
-int round_trip(struct conn* c, const char* req, size_t n) {
+static int round_trip(struct conn* c, const char* req, size_t n) {
   if (send_all(c->fd, req, n) < 0) {
     c->lost = strerror(errno);  // glibc: a static string for every errno value
     return -1;
@@ -247,7 +225,7 @@ int round_trip(struct conn* c, const char* req, size_t n) {
   c->len = 0;
   for (;;) {
     int kind;
-    long used = parse_reply(c, &kind);
+    long used = proto->parse(c, &kind);
     if (used < 0) {
       if (!c->lost) c->lost = "garbled reply";
       return -1;
@@ -276,21 +254,11 @@ int round_trip(struct conn* c, const char* req, size_t n) {
   }
 }
 
-// Returns the request for op with key k (add: the entry number), *n its length.
-static const char* format_request(struct conn* c, int op, long k, size_t* n) {
-  switch (cfg.proto) {
-    case PROTO_TARANTOOL: *n = format_tarantool(c, op, k); return c->req;
-    case PROTO_LDAP: *n = format_ldap(c, op, k); return c->req;
-    case PROTO_CLAMD: return clamd_scan_request(c, n);
-    default: *n = format_redis_memcached(c, op, k); return c->req;
-  }
-}
-
 static void* run_conn(void* arg) {
   struct conn* c = arg;
   char wait_req[64];
   size_t wait_len = 0;
-  if (cfg.op == OP_SET_WAIT) wait_len = format_redis_wait(wait_req, sizeof wait_req);
+  if (cfg.op == OP_SET_WAIT) wait_len = proto->format_wait(c, wait_req, sizeof wait_req);
   // prefill: this connection's share of the keys
   long first = (long)((long long)cfg.keys * c->id / cfg.conns);
   long end = (long)((long long)cfg.keys * (c->id + 1) / cfg.conns);
@@ -298,7 +266,7 @@ static void* run_conn(void* arg) {
          now_ns() < deadline_ns) {
     long k;
     if (cfg.op == OP_PREFILL) {  // tarantool: each key twice, its doc and its kv pair
-      k = first + (long)(cfg.proto == PROTO_TARANTOOL ? c->seq / 2 : c->seq);
+      k = first + (long)(c->seq / proto->prefill_requests);
       if (k >= end) break;
     } else if (cfg.op == OP_ADD) {
       k = (long)c->seq;
@@ -307,7 +275,7 @@ static void* run_conn(void* arg) {
     }
     int op = next_op(c);
     size_t n;
-    const char* req = format_request(c, op == OP_SET_WAIT ? OP_SET : op, k, &n);
+    const char* req = proto->format(c, op == OP_SET_WAIT ? OP_SET : op, k, &n);
     c->seq++;
     int64_t t0 = now_ns();
     int kind = round_trip(c, req, n);
@@ -338,7 +306,8 @@ static void* run_open(void* arg) {
   double mean_ns = 1e9 * cfg.conns / cfg.rate;  // this connection's mean inter-arrival time
   // The scheduled times of the unanswered requests, by slot. redis and memcached reply in
   // order: their slots are a ring, oldest (= next reply) first. Tarantool's replies name their
-  // request by sync (see tnt_begin in loadgen_tarantool.c): its free slots are a stack.
+  // request by sync (replies_by_sync; see tnt_begin in loadgen_tarantool.c): its free slots are a
+  // stack.
   int64_t* due = malloc(sizeof *due * (size_t)max);
   uint64_t* sync = calloc((size_t)max, sizeof *sync);  // tarantool: each slot's sync; 0: free
   int* spare = malloc(sizeof *spare * (size_t)max);    // tarantool: the free slots
@@ -378,17 +347,14 @@ static void* run_open(void* arg) {
     while (inflight > 0) {
       int kind, slot = head;
       uint64_t id = 0;  // tarantool: the reply's sync
-      long used = cfg.proto == PROTO_REDIS ? parse_redis(c->buf + off, c->len - off, &kind)
-                  : cfg.proto == PROTO_MEMCACHED
-                      ? parse_memcached(c->buf + off, c->len - off, &kind)
-                      : parse_tarantool_at(c, off, &kind, &id);
+      long used = proto->parse_next(c, off, &kind, &id);
       if (used < 0) {
         c->lost = "garbled reply";
         goto done;
       }
       if (used == 0) break;
       off += (size_t)used;
-      if (cfg.proto == PROTO_TARANTOOL) {
+      if (proto->replies_by_sync) {
         slot = (int)(id & 0xffff);
         if (slot >= max || sync[slot] != id) {
           c->lost = "reply to no request";
@@ -427,10 +393,10 @@ static void* run_open(void* arg) {
     while (next <= now && next < deadline_ns && inflight < max) {
       int op = next_op(c);
       long k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
-      int slot = cfg.proto == PROTO_TARANTOOL ? spare[--nspare] : (head + inflight) % max;
+      int slot = proto->replies_by_sync ? spare[--nspare] : (head + inflight) % max;
       size_t n;
       c->slot = slot;
-      const char* req = format_request(c, op, k, &n);
+      const char* req = proto->format(c, op, k, &n);
       memcpy(out + out_len, req, n);
       out_len += n;
       due[slot] = next;
@@ -515,7 +481,7 @@ static int connect_to(const char* host, const char* port) {
 }
 
 // The start of what was read of c's last reply, escaped, for a message on stderr.
-void print_reply(const struct conn* c) {
+static void print_reply(const struct conn* c) {
   fprintf(stderr, "\"");
   for (size_t i = 0; i < c->len && i < 80; i++) {
     unsigned char ch = (unsigned char)c->buf[i];
@@ -531,12 +497,12 @@ void print_reply(const struct conn* c) {
 // when the connection breaks or the server says no.
 static void setup_conn(struct conn* c) {
   deadline_ns = now_ns();  // so each reply may take GRACE_NS
-  switch (cfg.proto) {
-    case PROTO_TARANTOOL: setup_tarantool(c); break;
-    case PROTO_CLAMD: setup_clamd(c); break;
-    case PROTO_LDAP: setup_ldap(c); break;
-  }
+  if (proto->setup) proto->setup(c);
 }
+
+// What every connection's protocol may use of the engine (value is set once it is made).
+static struct engine engine = {
+    .cfg = &cfg, .send_all = send_all, .round_trip = round_trip, .print_reply = print_reply};
 
 static void usage(void) {
   fprintf(stderr,
@@ -578,6 +544,18 @@ static double real_arg(const char* name, const char* s, double lo, double hi, in
   return v;
 }
 
+// Prints on stderr the names of the protocols (open_loop: those with --set-ratio and --rate) as
+// "a, b or c", and a newline.
+static void print_protocols(int open_loop) {
+  const char* names[NPROTOS];
+  int n = 0;
+  for (int i = 0; i < NPROTOS; i++)
+    if (!open_loop || protocols[i]->set_op >= 0) names[n++] = protocols[i]->name;
+  for (int i = 0; i < n; i++)
+    fprintf(stderr, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+  fprintf(stderr, "\n");
+}
+
 static void parse_args(int argc, char** argv) {
   static const struct option opts[] = {{"proto", 1, 0, 'P'},
                                        {"host", 1, 0, 'h'},
@@ -603,14 +581,17 @@ static void parse_args(int argc, char** argv) {
   int o, ldap_opts = 0, clamd_opts = 0, tnt_opts = 0, max_given = 0;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (o) {
-      case 'P':
-        for (cfg.proto = 0; cfg.proto < NPROTOS; cfg.proto++)
-          if (strcmp(optarg, proto_names[cfg.proto]) == 0) break;
-        if (cfg.proto == NPROTOS) {
-          fprintf(stderr, "loadgen: --proto must be redis, memcached, ldap, clamd or tarantool\n");
+      case 'P': {
+        int i = 0;
+        while (i < NPROTOS && strcmp(optarg, protocols[i]->name) != 0) i++;
+        if (i == NPROTOS) {
+          fprintf(stderr, "loadgen: --proto must be ");
+          print_protocols(0);
           exit(2);
         }
+        proto = protocols[i];
         break;
+      }
       case 'h': cfg.host = optarg; break;
       case 'p':
         num_arg("port", optarg, 1, 65535);  // checked, but kept as a string for getaddrinfo
@@ -627,7 +608,7 @@ static void parse_args(int argc, char** argv) {
         break;
       case 'o':
         for (cfg.op = 0; cfg.op < NOPS; cfg.op++)
-          if (strcmp(optarg, op_table[cfg.op].name) == 0) break;
+          if (strcmp(optarg, op_names[cfg.op]) == 0) break;
         if (cfg.op == NOPS) {
           fprintf(stderr,
                   "loadgen: --op must be set, get, set-wait, add, modify, search, prefill, scan, "
@@ -666,24 +647,26 @@ static void parse_args(int argc, char** argv) {
     }
   }
   if (optind < argc || !cfg.port) usage();
-  int tnt = cfg.proto == PROTO_TARANTOOL;
   if (cfg.set_ratio >= 0 || cfg.rate > 0) {
-    const char* what = cfg.rate > 0 ? "--rate" : "--set-ratio";
-    if (cfg.proto != PROTO_REDIS && cfg.proto != PROTO_MEMCACHED && !tnt) {
-      fprintf(stderr, "loadgen: %s needs --proto redis, memcached or tarantool\n", what);
+    if (proto->set_op < 0) {
+      fprintf(stderr, "loadgen: %s needs --proto ", cfg.rate > 0 ? "--rate" : "--set-ratio");
+      print_protocols(1);
       exit(2);
     }
-    // --set-ratio mixes the protocol's set and get. The open loop sends any op that is one
-    // request (not set-wait) and has no end of its own (not prefill).
-    int set = tnt ? OP_KV_SET : OP_SET, get = tnt ? OP_KV_GET : OP_GET;
-    if (tnt && cfg.set_ratio < 0) {
-      if (cfg.op == OP_PREFILL) {
-        fprintf(stderr, "loadgen: --rate does not go with --op prefill\n");
+    // --set-ratio mixes the protocol's set and get. The open loop sends the protocol's
+    // open_ops: ops that are one request (not set-wait) and have no end of their own (not
+    // prefill); where those are only the set and the get, --rate alone limits --op to them.
+    unsigned mix = 1u << proto->set_op | 1u << proto->get_op;
+    int rate_limits = cfg.rate > 0 && proto->open_ops == mix;
+    if (cfg.set_ratio < 0 && !rate_limits) {
+      if (cfg.op >= 0 && !(proto->open_ops & 1u << cfg.op)) {
+        fprintf(stderr, "loadgen: --rate does not go with --op %s\n", op_names[cfg.op]);
         exit(2);
       }
-    } else if (cfg.op >= 0 && cfg.op != set && cfg.op != get) {
-      fprintf(stderr, "loadgen: %s goes with --op %s or %s only\n", tnt ? "--set-ratio" : what,
-              op_table[set].name, op_table[get].name);
+    } else if (cfg.op >= 0 && !(mix & 1u << cfg.op)) {
+      fprintf(stderr, "loadgen: %s goes with --op %s or %s only\n",
+              rate_limits ? "--rate" : "--set-ratio", op_names[proto->set_op],
+              op_names[proto->get_op]);
       exit(2);
     }
   }
@@ -695,41 +678,35 @@ static void parse_args(int argc, char** argv) {
     fprintf(stderr, "loadgen: --max-outstanding needs --rate\n");
     exit(2);
   }
-  if (cfg.op < 0) {
-    if (cfg.proto == PROTO_LDAP) {
-      fprintf(stderr, "loadgen: --proto ldap needs --op add, modify, search or prefill\n");
+  if (cfg.op < 0) {  // the protocol's default; with --set-ratio, its set
+    if (proto->default_op < 0 && cfg.set_ratio < 0) {
+      fprintf(stderr, "loadgen: --proto %s needs --op %s\n", proto->name, proto->needs_op);
       exit(2);
     }
-    if (tnt && cfg.set_ratio < 0) {
-      fprintf(stderr,
-              "loadgen: --proto tarantool needs --op doc-replace, doc-get, doc-by-owner, kv-set, "
-              "kv-get or prefill\n");
-      exit(2);
-    }
-    cfg.op = cfg.proto == PROTO_CLAMD ? OP_SCAN : tnt ? OP_KV_SET : OP_SET;  // tnt: --set-ratio
+    cfg.op = proto->default_op >= 0 ? proto->default_op : proto->set_op;
   }
-  if (!(op_table[cfg.op].protos & 1 << cfg.proto)) {
-    fprintf(stderr, "loadgen: --op %s does not go with --proto %s (%s has:", op_table[cfg.op].name,
-            proto_names[cfg.proto], proto_names[cfg.proto]);
+  if (!(proto->ops & 1u << cfg.op)) {
+    fprintf(stderr, "loadgen: --op %s does not go with --proto %s (%s has:", op_names[cfg.op],
+            proto->name, proto->name);
     for (int i = 0; i < NOPS; i++)
-      if (op_table[i].protos & 1 << cfg.proto) fprintf(stderr, " %s", op_table[i].name);
+      if (proto->ops & 1u << i) fprintf(stderr, " %s", op_names[i]);
     fprintf(stderr, ")\n");
     exit(2);
   }
-  if (ldap_opts && cfg.proto != PROTO_LDAP) {
+  if (ldap_opts && proto != &ldap_protocol) {
     fprintf(stderr, "loadgen: --bind-dn and --password need --proto ldap\n");
     exit(2);
   }
-  if (clamd_opts && cfg.proto != PROTO_CLAMD) {
+  if (clamd_opts && proto != &clamd_protocol) {
     fprintf(stderr, "loadgen: --infected-every and --infected-string need --proto clamd\n");
     exit(2);
   }
-  if (tnt_opts && !tnt) {
+  if (tnt_opts && proto != &tarantool_protocol) {
     fprintf(stderr, "loadgen: --space-docs and --space-kv need --proto tarantool\n");
     exit(2);
   }
   size_t sl = strlen(cfg.infected_string);
-  if (cfg.proto == PROTO_CLAMD && (sl == 0 || sl > (size_t)cfg.value_bytes)) {
+  if (proto == &clamd_protocol && (sl == 0 || sl > (size_t)cfg.value_bytes)) {
     fprintf(stderr, "loadgen: --infected-string must be 1 to --value-bytes (%d) bytes long\n",
             cfg.value_bytes);
     exit(2);
@@ -741,16 +718,18 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   size_t vb = (size_t)cfg.value_bytes;
   value = malloc(vb);
-  if (cfg.proto == PROTO_CLAMD) {
-    make_clamd_streams();
+  if (proto->make_value) {
+    proto->make_value(&cfg, value);
   } else {
     for (size_t i = 0; i < vb; i++) value[i] = (char)('a' + i % 26);
   }
+  engine.value = value;
 
   struct conn* cs = calloc((size_t)cfg.conns, sizeof *cs);
   for (int i = 0; i < cfg.conns; i++) {  // every connection is up before the clock starts
     cs[i].fd = connect_to(cfg.host, cfg.port);
     if (cs[i].fd < 0) return 1;
+    cs[i].engine = &engine;
     cs[i].id = i;
     cs[i].rng = 0x9E3779B97F4A7C15ULL * (uint64_t)(i + 1) ^ (uint64_t)now_ns();
     cs[i].req = malloc(vb + 512 + strlen(cfg.bind_dn) + strlen(cfg.password));

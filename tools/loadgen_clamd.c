@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loadgen.h"
+#include "loadgen_proto.h"
 
 enum { CLAMD_PONG, CLAMD_OK, CLAMD_FOUND };  // what a clamd reply must say
 
@@ -36,19 +36,23 @@ static char* clamd_request(const char* data, size_t len, size_t* n) {
 // Fills value with random-looking bytes, typed as plain data by clamd (letters would be text,
 // which it scans differently); the same in every op and run, so clamd's cache of clean files
 // hits. Then makes the clean request of them and the infected one (value is left infected).
-void make_clamd_streams(void) {
-  size_t vb = (size_t)cfg.value_bytes;
+static void make_clamd_streams(const struct config* cfg, char* value) {
+  size_t vb = (size_t)cfg->value_bytes;
   uint64_t s = 0x5DEECE66DULL;
   for (size_t i = 0; i < vb; i++) value[i] = (char)(next_rand(&s) >> 56);
   clamd_clean = clamd_request(value, vb, &clamd_clean_len);
-  size_t sl = strlen(cfg.infected_string);  // value is not needed clean after this
-  memcpy(value + (vb - sl) / 2, cfg.infected_string, sl);
+  size_t sl = strlen(cfg->infected_string);  // value is not needed clean after this
+  memcpy(value + (vb - sl) / 2, cfg->infected_string, sl);
   clamd_infected = clamd_request(value, vb, &clamd_infected_len);
 }
 
-// The next scan of c: infected if it is the --infected-every-th; *n its length.
-const char* clamd_scan_request(struct conn* c, size_t* n) {
-  int infected = cfg.infected_every && (c->seq + 1) % cfg.infected_every == 0;
+// The next scan of c (every op is a scan, of no key): infected if it is the
+// --infected-every-th; *n its length. Not at c->req: all connections share the two requests.
+static const char* clamd_scan_request(struct conn* c, int op, long k, size_t* n) {
+  (void)op;
+  (void)k;
+  int every = c->engine->cfg->infected_every;
+  int infected = every && (c->seq + 1) % every == 0;
   c->msgid++;
   c->expect = infected ? CLAMD_FOUND : CLAMD_OK;
   *n = infected ? clamd_infected_len : clamd_clean_len;
@@ -56,7 +60,7 @@ const char* clamd_scan_request(struct conn* c, size_t* n) {
 }
 
 // A clamd reply in an IDSESSION: "<request number>: <reply>\0".
-long parse_clamd(struct conn* c, int* kind) {
+static long parse_clamd(struct conn* c, int* kind) {
   const char* nul = memchr(c->buf, '\0', c->len);
   if (!nul) return c->len > 4096 ? -1 : 0;
   char* rest;
@@ -78,17 +82,30 @@ long parse_clamd(struct conn* c, int* kind) {
 }
 
 // Before the clock starts: IDSESSION, checked with PING (request number 1).
-void setup_clamd(struct conn* c) {
+static void setup_clamd(struct conn* c) {
+  const struct engine* e = c->engine;
   c->msgid = 1;
   c->expect = CLAMD_PONG;
-  int kind = send_all(c->fd, "zIDSESSION", 11) < 0 ? -1 : round_trip(c, "zPING", 6);
+  int kind = e->send_all(c->fd, "zIDSESSION", 11) < 0 ? -1 : e->round_trip(c, "zPING", 6);
   if (kind == REPLY_OK) return;
   const char* why = kind < 0 ? (c->lost ? c->lost : strerror(errno)) : "PING not answered PONG";
-  fprintf(stderr, "loadgen: IDSESSION %d with %s:%s failed: %s%s; read: ", c->id + 1, cfg.host,
-          cfg.port, why,
+  fprintf(stderr, "loadgen: IDSESSION %d with %s:%s failed: %s%s; read: ", c->id + 1, e->cfg->host,
+          e->cfg->port, why,
           c->id > 0 && strncmp(why, "no reply", 8) == 0
               ? " (clamd serves at most MaxQueue sessions at once, 100 by default)"
               : "");
-  print_reply(c);
+  e->print_reply(c);
   exit(1);
 }
+
+const struct protocol clamd_protocol = {
+    .name = "clamd",
+    .ops = 1 << OP_SCAN,
+    .default_op = OP_SCAN,
+    .set_op = -1,
+    .get_op = -1,
+    .make_value = make_clamd_streams,
+    .setup = setup_clamd,
+    .format = clamd_scan_request,
+    .parse = parse_clamd,
+};

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loadgen.h"
+#include "loadgen_proto.h"
 
 enum { LDAP_BIND = NOPS, LDAP_SUFFIX, LDAP_OU };  // ldap requests made before the clock starts
 
@@ -93,9 +93,9 @@ static void ber_attr(struct ber* b, const char* type, const char* v) {
   attr_end(b);
 }
 
-static void ber_description(struct ber* b) {
+static void ber_description(struct ber* b, const struct engine* e) {
   attr_begin(b, "description");
-  ber_put(b, 0x04, value, (size_t)cfg.value_bytes);
+  ber_put(b, 0x04, e->value, (size_t)e->cfg->value_bytes);
   attr_end(b);
 }
 
@@ -116,8 +116,8 @@ static void ldap_request(struct ber* b, struct conn* c, int req, long k) {
       c->expect = 0x61;
       ber_begin(b, 0x60);
       ber_int(b, 0x02, 3);
-      ber_str(b, 0x04, cfg.bind_dn);
-      ber_str(b, 0x80, cfg.password);
+      ber_str(b, 0x04, c->engine->cfg->bind_dn);
+      ber_str(b, 0x80, c->engine->cfg->password);
       break;
     case LDAP_SUFFIX:  // AddRequest: entry, attributes
       c->expect = 0x69;
@@ -150,7 +150,7 @@ static void ldap_request(struct ber* b, struct conn* c, int req, long k) {
       ber_attr(b, "objectClass", "person");
       ber_attr(b, "cn", cn);
       ber_attr(b, "sn", "bench");
-      ber_description(b);
+      ber_description(b, c->engine);
       ber_end(b);
       break;
     case OP_MODIFY:  // ModifyRequest: object, changes: one replace (2) of the description
@@ -160,7 +160,7 @@ static void ldap_request(struct ber* b, struct conn* c, int req, long k) {
       ber_begin(b, 0x30);
       ber_begin(b, 0x30);
       ber_int(b, 0x0a, 2);
-      ber_description(b);
+      ber_description(b, c->engine);
       ber_end(b);
       ber_end(b);
       break;
@@ -184,7 +184,8 @@ static void ldap_request(struct ber* b, struct conn* c, int req, long k) {
   ber_end(b);  // the LDAPMessage
 }
 
-size_t format_ldap(struct conn* c, int req, long k) {
+// The request req (an op or LDAP_*) at c->req; its length.
+static size_t format_ldap_request(struct conn* c, int req, long k) {
   c->msgid = c->msgid == INT_MAX ? 1 : c->msgid + 1;  // 0 is for unsolicited notifications
   struct ber b = {0};
   ldap_request(&b, c, req, k);
@@ -261,8 +262,14 @@ static long ldap_message(const unsigned char* buf, size_t len, int* msgid, unsig
   return h + (long)n;
 }
 
+static const char* format_ldap(struct conn* c, int op, long k, size_t* n) {
+  *n = format_ldap_request(c, op, k);
+  return c->req;
+}
+
 // An LDAP reply: the response to c->msgid, after any SearchResultEntry for a search.
-long parse_ldap(struct conn* c, int* kind) {
+static long parse_ldap(struct conn* c, int* kind) {
+  int bench_op = c->engine->cfg->op;  // --op, which says what codes are misses
   size_t off = 0;
   for (;;) {
     int id, code;
@@ -283,8 +290,8 @@ long parse_ldap(struct conn* c, int* kind) {
     c->result = code;
     if (code == 0) {
       *kind = REPLY_OK;
-    } else if ((code == 32 && (cfg.op == OP_MODIFY || cfg.op == OP_SEARCH)) ||
-               (code == 68 && cfg.op == OP_PREFILL)) {
+    } else if ((code == 32 && (bench_op == OP_MODIFY || bench_op == OP_SEARCH)) ||
+               (code == 68 && bench_op == OP_PREFILL)) {
       *kind = REPLY_MISS;  // noSuchObject; entryAlreadyExists
     } else {
       *kind = REPLY_ERROR;
@@ -320,18 +327,20 @@ static const char* ldap_code_name(int code) {
 
 // Before the clock starts: a simple bind, and for prefill on the first connection the two
 // entries above the keys, which the other connections' adds need (entryAlreadyExists is fine).
-void setup_ldap(struct conn* c) {
+static void setup_ldap(struct conn* c) {
+  const struct engine* e = c->engine;
+  const struct config* cfg = e->cfg;
   int reqs[3] = {LDAP_BIND, LDAP_SUFFIX, LDAP_OU};
-  int nreqs = cfg.op == OP_PREFILL && c->id == 0 ? 3 : 1;
+  int nreqs = cfg->op == OP_PREFILL && c->id == 0 ? 3 : 1;
   for (int i = 0; i < nreqs; i++) {
-    int kind = round_trip(c, c->req, format_ldap(c, reqs[i], 0));
+    int kind = e->round_trip(c, c->req, format_ldap_request(c, reqs[i], 0));
     const char* what = reqs[i] == LDAP_BIND ? "bind as"
                        : reqs[i] == LDAP_OU ? "add of " BENCH_BASE " by"
                                             : "add of dc=lockstep,dc=test by";
     if (kind < 0) {
-      fprintf(stderr, "loadgen: ldap %s %s on %s:%s failed: %s; read: ", what, cfg.bind_dn,
-              cfg.host, cfg.port, c->lost);
-      print_reply(c);
+      fprintf(stderr, "loadgen: ldap %s %s on %s:%s failed: %s; read: ", what, cfg->bind_dn,
+              cfg->host, cfg->port, c->lost);
+      e->print_reply(c);
       exit(1);
     }
     if (c->result == 0 || (c->result == 68 && reqs[i] != LDAP_BIND)) continue;
@@ -341,8 +350,21 @@ void setup_ldap(struct conn* c) {
     size_t diag_len = 0;
     ldap_message((const unsigned char*)c->buf, c->len, &id, &op, &code, &diag, &diag_len);
     fprintf(stderr, "loadgen: ldap %s %s on %s:%s refused: resultCode %d (%s)%s%.*s\n", what,
-            cfg.bind_dn, cfg.host, cfg.port, c->result, ldap_code_name(c->result),
+            cfg->bind_dn, cfg->host, cfg->port, c->result, ldap_code_name(c->result),
             diag_len ? ": " : "", (int)diag_len, (const char*)diag);
     exit(1);
   }
 }
+
+const struct protocol ldap_protocol = {
+    .name = "ldap",
+    .ops = 1 << OP_ADD | 1 << OP_MODIFY | 1 << OP_SEARCH | 1 << OP_PREFILL,
+    .default_op = -1,
+    .needs_op = "add, modify, search or prefill",
+    .set_op = -1,
+    .get_op = -1,
+    .prefill_requests = 1,
+    .setup = setup_ldap,
+    .format = format_ldap,
+    .parse = parse_ldap,
+};

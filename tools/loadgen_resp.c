@@ -6,11 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loadgen.h"
+#include "loadgen_proto.h"
 
-// Length of a complete reply at the head of buf, 0 if more bytes are needed, -1 if the
-// reply cannot be parsed. *kind says whether it is OK, a miss or an error reply.
-long parse_redis(const char* buf, size_t len, int* kind) {
+// The reply at c->buf + off. A RESP reply to SET, GET or WAIT: a line, or a bulk string.
+static long parse_redis_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
+  (void)sync;  // replies come in order
+  const char* buf = c->buf + off;
+  size_t len = c->len - off;
+  const struct config* cfg = c->engine->cfg;
   const char* eol = memmem(buf, len, "\r\n", 2);
   if (!eol) return 0;
   long line = eol - buf + 2;
@@ -19,7 +22,7 @@ long parse_redis(const char* buf, size_t len, int* kind) {
     case '+': return line;
     case '-': *kind = REPLY_ERROR; return line;
     case ':':
-      if (cfg.op == OP_SET_WAIT && atol(buf + 1) < cfg.wait_replicas) *kind = REPLY_ERROR;
+      if (cfg->op == OP_SET_WAIT && atol(buf + 1) < cfg->wait_replicas) *kind = REPLY_ERROR;
       return line;
     case '$': {
       long n = atol(buf + 1);
@@ -33,7 +36,11 @@ long parse_redis(const char* buf, size_t len, int* kind) {
   }
 }
 
-long parse_memcached(const char* buf, size_t len, int* kind) {
+// A memcached reply to set or get: STORED, END (a miss), VALUE ... END, or an error line.
+static long parse_memcached_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
+  (void)sync;  // replies come in order
+  const char* buf = c->buf + off;
+  size_t len = c->len - off;
   const char* eol = memmem(buf, len, "\r\n", 2);
   if (!eol) return 0;
   long line = eol - buf + 2;
@@ -55,29 +62,74 @@ long parse_memcached(const char* buf, size_t len, int* kind) {
   return line;
 }
 
-// BER for LDAP (RFC 4511 5.1: one-byte tags, definite lengths). A request is encoded by
-// running the same calls twice: the first run (p == NULL) only measures every constructed
+static long parse_redis(struct conn* c, int* kind) {
+  return parse_redis_at(c, 0, kind, NULL);
+}
 
-// A set (redis SET, memcached set with <value-bytes> of value) or a get of key:<k>.
-size_t format_redis_memcached(struct conn* c, int op, long k) {
-  char key[32];
-  int kl = snprintf(key, sizeof key, "key:%ld", k);
-  int vb = cfg.value_bytes, h;
-  if (cfg.proto == PROTO_REDIS) {
-    if (op == OP_GET) return (size_t)sprintf(c->req, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", kl, key);
-    h = sprintf(c->req, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n", kl, key, vb);
-  } else {
-    if (op == OP_GET) return (size_t)sprintf(c->req, "get %s\r\n", key);
-    h = sprintf(c->req, "set %s 0 0 %d\r\n", key, vb);
-  }
-  memcpy(c->req + h, value, (size_t)vb);
+static long parse_memcached(struct conn* c, int* kind) {
+  return parse_memcached_at(c, 0, kind, NULL);
+}
+
+// Appends --value-bytes of value and CRLF to the request header of h bytes at c->req; returns
+// the request's length.
+static size_t append_value(struct conn* c, int h) {
+  int vb = c->engine->cfg->value_bytes;
+  memcpy(c->req + h, c->engine->value, (size_t)vb);
   memcpy(c->req + h + vb, "\r\n", 2);
   return (size_t)(h + vb + 2);
 }
 
-// set-wait's second request, at out (size bytes, 64 are enough); its length.
-size_t format_redis_wait(char* out, size_t size) {
+// `SET key:<k> <value>` or `GET key:<k>` (set-wait's SET too).
+static const char* format_redis(struct conn* c, int op, long k, size_t* n) {
+  char key[32];
+  int kl = snprintf(key, sizeof key, "key:%ld", k);
+  if (op == OP_GET) {
+    *n = (size_t)sprintf(c->req, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", kl, key);
+  } else {
+    int vb = c->engine->cfg->value_bytes;
+    *n = append_value(c, sprintf(c->req, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n", kl, key, vb));
+  }
+  return c->req;
+}
+
+// `set key:<k> 0 0 <bytes>` and the value, or `get key:<k>`.
+static const char* format_memcached(struct conn* c, int op, long k, size_t* n) {
+  if (op == OP_GET) {
+    *n = (size_t)sprintf(c->req, "get key:%ld\r\n", k);
+  } else {
+    *n = append_value(c, sprintf(c->req, "set key:%ld 0 0 %d\r\n", k, c->engine->cfg->value_bytes));
+  }
+  return c->req;
+}
+
+// set-wait's second request: `WAIT <wait-replicas> 0`.
+static size_t format_redis_wait(const struct conn* c, char* out, size_t size) {
   char num[16];
-  int nl = snprintf(num, sizeof num, "%d", cfg.wait_replicas);
+  int nl = snprintf(num, sizeof num, "%d", c->engine->cfg->wait_replicas);
   return (size_t)snprintf(out, size, "*3\r\n$4\r\nWAIT\r\n$%d\r\n%s\r\n$1\r\n0\r\n", nl, num);
 }
+
+const struct protocol redis_protocol = {
+    .name = "redis",
+    .ops = 1 << OP_SET | 1 << OP_GET | 1 << OP_SET_WAIT,
+    .default_op = OP_SET,
+    .set_op = OP_SET,
+    .get_op = OP_GET,
+    .open_ops = 1 << OP_SET | 1 << OP_GET,
+    .format = format_redis,
+    .format_wait = format_redis_wait,
+    .parse = parse_redis,
+    .parse_next = parse_redis_at,
+};
+
+const struct protocol memcached_protocol = {
+    .name = "memcached",
+    .ops = 1 << OP_SET | 1 << OP_GET,
+    .default_op = OP_SET,
+    .set_op = OP_SET,
+    .get_op = OP_GET,
+    .open_ops = 1 << OP_SET | 1 << OP_GET,
+    .format = format_memcached,
+    .parse = parse_memcached,
+    .parse_next = parse_memcached_at,
+};

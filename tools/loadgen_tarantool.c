@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loadgen.h"
+#include "loadgen_proto.h"
 
 enum { TNT_REPLY, TNT_GREETING };  // what a tarantool connection reads next
 enum { IPROTO_SELECT = 1, IPROTO_REPLACE = 3 };
@@ -148,19 +148,22 @@ static unsigned char* tnt_select(unsigned char* p, int space, int index, int lim
   return mp_array(p, nkey);
 }
 
-// The request for a tarantool op (not prefill: loadgen.c's next_op resolves it) with key k; its
-// length.
-size_t format_tarantool(struct conn* c, int op, long k) {
+// The request for a tarantool op with key k, at c->req; *n its length. Prefill makes each key's
+// doc, then its kv pair (c->seq counts them; the engine gives both the same key).
+static const char* format_tarantool(struct conn* c, int op, long k, size_t* n) {
+  const struct config* cfg = c->engine->cfg;
+  const char* value = c->engine->value;
+  if (op == OP_PREFILL) op = c->seq % 2 ? OP_KV_SET : OP_DOC_REPLACE;
   char key[32], owner[32];
   int kl = snprintf(key, sizeof key, "key:%ld", k);
   int ol = snprintf(owner, sizeof owner, "owner%ld", k % TNT_OWNERS);
-  size_t vb = (size_t)cfg.value_bytes;
+  size_t vb = (size_t)cfg->value_bytes;
   int replace = op == OP_DOC_REPLACE || op == OP_KV_SET;
   unsigned char* p = tnt_begin(c, replace ? IPROTO_REPLACE : IPROTO_SELECT);
   if (replace) {  // {SPACE_ID, TUPLE}
     p = mp_map(p, 2);
     *p++ = 0x10;
-    p = mp_uint(p, (uint64_t)(op == OP_KV_SET ? cfg.space_kv : cfg.space_docs));
+    p = mp_uint(p, (uint64_t)(op == OP_KV_SET ? cfg->space_kv : cfg->space_docs));
     *p++ = 0x21;
   }
   switch (op) {
@@ -180,18 +183,19 @@ size_t format_tarantool(struct conn* c, int op, long k) {
       p = mp_str(p, value, vb);
       break;
     case OP_DOC_GET:
-      p = tnt_select(p, cfg.space_docs, 0, 1, 1);
+      p = tnt_select(p, cfg->space_docs, 0, 1, 1);
       p = mp_uint(p, (uint64_t)k);
       break;
     case OP_DOC_BY_OWNER:
-      p = tnt_select(p, cfg.space_docs, 1, 10, 1);
+      p = tnt_select(p, cfg->space_docs, 1, 10, 1);
       p = mp_str(p, owner, (size_t)ol);
       break;
     default:  // OP_KV_GET
-      p = tnt_select(p, cfg.space_kv, 0, 1, 1);
+      p = tnt_select(p, cfg->space_kv, 0, 1, 1);
       p = mp_str(p, key, (size_t)kl);
   }
-  return tnt_end(c, p);
+  *n = tnt_end(c, p);
+  return c->req;
 }
 
 struct tnt_reply {
@@ -261,7 +265,7 @@ static int tnt_kind(const struct tnt_reply* r) {
 }
 
 // A tarantool response at c->buf + off; *sync its IPROTO_SYNC.
-long parse_tarantool_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
+static long parse_tarantool_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
   struct tnt_reply r;
   long m = tnt_message((const unsigned char*)c->buf + off, c->len - off, &r);
   if (m <= 0) return m;
@@ -271,7 +275,7 @@ long parse_tarantool_at(struct conn* c, size_t off, int* kind, uint64_t* sync) {
 }
 
 // A tarantool reply: the greeting while it is due, else the response to the request c->sync.
-long parse_tarantool(struct conn* c, int* kind) {
+static long parse_tarantool(struct conn* c, int* kind) {
   if (c->expect == TNT_GREETING) {
     if (c->len < TNT_GREETING_SIZE) return 0;
     if (memcmp(c->buf, "Tarantool ", 10) != 0 || c->buf[63] != '\n' || c->buf[127] != '\n') {
@@ -293,39 +297,41 @@ long parse_tarantool(struct conn* c, int* kind) {
 
 // Before the clock starts: the greeting, and a select with limit 0 from every space and index
 // the op uses.
-void setup_tarantool(struct conn* c) {
+static void setup_tarantool(struct conn* c) {
+  const struct engine* e = c->engine;
+  const struct config* cfg = e->cfg;
   c->expect = TNT_GREETING;
-  if (round_trip(c, "", 0) < 0) {  // nothing to send: the server speaks first
+  if (e->round_trip(c, "", 0) < 0) {  // nothing to send: the server speaks first
     fprintf(stderr, "loadgen: tarantool connection %d to %s:%s failed: %s; read: ", c->id + 1,
-            cfg.host, cfg.port, c->lost);
-    print_reply(c);
+            cfg->host, cfg->port, c->lost);
+    e->print_reply(c);
     exit(1);
   }
-  int docs = cfg.op == OP_DOC_REPLACE || cfg.op == OP_DOC_GET || cfg.op == OP_PREFILL;
-  int kv = cfg.op == OP_KV_SET || cfg.op == OP_KV_GET || cfg.op == OP_PREFILL;
+  int docs = cfg->op == OP_DOC_REPLACE || cfg->op == OP_DOC_GET || cfg->op == OP_PREFILL;
+  int kv = cfg->op == OP_KV_SET || cfg->op == OP_KV_GET || cfg->op == OP_PREFILL;
   // Each with a key of the type of the op's keys, which the server checks against the index
   // even with limit 0: swapped space ids are refused too.
   const struct {
     int used, space, index;
     const char *key, *option;  // key NULL: the unsigned 0
-  } probes[] = {{docs, cfg.space_docs, 0, NULL, "--space-docs"},
-                {cfg.op == OP_DOC_BY_OWNER, cfg.space_docs, 1, "owner0", "--space-docs"},
-                {kv, cfg.space_kv, 0, "key:0", "--space-kv"}};
+  } probes[] = {{docs, cfg->space_docs, 0, NULL, "--space-docs"},
+                {cfg->op == OP_DOC_BY_OWNER, cfg->space_docs, 1, "owner0", "--space-docs"},
+                {kv, cfg->space_kv, 0, "key:0", "--space-kv"}};
   for (int i = 0; i < 3; i++) {
     if (!probes[i].used) continue;
     const char* key = probes[i].key;
     unsigned char* p =
         tnt_select(tnt_begin(c, IPROTO_SELECT), probes[i].space, probes[i].index, 0, 1);
     p = key ? mp_str(p, key, strlen(key)) : mp_uint(p, 0);
-    int kind = round_trip(c, c->req, tnt_end(c, p));
+    int kind = e->round_trip(c, c->req, tnt_end(c, p));
     if (kind == REPLY_OK || kind == REPLY_MISS) continue;  // limit 0: always no tuple
     struct tnt_reply r = {.error = (const unsigned char*)""};
     if (kind > 0) tnt_message((const unsigned char*)c->buf, c->len, &r);
     fprintf(stderr, "loadgen: tarantool select from space %d index %d on %s:%s ", probes[i].space,
-            probes[i].index, cfg.host, cfg.port);
+            probes[i].index, cfg->host, cfg->port);
     if (kind < 0) {
       fprintf(stderr, "failed: %s; read: ", c->lost);
-      print_reply(c);
+      e->print_reply(c);
     } else {
       fprintf(stderr, "refused: error %llu: %.*s (%s?)\n", (unsigned long long)(r.code & 0x7fff),
               (int)r.error_len, (const char*)r.error, probes[i].option);
@@ -333,3 +339,21 @@ void setup_tarantool(struct conn* c) {
     exit(1);
   }
 }
+
+const struct protocol tarantool_protocol = {
+    .name = "tarantool",
+    .ops = 1 << OP_PREFILL | 1 << OP_DOC_REPLACE | 1 << OP_DOC_GET | 1 << OP_DOC_BY_OWNER |
+           1 << OP_KV_SET | 1 << OP_KV_GET,
+    .default_op = -1,
+    .needs_op = "doc-replace, doc-get, doc-by-owner, kv-set, kv-get or prefill",
+    .set_op = OP_KV_SET,
+    .get_op = OP_KV_GET,
+    .open_ops = 1 << OP_DOC_REPLACE | 1 << OP_DOC_GET | 1 << OP_DOC_BY_OWNER | 1 << OP_KV_SET |
+                1 << OP_KV_GET,
+    .replies_by_sync = 1,
+    .prefill_requests = 2,
+    .setup = setup_tarantool,
+    .format = format_tarantool,
+    .parse = parse_tarantool,
+    .parse_next = parse_tarantool_at,
+};

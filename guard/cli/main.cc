@@ -663,15 +663,17 @@ int CmdDivergence(int argc, char** argv) {
 // ------------------------------------------------------------------ sim
 
 int CmdSim(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help", "verbose"});
+  Args a = Parse(argc, argv, 2, {"help", "verbose", "digest"});
   if (WantsHelp(a)) {
     printf(
         "usage: lockstep sim [--seeds N] [--first-seed S] [--replicas 3|5|7] [--seed S "
-        "--verbose]\n\n"
+        "--verbose] [--digest]\n\n"
         "Runs the protocol core under deterministic random schedules (message loss, delay and\n"
         "reordering, crashes that lose what was not durable, partitions, a deposed leader paused\n"
         "and resumed) and checks agreement, durability, one leader per ballot and progress after\n"
-        "every step. --seed S replays one seed (with --verbose: its full trace).\n");
+        "every step. --seed S replays one seed (with --verbose: its full trace). --digest\n"
+        "prints every seed's summary and a digest of its final committed logs, to compare two\n"
+        "builds' runs seed by seed.\n");
     return 0;
   }
   long long seeds, first, replicas, one, duration;
@@ -698,7 +700,10 @@ int CmdSim(int argc, char** argv) {
           "seed %lld: VIOLATION: %s\n  replay: lockstep sim --replicas %lld --seed %lld "
           "--verbose\n",
           s, r.violation.c_str(), replicas, s);
-    } else if (seeds <= 10 || a.Has("verbose")) {
+    }
+    if (a.Has("digest")) {
+      printf("%s, digest %08x\n", r.summary.c_str(), r.digest);
+    } else if (r.ok && (seeds <= 10 || a.Has("verbose"))) {
       printf("seed %lld: ok (%s)\n", s, r.summary.c_str());
     }
     if (seeds > 10 && (s - first + 1) % 100 == 0)
