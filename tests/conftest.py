@@ -16,6 +16,7 @@ import time
 import tomllib
 from pathlib import Path
 
+import declared_skips  # tests/declared_skips.py: the rule, shared with scripts/ctest_skips
 import pytest
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
@@ -274,21 +275,10 @@ def pytest_runtest_makereport(item, call):
 # declared in tests/declared_skips.txt (a node id, or the start of one, and
 # why); every skip is printed at the end either way. On a machine that lacks
 # what scripts/setup installs, LOCKSTEP_ALLOW_SKIPS=1 lets undeclared skips
-# pass (they are still printed and counted).
+# pass (they are still printed and counted). The same rule covers ctest's
+# skipped gtests (scripts/ctest_skips); both read tests/declared_skips.py.
 
-DECLARED_SKIPS_FILE = ROOT / "tests" / "declared_skips.txt"
 _skips = []  # (node id, reason)
-
-
-def declared_skips():
-    """[(node id prefix, why)] from tests/declared_skips.txt."""
-    out = []
-    for line in DECLARED_SKIPS_FILE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            nodeid, _, why = line.partition(" ")
-            out.append((nodeid, why.strip()))
-    return out
 
 
 def pytest_runtest_logreport(report):
@@ -298,8 +288,7 @@ def pytest_runtest_logreport(report):
 
 
 def undeclared_skips():
-    declared = [d for d, _ in declared_skips()]
-    return [(n, r) for n, r in _skips if not any(n.startswith(d) for d in declared)]
+    return [(n, r) for n, r in _skips if not declared_skips.is_declared(n)]
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -311,10 +300,10 @@ def pytest_terminal_summary(terminalreporter):
     for nodeid, reason in _skips:
         mark = "UNDECLARED" if (nodeid, reason) in undeclared else "declared"
         tr.line(f"{mark:10} {nodeid}: {reason}")
-    if undeclared and os.environ.get("LOCKSTEP_ALLOW_SKIPS") != "1":
+    if undeclared and not declared_skips.allowed():
         tr.line(
             f"{len(undeclared)} undeclared skip(s) fail this run: declare them in "
-            f"{DECLARED_SKIPS_FILE.relative_to(ROOT)} with a reason, or give the machine "
+            f"{declared_skips.FILE.relative_to(ROOT)} with a reason, or give the machine "
             "what they need (scripts/setup); LOCKSTEP_ALLOW_SKIPS=1 lets them pass"
         )
 
@@ -322,7 +311,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     if (
         undeclared_skips()
-        and os.environ.get("LOCKSTEP_ALLOW_SKIPS") != "1"
+        and not declared_skips.allowed()
         and session.exitstatus == pytest.ExitCode.OK
     ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
