@@ -212,6 +212,32 @@ class Cluster:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}: {self.status()}")
 
+    def wait_judged(self, before, ends=1, timeout=60.0):
+        """Waits until the leader (the one in `before`, a status taken before
+        the connections ended) has settled `ends` more ends of streams of
+        every backup, with no question open: any divergence on those
+        connections has been judged by then. Returns the leader's output
+        status, or None if the leader changed (another leader judges only
+        what came after it took over). A negative check (no divergence)
+        waits for this first."""
+        leader = before["leader"]
+        start = before["replicas"][leader]["output"]
+
+        def judged(s):
+            if s["leader"] != leader:
+                return True
+            out = s["replicas"][leader]["output"]
+            if out["divergences"] > start["divergences"]:
+                return True  # judged already (a diverged backup's later points are not)
+            return out["open"] == 0 and all(
+                out["ends_settled"][r] >= start["ends_settled"][r] + ends
+                for r in range(len(start["ends_settled"]))
+                if r != leader
+            )
+
+        s = self.wait(judged, timeout, f"{ends} more connection end(s) judged on every backup")
+        return s["replicas"][leader]["output"] if s["leader"] == leader else None
+
     def down(self):
         if (self.dir / "cluster.toml").exists():
             run("cluster", "down", "--dir", self.dir, check=False)
