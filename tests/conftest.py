@@ -238,6 +238,25 @@ class Cluster:
         s = self.wait(judged, timeout, f"{ends} more connection end(s) judged on every backup")
         return s["replicas"][leader]["output"] if s["leader"] == leader else None
 
+    def judged_run(self, body, ends=1, attempts=3):
+        """Runs body() (whose connections all end in it) and waits until the
+        leader judged their ends (wait_judged); returns (the leader's output
+        status before, after). A leader change (a connection closed under
+        body, or a new judge) runs it again: on a loaded machine, an ASan
+        build above all, a leader may lose its lead to a short stall."""
+        for attempt in range(attempts):
+            before = self.status()
+            try:
+                body()
+            except ConnectionError as e:  # closed by a leader change
+                print(f"attempt {attempt + 1}: {e!r}; again under the new leader")
+                continue
+            after = self.wait_judged(before, ends)
+            if after is not None:
+                return before["replicas"][before["leader"]]["output"], after
+            print(f"attempt {attempt + 1}: the leader changed; again under the new one")
+        raise AssertionError(f"the leader changed in each of {attempts} attempts")
+
     def down(self):
         if (self.dir / "cluster.toml").exists():
             run("cluster", "down", "--dir", self.dir, check=False)

@@ -183,20 +183,21 @@ def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(cluster, 
 
 def test_identical_replicas_report_nothing_and_are_checked(redis_cluster):
     c = redis_cluster
-    before = c.status()
-    clients = [Redis(c.client_addr()) for _ in range(4)]
-    for i, cl in enumerate(clients):
-        load(cl, i * 100, 100, prefix=f"c{i}-")
-        assert cl.call("GET", f"c{i}-{i * 100 + 5}") == b"v%d" % (i * 100 + 5)
-    big = b"x" * 200_000  # past the 64 KiB marks of a stream
-    for _ in range(3):
-        assert clients[0].call("SET", "big", big) == "OK"
-        assert clients[0].call("GET", "big") == big
+
+    def connections():
+        clients = [Redis(c.client_addr()) for _ in range(4)]
+        for i, cl in enumerate(clients):
+            load(cl, i * 100, 100, prefix=f"c{i}-")
+            assert cl.call("GET", f"c{i}-{i * 100 + 5}") == b"v%d" % (i * 100 + 5)
+        big = b"x" * 200_000  # past the 64 KiB marks of a stream
+        for _ in range(3):
+            assert clients[0].call("SET", "big", big) == "OK"
+            assert clients[0].call("GET", "big") == big
+        for cl in clients:
+            cl.close()
+
+    _, st = c.judged_run(connections, ends=4)  # every connection's end judged on every backup
     assert_same_data(c)
-    for cl in clients:
-        cl.close()
-    st = c.wait_judged(before, ends=4)  # every connection's end judged on every backup
-    assert st is not None, "the leader changed"
     assert st["checks"] >= 4, st  # a quiet connection is checked too
     assert st["divergences"] == 0 and reports(c) == [], (st, reports(c))
     for b in backups(c):
@@ -209,19 +210,20 @@ def test_replies_larger_than_a_socket_buffer_reach_the_backups_checks(redis_clus
     # reply far larger than any socket buffer must still flow, or the
     # backup's output would stop short and be judged a length divergence.
     c = redis_cluster
-    before = c.status()
-    cl = Redis(c.client_addr(), timeout=60)
     huge = os.urandom(8 << 20)
-    assert cl.call("SET", "huge", huge) == "OK"
-    for _ in range(2):
-        assert cl.call("GET", "huge") == huge
-    assert cl.call("SET", "after", "1") == "OK"
-    assert_same_data(c)
-    cl.close()
+
+    def replies():
+        cl = Redis(c.client_addr(), timeout=60)
+        assert cl.call("SET", "huge", huge) == "OK"
+        for _ in range(2):
+            assert cl.call("GET", "huge") == huge
+        assert cl.call("SET", "after", "1") == "OK"
+        cl.close()
+
     # Its end judged on every backup (a length divergence included: a
     # backup's end that the leader's never meets is settled after 2 s).
-    st = c.wait_judged(before)
-    assert st is not None, "the leader changed"
+    _, st = c.judged_run(replies)
+    assert_same_data(c)
     assert st["divergences"] == 0 and reports(c) == [], (st, reports(c))
 
 
