@@ -346,12 +346,15 @@ def test_a_divergent_leader_steps_down_is_repaired_and_clients_move(cluster, mon
     # Checked again: the old leader reports to the new one, which agrees.
     sent = output_status(c, old)["points_sent"]
     checks = output_status(c, r["new_leader"])["checks"]
+    before = c.status()
     for i in range(20):
         new.call("SET", f"again{i}", "y")
         assert new.call("GET", f"again{i}") == b"y"
-    time.sleep(1)
+    new.close()
+    # The connection's end judged on every backup, the old leader's included.
+    st = c.wait_judged(before)
+    assert st is not None, "the leader changed again"
     assert len(reports(c)) == 1, reports(c)
-    st = output_status(c, r["new_leader"])
     assert st["checks"] > checks and st["suspended"] == [] and st["divergences"] == 0, st
     assert output_status(c, old)["points_sent"] > sent
     shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
