@@ -16,6 +16,7 @@ import time
 import tomllib
 from pathlib import Path
 
+import declared_skips  # tests/declared_skips.py: the rule, shared with scripts/ctest_skips
 import pytest
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
@@ -211,6 +212,51 @@ class Cluster:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}: {self.status()}")
 
+    def wait_judged(self, before, ends=1, timeout=60.0):
+        """Waits until the leader (the one in `before`, a status taken before
+        the connections ended) has settled `ends` more ends of streams of
+        every backup, with no question open: any divergence on those
+        connections has been judged by then. Returns the leader's output
+        status, or None if the leader changed (another leader judges only
+        what came after it took over). A negative check (no divergence)
+        waits for this first."""
+        leader = before["leader"]
+        start = before["replicas"][leader]["output"]
+
+        def judged(s):
+            if s["leader"] != leader:
+                return True
+            out = s["replicas"][leader]["output"]
+            if out["divergences"] > start["divergences"]:
+                return True  # judged already (a diverged backup's later points are not)
+            return out["open"] == 0 and all(
+                out["ends_settled"][r] >= start["ends_settled"][r] + ends
+                for r in range(len(start["ends_settled"]))
+                if r != leader
+            )
+
+        s = self.wait(judged, timeout, f"{ends} more connection end(s) judged on every backup")
+        return s["replicas"][leader]["output"] if s["leader"] == leader else None
+
+    def judged_run(self, body, ends=1, attempts=3):
+        """Runs body() (whose connections all end in it) and waits until the
+        leader judged their ends (wait_judged); returns (the leader's output
+        status before, after). A leader change (a connection closed under
+        body, or a new judge) runs it again: on a loaded machine, an ASan
+        build above all, a leader may lose its lead to a short stall."""
+        for attempt in range(attempts):
+            before = self.status()
+            try:
+                body()
+            except ConnectionError as e:  # closed by a leader change
+                print(f"attempt {attempt + 1}: {e!r}; again under the new leader")
+                continue
+            after = self.wait_judged(before, ends)
+            if after is not None:
+                return before["replicas"][before["leader"]]["output"], after
+            print(f"attempt {attempt + 1}: the leader changed; again under the new one")
+        raise AssertionError(f"the leader changed in each of {attempts} attempts")
+
     def down(self):
         if (self.dir / "cluster.toml").exists():
             run("cluster", "down", "--dir", self.dir, check=False)
@@ -274,21 +320,10 @@ def pytest_runtest_makereport(item, call):
 # declared in tests/declared_skips.txt (a node id, or the start of one, and
 # why); every skip is printed at the end either way. On a machine that lacks
 # what scripts/setup installs, LOCKSTEP_ALLOW_SKIPS=1 lets undeclared skips
-# pass (they are still printed and counted).
+# pass (they are still printed and counted). The same rule covers ctest's
+# skipped gtests (scripts/ctest_skips); both read tests/declared_skips.py.
 
-DECLARED_SKIPS_FILE = ROOT / "tests" / "declared_skips.txt"
 _skips = []  # (node id, reason)
-
-
-def declared_skips():
-    """[(node id prefix, why)] from tests/declared_skips.txt."""
-    out = []
-    for line in DECLARED_SKIPS_FILE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            nodeid, _, why = line.partition(" ")
-            out.append((nodeid, why.strip()))
-    return out
 
 
 def pytest_runtest_logreport(report):
@@ -298,8 +333,7 @@ def pytest_runtest_logreport(report):
 
 
 def undeclared_skips():
-    declared = [d for d, _ in declared_skips()]
-    return [(n, r) for n, r in _skips if not any(n.startswith(d) for d in declared)]
+    return [(n, r) for n, r in _skips if not declared_skips.is_declared(n)]
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -311,10 +345,10 @@ def pytest_terminal_summary(terminalreporter):
     for nodeid, reason in _skips:
         mark = "UNDECLARED" if (nodeid, reason) in undeclared else "declared"
         tr.line(f"{mark:10} {nodeid}: {reason}")
-    if undeclared and os.environ.get("LOCKSTEP_ALLOW_SKIPS") != "1":
+    if undeclared and not declared_skips.allowed():
         tr.line(
             f"{len(undeclared)} undeclared skip(s) fail this run: declare them in "
-            f"{DECLARED_SKIPS_FILE.relative_to(ROOT)} with a reason, or give the machine "
+            f"{declared_skips.FILE.relative_to(ROOT)} with a reason, or give the machine "
             "what they need (scripts/setup); LOCKSTEP_ALLOW_SKIPS=1 lets them pass"
         )
 
@@ -322,7 +356,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     if (
         undeclared_skips()
-        and os.environ.get("LOCKSTEP_ALLOW_SKIPS") != "1"
+        and not declared_skips.allowed()
         and session.exitstatus == pytest.ExitCode.OK
     ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -58,6 +58,7 @@ void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t no
   if (p.offset >= newest.offset) newest = p;
   if (Compare(replica, p, now_us)) return;
   if (pending_.size() >= kMaxPending) {
+    if (pending_.front().p.ended) ends_settled_[pending_.front().replica]++;
     pending_.pop_front();
     unchecked_++;
   }
@@ -69,6 +70,7 @@ bool OutputChecker::Compare(int replica, const OutputPoint& p, uint64_t now_us) 
   if (!found) return false;
   LeaderRec& ref = *found;
   checks_++;
+  if (p.ended) ends_settled_[replica]++;
   Place place{p.key, p.offset};
   if (p.digest == ref.digest) {
     ref.agreed_mask |= 1u << replica;
@@ -235,6 +237,7 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
     if (now_us - p.since_us >= kPendingUs) {
       if (!JudgeLength(p, now_us, &out))
         unchecked_++;  // the leader never had a point there (its writes ended elsewhere)
+      if (p.p.ended) ends_settled_[p.replica]++;
       continue;
     }
     pending_.push_back(std::move(p));

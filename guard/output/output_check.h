@@ -82,6 +82,16 @@ class OutputChecker {
   uint64_t OldestOpenIndex() const;
   uint64_t checks() const { return checks_; }        // points compared
   uint64_t unchecked() const { return unchecked_; }  // points the leader had none for
+  // Open questions: backup points waiting for the leader's, disagreements
+  // waiting for their verdict. None open: every point taken so far is judged.
+  size_t open() const { return pending_.size() + disputes_.size(); }
+  // The ends of streams (ended points) of that backup compared or given up
+  // on so far: once a test saw a connection's end settled on every backup
+  // and nothing open, any divergence on it has been judged.
+  uint64_t ends_settled(int replica) const {
+    auto it = ends_settled_.find(replica);
+    return it == ends_settled_.end() ? 0 : it->second;
+  }
 
  private:
   struct LeaderRec {
@@ -144,6 +154,7 @@ class OutputChecker {
   std::map<Place, Dispute> disputes_;
   std::set<int> suspended_;
   uint64_t checks_ = 0, unchecked_ = 0;
+  std::map<int, uint64_t> ends_settled_;  // replica -> ended points compared or given up on
 };
 
 }  // namespace lockstep

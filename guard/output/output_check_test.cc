@@ -54,6 +54,35 @@ TEST(OutputCheck, TheBackupThatDiffersAloneDiverged) {
   EXPECT_TRUE(c.Poll(7).empty());
 }
 
+// What a test waits for before it asserts that nothing diverged: each
+// backup's end of the stream settled, and no question open.
+TEST(OutputCheck, EndsSettledAndOpenQuestionsAreCounted) {
+  OutputChecker c(3, kLeader);
+  OutputPoint end = Pt(250, 0xbb);
+  end.ended = true;
+  c.OnBackupPoint(1, end, 0);  // before the leader's own point: pending
+  EXPECT_EQ(c.open(), 1u);
+  EXPECT_EQ(c.ends_settled(1), 0u);
+  c.OnLeaderPoint(Pt(250, 0xbb, 14));
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.ends_settled(1), 1u);
+  EXPECT_EQ(c.open(), 0u);
+  end.digest = 0xcc;  // backup 2 ends differently: open until judged
+  c.OnBackupPoint(2, end, 2);
+  EXPECT_EQ(c.ends_settled(2), 1u);
+  EXPECT_EQ(c.open(), 1u);
+  EXPECT_EQ(c.Poll(3).size(), 1u);  // backup 1 agreed there: judged at once
+  EXPECT_EQ(c.open(), 0u);
+  // An end the leader never reaches is given up on after kPendingUs.
+  OutputPoint longer = Pt(400, 0xdd);
+  longer.ended = true;
+  c.OnBackupPoint(1, longer, 10);
+  EXPECT_EQ(c.open(), 1u);
+  c.Poll(10 + OutputChecker::kPendingUs);
+  EXPECT_EQ(c.ends_settled(1), 2u);
+  EXPECT_EQ(c.open(), 0u);
+}
+
 TEST(OutputCheck, AnOpenQuestionHoldsTheLogFromTheLastAgreement) {
   // The leader keeps its log from the oldest entry a pending verdict may
   // quote (Daemon::TruncateLog): backup 2 agreed at 100 (entry 10) and

@@ -759,6 +759,9 @@ std::string OutputGuard::StatusJson() const {
   o << "{\"role\":\"" << (leading_ ? "judge" : "reporter")
     << "\",\"checks\":" << (checker_ ? checker_->checks() : 0)
     << ",\"unchecked\":" << (checker_ ? checker_->unchecked() : 0)
+    << ",\"open\":" << (checker_ ? checker_->open() : 0) << ",\"ends_settled\":[";
+  for (int r = 0; r < n_; r++) o << (r ? "," : "") << (checker_ ? checker_->ends_settled(r) : 0);
+  o << "]"
     << ",\"unnamed\":" << pipeline_.unnamed_outputs() << ",\"points_sent\":" << points_sent_
     << ",\"divergences\":" << divergences_ << ",\"reports\":" << reports
     << ",\"repairs\":" << repairs_ok_ << ",\"repairs_failed\":" << repairs_failed_

@@ -280,7 +280,8 @@ TEST(ServerProcess, StopKillsTheGroupAndIgnoresTheCallersSignalMask) {
   ASSERT_GT(child, 0);
   auto start = std::chrono::steady_clock::now();
   s.Stop();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // Back as soon as the group is gone, not after the 3 s before SIGKILL.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2900));
   EXPECT_TRUE(Gone(s.pid()));
   EXPECT_TRUE(WaitGone(child));
   std::string how;
@@ -300,7 +301,7 @@ TEST(ServerProcess, StopEscalatesToSigkill) {
   s.Stop();
   auto took = std::chrono::steady_clock::now() - start;
   EXPECT_GE(took, std::chrono::milliseconds(2900));
-  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_LT(took, std::chrono::seconds(20));  // SIGKILL after the 3 s, not a wait for ever
   std::string how;
   EXPECT_TRUE(s.Exited(&how));
   EXPECT_EQ(how, "killed by signal 9");
