@@ -77,15 +77,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 import inspector  # eval/inspector.py: connections to a backup's own server
+import profiles  # eval/profiles.py: apps/APP.toml loaded, its {port}, {dir}, {host} filled in
 
 import apps  # eval/apps.py: processes, clusters, loadgen, /proc usage, plots, machine facts
-from apps import HOST, ROOT, log
+from apps import HOST, log
 
-APPS_DIR = ROOT / "apps"
+APPS_DIR = profiles.APPS_DIR
 SLAPCAT = shutil.which("slapcat") or "/usr/sbin/slapcat"
 
 # What each app's measurements are: loadgen's protocol, the ops measured in order, the
@@ -126,28 +126,19 @@ PREFILL_CONNS = 8
 # ---------------------------------------------------------------------------
 
 
-def load_profile(app):
-    return tomllib.loads((APPS_DIR / f"{app}.toml").read_text())
-
-
-def render(text, port, d):
-    return text.replace("{port}", str(port)).replace("{dir}", str(d))
-
-
-def prepare_profile_dir(profile, d, port):
+def prepare_profile_dir(profile, d, port, host=HOST):
     """Fills the fresh directory d as `cluster up --app` fills a replica's: the profile's
     `prepare` with {dir} = d, then each of its `files` (relative to apps/) copied in by base
-    name with {port} and {dir} replaced."""
+    name with {port}, {dir} and {host} replaced."""
     if profile.get("prepare"):
-        argv = [render(x, port, d) for x in shlex.split(profile["prepare"])]
+        argv = [profiles.render(x, port, d, host) for x in shlex.split(profile["prepare"])]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
         if r.returncode != 0:
             raise RuntimeError(f"prepare {argv} failed: {(r.stdout + r.stderr)[-500:]}")
     for f in (x.strip() for x in profile.get("files", "").split(",")):
         if f:
             src = APPS_DIR / f
-            data = src.read_bytes().replace(b"{port}", str(port).encode())
-            (d / src.name).write_bytes(data.replace(b"{dir}", str(d).encode()))
+            (d / src.name).write_bytes(profiles.render(src.read_bytes(), port, d, host))
 
 
 def wait_log(proc, text, timeout):
@@ -165,13 +156,13 @@ def start_profile_server(ctx, app, name="unreplicated", port=None, host=HOST):
     on port (default: a free loopback port), cwd that directory, and waits until it accepts
     connections at host:port (the profile's ready_timeout_ms). Returns (proc, addr, dir);
     stop it with ctx.procs.stop(proc) and remove dir."""
-    profile = load_profile(app)
+    profile = profiles.load(app)
     timeout = profile.get("ready_timeout_ms", 10000) / 1000
     for attempt in range(3):
         d = Path(tempfile.mkdtemp(prefix=f"{app}-{name}-", dir=ctx.work))
         srv_port = port or apps.free_port()
-        prepare_profile_dir(profile, d, srv_port)
-        argv = [render(x, srv_port, d) for x in shlex.split(profile["command"])]
+        prepare_profile_dir(profile, d, srv_port, host)
+        argv = [profiles.render(x, srv_port, d, host) for x in shlex.split(profile["command"])]
         p = ctx.procs.start(argv, d / "server.log", cwd=d)
         addr = f"{host}:{srv_port}"
         try:
