@@ -411,6 +411,50 @@ def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), base_port=None)
         tear_down_cluster(d)
 
 
+def wait_applied(d, timeout=60.0):
+    """Waits until every replica's applied_index is the leader's commit_index; returns
+    (ok, {id: applied_index}, leader's commit_index, seconds waited)."""
+    t0 = time.monotonic()
+    while True:
+        st = cluster_status(d)
+        lead = st.get("leader")
+        commit = st["replicas"][lead]["commit_index"] if lead is not None else None
+        applied = {r["id"]: r["applied_index"] for r in st["replicas"]}
+        if commit is not None and all(v == commit for v in applied.values()):
+            return True, applied, commit, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            return False, applied, commit, time.monotonic() - t0
+        time.sleep(0.2)
+
+
+def divergence_check(d, out):
+    """`lockstep divergence list --json --dir D` into out["divergences"] (None if it failed);
+    any report: the list, the first reports' `divergence show`, and out["reason"] unless
+    one is there already."""
+    r = lockstep_run(["divergence", "list", "--json", "--dir", d], timeout=60)
+    try:
+        div = json.loads(r.stdout) if r.returncode == 0 else None
+    except json.JSONDecodeError:
+        div = None
+    out["divergences"] = div
+    if div is None:
+        out.setdefault("reason", f"divergence list failed: {(r.stdout + r.stderr)[-300:]}")
+    elif div:
+        text = lockstep_run(["divergence", "list", "--dir", d], timeout=60).stdout
+        out["divergence_report"] = text
+        log(f"  divergence reports:\n{text}")
+        shows = {}  # the first reports in full: inputs, both outputs, the repair
+        for rep in div[:3]:
+            rid = str(rep.get("id", ""))
+            r = lockstep_run(["divergence", "show", rid, "--dir", d], timeout=60)
+            shows[rid] = (r.stdout + r.stderr)[:8000]
+        out["divergence_shows"] = shows
+        if shows:
+            first = next(iter(shows.items()))
+            log(f"  divergence show {first[0]}:\n{first[1][:3000]}")
+        out.setdefault("reason", f"{len(div)} divergence report(s)")
+
+
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx, app):
