@@ -34,11 +34,17 @@ throughput, cores / (servers' + loadgen's CPU per op in that mode), i.e. daemons
 nothing; for the 1-conn disk p50, unreplicated p50 + one durable write while every replica
 writes to the shared disk at once (`lockstep bench consensus`'s floor(N)). Modes that cannot run yet (no `cluster up --app`) are listed as skipped, with the
 reason. Progress goes to stderr. Exit status 1 if a mode failed.
+
+State check, at the end of every replicated mode's load: every replica's applied_index
+reaches the leader's commit_index, every replica's server holds the same (redis: DEBUG
+DIGEST; memcached: value and CAS unique of each of the --keys keys, through `gets`),
+and `lockstep divergence list` is empty; otherwise the mode failed (exit status 1).
 """
 
 import argparse
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -54,6 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import inspector  # eval/inspector.py: connections to a backup's own server
 from resp import Redis, RespError  # eval/resp.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -455,6 +462,48 @@ def divergence_check(d, out):
         out.setdefault("reason", f"{len(div)} divergence report(s)")
 
 
+def server_state(app, addr, keys):
+    """What a replica's server holds, read through an inspection connection (a backup's
+    own server answers only those; the leader's logs it like any input, so what is asked
+    must answer the same everywhere): redis's DEBUG DIGEST (every key, value and expiry);
+    memcached's `gets` of key:0 .. key:<keys-1> (value and CAS unique of each), hashed."""
+    if app == "redis":
+        digest = redis_call(addr, "DEBUG", "DIGEST", timeout=60, inspect=True)
+        return digest.decode() if isinstance(digest, bytes) else str(digest)
+    h, found = hashlib.sha256(), 0
+    with inspector.connect(split_addr(addr), timeout=60) as s:
+        for start in range(0, keys, 500):
+            names = b" ".join(b"key:%d" % i for i in range(start, min(keys, start + 500)))
+            s.sendall(b"gets " + names + b"\r\n")
+            buf = b""
+            while not (buf == b"END\r\n" or buf.endswith(b"\r\nEND\r\n")):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError(f"{addr} closed the connection during gets")
+                buf += chunk
+            h.update(buf)
+            found += buf.count(b"VALUE ")
+    return f"{found} of {keys} keys, sha256 {h.hexdigest()[:16]}"
+
+
+def replicas_agree(app, d, keys):
+    """After a cluster's load: every replica applied the whole log, every replica's server
+    holds the same (server_state), and no divergence was reported. Raises RuntimeError
+    naming what differs (the cluster's logs are kept)."""
+    ok, applied, commit, _ = wait_applied(d)
+    if not ok:
+        raise RuntimeError(f"state check: applied_index {applied}, commit_index {commit} in 60 s")
+    out = {}
+    divergence_check(d, out)  # first: a replica being repaired does not answer meanwhile
+    if "reason" in out:
+        raise RuntimeError(f"state check: {out['reason']}: {out.get('divergence_report', '')}")
+    st = cluster_status(d)
+    states = {r["id"]: server_state(app, r["server_addr"], keys) for r in st["replicas"]}
+    log(f"  state check: {states}; no divergence reported")
+    if len(set(states.values())) != 1:
+        raise RuntimeError(f"state check: the replicas' {app} state differs: {states}")
+
+
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx, app):
@@ -465,6 +514,7 @@ def mode_replicated(durability):
             pids = {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
             try:
                 yield addr, "set", pids
+                replicas_agree(app, d, ctx.state_keys)
             except RuntimeError as e:  # say whether the leader moved (clients lose it then)
                 now = {}
                 with contextlib.suppress(Exception):
@@ -955,6 +1005,7 @@ class Ctx:
         self.work = work  # every directory of this run goes in here
         self.keep_logs = keep_logs  # where a failed cluster's logs are copied, if anywhere
         self.procs = Procs()
+        self.state_keys = 10000  # the keys a replicated mode's state check reads (--keys)
 
 
 def csv(kind):
@@ -1019,6 +1070,7 @@ def main():
 
     work = Path(tempfile.mkdtemp(prefix="lockstep-bench-", dir=a.tmp))
     ctx = Ctx(work, keep_logs=js.parent / f"{a.app}-failed-logs")
+    ctx.state_keys = a.keys
     res = {
         "app": a.app,
         "command": "scripts/bench " + " ".join(sys.argv[1:]),
