@@ -701,7 +701,7 @@ def restart_once(d, bid, cap, sync_cap, lc, wipe=False):
     # earlier round's DEBUG DIGEST of 1M keys (seconds each) before reaching the marker.
     ref = next((r for r in st["replicas"] if r["id"] not in (bid, ld["id"])), ld)
     deadline = time.monotonic() + 60
-    while redis_call(ref["server_addr"], "GET", MARKER) != token.encode():
+    while redis_call(ref["server_addr"], "GET", MARKER, inspect=True) != token.encode():
         if time.monotonic() > deadline:
             raise Failed(f"replica {ref['id']} never showed the marker")
         time.sleep(0.05)
