@@ -399,7 +399,7 @@ def measure_sessions(ctx, app, name, a, res, samples):
             log(f"  {name} [{label}] at {addr}")
             found = [0]
             try:
-                measure_session(app, name, a, res, samples, session, label, addr, pids, found)
+                measure_session(app, name, a, res, samples, session, label, addr, pids, found, d)
             except Exception:  # a cluster is checked also when its load failed
                 if d is not None:
                     check_cluster(ctx, res, app, name, label, d, found[0], after_failure=True)
@@ -422,8 +422,9 @@ def check_cluster(ctx, res, app, name, label, d, found, after_failure=False):
     log("  state check: " + check_text(c))
 
 
-def measure_session(app, name, a, res, samples, session, label, addr, pids, found):
-    """The measurements of one server's (or cluster's) life; found[0] counts FOUND replies."""
+def measure_session(app, name, a, res, samples, session, label, addr, pids, found, d):
+    """The measurements of one server's (or cluster's, in d) life; found[0] counts FOUND
+    replies."""
     spec = SPECS[app]
     if spec["prefill"]:
         r = apps.loadgen(
@@ -436,9 +437,14 @@ def measure_session(app, name, a, res, samples, session, label, addr, pids, foun
             raise RuntimeError(f"prefill of {a.keys} entries: {r}")
         log(f"  prefill: {a.keys} entries at {r['ops_per_s']:.0f}/s")
     for rep, conns, op in session:
-        r = apps.loadgen(
-            app, addr, conns, op, a.seconds, spec["value_bytes"], a.keys, pids,
-            proto=spec["proto"], extra=spec["extra"],
+        # Again on a new leader if the leader changed, except for adds, whose entry names
+        # repeat in each run (the first run's would be there already).
+        r, addr = apps.on_leader(
+            lambda at, c=conns, o=op: apps.loadgen(
+                app, at, c, o, a.seconds, spec["value_bytes"], a.keys, pids,
+                proto=spec["proto"], extra=spec["extra"],
+            ),
+            addr, d, app, f"{name} {op} conns={conns}", tries=1 if op == "add" else 3,
         )  # fmt: skip
         log(
             f"  {name} {op} conns={conns} repeat {rep + 1}/{a.repeats}: "

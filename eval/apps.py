@@ -506,6 +506,46 @@ def replicas_agree(app, d, keys, reports_expected=False):
         raise RuntimeError(f"state check: the replicas' {app} state differs: {states}")
 
 
+def new_leader_addr(d, addr, app=None, timeout=30.0):
+    """After a client error on the cluster in d: the client address of its leader now, if
+    that is not addr (the leader changed, as it may on a loaded machine, and its clients
+    lost their connections: they reconnect to the new leader, as any client must), once
+    its server answers (wait_ready, for app); None if the leader is still at addr (the
+    error is the run's own)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(Exception):
+            now = cluster_status(d).get("client_addr")
+            if now and now != addr:
+                if app:
+                    wait_ready(app, now, timeout=max(1.0, end - time.monotonic()))
+                return now
+            if now == addr:
+                return None
+        time.sleep(0.2)
+    return None
+
+
+def on_leader(run, addr, d, app, what, tries=3):
+    """run(addr), run again at the new leader's address when it failed (a RuntimeError, or
+    a result with "errors") because the cluster in d changed leaders (new_leader_addr); at
+    most `tries` runs. d None (no cluster): once. Returns (its result, the address used)."""
+    for i in range(tries):
+        try:
+            res, err = run(addr), None
+        except RuntimeError as e:
+            res, err = None, e
+        failed = err is not None or (res or {}).get("errors")
+        new = failed and d is not None and i + 1 < tries and new_leader_addr(d, addr, app)
+        if not new:
+            if err is not None:
+                raise err
+            return res, addr
+        log(f"  {what}: the leader moved from {addr} to {new}; measured again there")
+        addr = new
+    raise AssertionError("not reached")
+
+
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx, app):
@@ -515,7 +555,7 @@ def mode_replicated(durability):
             reps = st["replicas"]
             pids = {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
             try:
-                yield addr, "set", pids
+                yield addr, "set", pids, d
                 replicas_agree(app, d, ctx.state_keys)
             except RuntimeError as e:  # say whether the leader moved (clients lose it then)
                 now = {}
@@ -631,14 +671,19 @@ def run_mode(ctx, app, name, a):
     mode, durability, _, reads, cm = MODES[name]
     ops = [op for op in a.ops if op == "set" or reads]
     samples = {}
-    with cm(ctx, app) as (addr, set_op, pids):
+    with cm(ctx, app) as (addr, set_op, pids, *cluster):
         log(f"  {addr}: writing {a.keys} keys")
         prefill(app, addr, a.keys, a.value_bytes)
         for rep in range(a.repeats):
             for conns in a.conns:
                 for op in ops:
                     lg_op = set_op if op == "set" else op
-                    res = loadgen(app, addr, conns, lg_op, a.seconds, a.value_bytes, a.keys, pids)
+                    res, addr = on_leader(
+                        lambda at, c=conns, o=lg_op: loadgen(
+                            app, at, c, o, a.seconds, a.value_bytes, a.keys, pids
+                        ),
+                        addr, cluster[0] if cluster else None, app, f"{name} {op} conns={conns}",
+                    )  # fmt: skip
                     if res["errors"]:
                         # A connection cut off or an error reply (a leader change
                         # mid-run, say): this mode failed; its logs are kept.

@@ -198,7 +198,10 @@ def measure(ctx, name, a, res):
             sysbench(addr, test, "prepare")
             for threads in a.threads:
                 before = {k: apps.usage(v) for k, v in pids.items()}
-                out = sysbench(addr, test, "run", threads, a.seconds)
+                out, addr = apps.on_leader(
+                    lambda at, t=threads, x=test: (wait_sql(at), sysbench(at, x, "run", t, a.seconds))[1],
+                    addr, cluster_dir, None, f"{name} {test} {threads} threads",
+                )  # fmt: skip
                 after = {k: apps.usage(v) for k, v in pids.items()}
                 r = parse_run(out)
                 n = max(r["transactions"], 1)
