@@ -535,7 +535,7 @@ def on_leader(run, addr, d, app, what, tries=3):
             res, err = run(addr), None
         except RuntimeError as e:
             res, err = None, e
-        failed = err is not None or (res or {}).get("errors")
+        failed = err is not None or (isinstance(res, dict) and res.get("errors"))
         new = failed and d is not None and i + 1 < tries and new_leader_addr(d, addr, app)
         if not new:
             if err is not None:
