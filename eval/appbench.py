@@ -77,15 +77,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 import inspector  # eval/inspector.py: connections to a backup's own server
+import profiles  # eval/profiles.py: apps/APP.toml loaded, its {port}, {dir}, {host} filled in
 
 import apps  # eval/apps.py: processes, clusters, loadgen, /proc usage, plots, machine facts
-from apps import HOST, ROOT, log
+from apps import HOST, log
 
-APPS_DIR = ROOT / "apps"
+APPS_DIR = profiles.APPS_DIR
 SLAPCAT = shutil.which("slapcat") or "/usr/sbin/slapcat"
 
 # What each app's measurements are: loadgen's protocol, the ops measured in order, the
@@ -126,28 +126,19 @@ PREFILL_CONNS = 8
 # ---------------------------------------------------------------------------
 
 
-def load_profile(app):
-    return tomllib.loads((APPS_DIR / f"{app}.toml").read_text())
-
-
-def render(text, port, d):
-    return text.replace("{port}", str(port)).replace("{dir}", str(d))
-
-
-def prepare_profile_dir(profile, d, port):
+def prepare_profile_dir(profile, d, port, host=HOST):
     """Fills the fresh directory d as `cluster up --app` fills a replica's: the profile's
     `prepare` with {dir} = d, then each of its `files` (relative to apps/) copied in by base
-    name with {port} and {dir} replaced."""
+    name with {port}, {dir} and {host} replaced."""
     if profile.get("prepare"):
-        argv = [render(x, port, d) for x in shlex.split(profile["prepare"])]
+        argv = [profiles.render(x, port, d, host) for x in shlex.split(profile["prepare"])]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
         if r.returncode != 0:
             raise RuntimeError(f"prepare {argv} failed: {(r.stdout + r.stderr)[-500:]}")
     for f in (x.strip() for x in profile.get("files", "").split(",")):
         if f:
             src = APPS_DIR / f
-            data = src.read_bytes().replace(b"{port}", str(port).encode())
-            (d / src.name).write_bytes(data.replace(b"{dir}", str(d).encode()))
+            (d / src.name).write_bytes(profiles.render(src.read_bytes(), port, d, host))
 
 
 def wait_log(proc, text, timeout):
@@ -165,13 +156,13 @@ def start_profile_server(ctx, app, name="unreplicated", port=None, host=HOST):
     on port (default: a free loopback port), cwd that directory, and waits until it accepts
     connections at host:port (the profile's ready_timeout_ms). Returns (proc, addr, dir);
     stop it with ctx.procs.stop(proc) and remove dir."""
-    profile = load_profile(app)
+    profile = profiles.load(app)
     timeout = profile.get("ready_timeout_ms", 10000) / 1000
     for attempt in range(3):
         d = Path(tempfile.mkdtemp(prefix=f"{app}-{name}-", dir=ctx.work))
         srv_port = port or apps.free_port()
-        prepare_profile_dir(profile, d, srv_port)
-        argv = [render(x, srv_port, d) for x in shlex.split(profile["command"])]
+        prepare_profile_dir(profile, d, srv_port, host)
+        argv = [profiles.render(x, srv_port, d, host) for x in shlex.split(profile["command"])]
         p = ctx.procs.start(argv, d / "server.log", cwd=d)
         addr = f"{host}:{srv_port}"
         try:
@@ -258,22 +249,6 @@ MODES = {
 # ---------------------------------------------------------------------------
 
 
-def wait_applied(d, timeout=60.0):
-    """Waits until every replica's applied_index is the leader's commit_index; returns
-    (ok, {id: applied_index}, leader's commit_index, seconds waited)."""
-    t0 = time.monotonic()
-    while True:
-        st = apps.cluster_status(d)
-        lead = st.get("leader")
-        commit = st["replicas"][lead]["commit_index"] if lead is not None else None
-        applied = {r["id"]: r["applied_index"] for r in st["replicas"]}
-        if commit is not None and all(v == commit for v in applied.values()):
-            return True, applied, commit, time.monotonic() - t0
-        if time.monotonic() - t0 > timeout:
-            return False, applied, commit, time.monotonic() - t0
-        time.sleep(0.2)
-
-
 def slapcat(conf):
     r = subprocess.run([SLAPCAT, "-f", str(conf)], capture_output=True, timeout=120, check=False)
     if r.returncode != 0:
@@ -338,7 +313,7 @@ def compare_tarantool(d, ids, leader):
 def state_check(ctx, app, d, extra):
     """The end-of-run check of the cluster in d (see the docstring); a dict with "ok"."""
     out = {**extra, "ok": False}
-    ok, applied, commit, waited = wait_applied(d)
+    ok, applied, commit, waited = apps.wait_applied(d)
     out.update(applied_index=applied, commit_index=commit, applied_wait_s=round(waited, 2))
     if not ok:
         out["reason"] = f"replicas' applied_index {applied} not the commit_index {commit} in 60 s"
@@ -354,39 +329,11 @@ def state_check(ctx, app, d, extra):
         out.update(same_state=same, replicas=summary)
         if not same:
             out["reason"] = "replicas' state differs: " + (detail or json.dumps(summary))
-    divergence_check(d, out)
+    apps.divergence_check(d, out)
     out["ok"] = "reason" not in out
     if not out["ok"]:
         apps.keep_logs(ctx, d)
     return out
-
-
-def divergence_check(d, out):
-    """`lockstep divergence list --json --dir D` into out["divergences"] (None if it failed);
-    any report: the list, the first reports' `divergence show`, and out["reason"] unless
-    one is there already."""
-    r = apps.lockstep_run(["divergence", "list", "--json", "--dir", d], timeout=60)
-    try:
-        div = json.loads(r.stdout) if r.returncode == 0 else None
-    except json.JSONDecodeError:
-        div = None
-    out["divergences"] = div
-    if div is None:
-        out.setdefault("reason", f"divergence list failed: {(r.stdout + r.stderr)[-300:]}")
-    elif div:
-        text = apps.lockstep_run(["divergence", "list", "--dir", d], timeout=60).stdout
-        out["divergence_report"] = text
-        log(f"  divergence reports:\n{text}")
-        shows = {}  # the first reports in full: inputs, both outputs, the repair
-        for rep in div[:3]:
-            rid = str(rep.get("id", ""))
-            r = apps.lockstep_run(["divergence", "show", rid, "--dir", d], timeout=60)
-            shows[rid] = (r.stdout + r.stderr)[:8000]
-        out["divergence_shows"] = shows
-        if shows:
-            first = next(iter(shows.items()))
-            log(f"  divergence show {first[0]}:\n{first[1][:3000]}")
-        out.setdefault("reason", f"{len(div)} divergence report(s)")
 
 
 def check_text(c):
@@ -452,7 +399,7 @@ def measure_sessions(ctx, app, name, a, res, samples):
             log(f"  {name} [{label}] at {addr}")
             found = [0]
             try:
-                measure_session(app, name, a, res, samples, session, label, addr, pids, found)
+                measure_session(app, name, a, res, samples, session, label, addr, pids, found, d)
             except Exception:  # a cluster is checked also when its load failed
                 if d is not None:
                     check_cluster(ctx, res, app, name, label, d, found[0], after_failure=True)
@@ -475,8 +422,9 @@ def check_cluster(ctx, res, app, name, label, d, found, after_failure=False):
     log("  state check: " + check_text(c))
 
 
-def measure_session(app, name, a, res, samples, session, label, addr, pids, found):
-    """The measurements of one server's (or cluster's) life; found[0] counts FOUND replies."""
+def measure_session(app, name, a, res, samples, session, label, addr, pids, found, d):
+    """The measurements of one server's (or cluster's, in d) life; found[0] counts FOUND
+    replies."""
     spec = SPECS[app]
     if spec["prefill"]:
         r = apps.loadgen(
@@ -489,9 +437,14 @@ def measure_session(app, name, a, res, samples, session, label, addr, pids, foun
             raise RuntimeError(f"prefill of {a.keys} entries: {r}")
         log(f"  prefill: {a.keys} entries at {r['ops_per_s']:.0f}/s")
     for rep, conns, op in session:
-        r = apps.loadgen(
-            app, addr, conns, op, a.seconds, spec["value_bytes"], a.keys, pids,
-            proto=spec["proto"], extra=spec["extra"],
+        # Again on a new leader if the leader changed, except for adds, whose entry names
+        # repeat in each run (the first run's would be there already).
+        r, addr = apps.on_leader(
+            lambda at, c=conns, o=op: apps.loadgen(
+                app, at, c, o, a.seconds, spec["value_bytes"], a.keys, pids,
+                proto=spec["proto"], extra=spec["extra"],
+            ),
+            addr, d, app, f"{name} {op} conns={conns}", tries=1 if op == "add" else 3,
         )  # fmt: skip
         log(
             f"  {name} {op} conns={conns} repeat {rep + 1}/{a.repeats}: "

@@ -34,11 +34,17 @@ throughput, cores / (servers' + loadgen's CPU per op in that mode), i.e. daemons
 nothing; for the 1-conn disk p50, unreplicated p50 + one durable write while every replica
 writes to the shared disk at once (`lockstep bench consensus`'s floor(N)). Modes that cannot run yet (no `cluster up --app`) are listed as skipped, with the
 reason. Progress goes to stderr. Exit status 1 if a mode failed.
+
+State check, at the end of every replicated mode's load: every replica's applied_index
+reaches the leader's commit_index, every replica's server holds the same (redis: DEBUG
+DIGEST; memcached: value and CAS unique of each of the --keys keys, through `gets`),
+and `lockstep divergence list` is empty; otherwise the mode failed (exit status 1).
 """
 
 import argparse
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -54,6 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import inspector  # eval/inspector.py: connections to a backup's own server
 from resp import Redis, RespError  # eval/resp.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -411,6 +418,134 @@ def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), base_port=None)
         tear_down_cluster(d)
 
 
+def wait_applied(d, timeout=60.0):
+    """Waits until every replica's applied_index is the leader's commit_index; returns
+    (ok, {id: applied_index}, leader's commit_index, seconds waited)."""
+    t0 = time.monotonic()
+    while True:
+        st = cluster_status(d)
+        lead = st.get("leader")
+        commit = st["replicas"][lead]["commit_index"] if lead is not None else None
+        applied = {r["id"]: r["applied_index"] for r in st["replicas"]}
+        if commit is not None and all(v == commit for v in applied.values()):
+            return True, applied, commit, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            return False, applied, commit, time.monotonic() - t0
+        time.sleep(0.2)
+
+
+def divergence_check(d, out):
+    """`lockstep divergence list --json --dir D` into out["divergences"] (None if it failed);
+    any report: the list, the first reports' `divergence show`, and out["reason"] unless
+    one is there already."""
+    r = lockstep_run(["divergence", "list", "--json", "--dir", d], timeout=60)
+    try:
+        div = json.loads(r.stdout) if r.returncode == 0 else None
+    except json.JSONDecodeError:
+        div = None
+    out["divergences"] = div
+    if div is None:
+        out.setdefault("reason", f"divergence list failed: {(r.stdout + r.stderr)[-300:]}")
+    elif div:
+        text = lockstep_run(["divergence", "list", "--dir", d], timeout=60).stdout
+        out["divergence_report"] = text
+        log(f"  divergence reports:\n{text}")
+        shows = {}  # the first reports in full: inputs, both outputs, the repair
+        for rep in div[:3]:
+            rid = str(rep.get("id", ""))
+            r = lockstep_run(["divergence", "show", rid, "--dir", d], timeout=60)
+            shows[rid] = (r.stdout + r.stderr)[:8000]
+        out["divergence_shows"] = shows
+        if shows:
+            first = next(iter(shows.items()))
+            log(f"  divergence show {first[0]}:\n{first[1][:3000]}")
+        out.setdefault("reason", f"{len(div)} divergence report(s)")
+
+
+def server_state(app, addr, keys):
+    """What a replica's server holds, read through an inspection connection (a backup's
+    own server answers only those; the leader's logs it like any input, so what is asked
+    must answer the same everywhere): redis's DEBUG DIGEST (every key, value and expiry);
+    memcached's `gets` of key:0 .. key:<keys-1> (value and CAS unique of each), hashed."""
+    if app == "redis":
+        digest = redis_call(addr, "DEBUG", "DIGEST", timeout=60, inspect=True)
+        return digest.decode() if isinstance(digest, bytes) else str(digest)
+    h, found = hashlib.sha256(), 0
+    with inspector.connect(split_addr(addr), timeout=60) as s:
+        for start in range(0, keys, 500):
+            names = b" ".join(b"key:%d" % i for i in range(start, min(keys, start + 500)))
+            s.sendall(b"gets " + names + b"\r\n")
+            buf = b""
+            while not (buf == b"END\r\n" or buf.endswith(b"\r\nEND\r\n")):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError(f"{addr} closed the connection during gets")
+                buf += chunk
+            h.update(buf)
+            found += buf.count(b"VALUE ")
+    return f"{found} of {keys} keys, sha256 {h.hexdigest()[:16]}"
+
+
+def replicas_agree(app, d, keys, reports_expected=False):
+    """After a cluster's load: every replica applied the whole log, every replica's server
+    holds the same (server_state), and (unless reports_expected: a benchmark that makes
+    replicas diverge on purpose) no divergence was reported. Raises RuntimeError naming
+    what differs."""
+    ok, applied, commit, _ = wait_applied(d)
+    if not ok:
+        raise RuntimeError(f"state check: applied_index {applied}, commit_index {commit} in 60 s")
+    if not reports_expected:
+        out = {}
+        divergence_check(d, out)  # first: a replica being repaired does not answer meanwhile
+        if "reason" in out:
+            raise RuntimeError(f"state check: {out['reason']}: {out.get('divergence_report')}")
+    st = cluster_status(d)
+    states = {r["id"]: server_state(app, r["server_addr"], keys) for r in st["replicas"]}
+    log(f"  state check: {states}" + ("" if reports_expected else "; no divergence reported"))
+    if len(set(states.values())) != 1:
+        raise RuntimeError(f"state check: the replicas' {app} state differs: {states}")
+
+
+def new_leader_addr(d, addr, app=None, timeout=30.0):
+    """After a client error on the cluster in d: the client address of its leader now, if
+    that is not addr (the leader changed, as it may on a loaded machine, and its clients
+    lost their connections: they reconnect to the new leader, as any client must), once
+    its server answers (wait_ready, for app); None if the leader is still at addr (the
+    error is the run's own)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(Exception):
+            now = cluster_status(d).get("client_addr")
+            if now and now != addr:
+                if app:
+                    wait_ready(app, now, timeout=max(1.0, end - time.monotonic()))
+                return now
+            if now == addr:
+                return None
+        time.sleep(0.2)
+    return None
+
+
+def on_leader(run, addr, d, app, what, tries=3):
+    """run(addr), run again at the new leader's address when it failed (a RuntimeError, or
+    a result with "errors") because the cluster in d changed leaders (new_leader_addr); at
+    most `tries` runs. d None (no cluster): once. Returns (its result, the address used)."""
+    for i in range(tries):
+        try:
+            res, err = run(addr), None
+        except RuntimeError as e:
+            res, err = None, e
+        failed = err is not None or (isinstance(res, dict) and res.get("errors"))
+        new = failed and d is not None and i + 1 < tries and new_leader_addr(d, addr, app)
+        if not new:
+            if err is not None:
+                raise err
+            return res, addr
+        log(f"  {what}: the leader moved from {addr} to {new}; measured again there")
+        addr = new
+    raise AssertionError("not reached")
+
+
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx, app):
@@ -420,7 +555,8 @@ def mode_replicated(durability):
             reps = st["replicas"]
             pids = {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
             try:
-                yield addr, "set", pids
+                yield addr, "set", pids, d
+                replicas_agree(app, d, ctx.state_keys)
             except RuntimeError as e:  # say whether the leader moved (clients lose it then)
                 now = {}
                 with contextlib.suppress(Exception):
@@ -535,14 +671,19 @@ def run_mode(ctx, app, name, a):
     mode, durability, _, reads, cm = MODES[name]
     ops = [op for op in a.ops if op == "set" or reads]
     samples = {}
-    with cm(ctx, app) as (addr, set_op, pids):
+    with cm(ctx, app) as (addr, set_op, pids, *cluster):
         log(f"  {addr}: writing {a.keys} keys")
         prefill(app, addr, a.keys, a.value_bytes)
         for rep in range(a.repeats):
             for conns in a.conns:
                 for op in ops:
                     lg_op = set_op if op == "set" else op
-                    res = loadgen(app, addr, conns, lg_op, a.seconds, a.value_bytes, a.keys, pids)
+                    res, addr = on_leader(
+                        lambda at, c=conns, o=lg_op: loadgen(
+                            app, at, c, o, a.seconds, a.value_bytes, a.keys, pids
+                        ),
+                        addr, cluster[0] if cluster else None, app, f"{name} {op} conns={conns}",
+                    )  # fmt: skip
                     if res["errors"]:
                         # A connection cut off or an error reply (a leader change
                         # mid-run, say): this mode failed; its logs are kept.
@@ -911,6 +1052,7 @@ class Ctx:
         self.work = work  # every directory of this run goes in here
         self.keep_logs = keep_logs  # where a failed cluster's logs are copied, if anywhere
         self.procs = Procs()
+        self.state_keys = 10000  # the keys a replicated mode's state check reads (--keys)
 
 
 def csv(kind):
@@ -975,6 +1117,7 @@ def main():
 
     work = Path(tempfile.mkdtemp(prefix="lockstep-bench-", dir=a.tmp))
     ctx = Ctx(work, keep_logs=js.parent / f"{a.app}-failed-logs")
+    ctx.state_keys = a.keys
     res = {
         "app": a.app,
         "command": "scripts/bench " + " ".join(sys.argv[1:]),

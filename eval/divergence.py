@@ -796,6 +796,13 @@ def phase_divergence(ctx, a, phases, res):
             )
         ):
             checkpoints.keep_logs(ctx, d)
+        # The replicas agree at the end, whatever the trials made them go through.
+        try:
+            apps.replicas_agree("redis", d, a.keys, reports_expected=True)
+        except Exception as e:  # noqa: BLE001
+            log(f"state check: FAILED: {e}")
+            failed.append({"phase": "state check", "reason": str(e)})
+            checkpoints.keep_logs(ctx, d)
         res["final_status"] = {
             r["id"]: {"role": r["role"], "output": r.get("output")}
             for r in status(d)["replicas"]
@@ -890,6 +897,10 @@ def repair_one(ctx, a, d, res, i):
             t["overhead_ms"] = (ls["restored"] - ls["divergence"]) * 1000
     res["trials"].append(t)
     log(f"repair {i + 1}/{a.repair_trials}: {trial_text(t)}")
+    if not t.get("digest_equal"):  # not repaired, or repaired to another state
+        raise Failed(
+            f"the repaired backup's DEBUG DIGEST is not the leader's: {t.get('digest_errors')}"
+        )
 
 
 def redis_reload_baseline(ctx, a):

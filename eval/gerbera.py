@@ -242,12 +242,12 @@ def check_cluster(ctx, res, name, d, after_failure=False):
     if after_failure:
         c["after_failed_load"] = True
     try:
-        ok, applied, commit, waited = appbench.wait_applied(d)
+        ok, applied, commit, waited = apps.wait_applied(d)
         c.update(applied_index=applied, commit_index=commit, applied_wait_s=round(waited, 2))
         if not ok:
             c["reason"] = f"replicas' applied_index {applied} not the commit_index {commit} in 60 s"
         time.sleep(3)  # a backup's output points wait up to 2 s for the leader's
-        appbench.divergence_check(d, c)
+        apps.divergence_check(d, c)
     except Exception as e:  # noqa: BLE001 (a load's own error, if any, goes on)
         c["reason"] = f"the check itself failed: {e}"
     c["ok"] = "reason" not in c

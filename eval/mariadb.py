@@ -26,22 +26,23 @@ import argparse
 import contextlib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 import inspector  # eval/inspector.py: connections to a backup's own server
+import profiles  # eval/profiles.py: apps/APP.toml loaded, its {port}, {dir}, {host} filled in
 
 import apps  # eval/apps.py: processes, clusters, /proc usage, machine facts
 from apps import HOST, ROOT, log
 
 SYSBENCH = shutil.which("sysbench")
 MARIADB = shutil.which("mariadb")
-PROFILE = tomllib.loads((ROOT / "apps" / "mariadb.toml").read_text())
+PROFILE = profiles.load("mariadb")
 TABLES, TABLE_SIZE = 2, 1000
 
 
@@ -103,11 +104,7 @@ def parse_run(out):
 
 
 def server_flags(command_template, port, data_dir):
-    argv = command_template.split()
-    return [
-        a.replace("{port}", str(port)).replace("{dir}", str(data_dir)).replace("{host}", HOST)
-        for a in argv
-    ]
+    return [profiles.render(a, port, data_dir, HOST) for a in shlex.split(command_template)]
 
 
 @contextlib.contextmanager
@@ -201,7 +198,10 @@ def measure(ctx, name, a, res):
             sysbench(addr, test, "prepare")
             for threads in a.threads:
                 before = {k: apps.usage(v) for k, v in pids.items()}
-                out = sysbench(addr, test, "run", threads, a.seconds)
+                out, addr = apps.on_leader(
+                    lambda at, t=threads, x=test: (wait_sql(at), sysbench(at, x, "run", t, a.seconds))[1],
+                    addr, cluster_dir, None, f"{name} {test} {threads} threads",
+                )  # fmt: skip
                 after = {k: apps.usage(v) for k, v in pids.items()}
                 r = parse_run(out)
                 n = max(r["transactions"], 1)

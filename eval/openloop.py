@@ -63,11 +63,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
+import profiles  # eval/profiles.py: apps/APP.toml loaded, its {port}, {dir}, {host} filled in
+
 import apps  # eval/apps.py: processes, clusters, prefill, the machine
-from apps import HOST, ROOT, log
+from apps import HOST, log
 
 MODES = {  # name -> durability
     "unreplicated": "none",
@@ -88,8 +89,8 @@ COLORS = {name: f"C{i}" for i, name in enumerate(MODES)}
 
 
 def profile_command(app):
-    """The server command of apps/APP.toml (its {port} and {dir} still to fill in)."""
-    return tomllib.loads((ROOT / "apps" / f"{app}.toml").read_text())["command"]
+    """The server command of apps/APP.toml (its {port}, {dir} and {host} still to fill in)."""
+    return profiles.load(app)["command"]
 
 
 def pick_port():
@@ -105,7 +106,7 @@ def mode_unreplicated(ctx, app):
     d = Path(tempfile.mkdtemp(prefix="unreplicated-", dir=ctx.work))
     for attempt in range(3):
         port = pick_port()
-        cmd = shlex.split(profile_command(app).format(port=port, dir=d))
+        cmd = [profiles.render(x, port, d, HOST) for x in shlex.split(profile_command(app))]
         p = ctx.procs.start(cmd, d / "log")
         addr = f"{HOST}:{port}"
         try:

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -180,12 +181,32 @@ static inline void send_end(int slot) {
   if (slot >= 0) atomic_fetch_sub(&out_sending[slot], 1);
 }
 
+/* How long out_offset waits, by the clock, for the sends in progress on a
+ * connection to be counted. It once waited 2000 sched_yield()s, about a
+ * millisecond when the sender is queued on another core: a slapd pool thread
+ * preempted longer than that on a loaded machine, between the kernel taking
+ * its reply and counting it, left the leader's out_before of the client's
+ * next request one reply short. The backups' reply gate then let that request
+ * in while the previous one still executed, its reader entered its clock
+ * stamp (same_clock) before the previous modify took its entryCSN, and the
+ * backups' directories differed from the leader's with no divergence report
+ * (entryCSN is in no reply). A send blocked in the kernel (a full socket
+ * buffer; non-blocking sockets never block) costs at most this: its bytes
+ * are not what the client answered. */
+#define LS_SEND_COUNT_WAIT_NS 250000000ull
+
 uint64_t out_offset(int fd) {
   int slot = out_slot_of(fd);
   if (slot < 0) return UINT64_MAX;
-  /* A send blocked in the kernel (a full socket buffer) is not waited for
-   * long: its bytes are not what the client answered. */
-  for (int i = 0; i < 2000 && atomic_load(&out_sending[slot]); i++) sched_yield();
+  for (int i = 0; i < 64 && atomic_load(&out_sending[slot]); i++) sched_yield();
+  if (atomic_load(&out_sending[slot])) {
+    int saved = errno;
+    uint64_t until = now_ns() + LS_SEND_COUNT_WAIT_NS;
+    struct timespec pause = {0, 50000}; /* 50 us: the sender needs a core */
+    while (atomic_load(&out_sending[slot]) && now_ns() < until)
+      syscall(SYS_nanosleep, &pause, NULL);
+    errno = saved;
+  }
   return atomic_load_explicit(&out_win[slot].end, memory_order_acquire);
 }
 
