@@ -81,7 +81,8 @@
  * bytes[o % LS_OUT_WINDOW], under a seqlock. A closed connection's window
  * stays readable until its slot is reused (least recently freed first).
  * Shutdown for writing and close end the stream (LS_OUT_SHUT,
- * LS_OUT_CLOSED records). After a restore the streams carry on from the
+ * LS_OUT_CLOSED records). On the leader, a client that went away mid-reply
+ * cuts the stream (LS_OUT_CUT). After a restore the streams carry on from the
  * checkpoint's offsets and digests (they live in the server's memory).
  *
  * Sleeping: a side about to sleep announces it (server_sleepers /
@@ -107,7 +108,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 13u
+#define LS_SHIM_VERSION 14u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -210,7 +211,14 @@ enum ls_out_flag {
    * sent on it while the interrupted thread was hashing it, or a sendfile
    * source could not be read back): this digest and every later one of the
    * connection mean nothing. Skip them. */
-  LS_OUT_LOST = 8
+  LS_OUT_LOST = 8,
+  /* The leader's client is gone (a send failed with EPIPE or ECONNRESET, or
+   * the shim took a reset from the kernel): nothing the server sends on the
+   * connection from here on reaches anyone. Once per connection, on the
+   * leader only, at the stream's offset then. A backup's stream may go on
+   * past where the leader's stops (its server's sends succeed: the daemon
+   * reads them); those bytes are not compared, the ones before still are. */
+  LS_OUT_CUT = 16
 };
 
 /* One digest of one connection's output stream. */

@@ -63,6 +63,7 @@ struct out_state {
   /* unchecked_greeting: nothing read from the connection yet, so what the
    * server sends is its greeting, left out of the stream. */
   _Atomic(int) greeting;
+  int cut; /* the LS_OUT_CUT record is out (the leader's client went away) */
 };
 /* LOCKSTEP_SHIM_UNCHECKED_GREETING=1 (the profile's `unchecked_greeting`):
  * what a server sends on a connection before it has read anything from it
@@ -532,6 +533,7 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   st->replay_slot = replay_slot >= 0 ? (uint16_t)replay_slot : LS_OUT_NONE;
   atomic_store(&st->lost, 0);
   st->named = 0;
+  st->cut = 0;
   st->pushed_ns = 0;
   st->kept_chain = 0;
   st->next_mark = out_mark;
@@ -550,6 +552,27 @@ void out_open(int fd, uint32_t conn, int replay_slot) {
   atomic_store_explicit(&out_of_fd[fd], (uint16_t)(slot + 1), memory_order_release);
 }
 
+void out_cut(int fd) {
+  if (atomic_load_explicit(&hdr->mode, memory_order_relaxed) != LS_MODE_LEADER) return;
+  int slot = out_slot_of(fd);
+  if (slot < 0) return;
+  struct out_state* st = &out_st[slot];
+  int saved = errno;
+  if (out_lock(st)) { /* else a signal handler's own thread holds it: no cut, a report at worst */
+    if (st->fd == fd && !st->cut) {
+      st->cut = 1;
+      out_push(st, slot, LS_OUT_CUT, ls_stream_hash_digest(&st->h));
+    }
+    out_unlock(st);
+  }
+  errno = saved;
+}
+
+/* A send on fd failed: if its client is gone, the stream is cut there. */
+static void send_failed(int fd) {
+  if (errno == EPIPE || errno == ECONNRESET) out_cut(fd);
+}
+
 void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
   int slot = out_slot_of(fd);
   if (slot >= 0 && n > 0) atomic_store_explicit(&out_st[slot].greeting, 0, memory_order_relaxed);
@@ -565,6 +588,7 @@ static ssize_t sent(int fd, int slot, const struct send_site* site, const struct
   if (n <= 0) {
     send_end(slot);
     if (n < 0 && errno == EAGAIN) wait_send_blocked(fd);
+    if (n < 0) send_failed(fd);
     return n;
   }
   int saved = errno;
@@ -618,6 +642,7 @@ int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
   int r = real_sendmmsg(fd, vec, vlen, flags);
   if (slot < 0 || r <= 0) {
     send_end(slot);
+    if (slot >= 0 && r < 0) send_failed(fd);
     return r;
   }
   int saved = errno;
@@ -664,6 +689,7 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   ssize_t n = real_sendfile(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
+  if (slot >= 0 && n < 0) send_failed(out_fd);
   return n;
 }
 
@@ -675,6 +701,7 @@ ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
   ssize_t n = real_sendfile64(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
+  if (slot >= 0 && n < 0) send_failed(out_fd);
   return n;
 }
 

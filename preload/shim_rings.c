@@ -414,7 +414,10 @@ void ingest(struct conn* c) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    /* EOF, or the connection failed: the client is gone. */
+    /* EOF, or the connection failed: the client is gone. A reset: nothing
+     * the server sends on it reaches anyone any more (a half-close, EOF,
+     * still reads replies). */
+    if (n < 0 && errno == ECONNRESET && !discard) out_cut(c->fd);
     c->eof_submitted = 1;
     stop_kernel_input(c);
     if (!discard) submit(c, LS_SUB_CLOSE, NULL, 0);

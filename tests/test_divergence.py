@@ -227,6 +227,83 @@ def test_replies_larger_than_a_socket_buffer_reach_the_backups_checks(redis_clus
     assert st["divergences"] == 0 and reports(c) == [], (st, reports(c))
 
 
+def cut_reply(cluster, key, first=1000):
+    """GETs `key` on a connection of its own and resets it (SO_LINGER 0)
+    after the reply's first bytes: a client that leaves mid-reply (as ab -t
+    does at its end). The leader's server's sends fail (or it reads the
+    reset) and its stream stops there; the backups', fed by replay
+    connections their daemons read, send the whole reply. Returns what the
+    client got."""
+    import socket
+    import struct
+
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the reply waits in the server
+    s.settimeout(30)
+    s.connect(cluster.client_addr())
+    s.sendall(b"GET %s\r\n" % key.encode())
+    got = b""
+    while len(got) < first:
+        chunk = s.recv(first - len(got))
+        assert chunk, got
+        got += chunk
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # a reset: the rest of the reply reaches no one
+    return got
+
+
+def test_a_client_that_leaves_mid_reply_is_no_divergence(redis_cluster):
+    # Before: the leader's stream stopped where its client reset the
+    # connection, the backups' went on to the reply's end, and the backups,
+    # ending alike, outvoted the leader: a false divergence report (the
+    # pattern of gerbera under ab -t, whose clients leave mid-reply at the
+    # end of the run). The leader's shim marks the stream cut (LS_OUT_CUT):
+    # the backups' bytes before the cut are compared, the ones past it are
+    # output no client could receive.
+    c = redis_cluster
+    value = os.urandom(16 << 20)
+    keep = Redis(c.client_addr(), timeout=60)
+    assert keep.call("SET", "huge", value) == "OK"
+    got = []
+    _, st = c.judged_run(lambda: got.append(cut_reply(c, "huge")))
+    assert got[-1].startswith(b"$%d\r\n" % len(value)) and value[:100] in got[-1]
+    assert st["divergences"] == 0 and reports(c) == [], (st, reports(c))
+    assert st["past_cut"] >= 1, st  # the backups' bytes past the cut: not compared
+    assert st["suspended"] == [], st
+    # Served and checked on as before, and the replicas hold the same data.
+    assert keep.call("GET", "huge") == value
+    keep.close()
+    assert_same_data(c)
+    assert reports(c) == []
+
+
+def test_a_backup_whose_reply_differs_before_the_cut_is_still_detected(redis_cluster):
+    # The cut leaves out only what no client could receive: a backup whose
+    # bytes before it differ (its redis stored "flipme-@", the leader's
+    # "flipme-A", near the reply's start) is reported and rolled back.
+    c = redis_cluster
+    client = Redis(c.client_addr(), timeout=60)
+    load(client, 0, 1000)
+    b = backups(c)[0]
+    wait_checkpoint(c, b, above=50)
+    restart_with_failpoint(c, b, "flipme-")
+    assert reports(c) == []
+    value = b"flipme-A" + os.urandom(16 << 20)
+    assert client.call("SET", "huge", value) == "OK"
+    got = cut_reply(c, "huge")
+    assert b"flipme-A" in got
+    rs = wait_reports(
+        c, lambda rs: any(r["status"] != "repairing" for r in rs), 60, "a repaired divergence"
+    )
+    assert len(rs) == 1, rs
+    r = rs[0]
+    assert r["replica"] == b and not r["leader_diverged"], r
+    assert r["status"] == "repaired", r
+    assert r["first_difference"] < 100, r  # in the bytes both sent
+    client.close()
+    assert_same_data(c)
+
+
 def test_unknown_report_id_is_a_clear_error(redis_cluster):
     r = run("divergence", "show", "7-123", "--dir", redis_cluster.dir, check=False)
     assert r.returncode != 0 and "no divergence report 7-123" in r.stderr, r

@@ -23,6 +23,10 @@ struct OutputPoint {
   // The stream ends here: the server closed the connection or shut it down
   // for writing. No later input makes it longer (JudgeLength).
   bool ended = false;
+  // The leader's only: its client went away here (LS_OUT_CUT): no client
+  // receives the stream past this point, so what a backup sends past it is
+  // not compared (OutputChecker::PastCut).
+  bool cut = false;
 };
 
 // One of the server's sends on the connection: the stream offsets its bytes

@@ -39,6 +39,7 @@ OutputChecker::LeaderRec* OutputChecker::PointRing::Find(uint64_t offset) {
 }
 
 void OutputChecker::OnLeaderPoint(const OutputPoint& p) {
+  if (p.cut) cut_.emplace(p.key, p.offset);
   ConnPoints& c = leader_points_[p.key];
   (p.mark ? c.marks : c.recent)
       .Put(p.offset, LeaderRec{p.digest, p.applied, 0}, p.mark ? kMarksPerConn : kPointsPerConn);
@@ -50,6 +51,25 @@ OutputChecker::LeaderRec* OutputChecker::FindLeader(const ConnKey& key, uint64_t
   for (PointRing* points : {&conn->second.recent, &conn->second.marks})
     if (LeaderRec* rec = points->Find(offset)) return rec;
   return nullptr;
+}
+
+const std::pair<uint64_t, OutputChecker::LeaderRec>* OutputChecker::LeaderNewest(
+    const ConnKey& key) const {
+  auto conn = leader_points_.find(key);
+  if (conn == leader_points_.end()) return nullptr;
+  const PointRing* in = nullptr;  // marks are kept apart: the newer of the two rings' newest
+  for (const PointRing* points : {&conn->second.recent, &conn->second.marks})
+    if (!points->empty() && (!in || points->newest().first > in->newest().first)) in = points;
+  return in ? &in->newest() : nullptr;
+}
+
+bool OutputChecker::PastCut(const ConnKey& key, uint64_t offset) const {
+  auto cut = cut_.find(key);
+  if (cut == cut_.end()) return false;
+  // A send the kernel took just before the client's reset may be counted
+  // after the cut: the leader's stream ends at its newest point.
+  const auto* newest = LeaderNewest(key);
+  return offset > std::max(cut->second, newest ? newest->first : 0);
 }
 
 void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
@@ -157,17 +177,12 @@ void OutputChecker::Judge(const Place& at, const Dispute& d, uint64_t now_us,
 
 bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<Divergence>* out) {
   auto mine = newest_.find({p.replica, p.p.key});
-  auto conn = leader_points_.find(p.p.key);
-  if (mine == newest_.end() || mine->second.offset != p.p.offset || conn == leader_points_.end() ||
+  const auto* newest = LeaderNewest(p.p.key);
+  if (mine == newest_.end() || mine->second.offset != p.p.offset || !newest ||
       suspended(leader_))  // the leader is judged already: it hands over
     return false;
-  // The leader's newest point on the connection (marks are kept apart).
-  const PointRing* in = nullptr;
-  for (const PointRing* points : {&conn->second.recent, &conn->second.marks})
-    if (!points->empty() && (!in || points->newest().first > in->newest().first)) in = points;
-  if (!in) return false;
-  uint64_t offset = in->newest().first;
-  const LeaderRec& ref = in->newest().second;
+  uint64_t offset = newest->first;
+  const LeaderRec& ref = newest->second;
   // A backup behind the leader's newest point may yet send what it lacks;
   // one whose stream ended never will (its server closed the connection:
   // a login its server refused, a request it failed on).
@@ -235,7 +250,9 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
     if (suspended(p.replica)) continue;
     if (Compare(p.replica, p.p, now_us)) continue;
     if (now_us - p.since_us >= kPendingUs) {
-      if (!JudgeLength(p, now_us, &out))
+      if (PastCut(p.p.key, p.p.offset))
+        past_cut_++;  // the leader's client left before: no client got these bytes
+      else if (!JudgeLength(p, now_us, &out))
         unchecked_++;  // the leader never had a point there (its writes ended elsewhere)
       if (p.p.ended) ends_settled_[p.replica]++;
       continue;
@@ -276,6 +293,7 @@ uint64_t OutputChecker::OldestOpenIndex() const {
 
 void OutputChecker::ForgetConn(const ConnKey& key) {
   leader_points_.erase(key);
+  cut_.erase(key);
   for (auto it = agreed_.begin(); it != agreed_.end();)
     it = it->first.second == key ? agreed_.erase(it) : std::next(it);
   for (auto it = newest_.begin(); it != newest_.end();)

@@ -13,6 +13,14 @@
 // leader's newest, and stays its newest for kPendingUs although it had the
 // leader's inputs, has diverged in length.
 //
+// A leader's point marked `cut` says its client went away there (the
+// server's send failed with EPIPE or ECONNRESET, or the client reset the
+// connection): the leader's stream stops where its client left, while the
+// backups' servers, whose replay connections the daemon reads, send on.
+// What a backup sends past the leader's end on such a connection reached no
+// client and is not compared (past_cut); its points up to there are, and a
+// backup whose stream ends short of the leader's is still judged.
+//
 // Pure bookkeeping, like consensus/core: no I/O and no clock of its own.
 // The daemon feeds it points (its own shim's and the backups' reports),
 // calls Poll, and carries out the verdicts (a report, a repair).
@@ -82,6 +90,7 @@ class OutputChecker {
   uint64_t OldestOpenIndex() const;
   uint64_t checks() const { return checks_; }        // points compared
   uint64_t unchecked() const { return unchecked_; }  // points the leader had none for
+  uint64_t past_cut() const { return past_cut_; }    // points past where the leader's client left
   // Open questions: backup points waiting for the leader's, disagreements
   // waiting for their verdict. None open: every point taken so far is judged.
   size_t open() const { return pending_.size() + disputes_.size(); }
@@ -132,6 +141,11 @@ class OutputChecker {
     PointRing recent, marks;
   };
   LeaderRec* FindLeader(const ConnKey& key, uint64_t offset);
+  // The leader's newest point on the connection (recent or mark); null: none.
+  const std::pair<uint64_t, LeaderRec>* LeaderNewest(const ConnKey& key) const;
+  // The leader's client went away on the connection, and offset is past
+  // the leader's stream: nothing there to compare a backup's point with.
+  bool PastCut(const ConnKey& key, uint64_t offset) const;
 
   // Compares one backup point with the leader's; false: no leader point yet.
   bool Compare(int replica, const OutputPoint& p, uint64_t now_us);
@@ -148,12 +162,13 @@ class OutputChecker {
 
   int replicas_, leader_;
   std::map<ConnKey, ConnPoints> leader_points_;
+  std::map<ConnKey, uint64_t> cut_;  // the leader's connections its client left, and where
   std::map<std::pair<int, ConnKey>, std::pair<uint64_t, uint64_t>> agreed_;  // offset, applied
   std::map<std::pair<int, ConnKey>, OutputPoint> newest_;  // a backup's newest point there
   std::deque<Pending> pending_;
   std::map<Place, Dispute> disputes_;
   std::set<int> suspended_;
-  uint64_t checks_ = 0, unchecked_ = 0;
+  uint64_t checks_ = 0, unchecked_ = 0, past_cut_ = 0;
   std::map<int, uint64_t> ends_settled_;  // replica -> ended points compared or given up on
 };
 

@@ -213,6 +213,84 @@ TEST(OutputCheck, AStreamThatEndedShortIsADivergenceWhateverItWasHanded) {
   EXPECT_EQ(v[0].replica, kLeader);
 }
 
+TEST(OutputCheck, WhatABackupSentPastWhereTheLeadersClientLeftIsNotCompared) {
+  // The leader's client reset the connection after the 274 bytes of a
+  // reply's headers: the leader's server's next send failed, its stream is
+  // cut at 274 and closed there. The backups' servers sent the whole reply
+  // (5126 bytes) and closed: past the cut, so not a length divergence, and
+  // no backup outvotes the leader either.
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(274, 0xaa, 10));
+  OutputPoint cut = Pt(274, 0xaa, 10);
+  cut.cut = true;
+  c.OnLeaderPoint(cut);
+  OutputPoint whole = Pt(5126, 0xbb, 10);
+  whole.ended = true;
+  for (int r : {1, 2}) {
+    c.OnBackupPoint(r, Pt(274, 0xaa, 10), 0);
+    c.OnBackupPoint(r, whole, 1);
+  }
+  EXPECT_TRUE(c.Poll(2).empty());
+  EXPECT_TRUE(c.Poll(2 + OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(c.checks(), 2u);  // their bytes before the cut were compared
+  EXPECT_EQ(c.past_cut(), 2u);
+  EXPECT_EQ(c.ends_settled(1), 1u);
+  EXPECT_EQ(c.open(), 0u);
+  EXPECT_FALSE(c.suspended(1) || c.suspended(2) || c.suspended(kLeader));
+
+  // Not a hole: a backup whose bytes before the cut differ is judged.
+  OutputChecker d(3, kLeader);
+  d.OnLeaderPoint(cut);
+  d.OnBackupPoint(1, Pt(274, 0xaa, 10), 0);
+  d.OnBackupPoint(2, Pt(274, 0xcc, 10), 0);
+  d.OnBackupPoint(2, whole, 1);
+  std::vector<Divergence> v = d.Poll(2 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 2);
+  EXPECT_EQ(v[0].offset, 274u);
+
+  // Nor one whose stream ended short of the cut leader's (d636465).
+  OutputChecker e(3, kLeader);
+  e.OnLeaderPoint(Pt(40, 0xaa, 10));
+  OutputPoint later = Pt(274, 0xdd, 10);
+  later.cut = true;
+  e.OnLeaderPoint(later);
+  OutputPoint closed = Pt(60, 0xcc, 10);
+  closed.ended = true;
+  e.OnBackupPoint(1, Pt(40, 0xaa, 10), 0);
+  e.OnBackupPoint(1, closed, 1);
+  e.OnBackupPoint(2, Pt(40, 0xaa, 10), 0);
+  e.OnBackupPoint(2, whole, 1);
+  v = e.Poll(2 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_TRUE(v[0].length_differs);
+  EXPECT_EQ(e.past_cut(), 1u);
+
+  // Without the cut, the same backups sending on past the leader's end are
+  // judged (they outvote it: every backup ends alike).
+  OutputChecker f(3, kLeader);
+  f.OnLeaderPoint(Pt(274, 0xaa, 10));
+  for (int r : {1, 2}) f.OnBackupPoint(r, whole, 1);
+  v = f.Poll(2 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(v[0].length_differs);
+
+  // A send the kernel took just before the reset, counted after the cut:
+  // the leader's stream ends at its newest point, and what the backups sent
+  // up to there is compared.
+  OutputChecker g(3, kLeader);
+  g.OnLeaderPoint(cut);
+  g.OnLeaderPoint(Pt(1000, 0xee, 10));
+  g.OnBackupPoint(1, Pt(1000, 0xef, 10), 0);
+  g.OnBackupPoint(2, whole, 1);
+  v = g.Poll(2 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_EQ(v[0].offset, 1000u);
+  EXPECT_EQ(g.past_cut(), 1u);
+}
+
 TEST(OutputCheck, BackupsEndingAlikeOutvoteALeaderOfAnotherLength) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(227, 0xbb, 14));

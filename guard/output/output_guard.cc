@@ -759,6 +759,7 @@ std::string OutputGuard::StatusJson() const {
   o << "{\"role\":\"" << (leading_ ? "judge" : "reporter")
     << "\",\"checks\":" << (checker_ ? checker_->checks() : 0)
     << ",\"unchecked\":" << (checker_ ? checker_->unchecked() : 0)
+    << ",\"past_cut\":" << (checker_ ? checker_->past_cut() : 0)
     << ",\"open\":" << (checker_ ? checker_->open() : 0) << ",\"ends_settled\":[";
   for (int r = 0; r < n_; r++) o << (r ? "," : "") << (checker_ ? checker_->ends_settled(r) : 0);
   o << "]"

@@ -53,6 +53,7 @@ bool ServerPipeline::PollOutput(OutputPoint* p, uint32_t* flags, OutputSource* s
     p->digest = d.digest;
     p->applied = applied_;
     p->mark = (d.flags & LS_OUT_MARK) != 0;
+    p->cut = (d.flags & LS_OUT_CUT) != 0;
     *flags = d.flags;
     if (src) *src = OutputSource{d.conn, named->second.out_slot};
     // A closed connection's name stays: its window lasts until the slot is
@@ -65,7 +66,7 @@ bool ServerPipeline::PollOutput(OutputPoint* p, uint32_t* flags, OutputSource* s
 bool ServerPipeline::LatestOutput(const OutputSource& src, OutputPoint* p) const {
   if (!shim_ || !shim_->OutputNow(src.out_slot, src.conn, &p->offset, &p->digest)) return false;
   p->applied = applied_;
-  p->mark = p->ended = false;
+  p->mark = p->ended = p->cut = false;
   return true;
 }
 
