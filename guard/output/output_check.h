@@ -19,7 +19,13 @@
 // backups' servers, whose replay connections the daemon reads, send on.
 // What a backup sends past the leader's end on such a connection reached no
 // client and is not compared (past_cut); its points up to there are, and a
-// backup whose stream ends short of the leader's is still judged.
+// backup whose stream ends short of the leader's is still judged. A point
+// past the end covers the bytes before it too, but no digest of the
+// backup's at the leader's end can be had from it: the bytes between the
+// backup's last point at or before the end (the end itself when its server
+// chunked as the leader's did, else its last mark or sample) and the end
+// go unchecked on that connection, as bytes between two points of unlike
+// chunking always did.
 //
 // Pure bookkeeping, like consensus/core: no I/O and no clock of its own.
 // The daemon feeds it points (its own shim's and the backups' reports),
