@@ -14,6 +14,12 @@ OutputPoint Pt(uint64_t offset, uint64_t digest, uint64_t applied = 0, ConnKey k
   return OutputPoint{key, offset, digest, applied};
 }
 
+// p with one of its flags set (ended, cut).
+OutputPoint With(OutputPoint p, bool OutputPoint::*flag) {
+  p.*flag = true;
+  return p;
+}
+
 TEST(OutputCheck, EqualDigestsAgree) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(100, 0xaa, 10));
@@ -221,11 +227,9 @@ TEST(OutputCheck, WhatABackupSentPastWhereTheLeadersClientLeftIsNotCompared) {
   // no backup outvotes the leader either.
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(274, 0xaa, 10));
-  OutputPoint cut = Pt(274, 0xaa, 10);
-  cut.cut = true;
+  const OutputPoint cut = With(Pt(274, 0xaa, 10), &OutputPoint::cut);
   c.OnLeaderPoint(cut);
-  OutputPoint whole = Pt(5126, 0xbb, 10);
-  whole.ended = true;
+  const OutputPoint whole = With(Pt(5126, 0xbb, 10), &OutputPoint::ended);
   for (int r : {1, 2}) {
     c.OnBackupPoint(r, Pt(274, 0xaa, 10), 0);
     c.OnBackupPoint(r, whole, 1);
@@ -252,13 +256,9 @@ TEST(OutputCheck, WhatABackupSentPastWhereTheLeadersClientLeftIsNotCompared) {
   // Nor one whose stream ended short of the cut leader's (d636465).
   OutputChecker e(3, kLeader);
   e.OnLeaderPoint(Pt(40, 0xaa, 10));
-  OutputPoint later = Pt(274, 0xdd, 10);
-  later.cut = true;
-  e.OnLeaderPoint(later);
-  OutputPoint closed = Pt(60, 0xcc, 10);
-  closed.ended = true;
+  e.OnLeaderPoint(With(Pt(274, 0xdd, 10), &OutputPoint::cut));
   e.OnBackupPoint(1, Pt(40, 0xaa, 10), 0);
-  e.OnBackupPoint(1, closed, 1);
+  e.OnBackupPoint(1, With(Pt(60, 0xcc, 10), &OutputPoint::ended), 1);
   e.OnBackupPoint(2, Pt(40, 0xaa, 10), 0);
   e.OnBackupPoint(2, whole, 1);
   v = e.Poll(2 + OutputChecker::kPendingUs);
