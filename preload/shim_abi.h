@@ -50,7 +50,8 @@
  * Output (every replica): the shim hashes what the server sends on the
  * connections it tracks (client connections on the leader, replay
  * connections everywhere): write, send, sendto, sendmsg, sendmmsg, writev
- * and sendfile, counting only the bytes the kernel accepted. Each
+ * and sendfile, counting only the bytes the kernel accepted (but see
+ * LS_OUT_CUT). Each
  * connection's output is one stream of bytes, and its digest at stream
  * offset o is XXH64 (seed 0) of the bytes [0, o): it does not depend on how
  * the server chunked its writes. At the end of every output call that
@@ -215,9 +216,12 @@ enum ls_out_flag {
   /* The leader's client is gone (a send failed with EPIPE or ECONNRESET, or
    * the shim took a reset from the kernel): nothing the server sends on the
    * connection from here on reaches anyone. Once per connection, on the
-   * leader only, at the stream's offset then. A backup's stream may go on
-   * past where the leader's stops (its server's sends succeed: the daemon
-   * reads them); those bytes are not compared, the ones before still are. */
+   * leader only, at the stream's offset then. The bytes of the send that
+   * failed (write, send, sendto, sendmsg, writev) are in the stream, as if
+   * sent: what the server meant to send, which the backups' servers did.
+   * A backup's stream may go on past where the leader's stops (its server's
+   * sends succeed: the daemon reads them); those bytes are not compared,
+   * the ones before still are. */
   LS_OUT_CUT = 16
 };
 

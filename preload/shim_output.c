@@ -568,9 +568,23 @@ void out_cut(int fd) {
   errno = saved;
 }
 
-/* A send on fd failed: if its client is gone, the stream is cut there. */
-static void send_failed(int fd) {
-  if (errno == EPIPE || errno == ECONNRESET) out_cut(fd);
+/* A send on fd, output slot slot, failed: if its client is gone (EPIPE,
+ * ECONNRESET), the leader's stream is cut. The bytes of the send that
+ * failed (iov, when the caller has them) are what the server meant to send
+ * next: they enter the stream first, as if sent, so that the backups'
+ * servers, which did send them, are compared over them too (a reply whose
+ * body send failed after its headers is checked whole). Later sends fail
+ * as well and add nothing. Keeps errno. */
+static void send_failed(int fd, int slot, const struct send_site* site, const struct iovec* iov,
+                        size_t iovcnt) {
+  if (errno != EPIPE && errno != ECONNRESET) return;
+  if (atomic_load_explicit(&hdr->mode, memory_order_relaxed) != LS_MODE_LEADER) return;
+  int saved = errno;
+  size_t meant = 0;
+  for (size_t i = 0; i < iovcnt; i++) meant += iov[i].iov_len;
+  if (meant > 0 && !out_st[slot].cut) out_sent(fd, slot, site, iov, iovcnt, meant);
+  out_cut(fd);
+  errno = saved;
 }
 
 void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
@@ -586,9 +600,9 @@ static ssize_t sent(int fd, int slot, const struct send_site* site, const struct
                     size_t iovcnt, ssize_t n) {
   if (slot < 0) return n;
   if (n <= 0) {
+    if (n < 0) send_failed(fd, slot, site, iov, iovcnt);
     send_end(slot);
     if (n < 0 && errno == EAGAIN) wait_send_blocked(fd);
-    if (n < 0) send_failed(fd);
     return n;
   }
   int saved = errno;
@@ -631,7 +645,10 @@ ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
   LS_REAL(sendmsg);
   int slot = send_begin(fd);
   ssize_t n = real_sendmsg(fd, msg, flags);
-  if (n <= 0) return sent(fd, slot, &site, NULL, 0, n); /* msg may be bad: EFAULT */
+  if (n <= 0) { /* msg may be bad (EFAULT), not when the client is gone */
+    int gone = n < 0 && (errno == EPIPE || errno == ECONNRESET);
+    return sent(fd, slot, &site, gone ? msg->msg_iov : NULL, gone ? msg->msg_iovlen : 0, n);
+  }
   return sent(fd, slot, &site, msg->msg_iov, msg->msg_iovlen, n);
 }
 
@@ -642,7 +659,7 @@ int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
   int r = real_sendmmsg(fd, vec, vlen, flags);
   if (slot < 0 || r <= 0) {
     send_end(slot);
-    if (slot >= 0 && r < 0) send_failed(fd);
+    if (slot >= 0 && r < 0) send_failed(fd, slot, &site, NULL, 0);
     return r;
   }
   int saved = errno;
@@ -689,7 +706,7 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   ssize_t n = real_sendfile(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
-  if (slot >= 0 && n < 0) send_failed(out_fd);
+  if (slot >= 0 && n < 0) send_failed(out_fd, slot, &site, NULL, 0);
   return n;
 }
 
@@ -701,7 +718,7 @@ ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
   ssize_t n = real_sendfile64(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
-  if (slot >= 0 && n < 0) send_failed(out_fd);
+  if (slot >= 0 && n < 0) send_failed(out_fd, slot, &site, NULL, 0);
   return n;
 }
 

@@ -268,7 +268,9 @@ def test_a_client_that_leaves_mid_reply_is_no_divergence(redis_cluster):
     _, st = c.judged_run(lambda: got.append(cut_reply(c, "huge")))
     assert got[-1].startswith(b"$%d\r\n" % len(value)) and value[:100] in got[-1]
     assert st["divergences"] == 0 and reports(c) == [], (st, reports(c))
-    assert st["past_cut"] >= 1, st  # the backups' bytes past the cut: not compared
+    # The rest of the reply, past the failed send (redis writes at most 64 KiB a
+    # call) or past the reset: not compared.
+    assert st["past_cut"] >= 1, st
     assert st["suspended"] == [], st
     # Served and checked on as before, and the replicas hold the same data.
     assert keep.call("GET", "huge") == value
