@@ -246,8 +246,9 @@ static void out_lose(struct out_state* st) {
 }
 
 /* Publishes st's digest (at its current offset) in a record. Called with st
- * held, so one connection's records enter the ring in stream order. */
-static void out_push(struct out_state* st, int slot, uint32_t flags, uint64_t digest) {
+ * held, so one connection's records enter the ring in stream order. patient:
+ * an end of a stream, which waits for the ring's lock (see below). */
+static void out_push(struct out_state* st, int slot, uint32_t flags, uint64_t digest, int patient) {
   struct ls_out_record r = {.offset = st->h.total,
                             .digest = digest,
                             .conn = st->conn,
@@ -259,8 +260,17 @@ static void out_push(struct out_state* st, int slot, uint32_t flags, uint64_t di
   uintptr_t me = (uintptr_t)pthread_self(), cur = 0;
   int got = atomic_compare_exchange_strong_explicit(&out_ring_owner, &cur, me, memory_order_acquire,
                                                     memory_order_relaxed);
-  for (uint32_t i = 0; !got && cur != me && i < 256; i++) {
-    cpu_relax();
+  /* A record of a send may be dropped: the next one of the stream covers it.
+   * The record of a stream's end (close, shutdown, cut) waits for the lock
+   * as out_lock does, yielding to a holder that was descheduled mid-copy:
+   * dropped together with the last send's, it left the leader's stream
+   * ending short of the backups', a false divergence in length (gerbera's
+   * 16 threads on 2 loaded cores, a few in every run). */
+  for (uint32_t i = 0; !got && cur != me && i < (patient ? 100000u : 256u); i++) {
+    if (i < 256)
+      cpu_relax();
+    else
+      sched_yield();
     cur = 0;
     got = atomic_compare_exchange_weak_explicit(&out_ring_owner, &cur, me, memory_order_acquire,
                                                 memory_order_relaxed);
@@ -291,7 +301,7 @@ static void out_push_sent(struct out_state* st, int slot, uint64_t digest) {
   int mark = out_mark && total && !(total & (out_mark - 1));
   if (atomic_load_explicit(&hdr->mode, memory_order_relaxed) == LS_MODE_LEADER) {
     st->pushed_ns = 0; /* were it to lead no more, its next send's record goes out */
-    out_push(st, slot, 0, digest);
+    out_push(st, slot, 0, digest, 0);
     return;
   }
   /* A coarse clock (a few ms) is fine for a 20 ms spacing, and costs less. */
@@ -302,7 +312,7 @@ static void out_push_sent(struct out_state* st, int slot, uint64_t digest) {
       now - st->pushed_ns < (uint64_t)LS_OUT_SAMPLE_US * 1000)
     return;
   st->pushed_ns = now;
-  out_push(st, slot, 0, digest);
+  out_push(st, slot, 0, digest, 0);
 }
 
 /* The window's seqlock: odd while it changes. */
@@ -343,7 +353,7 @@ static void out_feed(struct out_state* st, int slot, uint64_t keep_from, const c
     if (out_mark && st->h.total == st->next_mark) {
       st->next_mark += out_mark;
       if (n > 0 || more) /* the call's end has its own record */
-        out_push(st, slot, 0, ls_stream_hash_digest(&st->h));
+        out_push(st, slot, 0, ls_stream_hash_digest(&st->h), 0);
     }
   }
 }
@@ -497,7 +507,7 @@ void out_end(int fd, uint32_t flag) {
   int freed = 0;
   if (st->fd == fd) {
     atomic_store(&out_win[slot].state, flag == LS_OUT_CLOSED ? LS_OUT_GONE : LS_OUT_ENDED);
-    out_push(st, slot, flag, ls_stream_hash_digest(&st->h));
+    out_push(st, slot, flag, ls_stream_hash_digest(&st->h), 1);
     if (flag == LS_OUT_CLOSED) {
       st->fd = -1;
       freed = 1;
@@ -561,7 +571,7 @@ void out_cut(int fd) {
   if (out_lock(st)) { /* else a signal handler's own thread holds it: no cut, a report at worst */
     if (st->fd == fd && !st->cut) {
       st->cut = 1;
-      out_push(st, slot, LS_OUT_CUT, ls_stream_hash_digest(&st->h));
+      out_push(st, slot, LS_OUT_CUT, ls_stream_hash_digest(&st->h), 1);
     }
     out_unlock(st);
   }
