@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -271,10 +272,26 @@ class Cluster:
                 pass
 
 
+def _port_free(port):
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 def new_cluster(directory: Path) -> Cluster:
     """A Cluster in `directory` (created) with a port range of its own."""
-    # Each cluster takes base .. base+299 (peer, client and server ports).
-    base = 20000 + ((os.getpid() % 16) * 4 + next(_ports)) % 40 * 300  # below the ephemeral range
+    # Each cluster takes base .. base+299 (peer, client and server ports),
+    # below the ephemeral range. A range where something already listens (a
+    # cluster started by hand, another pytest session's) is passed over: such
+    # a collision failed whole test runs with "port ... is taken".
+    for _ in range(40):
+        base = 20000 + ((os.getpid() % 16) * 4 + next(_ports)) % 40 * 300
+        if all(_port_free(base + off + i) for off in (0, 100, 200) for i in range(8)):
+            break
     c = Cluster(directory, base)
     c.dir.mkdir()
     return c
