@@ -67,7 +67,7 @@ void OutputRecords(fuzz::Cursor& c) {
     if (!ShimChannel::DecodeOutputRecord(r, &d)) continue;
     FUZZ_CHECK(d.replay_slot >= -1 && d.replay_slot < static_cast<int>(LS_MAX_REPLAY));
     FUZZ_CHECK(d.out_slot >= -1 && d.out_slot < static_cast<int>(LS_OUT_SLOTS));
-    FUZZ_CHECK((d.flags & ~uint32_t{LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST}) == 0);
+    FUZZ_CHECK((d.flags & ~ShimChannel::kOutputFlags) == 0);
     FUZZ_CHECK(d.conn == r.conn && d.offset == r.offset && d.digest == r.digest);
   }
 }

@@ -498,9 +498,8 @@ bool ShimChannel::PollOutput(OutputDigest* d) {
 }
 
 bool ShimChannel::DecodeOutputRecord(const ls_out_record& r, OutputDigest* d) {
-  constexpr uint32_t kFlags = LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST | LS_OUT_CUT;
   if ((r.replay_slot != LS_OUT_NONE && r.replay_slot >= LS_MAX_REPLAY) ||
-      (r.out_slot != LS_OUT_NONE && r.out_slot >= LS_OUT_SLOTS) || (r.flags & ~kFlags) != 0)
+      (r.out_slot != LS_OUT_NONE && r.out_slot >= LS_OUT_SLOTS) || (r.flags & ~kOutputFlags) != 0)
     return false;
   d->conn = r.conn;
   d->replay_slot = r.replay_slot == LS_OUT_NONE ? -1 : r.replay_slot;

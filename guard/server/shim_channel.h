@@ -163,6 +163,9 @@ class ShimChannel {
   // on its own for fuzz/fuzz_shim_ring.cc): false when it names a replay or
   // output slot out of range or an unknown flag (*d then untouched).
   static bool DecodeOutputRecord(const ls_out_record& r, OutputDigest* d);
+  // Every flag an output record may carry; a record with any other is refused.
+  static constexpr uint32_t kOutputFlags =
+      LS_OUT_MARK | LS_OUT_SHUT | LS_OUT_CLOSED | LS_OUT_LOST | LS_OUT_CUT;
   // The latest bytes a connection sent, up to LS_OUT_WINDOW of them:
   // `bytes` are the stream's bytes [start, start + bytes.size()). False if
   // out_slot no longer holds connection `conn` (a closed connection's window
