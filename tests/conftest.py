@@ -329,6 +329,12 @@ def pytest_runtest_makereport(item, call):
         noise = (" slow ", " slept ", "not scheduled for")
         shown = [line for line in lines if not any(n in line for n in noise)][-40:]
         report.sections.append((f"end of {log.parent.name}/{log.name}", "\n".join(shown)))
+    # And of every server's own log: a server's assertion or crash says why there.
+    for log in sorted(Path(tmp).glob("*/replica-*/server.log")):
+        lines = log.read_text(errors="replace").splitlines()[-15:]
+        if lines:
+            name = f"{log.parent.parent.name}/{log.parent.name}/{log.name}"
+            report.sections.append((f"end of {name}", "\n".join(lines)))
 
 
 # ---------------------------------------------------------------- skips

@@ -408,6 +408,10 @@ void ServerProcess::Stop() {
   errno = saved;
 }
 
+std::string ServerProcess::LogTail(int lines) const {
+  return log_path_.empty() ? "" : Tail(log_path_, lines);
+}
+
 void ServerProcess::Kill() {
   int saved = errno;
   if (pid_ && !reaped_) {

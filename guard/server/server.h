@@ -100,6 +100,9 @@ class ServerProcess {
   void Kill();
 
   pid_t pid() const { return pid_; }  // 0 before Start; stays set after exit
+  // The last `lines` non-empty lines of the server's log, each on its own
+  // indented line; "" when it is empty or there is none.
+  std::string LogTail(int lines) const;
 
  private:
   bool Reap(bool block);  // true if the server has exited (and is reaped now)

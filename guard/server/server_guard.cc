@@ -481,9 +481,14 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
   bool working = !all_read || now - last_read_change_us_ <= kCrashAttributionUs ||
                  (replayer_ && replayer_->BytesRead() != bytes_read_seen_);
   if (!working) entry = 0;
-  log_("SERVER DIED: the server %s %s %lu", how.c_str(),
+  // A crash's own words (an assertion, a sanitizer's summary) are the
+  // likeliest to be the log's last lines: quoted, they reach whoever reads
+  // this log, on CI the only thing left of the run.
+  std::string said = server_ && server_->Crashed() ? server_->LogTail(4) : "";
+  log_("SERVER DIED: the server %s %s %lu%s%s", how.c_str(),
        entry ? "while executing log entry" : "with the log applied up to entry",
-       (unsigned long)(entry ? entry : applied_));
+       (unsigned long)(entry ? entry : applied_),
+       said.empty() ? "" : "; its log ends:", said.c_str());
   // No crash loop: the same input twice, or three deaths in a row without
   // the log moving on, and the server is not brought back again.
   deaths_without_progress_ = applied_ <= last_death_applied_ ? deaths_without_progress_ + 1 : 1;
