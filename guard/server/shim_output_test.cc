@@ -593,18 +593,22 @@ TEST(ShimOutput, EveryOutputCallAndShutdown) {
   EXPECT_EQ(h.channel_error(), "");
 }
 
-// ------------------------------------------------------------ cost
+// ------------------------------------------------------------ many sends
 
-// What hashing costs per send, with the shim's real output path: a sender
+// Many small sends under a leader's shim (which publishes every send's
+// record; a backup's, few), hashing on and off in turn: a sender
 // (tools/shim_send_bench.c) writes small replies one call at a time on a
-// replay connection, hashing on and off in turn, under a leader's shim
-// (which publishes every send's record; a backup's, few); this daemon drains the
-// digests as a comparing daemon would. Prints the per-send times; fails only
-// if hashing cost more than 2 us per send (a loose bound: the machine may
-// be busy). Measured here on a quiet machine: 65-110 ns per send, against
-// ~940 ns for the bare send; callgrind counts ~470 more instructions per
-// send with hashing on (the XXH64 finalization, the window, the record).
-TEST(ShimOutput, SendCost) {
+// replay connection, and this daemon drains the digests as a comparing
+// daemon would. Every send is counted either way; with hashing on the last
+// send's digest arrives and every send's record was published (or counted
+// as dropped), with it off none is. It prints what a send took with and
+// without hashing, for a look; it bounds no time (a test has no speed
+// target): what output hashing costs is measured by `scripts/bench
+// divergence` (eval/divergence.py), on vs off, at the application's level.
+// Measured here on a quiet machine: 65-110 ns per send, against ~940 ns
+// for the bare send; callgrind counts ~470 more instructions per send with
+// hashing on (the XXH64 finalization, the window, the record).
+TEST(ShimOutput, SendWithAndWithoutDigests) {
   constexpr int kCount = 100000, kRounds = 5;
   // Digests on/off -> ns per send of each run's fastest batch of 1000: the
   // machine's other load only ever adds to a batch.
@@ -637,6 +641,10 @@ TEST(ShimOutput, SendCost) {
         auto st = h.Stats();
         EXPECT_TRUE(st.enabled);
         EXPECT_GE(st.published + st.dropped_full, static_cast<uint64_t>(kCount));
+      } else {
+        auto st = h.Stats();
+        EXPECT_FALSE(st.enabled);
+        EXPECT_EQ(st.published, 0u);
       }
       fastest[on].push_back(static_cast<double>(min));
       std::cerr << "digests " << (on ? "on " : "off") << ": " << median
@@ -650,7 +658,6 @@ TEST(ShimOutput, SendCost) {
   double cost = mid(fastest[1]) - mid(fastest[0]);
   std::cerr << "hashing costs " << cost << " ns per send (fastest batches, median of " << kRounds
             << " runs each; a send of 5 bytes takes " << mid(fastest[0]) << " ns without)\n";
-  EXPECT_LT(cost, 2000);
 }
 
 // The stack kept with each send names the server's own call chain, also
