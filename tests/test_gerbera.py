@@ -44,7 +44,7 @@ And under the concurrent page load, a backup's libupnp answered
 daemon reclaimed a replay slot between libupnp's shutdown and close of the
 slot's connection, and the shim gave the next connection's input to the old
 one (fixed with numbered claims, preload/shim_abi.h; ShimReplay in
-guard/server/shim_output_test.cc).
+guard/server/shim_replay_test.cc).
 """
 
 import json

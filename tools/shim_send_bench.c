@@ -1,5 +1,6 @@
 // shim_send_bench.c — a measuring tool for the shim's output side, run under
-// the preload shim by guard/server/shim_output_test.cc (ShimOutput.SendCost): it
+// the preload shim by guard/server/shim_output_test.cc
+// (ShimOutput.SendWithAndWithoutDigests): it
 // accepts one connection on 127.0.0.1:PORT (the test's replay connection,
 // which the shim tracks) and sends COUNT replies of SIZE bytes with write(),
 // one call each, timing every batch of 1000 calls. Prints one line:

@@ -3,99 +3,38 @@
 // memcached with 4 worker threads, and a small Python server that sends with
 // every call the shim wraps (write, send, sendto, sendmsg, writev, sendfile
 // with and without an offset, shutdown). The test plays the daemon through
-// ShimChannel: on a leader it commits every input at once, on a backup it
-// replays inputs over replay connections in order; it reads the digests with
-// PollOutput and the windows with RecentOutput, and checks them against the
-// bytes its own clients received, hashed here by a one-shot XXH64 written
-// independently of preload/stream_hash.h. Also the replay slots' reuse
-// (ShimReplay), with the same harness.
-#include <arpa/inet.h>
-#include <fcntl.h>
+// ShimChannel (shim_test_harness.h): on a leader it commits every input at
+// once, on a backup it replays inputs over replay connections in order; it
+// reads the digests with PollOutput and the windows with RecentOutput, and
+// checks them against the bytes its own clients received, hashed here by a
+// one-shot XXH64 written independently of preload/stream_hash.h (the
+// harness's Xxh64, itself checked against published vectors below). The
+// replay slots' reuse is shim_replay_test.cc's.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
+#include <cstdio>
 #include <fstream>
-#include <functional>
+#include <iostream>
 #include <map>
-#include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "guard/server/server.h"
 #include "guard/server/shim_channel.h"
+#include "guard/server/shim_test_harness.h"
 #include "guard/server/symbolize.h"
 #include "preload/stream_hash.h"
 
-namespace lockstep {
+namespace lockstep::shim_test {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using OutputDigest = ShimChannel::OutputDigest;
-
 // ------------------------------------------------------------ reference hash
-
-uint64_t Rotl(uint64_t x, int r) {
-  return (x << r) | (x >> (64 - r));
-}
-uint64_t Read64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-uint64_t Read32(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-
-// XXH64 with seed 0, one shot, straight from the specification.
-uint64_t Xxh64(std::string_view s) {
-  constexpr uint64_t P1 = 11400714785074694791ull, P2 = 14029467366897019727ull,
-                     P3 = 1609587929392839161ull, P4 = 9650029242287828579ull,
-                     P5 = 2870177450012600261ull;
-  auto round = [&](uint64_t acc, uint64_t in) { return Rotl(acc + in * P2, 31) * P1; };
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const unsigned char* end = p + s.size();
-  uint64_t h;
-  if (s.size() >= 32) {
-    uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = 0 - P1;
-    while (end - p >= 32) {
-      v1 = round(v1, Read64(p));
-      v2 = round(v2, Read64(p + 8));
-      v3 = round(v3, Read64(p + 16));
-      v4 = round(v4, Read64(p + 24));
-      p += 32;
-    }
-    h = Rotl(v1, 1) + Rotl(v2, 7) + Rotl(v3, 12) + Rotl(v4, 18);
-    for (uint64_t v : {v1, v2, v3, v4}) h = (h ^ round(0, v)) * P1 + P4;
-  } else {
-    h = P5;
-  }
-  h += s.size();
-  for (; end - p >= 8; p += 8) h = Rotl(h ^ round(0, Read64(p)), 27) * P1 + P4;
-  if (end - p >= 4) {
-    h = Rotl(h ^ (Read32(p) * P1), 23) * P2 + P3;
-    p += 4;
-  }
-  for (; p < end; p++) h = Rotl(h ^ (*p * P5), 11) * P1;
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  h *= P3;
-  h ^= h >> 32;
-  return h;
-}
 
 TEST(StreamHash, IsXxh64WhateverTheChunking) {
   // Published XXH64 vectors (the low 32 bits are also zstd's frame checksums).
@@ -123,357 +62,7 @@ TEST(StreamHash, IsXxh64WhateverTheChunking) {
   }
 }
 
-// ------------------------------------------------------------ sockets
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-int LocalPort(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  return ntohs(a.sin_port);
-}
-
-void SendAll(int fd, std::string_view s) {
-  while (!s.empty()) {
-    ssize_t n = send(fd, s.data(), s.size(), MSG_NOSIGNAL);
-    ASSERT_GT(n, 0) << strerror(errno);
-    s.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
-// Reads into *buf until done(*buf) or EOF (false) or 20 s (false).
-bool ReadUntil(int fd, std::string* buf, const std::function<bool(const std::string&)>& done) {
-  auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (!done(*buf)) {
-    pollfd p{fd, POLLIN, 0};
-    if (Clock::now() > deadline) return false;
-    if (poll(&p, 1, 100) <= 0) continue;
-    char tmp[65536];
-    ssize_t n = recv(fd, tmp, sizeof tmp, 0);
-    if (n <= 0) return false;
-    buf->append(tmp, static_cast<size_t>(n));
-  }
-  return true;
-}
-
-std::string Resp(const std::vector<std::string>& args) {
-  std::string out = "*" + std::to_string(args.size()) + "\r\n";
-  for (const auto& a : args) out += "$" + std::to_string(a.size()) + "\r\n" + a + "\r\n";
-  return out;
-}
-
-// Where the RESP reply starting at pos ends; 0 while it is incomplete.
-size_t RespEnd(const std::string& b, size_t pos) {
-  size_t eol = b.find("\r\n", pos);
-  if (pos >= b.size() || eol == std::string::npos) return 0;
-  char t = b[pos];
-  if (t == '+' || t == '-' || t == ':') return eol + 2;
-  long n = atol(b.c_str() + pos + 1);
-  if (t == '$') {
-    size_t end = n < 0 ? eol + 2 : eol + 2 + static_cast<size_t>(n) + 2;
-    return end <= b.size() ? end : 0;
-  }
-  if (t == '*') {
-    size_t p = eol + 2;
-    for (long i = 0; i < n; i++)
-      if ((p = RespEnd(b, p)) == 0) return 0;
-    return p;
-  }
-  return 0;
-}
-
-size_t RespReplies(const std::string& b) {
-  size_t n = 0;
-  for (size_t p = 0; (p = RespEnd(b, p)) != 0;) n++;
-  return n;
-}
-
-// ------------------------------------------------------------ the harness
-
-// Something listens on 127.0.0.1:port (/proc/net/tcp, state 0A).
-bool Listening(int port) {
-  std::ifstream f("/proc/net/tcp");
-  char want[16];
-  snprintf(want, sizeof want, ":%04X", port);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream in(line);
-    std::string slot, local, remote, state;
-    in >> slot >> local >> remote >> state;
-    if (local.size() > 5 && local.substr(local.size() - 5) == want && state == "0A") return true;
-  }
-  return false;
-}
-
-// A real server under the real shim, and this test as its daemon.
-class Harness {
- public:
-  struct Options {
-    bool leader = true;                 // commit client inputs (else: replay connections)
-    uint32_t ring = LS_OUT_RING_SLOTS;  // output ring records
-    int digests = -1;                   // LOCKSTEP_SHIM_OUTPUT_DIGESTS: -1 unset, 0, 1
-    bool poll = true;                   // the pump drains the output ring
-  };
-  struct Replay {
-    int fd = -1;
-    int slot = -1;
-    uint32_t conn = 0;
-  };
-
-  Harness() {
-    char tmpl[] = "/tmp/lockstep-shim-output-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  ~Harness() {
-    stop_ = true;
-    if (pump_.joinable()) pump_.join();
-    server_.Stop();
-    std::string cmd = "rm -rf '" + dir_ + "'";
-    EXPECT_EQ(system(cmd.c_str()), 0);
-  }
-  const std::string& dir() const { return dir_; }
-  int port() const { return port_; }
-
-  bool Start(const std::vector<std::string>& argv_template, Options o, std::string* error) {
-    opt_ = o;
-    polling_ = o.poll;
-    port_ = FreePort();
-    if (!ch_.Create(1 << 20, error, o.ring)) return false;
-    if (o.digests >= 0) ch_.set_output_digests(o.digests != 0);
-    // A consumer from the start: records published before the pump's first
-    // pass would otherwise be passed over as nobody's (ShimChannel::Flush).
-    OutputDigest first;
-    if (o.poll) ch_.PollOutput(&first);
-    ch_.SetLeader(o.leader);
-    std::vector<std::string> argv;
-    for (const auto& a : argv_template) argv.push_back(SubstituteCommand(a, port_, dir_));
-    if (!server_.Start(argv, dir_, dir_ + "/server.log", ch_.ServerEnv(port_), ch_.ServerFds(),
-                       error))
-      return false;
-    pump_ = std::thread([this] { Pump(); });
-    // Ready once it listens: no connection to see it (it would be one more
-    // for the shim, closed whenever the server gets to it).
-    for (auto deadline = Clock::now() + std::chrono::seconds(10); !Listening(port_);) {
-      std::string how;
-      if (server_.Exited(&how) || Clock::now() > deadline) {
-        *error = "the server is not listening: " + how;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    if (!ch_.shim_attached()) {
-      *error = "the shim did not attach";
-      return false;
-    }
-    return true;
-  }
-
-  // A client connection (the leader's kind): its fd and shim number.
-  int Connect(uint32_t* conn) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    std::string peer = "127.0.0.1:" + std::to_string(LocalPort(fd));
-    *conn = 0;
-    Wait([&] {
-      auto it = accepts_.find(peer);
-      if (it != accepts_.end()) *conn = it->second;
-      return *conn != 0;
-    });
-    EXPECT_NE(*conn, 0u) << "no ACCEPT from " << peer;
-    return fd;
-  }
-
-  // A replay connection (a backup's kind), accepted by the server.
-  Replay ConnectReplay() {
-    Replay r;
-    r.fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      r.slot = ch_.ClaimReplaySlot(LocalPort(r.fd));
-    }
-    EXPECT_GE(r.slot, 0);
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    EXPECT_EQ(connect(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    Wait([&] { return ch_.ReplayAccepted(r.slot); });
-    std::lock_guard<std::mutex> g(mu_);
-    EXPECT_TRUE(ch_.ReplayAccepted(r.slot));
-    r.conn = ch_.ReplayConn(r.slot);
-    return r;
-  }
-
-  // A replay connection from local port `port` whose first input is
-  // ordered before the server accepts it (guard/server/replay.cc may do so); the
-  // slot is claimed anew, which may be the one just released.
-  Replay ConnectReplayFrom(int port, std::string_view first_input) {
-    Replay r;
-    r.fd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(r.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    EXPECT_EQ(bind(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      r.slot = ch_.ClaimReplaySlot(port);
-      EXPECT_GE(r.slot, 0);
-      EXPECT_TRUE(ch_.PushOrder(r.slot, LS_ORDER_DATA, first_input.size()));
-      ch_.Flush();
-    }
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    EXPECT_EQ(connect(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    SendAll(r.fd, first_input);
-    return r;
-  }
-  // The daemon's side of a replay connection the server closed.
-  void ReleaseReplay(Replay* r) {
-    std::lock_guard<std::mutex> g(mu_);
-    ch_.ReleaseReplaySlot(r->slot);
-    close(r->fd);
-    r->fd = -1;
-  }
-
-  // Replays bytes as one input (its order first, as guard/server/replay.cc does).
-  void ReplayInput(const Replay& r, std::string_view bytes) {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      ASSERT_TRUE(ch_.PushOrder(r.slot, LS_ORDER_DATA, bytes.size()));
-      ch_.Flush();
-    }
-    SendAll(r.fd, bytes);
-  }
-
-  std::vector<OutputDigest> Records(uint32_t conn) {
-    std::lock_guard<std::mutex> g(mu_);
-    std::vector<OutputDigest> out;
-    for (const auto& d : records_)
-      if (d.conn == conn) out.push_back(d);
-    return out;
-  }
-  // Waits for a record of conn at `offset` or past it (with all of `flags`).
-  bool WaitRecord(uint32_t conn, uint64_t offset, uint32_t flags = 0) {
-    return Wait([&] {
-      for (const auto& d : records_)
-        if (d.conn == conn && d.offset >= offset && (d.flags & flags) == flags) return true;
-      return false;
-    });
-  }
-  // Waits until the window of connection `conn` (its out_slot as its first
-  // record names it) reaches `offset`, and gives the digest there: what a
-  // backup's daemon samples, its shim publishing few of a busy
-  // connection's records (shim_abi.h, "Output").
-  bool WaitNow(uint32_t conn, uint64_t offset, uint64_t* digest) {
-    return Wait([&] {
-      for (const auto& d : records_) {
-        if (d.conn != conn || d.out_slot < 0) continue;
-        uint64_t end = 0;
-        return ch_.OutputNow(d.out_slot, conn, &end, digest) && end >= offset;
-      }
-      return false;
-    });
-  }
-  bool Window(int out_slot, uint32_t conn, ShimChannel::OutputWindow* w) {
-    std::lock_guard<std::mutex> g(mu_);
-    return ch_.RecentOutput(out_slot, conn, w);
-  }
-  pid_t server_pid() const { return server_.pid(); }
-  ShimChannel::OutputStats Stats() {
-    std::lock_guard<std::mutex> g(mu_);
-    return ch_.GetOutputStats();
-  }
-  void set_polling(bool on) { polling_ = on; }
-  // One PollOutput now (the first one makes this daemon a consumer).
-  void PollOnce() {
-    std::lock_guard<std::mutex> g(mu_);
-    OutputDigest d;
-    while (ch_.PollOutput(&d)) records_.push_back(d);
-  }
-  std::string channel_error() {
-    std::lock_guard<std::mutex> g(mu_);
-    return ch_.error();
-  }
-  // Waits up to 60 s for the server to exit; returns its log.
-  std::string WaitExit() {
-    std::string how;
-    for (int i = 0; i < 60000 && !server_.Exited(&how); i++)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::ifstream f(dir_ + "/server.log");
-    std::stringstream ss;
-    ss << f.rdbuf() << how;
-    return ss.str();
-  }
-
- private:
-  // Polls `pred` (under mu_) for up to 20 s.
-  bool Wait(const std::function<bool()>& pred) {
-    auto deadline = Clock::now() + std::chrono::seconds(20);
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        if (pred()) return true;
-      }
-      if (Clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-
-  void Pump() {
-    while (!stop_) {
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        ShimChannel::Submission s;
-        while (ch_.Peek(&s)) {  // every input is agreed at once
-          if (s.kind == LS_SUB_ACCEPT) accepts_[std::string(s.bytes)] = s.conn;
-          ch_.Complete(LS_DONE_COMMITTED, s.seq, s.conn);
-          ch_.Pop();
-        }
-        ch_.Flush();
-        OutputDigest d;
-        while (polling_ && ch_.PollOutput(&d)) records_.push_back(d);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-
-  std::string dir_;
-  int port_ = 0;
-  Options opt_;
-  ShimChannel ch_;
-  ServerProcess server_;
-  std::mutex mu_;  // ch_, records_, accepts_
-  std::vector<OutputDigest> records_;
-  std::map<std::string, uint32_t> accepts_;  // peer address -> shim connection number
-  std::atomic<bool> polling_{true};
-  std::atomic<bool> stop_{false};
-  std::thread pump_;
-};
-
-const std::vector<std::string> kRedis = {
-    "redis-server", "--port",      "{port}", "--bind",       "127.0.0.1", "--dir",
-    "{dir}",        "--save",      "",       "--appendonly", "no",        "--protected-mode",
-    "no",           "--daemonize", "no",     "--io-threads", "1"};
+// ------------------------------------------------------------ records
 
 // Every record of a stream is the XXH64 of the bytes received up to its
 // offset, in stream order; returns the offsets.
@@ -495,27 +84,6 @@ std::vector<uint64_t> CheckRecords(const std::vector<OutputDigest>& recs,
     offsets.push_back(d.offset);
   }
   return offsets;
-}
-
-std::string Pattern(size_t n, char seed) {
-  std::string s(n, 0);
-  for (size_t i = 0; i < n; i++) s[i] = static_cast<char>('a' + (i * 7 + seed) % 26);
-  return s;
-}
-
-std::vector<std::vector<std::string>> RedisCommands() {
-  return {{"SET", "greeting", "hello"},
-          {"GET", "greeting"},
-          {"INCR", "n"},
-          {"INCR", "n"},
-          {"RPUSH", "l", "a", "b", "c"},
-          {"LRANGE", "l", "0", "-1"},
-          {"SET", "big", Pattern(100000, 3)},  // its reply crosses a mark (64 KiB)
-          {"GET", "big"},
-          {"GET", "missing"},
-          {"SET", "small", Pattern(3000, 5)},
-          {"GET", "small"},
-          {"PING"}};
 }
 
 // ------------------------------------------------------------ redis
@@ -693,91 +261,6 @@ TEST(ShimOutput, RedisDigestsDoNotDependOnChunking) {
   // And the backup's window ends where the leader's stream does, alike.
   ASSERT_TRUE(at_a.count(pipelined.size()));
   EXPECT_EQ(b_end_digest, at_a[pipelined.size()]);
-}
-
-// A backup's server closes a replay connection after its reply (QUIT); the
-// daemon releases the slot and claims it again for the next connection,
-// from the same local port (the kernel hands out recently freed ports), and
-// orders that connection's first input before the server accepted it. The
-// shim used to tell the closed connection's leftover records by port, so it
-// dropped this input as the closed one's: the server then read EOF first
-// (gerbera under load answered 400 where the leader answered 200).
-TEST(ShimReplay, SlotClaimedAgainFromTheSamePortGetsItsInput) {
-  Harness h;
-  std::string err;
-  ASSERT_TRUE(h.Start(kRedis, {.leader = false}, &err)) << err;
-  Harness::Replay first = h.ConnectReplay();
-  int port = LocalPort(first.fd);
-  h.ReplayInput(first, Resp({"QUIT"}));
-  std::string got;
-  EXPECT_FALSE(ReadUntil(first.fd, &got, [](const std::string&) { return false; }));  // EOF
-  EXPECT_EQ(got, "+OK\r\n");
-  h.ReleaseReplay(&first);
-  Harness::Replay next = h.ConnectReplayFrom(port, Resp({"PING"}));
-  EXPECT_EQ(next.slot, first.slot);  // the same slot, the same port: only the claim differs
-  std::string reply;
-  EXPECT_TRUE(ReadUntil(next.fd, &reply, [](const std::string& b) { return RespReplies(b) == 1; }))
-      << "no reply to the new connection's first input: " << reply;
-  EXPECT_EQ(reply, "+PONG\r\n");
-  EXPECT_EQ(h.channel_error(), "");
-  close(next.fd);
-}
-
-// The same, with a server that shuts a connection down and closes it only
-// later (libupnp: shutdown, then close): the daemon sees EOF at the
-// shutdown, releases the slot and claims it again before the close. The
-// shim gave the next connection's first input, ordered meanwhile, to the
-// connection still open under the slot; and at the close it took the slot's
-// new claim for the closed connection's, which dropped that input too.
-const char kShutdownLaterServer[] = R"PY(
-import select, socket, sys, time
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", int(sys.argv[1])))
-ls.listen(16)
-idle, _ = ls.accept()  # held open and watched: a wait on it looks at the order ring
-while True:
-    c, _ = ls.accept()
-    line = b""
-    while not line.endswith(b"\n"):
-        got = c.recv(100)
-        if not got:
-            break
-        line += got
-    if line == b"quit\n":
-        c.sendall(b"bye\n")
-        c.shutdown(socket.SHUT_RDWR)
-        for _ in range(10):
-            select.select([idle], [], [], 0.05)
-        c.close()
-        select.select([idle], [], [], 0.05)
-    elif line == b"ping\n":
-        c.sendall(b"pong\n")
-)PY";
-
-TEST(ShimReplay, SlotClaimedAgainBeforeTheServerClosedGetsItsInput) {
-  Harness h;
-  { std::ofstream(h.dir() + "/server.py") << kShutdownLaterServer; }
-  std::string err;
-  ASSERT_TRUE(h.Start({"/usr/bin/python3", "{dir}/server.py", "{port}"}, {.leader = false}, &err))
-      << err;
-  Harness::Replay idle = h.ConnectReplay();
-  Harness::Replay first = h.ConnectReplay();
-  int port = LocalPort(first.fd);
-  h.ReplayInput(first, "quit\n");
-  std::string got;
-  EXPECT_FALSE(ReadUntil(first.fd, &got, [](const std::string&) { return false; }));  // EOF
-  EXPECT_EQ(got, "bye\n");
-  h.ReleaseReplay(&first);  // within the server's 0.5 s between shutdown and close
-  Harness::Replay next = h.ConnectReplayFrom(port, "ping\n");
-  EXPECT_EQ(next.slot, first.slot);
-  std::string reply;
-  EXPECT_TRUE(ReadUntil(next.fd, &reply, [](const std::string& b) { return b.size() >= 5; }))
-      << "no reply to the new connection's first input: " << reply;
-  EXPECT_EQ(reply, "pong\n");
-  EXPECT_EQ(h.channel_error(), "");
-  close(next.fd);
-  close(idle.fd);
 }
 
 // Two connections whose replies differ in one byte: their digests agree up
@@ -1110,18 +593,22 @@ TEST(ShimOutput, EveryOutputCallAndShutdown) {
   EXPECT_EQ(h.channel_error(), "");
 }
 
-// ------------------------------------------------------------ cost
+// ------------------------------------------------------------ many sends
 
-// What hashing costs per send, with the shim's real output path: a sender
+// Many small sends under a leader's shim (which publishes every send's
+// record; a backup's, few), hashing on and off in turn: a sender
 // (tools/shim_send_bench.c) writes small replies one call at a time on a
-// replay connection, hashing on and off in turn, under a leader's shim
-// (which publishes every send's record; a backup's, few); this daemon drains the
-// digests as a comparing daemon would. Prints the per-send times; fails only
-// if hashing cost more than 2 us per send (a loose bound: the machine may
-// be busy). Measured here on a quiet machine: 65-110 ns per send, against
-// ~940 ns for the bare send; callgrind counts ~470 more instructions per
-// send with hashing on (the XXH64 finalization, the window, the record).
-TEST(ShimOutput, SendCost) {
+// replay connection, and this daemon drains the digests as a comparing
+// daemon would. Every send is counted either way; with hashing on the last
+// send's digest arrives and every send's record was published (or counted
+// as dropped), with it off none is. It prints what a send took with and
+// without hashing, for a look; it bounds no time (a test has no speed
+// target): what output hashing costs is measured by `scripts/bench
+// divergence` (eval/divergence.py), on vs off, at the application's level.
+// Measured here on a quiet machine: 65-110 ns per send, against ~940 ns
+// for the bare send; callgrind counts ~470 more instructions per send with
+// hashing on (the XXH64 finalization, the window, the record).
+TEST(ShimOutput, SendWithAndWithoutDigests) {
   constexpr int kCount = 100000, kRounds = 5;
   // Digests on/off -> ns per send of each run's fastest batch of 1000: the
   // machine's other load only ever adds to a batch.
@@ -1154,6 +641,10 @@ TEST(ShimOutput, SendCost) {
         auto st = h.Stats();
         EXPECT_TRUE(st.enabled);
         EXPECT_GE(st.published + st.dropped_full, static_cast<uint64_t>(kCount));
+      } else {
+        auto st = h.Stats();
+        EXPECT_FALSE(st.enabled);
+        EXPECT_EQ(st.published, 0u);
       }
       fastest[on].push_back(static_cast<double>(min));
       std::cerr << "digests " << (on ? "on " : "off") << ": " << median
@@ -1167,7 +658,6 @@ TEST(ShimOutput, SendCost) {
   double cost = mid(fastest[1]) - mid(fastest[0]);
   std::cerr << "hashing costs " << cost << " ns per send (fastest batches, median of " << kRounds
             << " runs each; a send of 5 bytes takes " << mid(fastest[0]) << " ns without)\n";
-  EXPECT_LT(cost, 2000);
 }
 
 // The stack kept with each send names the server's own call chain, also
@@ -1212,4 +702,4 @@ TEST(ShimOutput, SendStacks) {
 }
 
 }  // namespace
-}  // namespace lockstep
+}  // namespace lockstep::shim_test

@@ -1,0 +1,104 @@
+// shim_replay_test.cc — the reuse of a backup's replay slots, with real
+// servers under the real preload shim (redis, and a small Python server that
+// shuts a connection down and closes it only later): the test plays the
+// backup's daemon (shim_test_harness.h), releases a replay slot when the
+// server closed its connection, claims it again from the same local port, and
+// checks that the next connection gets its first input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "guard/server/shim_test_harness.h"
+
+namespace lockstep::shim_test {
+namespace {
+
+// A backup's server closes a replay connection after its reply (QUIT); the
+// daemon releases the slot and claims it again for the next connection,
+// from the same local port (the kernel hands out recently freed ports), and
+// orders that connection's first input before the server accepted it. The
+// shim used to tell the closed connection's leftover records by port, so it
+// dropped this input as the closed one's: the server then read EOF first
+// (gerbera under load answered 400 where the leader answered 200).
+TEST(ShimReplay, SlotClaimedAgainFromTheSamePortGetsItsInput) {
+  Harness h;
+  std::string err;
+  ASSERT_TRUE(h.Start(kRedis, {.leader = false}, &err)) << err;
+  Harness::Replay first = h.ConnectReplay();
+  int port = LocalPort(first.fd);
+  h.ReplayInput(first, Resp({"QUIT"}));
+  std::string got;
+  EXPECT_FALSE(ReadUntil(first.fd, &got, [](const std::string&) { return false; }));  // EOF
+  EXPECT_EQ(got, "+OK\r\n");
+  h.ReleaseReplay(&first);
+  Harness::Replay next = h.ConnectReplayFrom(port, Resp({"PING"}));
+  EXPECT_EQ(next.slot, first.slot);  // the same slot, the same port: only the claim differs
+  std::string reply;
+  EXPECT_TRUE(ReadUntil(next.fd, &reply, [](const std::string& b) { return RespReplies(b) == 1; }))
+      << "no reply to the new connection's first input: " << reply;
+  EXPECT_EQ(reply, "+PONG\r\n");
+  EXPECT_EQ(h.channel_error(), "");
+  close(next.fd);
+}
+
+// The same, with a server that shuts a connection down and closes it only
+// later (libupnp: shutdown, then close): the daemon sees EOF at the
+// shutdown, releases the slot and claims it again before the close. The
+// shim gave the next connection's first input, ordered meanwhile, to the
+// connection still open under the slot; and at the close it took the slot's
+// new claim for the closed connection's, which dropped that input too.
+const char kShutdownLaterServer[] = R"PY(
+import select, socket, sys, time
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(16)
+idle, _ = ls.accept()  # held open and watched: a wait on it looks at the order ring
+while True:
+    c, _ = ls.accept()
+    line = b""
+    while not line.endswith(b"\n"):
+        got = c.recv(100)
+        if not got:
+            break
+        line += got
+    if line == b"quit\n":
+        c.sendall(b"bye\n")
+        c.shutdown(socket.SHUT_RDWR)
+        for _ in range(10):
+            select.select([idle], [], [], 0.05)
+        c.close()
+        select.select([idle], [], [], 0.05)
+    elif line == b"ping\n":
+        c.sendall(b"pong\n")
+)PY";
+
+TEST(ShimReplay, SlotClaimedAgainBeforeTheServerClosedGetsItsInput) {
+  Harness h;
+  { std::ofstream(h.dir() + "/server.py") << kShutdownLaterServer; }
+  std::string err;
+  ASSERT_TRUE(h.Start({"/usr/bin/python3", "{dir}/server.py", "{port}"}, {.leader = false}, &err))
+      << err;
+  Harness::Replay idle = h.ConnectReplay();
+  Harness::Replay first = h.ConnectReplay();
+  int port = LocalPort(first.fd);
+  h.ReplayInput(first, "quit\n");
+  std::string got;
+  EXPECT_FALSE(ReadUntil(first.fd, &got, [](const std::string&) { return false; }));  // EOF
+  EXPECT_EQ(got, "bye\n");
+  h.ReleaseReplay(&first);  // within the server's 0.5 s between shutdown and close
+  Harness::Replay next = h.ConnectReplayFrom(port, "ping\n");
+  EXPECT_EQ(next.slot, first.slot);
+  std::string reply;
+  EXPECT_TRUE(ReadUntil(next.fd, &reply, [](const std::string& b) { return b.size() >= 5; }))
+      << "no reply to the new connection's first input: " << reply;
+  EXPECT_EQ(reply, "pong\n");
+  EXPECT_EQ(h.channel_error(), "");
+  close(next.fd);
+  close(idle.fd);
+}
+
+}  // namespace
+}  // namespace lockstep::shim_test
