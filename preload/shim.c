@@ -40,7 +40,9 @@
  * clock read the stamp of the input it processes: the inputs carry their
  * stamps (shim_rings.c, apply_done, drain_order), the server reads one input
  * at a time (shim_order.c, find_head_run), and what it reads sets the clock
- * (shim_rings.c, clock_from_reads).
+ * (shim_rings.c, clock_from_reads). With LOCKSTEP_SHIM_TIMERS=1 as well,
+ * the timeouts of its epoll waits are agreed too (ticks: shim_wait.c,
+ * epoll_pwait), and a tick moves the clock.
  *
  * Everything else (files, pipes, the server's outbound connections,
  * connections accepted while this replica is not the leader, and anything a
@@ -527,6 +529,11 @@ int close(int fd) {
         if (log_closed_list[i] == c) log_closed_list[i] = log_closed_list[--log_closed_n];
       conn_unref(c);
       fifo_pop_finished();
+      pthread_mutex_unlock(&mu);
+    }
+    if (tick_conns[fd]) { /* an epoll set closed: its ticks with it */
+      pthread_mutex_lock(&mu);
+      forget_ticks(fd);
       pthread_mutex_unlock(&mu);
     }
     listen_kind[fd] = 0;

@@ -22,6 +22,9 @@
  *                              of the input it processes (the `clock_ns` of
  *                              the records below; shim_clock.c); anything
  *                              else or unset: the real clock
+ *   LOCKSTEP_SHIM_TIMERS       "1" (with SAME_CLOCK): the server's timeouts
+ *                              are log entries, see "Ticks" below; anything
+ *                              else or unset: they are its own
  *
  * Flow on the leader:
  *   shim  --submission ring-->  daemon   ACCEPT / DATA / CLOSE, each with a seq
@@ -86,6 +89,21 @@
  * cuts the stream (LS_OUT_CUT). After a restore the streams carry on from the
  * checkpoint's offsets and digests (they live in the server's memory).
  *
+ * Ticks (LOCKSTEP_SHIM_TIMERS, the profile's `timers_in_log`): a server
+ * does work of its own when a wait times out (redis expires keys in its
+ * 100 ms cron), at a different moment on each replica. So on the leader a
+ * wait in an epoll set that holds tracked connections never times out by
+ * itself: once its timeout has passed on the server's clock (the stamp) the
+ * shim submits a TICK naming the set (its epoll fd: the same number on every
+ * replica of a deterministic server), with the clock the wait timed out at
+ * as the least stamp the entry may carry. When the TICK is agreed, the wait
+ * (or the next one in that set) returns with nothing from the shim and the
+ * server's clock moves to the entry's stamp. On a backup the daemon orders
+ * it like an input (LS_ORDER_TICK, slot = the set's fd): the same wait
+ * returns at the same point of the log, under the same stamp, and never
+ * otherwise. While timers are on, CLOCK_MONOTONIC (and _COARSE, _RAW,
+ * BOOTTIME) read the stamp as well: servers compute their timers with it.
+ *
  * Sleeping: a side about to sleep announces it (server_sleepers /
  * daemon_sleeping), then re-checks its ring, then sleeps; the other side
  * writes the eventfd (and, for shim threads, FUTEX_WAKEs done_futex) only
@@ -109,7 +127,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 14u
+#define LS_SHIM_VERSION 15u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -152,6 +170,7 @@ enum ls_sub_kind {
   LS_SUB_ACCEPT = 1, /* conn was accepted; payload: the peer address as text */
   LS_SUB_DATA = 2,   /* payload: bytes the client sent */
   LS_SUB_CLOSE = 3,  /* the client closed (EOF/reset) or the server closed the conn */
+  LS_SUB_TICK = 4,   /* a wait timed out ("Ticks"); conn 0, payload: struct ls_tick */
   LS_SUB_WRAP = 15   /* ring only: continue at offset 0 */
 };
 
@@ -176,6 +195,16 @@ struct ls_sub_record { /* followed by `len` payload bytes, then padding to 8 */
   uint64_t out_before;
 };
 
+/* The payload of a TICK submission. */
+struct ls_tick {
+  uint32_t waiter; /* the epoll set (its fd) whose wait timed out */
+  uint32_t pad;
+  /* The server's clock (ns, CLOCK_REALTIME) at which the wait's timeout
+   * passed: the entry's stamp is at least this, so that every replica's
+   * server finds the timer due when the tick fires. */
+  uint64_t min_clock_ns;
+};
+
 struct ls_done_record {
   uint64_t seq;  /* COMMITTED / DROPPED */
   uint32_t conn; /* CLOSE (and, informatively, the others) */
@@ -190,14 +219,15 @@ struct ls_done_record {
  * what the daemon wrote to its replay connections. */
 enum ls_order_kind {
   LS_ORDER_DATA = 1, /* `len` more bytes on replay slot `slot` */
-  LS_ORDER_EOF = 2   /* then EOF on it */
+  LS_ORDER_EOF = 2,  /* then EOF on it */
+  LS_ORDER_TICK = 3  /* a wait in epoll set `slot` (its fd) times out ("Ticks") */
 };
 
 struct ls_order_record {
-  uint32_t slot;
+  uint32_t slot; /* TICK: the epoll set's fd */
   uint32_t kind;
   uint64_t len;
-  uint64_t clock_ns;   /* DATA: the entry's wall-clock stamp, as ls_done_record's */
+  uint64_t clock_ns;   /* DATA, TICK: the entry's wall-clock stamp, as ls_done_record's */
   uint64_t out_before; /* the entry's out_before (ls_sub_record): the reply gate */
 };
 

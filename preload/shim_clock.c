@@ -53,6 +53,16 @@
  *    clocks stay real: servers run their timers and measure durations with
  *    them, and a frozen monotonic clock would stop their event loops.
  *
+ *  - Unless timers are in the log too (LOCKSTEP_SHIM_TIMERS, the profile's
+ *    `timers_in_log`, issue 31): then a wait's timeout is itself an input
+ *    (a tick, shim_abi.h "Ticks"), which moves the stamp, so time passes on
+ *    a quiet server, and the monotonic clocks (MONOTONIC, _COARSE, _RAW,
+ *    BOOTTIME) read the stamp too: the server computes its timers from
+ *    them (redis's ae), and which timer is due when a tick fires must be
+ *    the same everywhere. The stamp is on the wall clock's scale, so the
+ *    monotonic clocks step forward once, at the first input; they never go
+ *    back.
+ *
  * The stamp lives in the server's memory: a CRIU checkpoint carries it, and
  * a restored server goes on from the checkpoint's time. A forked child (a
  * redis BGSAVE) reads the real clock: it processes no input.
@@ -100,10 +110,12 @@ static int (*real_timespec_get)(struct timespec*, int);
 /* ------------------------------------------------------------ state */
 
 int clk_on;                      /* shim_clock.h */
+int clk_ticks;                   /* shim_clock.h */
 static _Atomic(uint64_t) clk_ns; /* the stamp the clock reads (0: no input yet: real) */
 
 static void clk_in_child(void) {
   clk_on = 0; /* a forked child processes no input: the real clock */
+  clk_ticks = 0;
 }
 
 __attribute__((constructor)) static void clk_init(void) {
@@ -118,6 +130,8 @@ __attribute__((constructor)) static void clk_init(void) {
    * inherits the environment but is not the server. */
   if (on && strcmp(on, "1") == 0 && pid && atoi(pid) == (int)getpid()) {
     clk_on = 1;
+    const char* timers = getenv("LOCKSTEP_SHIM_TIMERS");
+    clk_ticks = timers && strcmp(timers, "1") == 0;
     pthread_atfork(NULL, NULL, clk_in_child);
   }
   errno = saved;
@@ -129,17 +143,46 @@ void clk_enter(uint64_t clock_ns) { /* shim_clock.h; called with mu held */
     atomic_store_explicit(&clk_ns, clock_ns, memory_order_relaxed);
 }
 
-/* Every layer's clock for timeouts (shim_clock.h); CLOCK_MONOTONIC is never
- * the stamp's. */
-uint64_t now_ns(void) {
+static uint64_t real_ns(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  LS_REAL(clock_gettime);
+  real_clock_gettime(id, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Every layer's clock for timeouts (shim_clock.h): the real CLOCK_MONOTONIC
+ * (the server's reads the stamp while timers are on). */
+uint64_t now_ns(void) {
+  return real_ns(CLOCK_MONOTONIC);
+}
+
+uint64_t now_coarse_ns(void) {
+  return real_ns(CLOCK_MONOTONIC_COARSE);
+}
+
+uint64_t real_wall_ns(void) {
+  return real_ns(CLOCK_REALTIME);
 }
 
 /* The stamp the wall clock reads now; 0: the real clock. */
 static inline uint64_t clk_stamp(void) {
   return clk_on ? atomic_load_explicit(&clk_ns, memory_order_relaxed) : 0;
+}
+
+uint64_t clk_now_ns(void) {
+  uint64_t t = clk_stamp();
+  return t ? t : real_wall_ns();
+}
+
+/* The clocks that read the stamp while timers are in the log. */
+static int clk_mono(clockid_t id) {
+  return clk_ticks && (id == CLOCK_MONOTONIC || id == CLOCK_MONOTONIC_COARSE ||
+                       id == CLOCK_MONOTONIC_RAW || id == CLOCK_BOOTTIME);
+}
+
+/* The clocks that read the stamp (when there is one). */
+static int clk_stamped(clockid_t id) {
+  return id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE || clk_mono(id);
 }
 
 static void to_timespec(uint64_t ns, struct timespec* ts) {
@@ -165,7 +208,7 @@ int clock_gettime(clockid_t id, struct timespec* ts) {
   LS_REAL(clock_gettime);
   uint64_t t = clk_stamp();
   if (t) {
-    if (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE) {
+    if (clk_stamped(id)) {
       to_timespec(t, ts);
       return 0;
     }
@@ -208,36 +251,37 @@ int timespec_get(struct timespec* ts, int base) {
 
 /* ------------------------------------------------------------ deadlines */
 
-/* Waits until a deadline on the wall clock. A server computes such a
- * deadline from the clock it reads, now + timeout: here the stamp, which
- * stands still between inputs and so falls behind the real clock while the
- * server is idle. Waited for as given, the deadline would soon be long past,
- * and every idle thread that waits with a timeout would wake at once, read
- * the same stamp, compute the same past deadline and spin (MariaDB's and
+/* Waits until a deadline on a stamped clock (the wall clock; the monotonic
+ * ones too while timers are in the log). A server computes such a deadline
+ * from the clock it reads, now + timeout: here the stamp, which stands
+ * still between inputs and so falls behind the real clock while the server
+ * is idle. Waited for as given, the deadline would soon be long past, and
+ * every idle thread that waits with a timeout would wake at once, read the
+ * same stamp, compute the same past deadline and spin (MariaDB's and
  * libupnp's thread pools in pthread_cond_timedwait: 60% of a core per idle
- * mariadbd, 3.65 s of CPU per 10 s per idle gerbera). So a deadline on
- * CLOCK_REALTIME is taken as "that long after the stamp" and waited for that
- * long in real time; one at or before the stamp is already due. Timeouts are
- * each replica's own business either way: nothing the server computes is
- * stamped by when its wait ends, only by the inputs it reads. */
-const struct timespec* clk_deadline(const struct timespec* abs, struct timespec* out) {
+ * mariadbd, 3.65 s of CPU per 10 s per idle gerbera). So such a deadline is
+ * taken as "that long after the stamp" and waited for that long in real
+ * time on the same clock; one at or before the stamp is already due. These
+ * timeouts are each replica's own business: nothing the server computes is
+ * stamped by when such a wait ends, only by the inputs it reads (and, with
+ * timers in the log, by the ticks of its epoll waits). */
+const struct timespec* clk_deadline(clockid_t id, const struct timespec* abs,
+                                    struct timespec* out) {
   uint64_t t = clk_stamp();
-  if (!t || !abs || abs->tv_nsec < 0 || abs->tv_nsec >= 1000000000l || abs->tv_sec < 0)
+  if (!t || !clk_stamped(id) || !abs || abs->tv_nsec < 0 || abs->tv_nsec >= 1000000000l ||
+      abs->tv_sec < 0)
     return abs; /* the real clock, or not ours to judge (the call says EINVAL) */
   int saved = errno;
-  struct timespec now;
-  LS_REAL(clock_gettime);
-  real_clock_gettime(CLOCK_REALTIME, &now);
+  uint64_t real = real_ns(id);
   errno = saved;
   uint64_t want = (uint64_t)abs->tv_sec * 1000000000ull + (uint64_t)abs->tv_nsec;
-  uint64_t real = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
   to_timespec(want > t ? real + (want - t) : real, out);
   return out;
 }
 
 /* glibc's condition variables keep their clock in __wrefs (bit 1:
  * CLOCK_MONOTONIC, set by pthread_condattr_setclock): a monotonic deadline
- * is real already. */
+ * is real, unless timers are in the log. */
 int cond_is_monotonic(const pthread_cond_t* c) {
   return (atomic_load_explicit((_Atomic(unsigned int)*)&c->__data.__wrefs, memory_order_relaxed) &
           2) != 0;
@@ -252,30 +296,30 @@ static int (*real_clock_nanosleep)(clockid_t, int, const struct timespec*, struc
 int pthread_mutex_timedlock(pthread_mutex_t* restrict m, const struct timespec* restrict abs) {
   LS_REAL(pthread_mutex_timedlock);
   struct timespec d;
-  return real_pthread_mutex_timedlock(m, clk_deadline(abs, &d));
+  return real_pthread_mutex_timedlock(m, clk_deadline(CLOCK_REALTIME, abs, &d));
 }
 
 int pthread_rwlock_timedrdlock(pthread_rwlock_t* restrict l, const struct timespec* restrict abs) {
   LS_REAL(pthread_rwlock_timedrdlock);
   struct timespec d;
-  return real_pthread_rwlock_timedrdlock(l, clk_deadline(abs, &d));
+  return real_pthread_rwlock_timedrdlock(l, clk_deadline(CLOCK_REALTIME, abs, &d));
 }
 
 int pthread_rwlock_timedwrlock(pthread_rwlock_t* restrict l, const struct timespec* restrict abs) {
   LS_REAL(pthread_rwlock_timedwrlock);
   struct timespec d;
-  return real_pthread_rwlock_timedwrlock(l, clk_deadline(abs, &d));
+  return real_pthread_rwlock_timedwrlock(l, clk_deadline(CLOCK_REALTIME, abs, &d));
 }
 
 int sem_timedwait(sem_t* restrict s, const struct timespec* restrict abs) {
   LS_REAL(sem_timedwait);
   struct timespec d;
-  return real_sem_timedwait(s, clk_deadline(abs, &d));
+  return real_sem_timedwait(s, clk_deadline(CLOCK_REALTIME, abs, &d));
 }
 
 int clock_nanosleep(clockid_t id, int flags, const struct timespec* req, struct timespec* rem) {
   LS_REAL(clock_nanosleep);
   struct timespec d;
-  if ((flags & TIMER_ABSTIME) && id == CLOCK_REALTIME) req = clk_deadline(req, &d);
+  if (flags & TIMER_ABSTIME) req = clk_deadline(id, req, &d);
   return real_clock_nanosleep(id, flags, req, rem);
 }

@@ -36,6 +36,7 @@ int chunk_finished(const struct chunk* h) {
     case LS_SUB_ACCEPT: return 1;
     case LS_SUB_DATA: return c->consumed >= h->end;
     case LS_SUB_CLOSE: return c->eof_read;
+    case LS_SUB_TICK: return c->consumed >= h->end; /* a wait in its set took it */
   }
   return 1;
 }
@@ -49,6 +50,9 @@ int gate_bypassed(void) {
   if (!fifo_count) return 1;
   struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
   if (h->state != CH_COMMITTED) return 0;
+  /* A tick is taken by the next wait in its set, whenever the server comes
+   * back to it (a long command is no reason to let others pass it). */
+  if (h->kind == LS_SUB_TICK) return 0;
   if (hooks.executing_other(h->c)) return 0;
   return head_reports >= LS_GATE_BYPASS_REPORTS || now_ns() - head_since_ns > LS_GATE_BYPASS_NS;
 }
@@ -79,6 +83,7 @@ struct head_run find_head_run(void) {
     if (chunk_finished(ch)) continue;
     if (ch->state != CH_COMMITTED) break;
     if (ch->kind == LS_SUB_ACCEPT) continue;         /* delivered by accept itself */
+    if (ch->kind == LS_SUB_TICK) break;              /* a wait takes it (tick_at_head) */
     if (r.c && ch->c != r.c) break;                  /* the next connection's run */
     if (!r.c && hooks.executing_other(ch->c)) break; /* serial_inputs: not its turn yet */
     if (!r.c) {
@@ -92,6 +97,19 @@ struct head_run find_head_run(void) {
     if (ch->kind == LS_SUB_CLOSE) r.close = 1;
   }
   return r;
+}
+
+/* The agreed tick at the FIFO's head (the first chunk not done with), if
+ * it is epoll set epfd's: a wait in that set takes it now. NULL otherwise.
+ * Called with mu held. */
+struct chunk* tick_at_head(int epfd) {
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch)) continue;
+    if (ch->state != CH_COMMITTED || ch->kind != LS_SUB_TICK) return NULL;
+    return epfd >= 0 && epfd < LS_MAX_FD && ch->c == tick_conns[epfd] ? ch : NULL;
+  }
+  return NULL;
 }
 
 /* Bytes connection c may hand to the server now. Called with mu held. */

@@ -305,9 +305,7 @@ static void out_push_sent(struct out_state* st, int slot, uint64_t digest) {
     return;
   }
   /* A coarse clock (a few ms) is fine for a 20 ms spacing, and costs less. */
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  uint64_t now = now_coarse_ns(); /* real: the server's may read the stamp */
   if (st->named && !mark && !atomic_load_explicit(&st->lost, memory_order_relaxed) &&
       now - st->pushed_ns < (uint64_t)LS_OUT_SAMPLE_US * 1000)
     return;

@@ -2,9 +2,10 @@
  * "Layers"): submissions into the submission ring (ACCEPT, DATA, CLOSE),
  * the daemon's outcomes from the done ring, the replay order from the order
  * ring and its reply gate, the FIFO's push and pop, the client bytes taken
- * from the kernel (ingest), and a restored replay connection put back in
- * place. Above shim_state.c, shim_clock.c, shim_order.c and shim_output.c
- * (out_offset: the output each input came after).
+ * from the kernel (ingest), a restored replay connection put back in
+ * place, and the epoll sets' ticks (shim_abi.h "Ticks": submitted on the
+ * leader, ordered on backups, taken by the waits of shim_wait.c). Above shim_state.c, shim_clock.c,
+ * shim_order.c and shim_output.c (out_offset: the output each input came after).
  *
  * Same rules as shim.c: errno preserved, no allocation except when a
  * connection's inbox must grow; mu held unless said otherwise. */
@@ -29,6 +30,8 @@
 #include "preload/shim_order.h"
 #include "preload/shim_output.h"
 #include "preload/shim_state.h"
+
+#define LS_TICK_RETRY_NS 10000000ull /* a dropped tick is asked for again after 10 ms */
 
 /* ------------------------------------------------------------ signalling */
 
@@ -66,11 +69,26 @@ static void clock_from_reads(void) {
   }
 }
 
+/* A tick at the head for a set in which no thread has ever waited (one
+ * whose fd the server closed and reused, or a set of another replica's
+ * server) would hold every input behind it forever: after LS_TICK_ORPHAN_NS
+ * at the head it is passed over, and said so. Not a set whose thread is
+ * merely busy (a long command): that one takes it when it comes back. */
+#define LS_TICK_ORPHAN_NS 2000000000ull
+static int tick_orphaned(struct chunk* h) {
+  if (h->kind != LS_SUB_TICK || h->state != CH_COMMITTED || h->c->tick_waited) return 0;
+  if (head_seen_seq != h->seq || now_ns() - head_since_ns < LS_TICK_ORPHAN_NS) return 0;
+  shim_log("a tick for epoll set %d was passed over: no thread of the server waits in it",
+           h->c->fd);
+  h->c->consumed = h->end;
+  return 1;
+}
+
 void fifo_pop_finished(void) {
   if (clk_on) clock_from_reads();
   while (fifo_count) {
     struct chunk* h = &fifo[fifo_head_seq & (LS_FIFO_SLOTS - 1)];
-    if (!chunk_finished(h)) break;
+    if (!chunk_finished(h) && !tick_orphaned(h)) break;
     struct conn* c = h->c;
     fifo_head_seq++;
     fifo_count--;
@@ -117,10 +135,16 @@ static void apply_done(const struct ls_done_record* d) {
     if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
   } else {
     ch->state = CH_DROPPED;
-    if (ch->kind == LS_SUB_ACCEPT)
+    if (ch->kind == LS_SUB_TICK) {
+      /* Not leading (yet), or the entry lost its place: the wait asks
+       * again, a little later. */
+      if (c->tick_seq == ch->seq) c->tick_seq = 0;
+      c->tick_retry_ns = now_ns() + LS_TICK_RETRY_NS;
+    } else if (ch->kind == LS_SUB_ACCEPT) {
       c->accept_state = ACCEPT_DROPPED;
-    else
+    } else {
       c->broken = 1;
+    }
   }
 }
 
@@ -215,6 +239,13 @@ static void drain_order(void) {
   uint64_t first = tail;
   for (; tail < head && fifo_count < LS_FIFO_SLOTS; tail++) {
     const struct ls_order_record* r = &order_ring[tail % hdr->order_slots];
+    if (r->kind == LS_ORDER_TICK) { /* a wait in set `slot` times out here */
+      struct conn* t = tick_conn((int)r->slot);
+      if (!t) continue; /* not a set this shim can have (or no memory): said once */
+      t->received++;
+      push_chunk(t, LS_SUB_TICK, CH_COMMITTED)->clock_ns = r->clock_ns;
+      continue;
+    }
     if (r->slot >= LS_MAX_REPLAY) continue;
     struct conn* c = by_slot[r->slot];
     /* Nothing to deliver when the server closed the slot's connection
@@ -287,7 +318,8 @@ uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len) {
       r->conn = c->no;
       r->pad2 = 0;
       r->seq = seq;
-      uint64_t sent = kind == LS_SUB_ACCEPT || c->fd < 0 ? 0 : out_offset(c->fd);
+      uint64_t sent =
+          kind == LS_SUB_ACCEPT || kind == LS_SUB_TICK || c->fd < 0 ? 0 : out_offset(c->fd);
       r->out_before = sent == UINT64_MAX ? 0 : sent;
       if (len) memcpy(r + 1, bytes, len);
       push_chunk(c, kind, CH_PENDING);
@@ -304,6 +336,66 @@ uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len) {
     pthread_mutex_lock(&mu);
     drain_done();
   }
+}
+
+/* ------------------------------------------------------------ ticks */
+
+struct conn* tick_conn(int epfd) {
+  if (epfd < 0 || epfd >= LS_MAX_FD) {
+    static int said;
+    if (!said++) shim_log("a tick names epoll set %d, which cannot be one; passed over", epfd);
+    return NULL;
+  }
+  if (!tick_conns[epfd]) {
+    /* Once per set, not per wait: the "no allocation" rule's exception. */
+    struct conn* t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->is_ticks = 1;
+    t->fd = epfd;
+    t->epfd = epfd; /* serial_inputs wakes the thread waiting in this set for it */
+    t->replay_slot = -1;
+    tick_conns[epfd] = t;
+  }
+  return tick_conns[epfd];
+}
+
+void submit_tick(int epfd, uint64_t min_clock_ns) {
+  struct conn* t = tick_conn(epfd);
+  if (!t || t->tick_seq || now_ns() < t->tick_retry_ns) return;
+  struct ls_tick tick = {.waiter = (uint32_t)epfd, .pad = 0, .min_clock_ns = min_clock_ns};
+  t->received++;
+  t->tick_seq = submit(t, LS_SUB_TICK, &tick, sizeof tick);
+}
+
+int tick_pending(int epfd) {
+  struct conn* t = epfd >= 0 && epfd < LS_MAX_FD ? tick_conns[epfd] : NULL;
+  return t && t->tick_seq;
+}
+
+uint64_t tick_retry_at(int epfd) {
+  struct conn* t = epfd >= 0 && epfd < LS_MAX_FD ? tick_conns[epfd] : NULL;
+  return t ? t->tick_retry_ns : 0;
+}
+
+int take_tick(int epfd) {
+  struct chunk* ch = tick_at_head(epfd);
+  if (!ch) return 0;
+  struct conn* t = ch->c;
+  t->consumed = ch->end;
+  if (t->tick_seq == ch->seq) t->tick_seq = 0;
+  clk_enter(ch->clock_ns); /* the server's clock moves to the tick's stamp */
+  fifo_pop_finished();
+  return 1;
+}
+
+void forget_ticks(int epfd) {
+  struct conn* t = epfd >= 0 && epfd < LS_MAX_FD ? tick_conns[epfd] : NULL;
+  if (!t) return;
+  tick_conns[epfd] = NULL;
+  t->fd = -1; /* its chunks are done with; freed with the last */
+  t->refs++;
+  conn_unref(t);
+  fifo_pop_finished();
 }
 
 static int inbox_reserve(struct conn* c, uint64_t more) {

@@ -22,6 +22,18 @@ LS_HIDDEN uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint3
 LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
 /* Puts the fresh connection in place of c's dead restored socket (closes fresh). */
 LS_HIDDEN void reattach(struct conn* c, int fresh);
+/* Ticks (shim_abi.h "Ticks"). The set's tick record, created when first
+ * needed (NULL: epfd cannot be a set, or no memory). */
+LS_HIDDEN struct conn* tick_conn(int epfd);
+/* The leader: epoll set epfd's wait timed out at server clock min_clock_ns;
+ * a TICK is submitted unless one is in flight or was dropped < 10 ms ago. */
+LS_HIDDEN void submit_tick(int epfd, uint64_t min_clock_ns);
+LS_HIDDEN int tick_pending(int epfd);       /* the leader's own tick of the set is in flight */
+LS_HIDDEN uint64_t tick_retry_at(int epfd); /* now_ns() before which none is submitted */
+/* A wait in set epfd takes the agreed tick at the head, if it is the set's:
+ * the server's clock moves to its stamp. 1: taken. */
+LS_HIDDEN int take_tick(int epfd);
+LS_HIDDEN void forget_ticks(int epfd); /* the server closed epoll set epfd */
 /* The reply gate: an input waits for the server's output on a connection. */
 LS_HIDDEN int reply_gate_pending(void);
 LS_HIDDEN void reply_gate_sent(int fd, uint64_t end); /* fd's output reached `end`; without mu */

@@ -433,7 +433,8 @@ int pthread_cond_timedwait(pthread_cond_t* restrict c, pthread_mutex_t* restrict
     real_pthread_cond_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
   struct timespec d;
   serial_cond_enter(c);
-  int r = real_pthread_cond_timedwait(c, m, cond_is_monotonic(c) ? abs : clk_deadline(abs, &d));
+  clockid_t id = cond_is_monotonic(c) ? CLOCK_MONOTONIC : CLOCK_REALTIME;
+  int r = real_pthread_cond_timedwait(c, m, clk_deadline(id, abs, &d));
   serial_cond_leave(m);
   return r;
 }
@@ -443,7 +444,7 @@ int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t id,
   LS_REAL(pthread_cond_clockwait);
   struct timespec d;
   serial_cond_enter(c);
-  int r = real_pthread_cond_clockwait(c, m, id, id == CLOCK_REALTIME ? clk_deadline(abs, &d) : abs);
+  int r = real_pthread_cond_clockwait(c, m, id, clk_deadline(id, abs, &d));
   serial_cond_leave(m);
   return r;
 }

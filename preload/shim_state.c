@@ -61,6 +61,7 @@ uint32_t slot_closed_claim[LS_MAX_REPLAY];
 uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
 uint8_t wake_in_epfd[LS_MAX_FD];
 int set_wake_fd[LS_MAX_FD];
+struct conn* tick_conns[LS_MAX_FD];
 struct chunk fifo[LS_FIFO_SLOTS];
 uint64_t fifo_head_seq = 1, fifo_count;
 uint64_t next_conn_no = 1;

@@ -88,6 +88,14 @@ struct conn {
   uint64_t et_until; /* EPOLLET: agreed bytes up to here were reported */
   int et_eof_told;   /* EPOLLET: the readable EOF was reported */
   int et_out_told;   /* EPOLLET: writable reported; again once a send would block */
+  /* An epoll set's ticks (shim_abi.h "Ticks"; tick_conns), not a client's
+   * connection: fd is the set's, `received` counts the ticks pushed into the
+   * FIFO, `consumed` those its waits took (a TICK chunk's `end` is its
+   * number). No inbox, no epoll registration (epfd -1). */
+  int is_ticks;
+  int tick_waited;        /* a thread has waited in the set (else its ticks are orphans) */
+  uint64_t tick_seq;      /* the leader's own TICK in flight (its seq), or 0 */
+  uint64_t tick_retry_ns; /* its last was dropped: the next not before this (now_ns) */
 };
 
 LS_HIDDEN extern int active;         /* attached to a daemon's region */
@@ -116,6 +124,9 @@ LS_HIDDEN extern int log_closed_n;
 /* Per epoll set, the shim's own eventfd (fd + 1; 0: none), which
  * serial_done writes to wake just the thread waiting in that set. */
 LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
+/* Per epoll set, its ticks (struct conn, is_ticks), created when a thread
+ * first waits in it with timers on or its first tick is ordered. */
+LS_HIDDEN extern struct conn* tick_conns[LS_MAX_FD];
 LS_HIDDEN extern ssize_t (*real_write)(int, const void*, size_t);
 LS_HIDDEN extern ssize_t (*real_recv)(int, void*, size_t, int);
 LS_HIDDEN extern int (*real_close)(int);

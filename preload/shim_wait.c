@@ -2,7 +2,8 @@
  * tracked connections hears that one is readable only when the delivery
  * order lets it read (an agreed input at the head of the FIFO, or EOF),
  * never because the kernel has client bytes; those are ingested (submitted
- * for agreement) here as they arrive. The daemon's wake eventfd rides in
+ * for agreement) here as they arrive. With timers in the log, an epoll
+ * wait's timeout is agreed too (a tick, see epoll_pwait). The daemon's wake eventfd rides in
  * each epoll set and poll call, so a completion wakes the server. The
  * connection table and the FIFO are shim_state.c's, the delivery order
  * shim_order.c's.
@@ -159,6 +160,16 @@ static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
   return n;
 }
 
+/* Ticks (shim_abi.h, "Ticks"): with timers in the log, a wait in a set
+ * that holds tracked connections never times out by itself. On the leader,
+ * once its timeout has passed on the server's clock, it submits a TICK and
+ * waits on until that is agreed (or an input comes); every replica's wait
+ * in that set returns when the tick reaches the head of the delivery order,
+ * with the server's clock at the tick's stamp. A backup (or a leader whose
+ * tick is in flight) looks at the mode every LS_TICK_LOOK_MS: it may become
+ * the leader meanwhile. */
+#define LS_TICK_LOOK_MS 100
+
 int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout,
                 const sigset_t* sigmask) {
   /* Every set is filtered, also one that holds no tracked connection yet:
@@ -168,7 +179,22 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
   if (!active || epfd < 0 || epfd >= LS_MAX_FD || maxevents <= 0)
     return real_epoll_pwait(epfd, events, maxevents, timeout, sigmask);
   int saved = errno;
-  uint64_t deadline = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
+  /* Ticks: a wait in a set with tracked connections takes its set's tick
+   * at the head (takes_ticks); one with a timeout never times out by itself
+   * (ticking). */
+  int takes_ticks = 0;
+  if (clk_ticks && wake_in_epfd[epfd]) {
+    pthread_mutex_lock(&mu);
+    struct conn* t = tick_conn(epfd);
+    if (t) t->tick_waited = 1;
+    pthread_mutex_unlock(&mu);
+    takes_ticks = t != NULL;
+  }
+  int ticking = takes_ticks && timeout != 0;
+  uint64_t deadline =
+      ticking || timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout * 1000000ull;
+  /* The server's clock at which this wait times out (0: never). */
+  uint64_t tick_at = ticking && timeout > 0 ? clk_now_ns() + (uint64_t)timeout * 1000000ull : 0;
   struct epoll_event kernel[256];
   int kmax = maxevents < 256 ? maxevents : 256;
   int n = 0;
@@ -177,13 +203,35 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     pthread_mutex_lock(&mu);
     serial_done(epfd); /* waiting again: what this thread read is executed */
     drain_done();
+    if (takes_ticks && take_tick(epfd)) {
+      pthread_mutex_unlock(&mu);
+      break; /* the wait times out here, on every replica */
+    }
     n = ready_events(epfd, events, 0, maxevents);
     int look_soon = serial_holding(NULL, epfd);
+    int tick_wait_ms = -1; /* ticking: how long the kernel may keep us */
+    if (ticking && n == 0) {
+      int leading = atomic_load(&hdr->mode) == LS_MODE_LEADER;
+      if (!leading || tick_pending(epfd) || !tick_at) {
+        tick_wait_ms = tick_at || !leading ? LS_TICK_LOOK_MS : -1;
+      } else {
+        uint64_t now = real_wall_ns();
+        if (now >= tick_at && now_ns() >= tick_retry_at(epfd)) submit_tick(epfd, tick_at);
+        if (tick_pending(epfd))
+          tick_wait_ms = LS_TICK_LOOK_MS; /* its outcome wakes us */
+        else if (now < tick_at)
+          tick_wait_ms = (int)((tick_at - now + 999999) / 1000000);
+        else
+          tick_wait_ms = 10; /* the last was dropped: asked again soon */
+      }
+    }
     pthread_mutex_unlock(&mu);
     int wait_ms = 0;
     if (n == 0) {
       uint64_t now = now_ns();
-      if (deadline == UINT64_MAX)
+      if (ticking)
+        wait_ms = tick_wait_ms;
+      else if (deadline == UINT64_MAX)
         wait_ms = -1;
       else
         wait_ms = now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
@@ -227,8 +275,10 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     }
     drain_done();
     n = ready_events(epfd, events, n, maxevents);
+    /* A tick at the head now ends this wait too, with what else it found. */
+    int took = takes_ticks && take_tick(epfd);
     pthread_mutex_unlock(&mu);
-    if (n > 0) break;
+    if (n > 0 || took) break;
     if (deadline != UINT64_MAX && now_ns() >= deadline) break;
   }
   errno = saved;

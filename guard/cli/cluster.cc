@@ -95,6 +95,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->ready_log = p.ready_log;
     server->same_random = p.same_random;
     server->same_clock = p.same_clock;
+    server->timers_in_log = p.timers_in_log;
     server->serial_inputs = p.serial_inputs;
     server->serial_until_reply = p.serial_until_reply;
     server->serial_sleep_keeps_turn = p.serial_sleep_keeps_turn;
@@ -196,6 +197,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeString("ready_log", &p.ready_log, false, error) ||
       !t.TakeBool("same_random", &p.same_random, error) ||
       !t.TakeBool("same_clock", &p.same_clock, error) ||
+      !t.TakeBool("timers_in_log", &p.timers_in_log, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
       !t.TakeBool("serial_until_reply", &p.serial_until_reply, error) ||
       !t.TakeBool("serial_sleep_keeps_turn", &p.serial_sleep_keeps_turn, error) ||
@@ -206,6 +208,9 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
+  if (p.timers_in_log && !p.same_clock)
+    return t.Fail(t.LineOf("timers_in_log"),
+                  "field 'timers_in_log' needs same_clock = true (a tick moves the clock)", error);
   for (const char* f : {"serial_until_reply", "serial_sleep_keeps_turn"})
     if (t.fields.count(f) && !p.serial_inputs)
       return t.Fail(t.LineOf(f), std::string("field '") + f + "' needs serial_inputs = true",

@@ -419,6 +419,10 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeString("ready_log", &c.server.ready_log, false, error)) return false;
     if (!s.TakeBool("same_random", &c.server.same_random, error)) return false;
     if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
+    if (!s.TakeBool("timers_in_log", &c.server.timers_in_log, error)) return false;
+    if (c.server.timers_in_log && !c.server.same_clock)
+      return fail(s.LineOf("timers_in_log"),
+                  "field 'timers_in_log' needs same_clock = true (a tick moves the clock)");
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
     if (!s.TakeBool("serial_until_reply", &c.server.serial_until_reply, error)) return false;
     if (!s.TakeBool("serial_sleep_keeps_turn", &c.server.serial_sleep_keeps_turn, error))
@@ -559,6 +563,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       o << "# the server's wall clock is the leader's time of the input it processes\n"
         << "# (preload/shim_clock.c)\n"
         << "same_clock = true\n";
+    if (c.server.timers_in_log)
+      o << "# its timeouts are ticks in the log: timers fire at the same input everywhere\n"
+        << "timers_in_log = true\n";
     if (c.server.serial_inputs)
       o << "# one input executes at a time, whatever thread reads it (preload/shim_serial.c)\n"
         << "serial_inputs = true\n";

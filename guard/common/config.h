@@ -45,6 +45,9 @@
 //   same_clock = true       # optional (false): the server's wall clock reads, on every
 //                           # replica, the leader's time of the input it processes
 //                           # (preload/shim_clock.c)
+//   timers_in_log = true    # optional (false), needs same_clock: the server's epoll
+//                           # timeouts are agreed in the log as ticks, so its timers fire
+//                           # at the same input on every replica (preload/shim_abi.h)
 //   serial_inputs = true    # optional (false): a multi-threaded server executes one input
 //                           # at a time, in the log's order (preload/shim_serial.c)
 //   data_template = "DIR/server-template"  # optional: every server starts from a copy
@@ -172,6 +175,12 @@ struct ClusterConfig {
     // with PX/EX come out the same on every replica, a lagging one too.
     // From the app profile's `same_clock`.
     bool same_clock = false;
+    // With same_clock: the timeouts of the server's epoll waits are log
+    // entries (ticks, preload/shim_abi.h "Ticks"): a wait times out at the
+    // same point of the log on every replica, and the tick moves the clock,
+    // so a quiet server's timers fire (redis's key expiry, BLPOP timeouts).
+    // From the app profile's `timers_in_log`.
+    bool timers_in_log = false;
     // A server that runs connections on several threads executes one input
     // at a time, in the log's order: the next connection's input becomes
     // readable only once the thread that read the previous one waits again

@@ -394,7 +394,7 @@ void OutputGuard::FillInputs(DivergenceReport* r) const {
     Input in;
     if (!DecodeInput(e->payload, &in)) continue;
     r->inputs_in_window++;
-    if (in.key != r->key) continue;
+    if (in.kind == LS_SUB_TICK || in.key != r->key) continue;  // a tick's key names no conn
     shown.push_back("entry " + std::to_string(i) + ": " + DescribeInput(in, kInputBytesShown));
     if (shown.size() > kInputsShown) shown.pop_front();
   }

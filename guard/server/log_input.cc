@@ -31,7 +31,8 @@ bool DecodeInput(std::string_view payload, Input* in) {
   in->out_before = 0;
   if (!r.done() && !r.u64(&in->clock_ns)) return false;
   if (!r.done() && !r.u64(&in->out_before)) return false;
-  return r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_CLOSE;
+  return r.done() && in->kind >= LS_SUB_ACCEPT && in->kind <= LS_SUB_TICK &&
+         (in->kind != LS_SUB_TICK || in->bytes.empty());
 }
 
 std::string EscapeBytes(std::string_view bytes) {
@@ -55,6 +56,8 @@ std::string EscapeBytes(std::string_view bytes) {
 }
 
 std::string DescribeInput(const Input& in, size_t max_bytes) {
+  if (in.kind == LS_SUB_TICK)
+    return "TICK " + BallotString(in.key.ballot) + " epoll set " + std::to_string(in.key.no);
   const char* kind = in.kind == LS_SUB_ACCEPT ? "ACCEPT"
                      : in.kind == LS_SUB_DATA ? "DATA"
                                               : "CLOSE";

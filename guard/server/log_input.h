@@ -10,6 +10,11 @@
 // entry written before them still decodes, with 0 for what it lacks
 // (clock_ns 0, "no stamp": its input runs at the previous input's time;
 // out_before 0: no reply gate).
+//
+// A TICK (timers_in_log: a wait of the server timed out, preload/shim_abi.h
+// "Ticks") names no connection: its key is (the proposing leader's ballot,
+// the epoll set's fd), its bytes are empty and clock_ns is the time the
+// server's clock moves to when it fires.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +26,7 @@
 namespace lockstep {
 
 struct Input {
-  uint8_t kind = 0;  // LS_SUB_ACCEPT / DATA / CLOSE
+  uint8_t kind = 0;  // LS_SUB_ACCEPT / DATA / CLOSE / TICK
   ConnKey key;
   uint64_t seq = 0;  // the shim's submission number (0: a CLOSE the daemon proposed)
   std::string bytes;
@@ -45,7 +50,7 @@ std::string EncodeInput(uint8_t kind, ConnKey key, uint64_t seq, std::string_vie
 bool DecodeInput(std::string_view payload, Input* in);
 // One line for people: "DATA 3.1/7 38 bytes after 5 bytes out: *3\r\n$3\r\nSET..."
 // (escaped, at most max_bytes of the input shown; "after N bytes out": its
-// out_before, where not 0).
+// out_before, where not 0), or "TICK 3.1 epoll set 9".
 // Bytes for people: printable ASCII as is, \r \n \\ and \xNN for the rest.
 std::string EscapeBytes(std::string_view bytes);
 std::string DescribeInput(const Input& in, size_t max_bytes = 80);

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "consensus/assert.h"
+
 namespace lockstep {
 
 Replayer::~Replayer() {
@@ -30,6 +32,9 @@ void Replayer::Data(ConnKey k, std::string_view bytes, uint64_t index, uint64_t 
 }
 void Replayer::Close(ConnKey k, uint64_t out_before) {
   queue_.push_back(Step{Kind::kClose, k, {}, 0, 0, out_before});
+}
+void Replayer::Tick(uint32_t waiter, uint64_t index, uint64_t clock_ns) {
+  queue_.push_back(Step{Kind::kTick, ConnKey{0, waiter}, {}, index, clock_ns, 0});
 }
 
 bool Replayer::Open(ConnKey k, Conn* c, int slot) {
@@ -186,7 +191,7 @@ bool Replayer::ServerTookAll(uint64_t* progress) const {
 }
 
 bool Replayer::Idle() const {
-  if (!queue_.empty()) return false;
+  if (!queue_.empty() || shim_->OrderPending() > 0) return false;
   for (const auto& [k, c] : conns_)
     if (!Drained(k)) return false;
   return true;
@@ -207,6 +212,8 @@ std::string Replayer::Busy() const {
              std::to_string(c.appended) + " bytes";
     return what + ": closed, and the server has not seen the end";
   }
+  if (uint64_t n = shim_->OrderPending())
+    return std::to_string(n) + " order records (ticks) not yet taken by the server";
   return "";
 }
 
@@ -261,6 +268,16 @@ bool Replayer::Pump(uint64_t now_us) {
   };
   while (!queue_.empty()) {
     Step& s = queue_.front();
+    if (s.kind == Kind::kTick) {  // no connection: only its place in the order
+      if (!shim_->PushOrder(static_cast<int>(s.key.no), LS_ORDER_TICK, 0, s.clock_ns)) {
+        gated_ = true;
+        send_all();
+        return did;
+      }
+      did = true;
+      queue_.pop_front();
+      continue;
+    }
     auto it = conns_.find(s.key);
     bool live = it != conns_.end() && !it->second.server_closed && it->second.slot >= 0;
     // A connection opens once the server has read every input handed to it
@@ -324,6 +341,7 @@ bool Replayer::Pump(uint64_t now_us) {
         it->second.close_requested = true;
         FlushOut(&it->second);
         break;
+      case Kind::kTick: LS_ASSERT(false, "a tick is ordered above"); break;
     }
     queue_.pop_front();
   }

@@ -41,6 +41,10 @@ class Replayer {
   void Data(ConnKey k, std::string_view bytes, uint64_t index = 0, uint64_t clock_ns = 0,
             uint64_t out_before = 0);
   void Close(ConnKey k, uint64_t out_before = 0);
+  // A TICK entry (log_input.h): the server's wait in epoll set `waiter`
+  // times out once it has read everything ordered before, its clock at
+  // clock_ns (preload/shim_abi.h "Ticks").
+  void Tick(uint32_t waiter, uint64_t index, uint64_t clock_ns);
 
   // Moves queued inputs into the sockets (and their order into the order
   // ring). True if it did anything.
@@ -50,7 +54,8 @@ class Replayer {
   bool Gated() const { return gated_; }
   bool Owns(int fd) const { return by_fd_.count(fd) != 0; }
   void OnEvent(int fd, uint32_t events);
-  // Nothing queued, and the server has read everything handed to it.
+  // Nothing queued, and the server has read everything handed to it (and
+  // taken every tick ordered).
   bool Idle() const;
   // Every open connection is accepted, written out and read by the server up
   // to what was handed to it; *progress grows whenever the server reads.
@@ -93,7 +98,7 @@ class Replayer {
   bool KeyOfOutput(int slot, uint32_t shim_conn, ConnKey* key) const;
 
  private:
-  enum class Kind : uint8_t { kAccept, kData, kClose };
+  enum class Kind : uint8_t { kAccept, kData, kClose, kTick };
   struct Step {
     Kind kind;
     ConnKey key;

@@ -99,6 +99,7 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   server_fds_ = shim_->ServerFds();
   shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
   shim_->set_same_clock(cfg_.server.same_clock);
+  shim_->set_timers_in_log(cfg_.server.timers_in_log);
   const auto& sv = cfg_.server;
   shim_->set_serial_inputs(
       !sv.serial_inputs ? 0
@@ -293,7 +294,17 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
     budget_bytes -= std::min<uint64_t>(budget_bytes, s.bytes.size() + kSubmissionOverhead);
     did = true;
     bool ok = false;
-    if (leading) {
+    if (leading && s.kind == LS_SUB_TICK) {
+      // A wait of the server timed out (preload/shim_abi.h "Ticks"): the
+      // timeout fires on every replica at this entry, its clock then at
+      // least the one the wait timed out at.
+      ConnKey key{core_.promised(), s.tick_waiter};
+      ProposeResult r =
+          core_.Propose(now, EntryType::kInput,
+                        EncodeInput(LS_SUB_TICK, key, s.seq, "", Stamp(s.tick_min_clock_ns), 0));
+      ok = r.ok;
+      if (ok) own_pending_[r.index] = OwnPending{s.seq, s.tick_waiter, s.kind, now, key.ballot};
+    } else if (leading) {
       ConnKey key{core_.promised(), s.conn};
       if (s.kind == LS_SUB_ACCEPT) {
         own_conns_[s.conn] = key;
@@ -315,7 +326,7 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
     }
     if (!ok) {
       shim_->Complete(LS_DONE_DROPPED, s.seq, s.conn);
-      if (s.kind != LS_SUB_ACCEPT) broken_own_.insert(s.conn);
+      if (s.kind == LS_SUB_DATA || s.kind == LS_SUB_CLOSE) broken_own_.insert(s.conn);
       if (s.kind == LS_SUB_ACCEPT) own_conns_.erase(s.conn);
     }
     shim_->Pop();
@@ -370,18 +381,26 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
     Input in;
     bool is_input = e->type == EntryType::kInput && DecodeInput(e->payload, &in);
     auto pend = own_pending_.find(i);
+    bool own_tick = false;  // our shim's tick, released to it, not replayed
     if (pend != own_pending_.end()) {
       const OwnPending& p = pend->second;
-      bool ours = is_input && in.seq == p.seq && in.key.no == p.conn && OwnConn(in.key);
-      shim_->Complete(ours ? LS_DONE_COMMITTED : LS_DONE_DROPPED, p.seq, p.conn, in.clock_ns);
+      bool ours = is_input && in.seq == p.seq && in.key.no == p.conn &&
+                  (p.kind == LS_SUB_TICK ? in.kind == LS_SUB_TICK && in.key.ballot == p.ballot
+                                         : in.kind != LS_SUB_TICK && OwnConn(in.key));
+      own_tick = ours && p.kind == LS_SUB_TICK;
+      shim_->Complete(ours ? LS_DONE_COMMITTED : LS_DONE_DROPPED, p.seq,
+                      p.kind == LS_SUB_TICK ? 0 : p.conn, in.clock_ns);
       if (ours) {
         inputs_committed_++;
         input_commit_us_sum_ += static_cast<double>(now - p.proposed_us);
       }
-      if (!ours && p.kind != LS_SUB_ACCEPT) broken_own_.insert(p.conn);
+      if (!ours && (p.kind == LS_SUB_DATA || p.kind == LS_SUB_CLOSE)) broken_own_.insert(p.conn);
       own_pending_.erase(pend);
     }
-    if (is_input) {
+    if (is_input && in.kind == LS_SUB_TICK) {
+      clock_stamp_ = std::max(clock_stamp_, in.clock_ns);
+      if (!own_tick) replayer_->Tick(in.key.no, i, in.clock_ns);
+    } else if (is_input) {
       clock_stamp_ = std::max(clock_stamp_, in.clock_ns);
       bool own = OwnConn(in.key);
       switch (in.kind) {
@@ -443,12 +462,14 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
 // CLOCK_REALTIME, but never below a stamp already in the log, so that the
 // servers' clocks (preload/shim_clock.c) never go backwards, also when this
 // leader's clock is behind its predecessor's.
-uint64_t ServerPipeline::Stamp() {
+uint64_t ServerPipeline::Stamp(uint64_t at_least) {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   uint64_t now =
       static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-  clock_stamp_ = std::max(clock_stamp_, now);
+  // A tick's least stamp comes from the server's memory: never trusted to
+  // push the log's clock far ahead.
+  clock_stamp_ = std::max({clock_stamp_, now, std::min(at_least, now + kTickAheadMaxNs)});
   return clock_stamp_;
 }
 

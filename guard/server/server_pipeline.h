@@ -167,9 +167,10 @@ class ServerPipeline {
   // One of our shim's inputs proposed to the log.
   struct OwnPending {
     uint64_t seq;
-    uint32_t conn;
+    uint32_t conn;  // TICK: the epoll set
     uint8_t kind;
     uint64_t proposed_us;
+    uint64_t ballot = 0;  // TICK: the ballot it was proposed under (its key's)
   };
   bool ReadyToServe();
   bool OwnConn(const ConnKey& k) const;
@@ -178,8 +179,10 @@ class ServerPipeline {
   bool LaunchServer(std::string* error);
   void MaybeFlipInput(std::string* bytes, uint64_t index);  // a test failpoint
   // Wall-clock stamps of proposed inputs (log_input.h): never below one
-  // already in the log.
-  uint64_t Stamp();
+  // already in the log, nor below at_least (a tick's least stamp, within
+  // kTickAheadMaxNs of the clock).
+  uint64_t Stamp(uint64_t at_least = 0);
+  static constexpr uint64_t kTickAheadMaxNs = 60'000'000'000ull;
   void NoteLogClock();
   // A test failpoint of a leader (server_output.cc): true when `flipped`
   // holds the client's bytes with one changed, to be proposed instead.

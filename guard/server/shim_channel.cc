@@ -190,6 +190,7 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_PORT", std::to_string(server_port)},
       {"LOCKSTEP_SHIM_RANDOM_SEED", random_seed_env_},
       {"LOCKSTEP_SHIM_SAME_CLOCK", same_clock_ ? "1" : "0"},
+      {"LOCKSTEP_SHIM_TIMERS", timers_in_log_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_SERIAL", std::to_string(serial_inputs_)},
       {"LOCKSTEP_SHIM_UNCHECKED_GREETING", unchecked_greeting_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_}};
@@ -249,6 +250,29 @@ SubmissionAt ParseSubmission(const char* ring, uint64_t ring_bytes, uint64_t tai
              std::to_string(at) + " outside the ring or past the head";
     return SubmissionAt::kCorrupt;
   }
+  if (h.kind < LS_SUB_ACCEPT || h.kind > LS_SUB_TICK) {
+    *error = "submission ring: record of unknown kind " + std::to_string(h.kind) + " at " +
+             std::to_string(at);
+    return SubmissionAt::kCorrupt;
+  }
+  s->tick_waiter = 0;
+  s->tick_min_clock_ns = 0;
+  if (h.kind == LS_SUB_TICK) {
+    ls_tick tick;
+    if (h.len != sizeof tick) {
+      *error = "submission ring: TICK of " + std::to_string(h.len) + " bytes at " +
+               std::to_string(at) + " (a tick is " + std::to_string(sizeof tick) + ")";
+      return SubmissionAt::kCorrupt;
+    }
+    memcpy(&tick, r + 1, sizeof tick);
+    if (tick.waiter >= ShimChannel::kMaxWaiter) {
+      *error = "submission ring: TICK for epoll set " + std::to_string(tick.waiter) + " at " +
+               std::to_string(at);
+      return SubmissionAt::kCorrupt;
+    }
+    s->tick_waiter = tick.waiter;
+    s->tick_min_clock_ns = tick.min_clock_ns;
+  }
   s->kind = h.kind;
   s->conn = h.conn;
   s->seq = h.seq;
@@ -300,7 +324,9 @@ uint64_t ShimChannel::OrderPending() const {
 
 bool ShimChannel::PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns,
                             uint64_t out_before) {
-  LS_ASSERT(slot >= 0 && slot < static_cast<int>(LS_MAX_REPLAY), "replay slot %d", slot);
+  LS_ASSERT(
+      slot >= 0 && slot < static_cast<int>(kind == LS_ORDER_TICK ? kMaxWaiter : LS_MAX_REPLAY),
+      "replay slot %d (order kind %u)", slot, kind);
   uint64_t tail = hdr_->order_tail.load(std::memory_order_acquire);
   if (tail > order_published_) {  // the shim took records not yet published
     Fail("order ring: tail " + std::to_string(tail) + " past the head " +

@@ -54,6 +54,9 @@ class ShimChannel {
   // stamp of the input it processes (preload/shim_clock.c), the clock_ns
   // passed to Complete and PushOrder. Always set ("1" or "0"), as above.
   void set_same_clock(bool on) { same_clock_ = on; }
+  // LOCKSTEP_SHIM_TIMERS for the server: on (with same_clock), its epoll
+  // timeouts are submitted as ticks (preload/shim_abi.h "Ticks"). Always set.
+  void set_timers_in_log(bool on) { timers_in_log_ = on; }
   // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
   // whatever thread reads it (preload/shim_serial.c). Always set, as above.
   // LOCKSTEP_SHIM_SERIAL: 0, or a sum of ls_serial_flag (shim_abi.h).
@@ -80,12 +83,18 @@ class ShimChannel {
 
   // Submissions, oldest first. The view stays valid until Pop().
   struct Submission {
-    uint8_t kind;
+    uint8_t kind;  // LS_SUB_ACCEPT, DATA, CLOSE or TICK (checked)
     uint32_t conn;
     uint64_t seq;
     std::string_view bytes;
     uint64_t out_before;  // ls_sub_record's
+    // TICK: its payload (struct ls_tick), checked: the epoll set whose wait
+    // timed out (< kMaxWaiter) and the least stamp its entry may carry.
+    uint32_t tick_waiter = 0;
+    uint64_t tick_min_clock_ns = 0;
   };
+  // A tick's waiter is an epoll fd of the server: below the shim's fd table.
+  static constexpr uint32_t kMaxWaiter = 65536;
   bool Peek(Submission* s);
   void Pop();
 
@@ -98,6 +107,7 @@ class ShimChannel {
   // Order records the shim has taken so far (it grows as the server reads).
   uint64_t OrderTaken() const;
   // out_before: the input's reply gate (log_input.h).
+  // LS_ORDER_TICK: `slot` is the epoll set's fd (< kMaxWaiter), len 0.
   bool PushOrder(int slot, uint32_t kind, uint64_t len, uint64_t clock_ns = 0,
                  uint64_t out_before = 0);
 
@@ -228,6 +238,7 @@ class ShimChannel {
   std::string output_digests_env_;
   std::string random_seed_env_;
   bool same_clock_ = false;
+  bool timers_in_log_ = false;
   int serial_inputs_ = 0;
   bool unchecked_greeting_ = false;
   std::string unchecked_replies_env_;
