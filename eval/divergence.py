@@ -134,14 +134,15 @@ def pick_base_port():
 
 
 @contextlib.contextmanager
-def cluster(ctx, name, env):
-    """Yields the directory of a running `cluster up --replicas 3 --app redis`, started with
-    env (the daemons and their servers inherit it); always brings it down, by pid if need be."""
+def cluster(ctx, name, env, app="redis"):
+    """Yields the directory of a running `cluster up --replicas 3 --app APP` (redis, or a
+    profile's path), started with env (the daemons and their servers inherit it); always
+    brings it down, by pid if need be."""
     d = Path(tempfile.mkdtemp(prefix=f"cluster-{name}-", dir=ctx.work))
     try:
         for attempt in range(3):
             cmd = ["cluster", "up", "--dir", d, "--replicas", "3"]
-            cmd += ["--base-port", pick_base_port(), "--app", "redis"]
+            cmd += ["--base-port", pick_base_port(), "--app", app]
             shown = " ".join(f"{k}={v}" for k, v in env.items() if os.environ.get(k) != v)
             log(f"{name}: {shown + ' ' if shown else ''}lockstep {' '.join(map(str, cmd))}")
             r = ls_run(cmd, env=env)

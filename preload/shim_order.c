@@ -107,7 +107,10 @@ struct chunk* tick_at_head(int epfd) {
     struct chunk* ch = fifo_at(s);
     if (chunk_finished(ch)) continue;
     if (ch->state != CH_COMMITTED || ch->kind != LS_SUB_TICK) return NULL;
-    return epfd >= 0 && epfd < LS_MAX_FD && ch->c == tick_conns[epfd] ? ch : NULL;
+    if (epfd < 0 || epfd >= LS_MAX_FD || ch->c != tick_conns[epfd]) return NULL;
+    /* serial_inputs: a tick is a turn like an input's (the timer's work
+     * must not run beside another thread's input). */
+    return hooks.executing_other(ch->c) ? NULL : ch;
   }
   return NULL;
 }

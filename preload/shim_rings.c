@@ -377,15 +377,15 @@ uint64_t tick_retry_at(int epfd) {
   return t ? t->tick_retry_ns : 0;
 }
 
-int take_tick(int epfd) {
+struct conn* take_tick(int epfd) {
   struct chunk* ch = tick_at_head(epfd);
-  if (!ch) return 0;
+  if (!ch) return NULL;
   struct conn* t = ch->c;
   t->consumed = ch->end;
   if (t->tick_seq == ch->seq) t->tick_seq = 0;
   clk_enter(ch->clock_ns); /* the server's clock moves to the tick's stamp */
   fifo_pop_finished();
-  return 1;
+  return t;
 }
 
 void forget_ticks(int epfd) {

@@ -30,9 +30,10 @@ LS_HIDDEN struct conn* tick_conn(int epfd);
 LS_HIDDEN void submit_tick(int epfd, uint64_t min_clock_ns);
 LS_HIDDEN int tick_pending(int epfd);       /* the leader's own tick of the set is in flight */
 LS_HIDDEN uint64_t tick_retry_at(int epfd); /* now_ns() before which none is submitted */
-/* A wait in set epfd takes the agreed tick at the head, if it is the set's:
- * the server's clock moves to its stamp. 1: taken. */
-LS_HIDDEN int take_tick(int epfd);
+/* A wait in set epfd takes the agreed tick at the head, if it is the set's
+ * (and, under serial_inputs, no input executes): the server's clock moves
+ * to its stamp. Returns the set's tick record, NULL when none was taken. */
+LS_HIDDEN struct conn* take_tick(int epfd);
 LS_HIDDEN void forget_ticks(int epfd); /* the server closed epoll set epfd */
 /* The reply gate: an input waits for the server's output on a connection. */
 LS_HIDDEN int reply_gate_pending(void);

@@ -54,6 +54,15 @@ static void ensure_wake(int epfd) {
 
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   struct conn* c = tracked(fd);
+  if (!c && clk_ticks && active && op == EPOLL_CTL_ADD && is_client_listener(fd)) {
+    /* Timers in the log: the set that watches the client port ticks too
+     * (memcached's 1 s clock runs in its listener thread's loop). */
+    int saved = errno;
+    pthread_mutex_lock(&mu);
+    ensure_wake(epfd);
+    pthread_mutex_unlock(&mu);
+    errno = saved;
+  }
   if (!c) return real_epoll_ctl(epfd, op, fd, event);
   int saved = errno;
   pthread_mutex_lock(&mu);
@@ -203,7 +212,9 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     pthread_mutex_lock(&mu);
     serial_done(epfd); /* waiting again: what this thread read is executed */
     drain_done();
-    if (takes_ticks && take_tick(epfd)) {
+    struct conn* tick = takes_ticks ? take_tick(epfd) : NULL;
+    if (tick) {
+      serial_begin(tick); /* the timer's work is this thread's turn until it waits again */
       pthread_mutex_unlock(&mu);
       break; /* the wait times out here, on every replica */
     }
@@ -276,7 +287,8 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     drain_done();
     n = ready_events(epfd, events, n, maxevents);
     /* A tick at the head now ends this wait too, with what else it found. */
-    int took = takes_ticks && take_tick(epfd);
+    struct conn* took = takes_ticks ? take_tick(epfd) : NULL;
+    if (took) serial_begin(took);
     pthread_mutex_unlock(&mu);
     if (n > 0 || took) break;
     if (deadline != UINT64_MAX && now_ns() >= deadline) break;
