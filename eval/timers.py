@@ -160,7 +160,7 @@ def same_data(m, d):
                 finally:
                     c.close()
         if len(seen) == 3 and len(set(seen)) == 1:
-            log(f"{m}: the three replicas hold the same data ({seen[0].decode()[:12]}...)")
+            log(f"{m}: the three replicas hold the same data ({str(seen[0])[:12]}...)")
             return
         if time.monotonic() > end:
             raise Failed(f"cluster {m}: replicas differ: {seen}")
