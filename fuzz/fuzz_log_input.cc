@@ -12,7 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view payload(reinterpret_cast<const char*>(data), size);
   Input in;
   if (!DecodeInput(payload, &in)) return 0;
-  FUZZ_CHECK(in.kind >= LS_SUB_ACCEPT && in.kind <= LS_SUB_CLOSE);
+  FUZZ_CHECK(in.kind >= LS_SUB_ACCEPT && in.kind <= LS_SUB_TICK);
+  FUZZ_CHECK(in.kind != LS_SUB_TICK || in.bytes.empty());  // a tick carries no bytes
   std::string again = EncodeInput(in.kind, in.key, in.seq, in.bytes, in.clock_ns, in.out_before);
   FUZZ_CHECK(again.size() == kInputHeader + in.bytes.size());
   if (payload.size() == again.size()) {

@@ -44,7 +44,9 @@ void Submissions(fuzz::Cursor& c, uint8_t mode) {
     FUZZ_CHECK(size > 0 && size % 8 == 0 && size <= head - tail && size <= ring_bytes);
     if (at == SubmissionAt::kRecord) {
       FUZZ_CHECK(size >= sizeof(ls_sub_record) + s.bytes.size());
-      FUZZ_CHECK(s.kind != LS_SUB_WRAP);
+      FUZZ_CHECK(s.kind >= LS_SUB_ACCEPT && s.kind <= LS_SUB_TICK);  // checked, never handed on
+      if (s.kind == LS_SUB_TICK)
+        FUZZ_CHECK(s.bytes.size() == sizeof(ls_tick) && s.tick_waiter < ShimChannel::kMaxWaiter);
       const char* lo = ring + tail % ring_bytes + sizeof(ls_sub_record);
       FUZZ_CHECK(s.bytes.data() == lo && lo + s.bytes.size() <= ring + ring_bytes);
       uint64_t sum = 0;  // every byte handed out is readable (ASan)

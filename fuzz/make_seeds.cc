@@ -204,6 +204,7 @@ void LogInput() {
       EncodeInput(LS_SUB_DATA, k, 2, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n",
                   1700000000000001000, 54));
   Put("log_input", "close", EncodeInput(LS_SUB_CLOSE, k, 0, "", 1700000000000002000));
+  Put("log_input", "tick", EncodeInput(LS_SUB_TICK, {k.ballot, 7}, 4, "", 1700000000000003000));
   std::string old = EncodeInput(LS_SUB_DATA, k, 3, "PING\r\n", 0);
   Put("log_input", "data_before_stamps", old.substr(0, old.size() - 16));
   Put("log_input", "data_before_gate", old.substr(0, old.size() - 8));
@@ -299,8 +300,11 @@ std::string SubRecord(uint8_t kind, uint32_t conn, uint64_t seq, const std::stri
 
 void ShimRing() {
   // mode u8, tail u64, head u64, ring bytes (fuzz_shim_ring.cc).
-  std::string ring = SubRecord(LS_SUB_ACCEPT, 1, 1, "127.0.0.1:40000") +
-                     SubRecord(LS_SUB_DATA, 1, 2, "PING\r\n") + SubRecord(LS_SUB_CLOSE, 1, 3, "");
+  ls_tick tick{7, 0, 1700000000000000000};
+  std::string ring =
+      SubRecord(LS_SUB_ACCEPT, 1, 1, "127.0.0.1:40000") + SubRecord(LS_SUB_DATA, 1, 2, "PING\r\n") +
+      SubRecord(LS_SUB_CLOSE, 1, 3, "") +
+      SubRecord(LS_SUB_TICK, 0, 4, std::string(reinterpret_cast<const char*>(&tick), sizeof tick));
   Put("shim_ring", "submissions", Byte(0) + U64(0) + U64(ring.size()) + ring);
   // A lap later: the tail near the end, a wrap there, records from the start.
   std::string lap = SubRecord(LS_SUB_DATA, 2, 9, "GET k\r\n");
