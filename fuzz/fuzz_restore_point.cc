@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RestorePoint p2;
   FUZZ_CHECK(DecodeRestorePoint(EncodeRestorePoint(p), &p2));
   FUZZ_CHECK(p2.server_fds == p.server_fds && p2.open_conns == p.open_conns &&
-             p2.log_bytes == p.log_bytes && p2.replay_conns.size() == p.replay_conns.size());
+             p2.log_bytes == p.log_bytes && p2.ticks == p.ticks &&
+             p2.replay_conns.size() == p.replay_conns.size());
   for (size_t i = 0; i < p.replay_conns.size(); i++)
     FUZZ_CHECK(p2.replay_conns[i].key == p.replay_conns[i].key &&
                p2.replay_conns[i].slot == p.replay_conns[i].slot &&

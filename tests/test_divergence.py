@@ -294,13 +294,21 @@ def test_a_backup_whose_reply_differs_before_the_cut_is_still_detected(redis_clu
     assert client.call("SET", "huge", value) == "OK"
     got = cut_reply(c, "huge")
     assert b"flipme-A" in got
+    # One report, or two: the 16 MiB SET is 64 entries, and the backup may
+    # take a checkpoint among them after the flipped one and before the
+    # difference is seen (an idle server's ticks, issue 31, move its turns
+    # off the entry before the SET); rolled back to that checkpoint it
+    # differs again and is given a peer's (a transfer).
     rs = wait_reports(
-        c, lambda rs: any(r["status"] != "repairing" for r in rs), 60, "a repaired divergence"
+        c,
+        lambda rs: rs and all(r["status"] != "repairing" for r in rs),
+        60,
+        "every divergence repaired",
     )
-    assert len(rs) == 1, rs
+    assert 1 <= len(rs) <= 2, rs
     r = rs[0]
     assert r["replica"] == b and not r["leader_diverged"], r
-    assert r["status"] == "repaired", r
+    assert all(x["status"] == "repaired" and x["replica"] == b for x in rs), rs
     assert r["first_difference"] < 100, r  # in the bytes both sent
     client.close()
     assert_same_data(c)

@@ -36,7 +36,7 @@ bool Checkpointer::Open(std::string* error) {
          ", left dumping into this replica's checkpoints by its previous run");
   if (!store_.Open(replica_dir_, error)) return false;
   NoteKept();
-  last_index_ = newest_index_;
+  last_position_ = newest_index_;  // at most its position: the next restore says
   return true;
 }
 
@@ -53,16 +53,16 @@ void Checkpointer::NoteKept() {
   }
 }
 
-void Checkpointer::Postpone(uint64_t applied, uint64_t log_bytes, uint64_t now_us) {
+void Checkpointer::Postpone(uint64_t position, uint64_t log_bytes, uint64_t now_us) {
   requested_ = false;
-  last_index_ = applied;
+  last_position_ = position;
   last_log_bytes_ = log_bytes;
   last_started_us_ = now_us;
 }
 
-bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) const {
+bool Checkpointer::Due(uint64_t position, uint64_t log_bytes, uint64_t now_us) const {
   if (!policy_.enabled || !broken_.empty() || dumping() || commit_thread_.joinable()) return false;
-  if (applied <= last_index_ && !requested_) return false;
+  if (position <= last_position_ && !requested_) return false;
   if (requested_) return true;
   // Turns by log position: replica i's checkpoints fall due at the indices
   // k * E + i * E / n (E entries apart, n replicas), and likewise by bytes
@@ -76,17 +76,18 @@ bool Checkpointer::Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) co
     uint64_t next = last_at < turn ? turn : ((last_at - turn) / every + 1) * every + turn;
     return now_at >= next;
   };
-  if (due(applied, last_index_, policy_.every_entries)) return true;
+  if (due(position, last_position_, policy_.every_entries)) return true;
   if (due(log_bytes, last_log_bytes_, policy_.every_log_bytes)) return true;
   if (!last_started_us_) return false;  // the time rule counts from the first one
   return now_us - last_started_us_ >= policy_.every_seconds * 1000000;
 }
 
-bool Checkpointer::StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pid,
-                             std::string extra, uint64_t now_us, bool may_break) {
+bool Checkpointer::StartDump(uint64_t index, uint64_t position, uint64_t log_bytes,
+                             pid_t server_pid, std::string extra, uint64_t now_us, bool may_break) {
   requested_ = false;
   last_started_us_ = now_us;
-  last_index_ = index;
+  last_position_ = position;
+  dump_index_ = index;
   last_log_bytes_ = log_bytes;
   std::string err;
   if (!store_.Begin(index, &pending_, &err)) {
@@ -119,7 +120,7 @@ void Checkpointer::AbandonDump(const std::string& why) {
   if (!job_ || !job_->running()) return;
   job_.reset();  // kills criu
   store_.Abort(&pending_);
-  log_("checkpoint " + std::to_string(last_index_) + " abandoned: " + why);
+  log_("checkpoint " + std::to_string(dump_index_) + " abandoned: " + why);
 }
 
 void Checkpointer::Poll(const std::string& data_dir, uint64_t now_us) {

@@ -40,15 +40,17 @@ class Checkpointer {
   bool Open(std::string* error);
   CheckpointStore& store() { return store_; }
 
-  // Policy: a checkpoint is due at applied index `applied` (log_bytes: the
-  // bytes of log applied so far). `requested` (lockstep checkpoint now)
-  // makes it due at once.
-  bool Due(uint64_t applied, uint64_t log_bytes, uint64_t now_us) const;
+  // Policy: a checkpoint is due at `position` (the entries applied that the
+  // entry rule counts: the applied index less the ticks among them, which
+  // an idle server's timers write ten a second, issue 31; their bytes still
+  // count) with log_bytes (the bytes of log applied so far). `requested`
+  // (lockstep checkpoint now) makes it due at once.
+  bool Due(uint64_t position, uint64_t log_bytes, uint64_t now_us) const;
   void Request() { requested_ = true; }
   // A due checkpoint could not be taken now (the server did not come to
   // rest), or the server was just restored from one: the next one is due a
-  // full interval later, as if one was taken at `applied`.
-  void Postpone(uint64_t applied, uint64_t log_bytes, uint64_t now_us);
+  // full interval later, as if one was taken at `position`.
+  void Postpone(uint64_t position, uint64_t log_bytes, uint64_t now_us);
   bool requested() const { return requested_; }
 
   // Starts the dump of the paused server at index; false (logged, and said
@@ -58,8 +60,8 @@ class Checkpointer {
   // checkpoints off (broken()); a leader's one-off dump for a repair
   // (server_guard.cc) says false, since its refusal may be passing (a
   // connection in the listener's queue) and its backups' turns are not its.
-  bool StartDump(uint64_t index, uint64_t log_bytes, pid_t server_pid, std::string extra,
-                 uint64_t now_us, bool may_break = true);
+  bool StartDump(uint64_t index, uint64_t position, uint64_t log_bytes, pid_t server_pid,
+                 std::string extra, uint64_t now_us, bool may_break = true);
   bool dumping() const { return job_ && job_->running(); }
   // A finished dump's images are being hashed and fsynced (Poll collects it).
   bool committing() const { return commit_thread_.joinable(); }
@@ -127,7 +129,8 @@ class Checkpointer {
   std::atomic<uint64_t> newest_index_{0};
   uint64_t oldest_kept_index_ = 0;
   int64_t newest_time_unix_ = 0;
-  uint64_t last_index_ = 0;       // applied index of the last checkpoint started
+  uint64_t last_position_ = 0;    // Due's position of the last checkpoint started
+  uint64_t dump_index_ = 0;       // the log index of the dump started last
   uint64_t last_log_bytes_ = 0;   // log bytes applied then
   uint64_t last_started_us_ = 0;  // when
   uint64_t taken_ = 0, failed_ = 0, restores_ = 0, fetched_ = 0;

@@ -28,6 +28,7 @@ std::string EncodeRestorePoint(const RestorePoint& p) {
     w.u64(c.bytes);
   }
   w.u64(p.log_bytes);
+  w.u64(p.ticks);
   return std::move(w.str());
 }
 
@@ -59,7 +60,9 @@ bool DecodeRestorePoint(std::string_view in, RestorePoint* p) {
     c.slot = static_cast<int>(slot);
     p->replay_conns.push_back(c);
   }
-  return r.u64(&p->log_bytes) && r.done();
+  p->ticks = 0;  // a restore point from before the ticks ends here (restore_point.h)
+  if (!r.u64(&p->log_bytes)) return false;
+  return r.done() || (r.u64(&p->ticks) && r.done());
 }
 
 }  // namespace lockstep

@@ -26,6 +26,9 @@ struct RestorePoint {
   std::vector<Replayer::OpenConn> replay_conns;
   // Bytes of log applied up to the index (the policy's byte rule).
   uint64_t log_bytes = 0;
+  // TICK entries up to the index (the entry rule leaves them out). Added
+  // later: a restore point without it decodes with 0.
+  uint64_t ticks = 0;
 };
 
 std::string EncodeRestorePoint(const RestorePoint& p);

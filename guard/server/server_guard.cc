@@ -185,7 +185,7 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
     return false;
   }
   if (!checkpoint_wanted_) {
-    if (!checkpointer_->Due(applied_, log_bytes_applied_, now)) return false;
+    if (!checkpointer_->Due(applied_ - ticks_applied_, log_bytes_applied_, now)) return false;
     checkpoint_wanted_ = true;
     rest_wait_since_us_ = now;
   }
@@ -195,7 +195,7 @@ bool ServerPipeline::CheckpointStep(uint64_t now) {
     if (now - rest_wait_since_us_ < kRestWaitUs) return true;
     log_("checkpoint put off: the server did not come to rest within %lu ms (%s)",
          (unsigned long)(kRestWaitUs / 1000), busy.c_str());
-    checkpointer_->Postpone(applied_, log_bytes_applied_, now);
+    checkpointer_->Postpone(applied_ - ticks_applied_, log_bytes_applied_, now);
     checkpoint_wanted_ = false;
     return false;
   }
@@ -220,8 +220,9 @@ bool ServerPipeline::TakeCheckpoint(uint64_t now, bool may_break) {
   rp.open_conns = open_conns_;
   rp.replay_conns = replayer_->OpenConns();
   rp.log_bytes = log_bytes_applied_;
-  if (!checkpointer_->StartDump(applied_, log_bytes_applied_, server_->pid(),
-                                EncodeRestorePoint(rp), now, may_break))
+  rp.ticks = ticks_applied_;
+  if (!checkpointer_->StartDump(applied_, applied_ - ticks_applied_, log_bytes_applied_,
+                                server_->pid(), EncodeRestorePoint(rp), now, may_break))
     return false;
   dump_watch_fd_ = checkpointer_->fd();
   LS_ASSERT(dump_watch_fd_ >= 0, "a dump runs without a pidfd");
@@ -403,6 +404,7 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   applied_ = cp.index;
   restored_index_ = cp.index;
   log_bytes_applied_ = rp.log_bytes;
+  ticks_applied_ = std::min(rp.ticks, applied_);
   open_conns_ = rp.open_conns;
   ResumeRole();
   bytes_read_seen_ = 0;
@@ -411,7 +413,7 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   checkpointer_->NoteRestore();
   // The restored checkpoint is the last one taken, for the policy: the next
   // is due an interval (of entries, log bytes, seconds) after it.
-  checkpointer_->Postpone(cp.index, rp.log_bytes, NowUs());
+  checkpointer_->Postpone(cp.index - ticks_applied_, rp.log_bytes, NowUs());
   log_(
       "restored checkpoint %lu in %.0f ms (server pid %d, %zu replay connections); replaying "
       "the log from entry %lu",

@@ -129,6 +129,7 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   }
   applied_ = 0;
   log_bytes_applied_ = 0;
+  ticks_applied_ = 0;
   ConnectServer();
   log_("server up (pid %d) on %s:%d: %s", server_->pid(), me_.host.c_str(), me_.server_port,
        cmd.c_str());
@@ -398,6 +399,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
       own_pending_.erase(pend);
     }
     if (is_input && in.kind == LS_SUB_TICK) {
+      ticks_applied_++;
       clock_stamp_ = std::max(clock_stamp_, in.clock_ns);
       if (!own_tick) replayer_->Tick(in.key.no, i, in.clock_ns);
     } else if (is_input) {

@@ -247,7 +247,8 @@ class ServerPipeline {
 
   std::unique_ptr<Checkpointer> checkpointer_;  // absent when disabled or unusable
   uint64_t log_bytes_applied_ = 0;              // payload bytes applied (the byte rule)
-  bool checkpoint_wanted_ = false;              // due: applying waits until the server is at rest
+  uint64_t ticks_applied_ = 0;      // TICK entries among those applied (not in the entry rule)
+  bool checkpoint_wanted_ = false;  // due: applying waits until the server is at rest
   uint64_t rest_wait_since_us_ = 0;
   int dump_watch_fd_ = -1;         // criu's pidfd, watched by the loop while it dumps
   uint64_t restored_index_ = 0;    // the checkpoint the server was last restored from
