@@ -305,11 +305,17 @@ def equal_load_cpu(ctx, a, dirs, addrs, res):
             cx, cy = s[x]["cpu_us_per_op"], s[y]["cpu_us_per_op"]
             s["ratio"] = cx / cy if cx and cy else None
             res["cpu_samples"].append(s)
+            if s["ratio"] is None:  # a loadgen that did nothing (its output is in the JSON)
+                log(
+                    f"cost: equal load {rep + 1}/{a.cpu_repeats}, {x} and {y}: not measured "
+                    f"({out[x]['ops']} and {out[y]['ops']} ops)"
+                )
+                continue
             log(
                 f"cost: equal load {rep + 1}/{a.cpu_repeats}, {x} and {y} at once, "
                 f"{a.cpu_rate:g} SET/s each: CPU per op {cx:.1f} / {cy:.1f} µs = "
-                f"{s['ratio']:.3f} (achieved {s[x]['achieved_rate']:.0f}, "
-                f"{s[y]['achieved_rate']:.0f}/s)"
+                f"{s['ratio']:.3f} (achieved {s[x]['achieved_rate'] or 0:.0f}, "
+                f"{s[y]['achieved_rate'] or 0:.0f}/s)"
             )
 
 
