@@ -336,7 +336,7 @@ class Run:
             return False
         commit = s["replicas"][lead]["commit_index"]
         return all(
-            r["applied_index"] == commit and r.get("server_read_all", True) and r["role"] != "down"
+            r["applied_index"] >= commit and r.get("server_read_all", True) and r["role"] != "down"
             for r in s["replicas"]
         )
 
