@@ -120,7 +120,7 @@ void CheckpointPart_(std::string_view in) {
   if (!DecodeCheckpointPart(in, &p)) return;
   FUZZ_CHECK(DecodeCheckpointPart(EncodeCheckpointPart(p), &p2));
   FUZZ_CHECK(p2.path == p.path && p2.symlink == p.symlink && p2.offset == p.offset &&
-             p2.bytes == p.bytes);
+             p2.bytes == p.bytes && p2.mode == p.mode);
 }
 
 void CheckpointDone_(std::string_view in) {

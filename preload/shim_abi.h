@@ -25,6 +25,11 @@
  *   LOCKSTEP_SHIM_TIMERS       "1" (with SAME_CLOCK): the server's timeouts
  *                              are log entries, see "Ticks" below; anything
  *                              else or unset: they are its own
+ *   LOCKSTEP_SHIM_CLONED       "1" (with TIMERS): the server is the image
+ *                              every replica's starts from (cloned_start):
+ *                              its monotonic clocks read the stamp less the
+ *                              wall clock's lead at its start-up
+ *                              (shim_clock.c)
  *
  * Flow on the leader:
  *   shim  --submission ring-->  daemon   ACCEPT / DATA / CLOSE, each with a seq

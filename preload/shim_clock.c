@@ -61,14 +61,20 @@
  *    them (redis's ae), and which timer is due when a tick fires must be
  *    the same everywhere. The stamp is on the wall clock's scale, so the
  *    monotonic clocks step forward once, at the first input; they never go
- *    back.
+ *    back. Unless the server is a clone (the profile's `cloned_start`,
+ *    LOCKSTEP_SHIM_CLONED): then they read the stamp less the wall clock's
+ *    lead over the monotonic one when the server started, so they go on
+ *    from where its start-up left them (memcached counts its item times
+ *    from a monotonic reading taken then). Every replica's server is the
+ *    same image, lead included; without that, each replica's lead would be
+ *    its own machine's and their monotonic clocks would differ.
  *
  * The stamp lives in the server's memory: a CRIU checkpoint carries it, and
  * a restored server goes on from the checkpoint's time. A forked child (a
  * redis BGSAVE) reads the real clock: it processes no input.
  *
- * Not covered (stays as real as before): the monotonic clocks themselves
- * (memcached's item times, apps/memcached.toml), direct syscalls and the
+ * Not covered (stays as real as before): the monotonic clocks without
+ * timers in the log, direct syscalls and the
  * vDSO called without libc (Go), rdtsc, libc's own internal reads (syslog's
  * timestamp), ftime, the file times the kernel writes (mtime), and a
  * server that ignores the input whose turn it is (shim_order.c opens the gate
@@ -112,6 +118,9 @@ static int (*real_timespec_get)(struct timespec*, int);
 int clk_on;                      /* shim_clock.h */
 int clk_ticks;                   /* shim_clock.h */
 static _Atomic(uint64_t) clk_ns; /* the stamp the clock reads (0: no input yet: real) */
+/* What the monotonic clocks read less than the stamp while timers are in
+ * the log: 0, or a clone's wall clock lead at start-up (see above). */
+static uint64_t clk_mono_behind_ns;
 
 static void clk_in_child(void) {
   clk_on = 0; /* a forked child processes no input: the real clock */
@@ -132,6 +141,15 @@ __attribute__((constructor)) static void clk_init(void) {
     clk_on = 1;
     const char* timers = getenv("LOCKSTEP_SHIM_TIMERS");
     clk_ticks = timers && strcmp(timers, "1") == 0;
+    const char* cloned = getenv("LOCKSTEP_SHIM_CLONED");
+    if (clk_ticks && cloned && strcmp(cloned, "1") == 0) {
+      struct timespec wall, mono;
+      real_clock_gettime(CLOCK_REALTIME, &wall);
+      real_clock_gettime(CLOCK_MONOTONIC, &mono);
+      uint64_t w = (uint64_t)wall.tv_sec * 1000000000ull + (uint64_t)wall.tv_nsec;
+      uint64_t m = (uint64_t)mono.tv_sec * 1000000000ull + (uint64_t)mono.tv_nsec;
+      clk_mono_behind_ns = w > m ? w - m : 0;
+    }
     pthread_atfork(NULL, NULL, clk_in_child);
   }
   errno = saved;
@@ -185,6 +203,11 @@ static int clk_stamped(clockid_t id) {
   return id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE || clk_mono(id);
 }
 
+/* What stamped clock `id` reads at stamp t. */
+static inline uint64_t clk_reading(clockid_t id, uint64_t t) {
+  return clk_mono(id) && t > clk_mono_behind_ns ? t - clk_mono_behind_ns : t;
+}
+
 static void to_timespec(uint64_t ns, struct timespec* ts) {
   ts->tv_sec = (time_t)(ns / 1000000000ull);
   ts->tv_nsec = (long)(ns % 1000000000ull);
@@ -209,7 +232,7 @@ int clock_gettime(clockid_t id, struct timespec* ts) {
   uint64_t t = clk_stamp();
   if (t) {
     if (clk_stamped(id)) {
-      to_timespec(t, ts);
+      to_timespec(clk_reading(id, t), ts);
       return 0;
     }
     if (id == CLOCK_TAI) {
@@ -275,6 +298,7 @@ const struct timespec* clk_deadline(clockid_t id, const struct timespec* abs,
   uint64_t real = real_ns(id);
   errno = saved;
   uint64_t want = (uint64_t)abs->tv_sec * 1000000000ull + (uint64_t)abs->tv_nsec;
+  t = clk_reading(id, t);
   to_timespec(want > t ? real + (want - t) : real, out);
   return out;
 }

@@ -67,11 +67,16 @@ def load(client, start, count, prefix="k"):
 
 def kill_server_and_await_restore(cluster, r):
     """SIGKILLs replica r's server and waits until its guard restored it
-    (the first restore); returns the status then."""
-    old = cluster.status()["replicas"][r]["server_pid"]
+    (one restore more: a cloned start's server was restored once already);
+    returns the status then."""
+    s = cluster.status()
+    old, before = s["replicas"][r]["server_pid"], ck(s, r).get("restores", 0)
     os.kill(old, signal.SIGKILL)
     return cluster.wait(
-        lambda s: s["replicas"][r]["server_pid"] not in (0, old) and ck(s, r).get("restores") == 1,
+        lambda s: (
+            s["replicas"][r]["server_pid"] not in (0, old)
+            and ck(s, r).get("restores") == before + 1
+        ),
         20,
         f"replica {r}'s server restored",
     )

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from conftest import LOCKSTEP, run
-from resp import Redis, RespError
+from resp import Memcached, Redis, RespError
 from test_checkpoint import backups
 from test_prevention import output_checks, wait_applied
 from test_redis import assert_same_data
@@ -257,3 +257,49 @@ def test_a_tick_not_agreed_fires_nowhere(cluster):
     assert_same_data(cluster, timeout=60)
     counts = expired_keys(cluster)
     assert counts == [100, 100, 100], counts
+
+
+def memcached_stats(addr):
+    """`stats` of a backup's own memcached (nothing logged), as a dict."""
+    m = Memcached(addr, inspect=True)
+    try:
+        m.sock.sendall(b"stats\r\n")
+        out = {}
+        while (line := m._line().decode()) != "END":
+            _, k, v = line.split(" ", 2)
+            out[k] = v
+        return out
+    finally:
+        m.close()
+
+
+def test_memcached_items_expire_at_the_same_input_everywhere(cluster):
+    # apps/memcached.toml: its 1 s clock timer ticks in the log and every
+    # replica's memcached is one image's restore (cloned_start), so
+    # `current_time`, which item expiry counts in, is the same everywhere
+    # at every input.
+    cluster.up(app="memcached")
+    m = Memcached(cluster.client_addr())
+    now = int(time.time())  # an absolute expiry is taken against memcached's start-up time
+    for i in range(60):
+        exptime = 1 + i % 4 if i < 40 else now + 3 if i < 50 else 0
+        m.sock.sendall(b"set x%d 0 %d 1\r\nv\r\n" % (i, exptime))
+        assert m._line() == b"STORED"
+    alive = []
+    end = time.monotonic() + 7
+    while time.monotonic() < end:
+        # Through the log: every backup's replies are compared with these.
+        alive.append(sum(m.get(f"x{i}") is not None for i in range(60)))
+        time.sleep(0.3)
+    print(f"items alive, read every 0.3 s: {alive}")
+    assert alive[0] > 10 and alive[-1] == 10, alive
+    assert len(set(alive)) >= 3, alive  # they expired in steps, while being read
+    wait_applied(cluster)
+    no_divergence(cluster)
+    stats = [memcached_stats(cluster.server_addr(b)) for b in backups(cluster)]
+    for field in ("curr_items", "total_items", "get_hits", "get_expired", "get_misses"):
+        assert len({s[field] for s in stats}) == 1, (field, stats)
+    assert stats[0]["curr_items"] == "10", stats[0]  # an expired item goes when a get meets it
+    # The start-up time memcached counts from (time - uptime): one image's.
+    started = {int(s["time"]) - int(s["uptime"]) for s in stats}
+    assert len(started) == 1, stats

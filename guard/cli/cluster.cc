@@ -96,6 +96,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->same_random = p.same_random;
     server->same_clock = p.same_clock;
     server->timers_in_log = p.timers_in_log;
+    server->cloned_start = p.cloned_start;
     server->serial_inputs = p.serial_inputs;
     server->serial_until_reply = p.serial_until_reply;
     server->serial_sleep_keeps_turn = p.serial_sleep_keeps_turn;
@@ -198,6 +199,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("same_random", &p.same_random, error) ||
       !t.TakeBool("same_clock", &p.same_clock, error) ||
       !t.TakeBool("timers_in_log", &p.timers_in_log, error) ||
+      !t.TakeBool("cloned_start", &p.cloned_start, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
       !t.TakeBool("serial_until_reply", &p.serial_until_reply, error) ||
       !t.TakeBool("serial_sleep_keeps_turn", &p.serial_sleep_keeps_turn, error) ||
@@ -678,6 +680,12 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   c.server = server;
   c.checkpoint.file_locks = server.criu_file_locks;
+  if (server.cloned_start && !c.checkpoint.enabled) {
+    *error = "the profile '" + server.app +
+             "' has cloned_start (every replica's server starts from a checkpoint of replica "
+             "0's), which needs checkpoints: drop --no-checkpoints";
+    return false;
+  }
   if (!MakeDataTemplate(&c.server, o.dir, error)) return false;
   const bool netns = o.hosts == "netns";
   NetnsHosts hosts = PlanNetnsHosts(o.dir, o.replicas);

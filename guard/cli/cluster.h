@@ -58,6 +58,7 @@ struct AppProfile {
   bool same_random = false;              // the server's randomness is the same on every replica
   bool same_clock = false;               // its wall clock too: the leader's time of each input
   bool timers_in_log = false;            // its timeouts are ticks in the log (config.h)
+  bool cloned_start = false;             // every replica's server from one image (config.h)
   bool serial_inputs = false;            // one input executes at a time (config.h)
   bool serial_until_reply = false;       // ... until its reply (config.h)
   bool serial_sleep_keeps_turn = false;  // ... also while asleep (config.h)

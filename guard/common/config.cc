@@ -423,6 +423,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (c.server.timers_in_log && !c.server.same_clock)
       return fail(s.LineOf("timers_in_log"),
                   "field 'timers_in_log' needs same_clock = true (a tick moves the clock)");
+    if (!s.TakeBool("cloned_start", &c.server.cloned_start, error)) return false;
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
     if (!s.TakeBool("serial_until_reply", &c.server.serial_until_reply, error)) return false;
     if (!s.TakeBool("serial_sleep_keeps_turn", &c.server.serial_sleep_keeps_turn, error))
@@ -468,6 +469,10 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!c.has_server() && k.Has("enabled"))
       return fail(k.line, "[checkpoint] without a [server] section (nothing to checkpoint)");
   }
+  if (c.server.cloned_start && !c.checkpoint.enabled)
+    return fail(server->LineOf("cloned_start"),
+                "field 'cloned_start' needs [checkpoint] enabled = true (the replicas' servers "
+                "start from a checkpoint of replica 0's)");
 
   if (replicas.empty()) return fail(1, "no [[replica]] sections");
   if (replicas.size() > 7) return fail(replicas[7]->line, "at most 7 replicas");
@@ -566,6 +571,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.server.timers_in_log)
       o << "# its timeouts are ticks in the log: timers fire at the same input everywhere\n"
         << "timers_in_log = true\n";
+    if (c.server.cloned_start)
+      o << "# every server starts from one image of replica 0's (checkpoint 0)\n"
+        << "cloned_start = true\n";
     if (c.server.serial_inputs)
       o << "# one input executes at a time, whatever thread reads it (preload/shim_serial.c)\n"
         << "serial_inputs = true\n";

@@ -48,6 +48,9 @@
 //   timers_in_log = true    # optional (false), needs same_clock: the server's epoll
 //                           # timeouts are agreed in the log as ticks, so its timers fire
 //                           # at the same input on every replica (preload/shim_abi.h)
+//   cloned_start = true     # optional (false), needs [checkpoint] enabled: every replica's
+//                           # server starts from one CRIU image of replica 0's, taken once
+//                           # it is ready and before its first input
 //   serial_inputs = true    # optional (false): a multi-threaded server executes one input
 //                           # at a time, in the log's order (preload/shim_serial.c)
 //   data_template = "DIR/server-template"  # optional: every server starts from a copy
@@ -181,6 +184,14 @@ struct ClusterConfig {
     // so a quiet server's timers fire (redis's key expiry, BLPOP timeouts).
     // From the app profile's `timers_in_log`.
     bool timers_in_log = false;
+    // Every replica's server starts from one CRIU image (checkpoint index 0)
+    // of replica 0's server, taken once it is ready and before its first
+    // input, instead of each replica starting its own: what a server draws
+    // at its start where no libc call of the shim's reaches (MariaDB's
+    // my_rnd seeds, start times, hash seeds, its memory layout) is then the
+    // same everywhere. Needs checkpoints. From the profile's `cloned_start`
+    // (server_guard.cc "cloned start").
+    bool cloned_start = false;
     // A server that runs connections on several threads executes one input
     // at a time, in the log's order: the next connection's input becomes
     // readable only once the thread that read the previous one waits again

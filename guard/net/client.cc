@@ -2,6 +2,7 @@
 #include "guard/net/client.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -249,10 +250,12 @@ bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, ui
     }
     if (dst.string() != open_path) {
       close_out();
-      out = open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      out = open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
       open_path = dst.string();
-      if (out < 0) {
+      // The sender's mode exactly (not narrowed by our umask).
+      if (out < 0 || fchmod(out, part.mode) != 0) {
         *error = "cannot create " + dst.string() + ": " + strerror(errno);
+        close_out();
         return false;
       }
     }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -139,6 +140,29 @@ TEST(CheckpointFetch, AbsoluteDotDotAndHugeOffsetsAreRefused) {
   std::ifstream f(tmp / "d4" / "img" / "pages");
   std::string got((std::istreambuf_iterator<char>(f)), {});
   EXPECT_EQ(got, "abc");
+  fs::remove_all(tmp);
+}
+
+// CRIU refuses to restore an open file whose mode is not the dumped one's
+// (MariaDB's ddl_recovery.log is 0660): a fetched file keeps the sender's
+// mode exactly, whatever our umask; a mode beyond the permission bits is
+// malformed.
+TEST(CheckpointFetch, FilesKeepTheSendersMode) {
+  fs::path tmp = fs::temp_directory_path() / ("client_test3-" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  mode_t old_umask = umask(022);
+  EXPECT_EQ(
+      Fetch({{"data/ddl_recovery.log", false, 0, "x", 0660}, {"data/ro", false, 0, "y", 0400}},
+            tmp / "d"),
+      "");
+  umask(old_umask);
+  EXPECT_EQ(fs::status(tmp / "d" / "data" / "ddl_recovery.log").permissions(),
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                fs::perms::group_write);
+  EXPECT_EQ(fs::status(tmp / "d" / "data" / "ro").permissions(), fs::perms::owner_read);
+  EXPECT_NE(Fetch({{"data/x", false, 0, "a", 04755}}, tmp / "d2").find("malformed"),
+            std::string::npos);
   fs::remove_all(tmp);
 }
 

@@ -298,6 +298,7 @@ std::string EncodeCheckpointPart(const CheckpointPart& part) {
   w.u8(part.symlink ? 1 : 0);
   w.u64(part.offset);
   w.bytes(part.bytes);
+  w.u32(part.mode);
   return std::move(w.str());
 }
 
@@ -305,7 +306,7 @@ bool DecodeCheckpointPart(std::string_view in, CheckpointPart* part) {
   ByteReader r(in);
   uint8_t link = 0;
   if (!r.bytes(&part->path) || !r.u8(&link) || !r.u64(&part->offset) || !r.bytes(&part->bytes) ||
-      !r.done())
+      !r.u32(&part->mode) || !r.done() || part->mode > 0777)
     return false;
   part->symlink = link != 0;
   return true;

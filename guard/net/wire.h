@@ -239,6 +239,9 @@ struct CheckpointPart {
   bool symlink = false;
   uint64_t offset = 0;
   std::string bytes;
+  // The file's permission bits (0777 at most): CRIU refuses to restore an
+  // open file whose mode differs from the dumped one's (MariaDB's 0660).
+  uint32_t mode = 0644;
 };
 std::string EncodeCheckpointPart(const CheckpointPart& part);
 bool DecodeCheckpointPart(std::string_view in, CheckpointPart* part);

@@ -2,6 +2,7 @@
 #include "guard/server/checkpoint_transfer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +58,8 @@ bool SendCheckpoint(Stream& to, const CheckpointInfo& cp, uint64_t* sent, std::s
       *error = "cannot open " + p.string() + ": " + strerror(errno);
       return false;
     }
+    struct stat st;
+    part.mode = fstat(in, &st) == 0 ? st.st_mode & 0777 : 0644;
     uint64_t off = 0;
     for (;;) {
       ssize_t n = pread(in, buf.data(), buf.size(), static_cast<off_t>(off));
@@ -240,9 +243,10 @@ bool CheckpointFetcher::FetchFrom(int peer, uint64_t min_index, uint64_t* index,
   return true;
 }
 
-bool CheckpointFetcher::Collect(uint64_t* index, std::string* summary) {
+bool CheckpointFetcher::Collect(bool* ok, uint64_t* index, std::string* summary) {
   if (!thread_.joinable() || !done_.load()) return false;
   thread_.join();
+  *ok = ok_;
   *index = ok_ ? index_ : 0;
   *summary = summary_;
   return true;

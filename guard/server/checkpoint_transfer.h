@@ -70,9 +70,10 @@ class CheckpointFetcher {
   void Start(uint64_t min_index, const std::vector<int>& first = {}, bool only_first = false);
   bool running() const { return thread_.joinable() && !done_.load(); }
   bool active() const { return thread_.joinable(); }
-  // Once the fetch is over: true with the checkpoint's index and where it
-  // came from, or false with why none could be had.
-  bool Collect(uint64_t* index, std::string* summary);
+  // False while the fetch runs. Once it is over, true: *ok says whether a
+  // checkpoint came (*index, which may be 0: a cloned start's image) and
+  // *summary where from, or why none could be had.
+  bool Collect(bool* ok, uint64_t* index, std::string* summary);
 
  private:
   bool FetchFrom(int peer, uint64_t min_index, uint64_t* index, std::string* error);

@@ -42,8 +42,10 @@ bool Checkpointer::Open(std::string* error) {
 
 void Checkpointer::NoteKept() {
   bool newest = true;
+  kept_ = 0;
   for (const auto& cp : store_.List()) {
     if (!cp.ok) continue;
+    kept_++;
     if (newest) {
       newest_index_ = cp.index;
       newest_time_unix_ = cp.meta.time_unix;
@@ -244,9 +246,9 @@ std::string Checkpointer::StatusJson(uint64_t now_us) const {
   uint64_t newest = newest_index_.load();
   o << "{\"index\":" << newest
     << ",\"age_s\":" << (newest ? static_cast<int64_t>(time(nullptr)) - newest_time_unix_ : -1)
-    << ",\"taken\":" << taken_ << ",\"failed\":" << failed_ << ",\"restores\":" << restores_
-    << ",\"fetched\":" << fetched_ << ",\"last_dump_us\":" << last_dump_us_
-    << ",\"dumping\":" << (dumping() ? "true" : "false")
+    << ",\"kept\":" << kept_ << ",\"taken\":" << taken_ << ",\"failed\":" << failed_
+    << ",\"restores\":" << restores_ << ",\"fetched\":" << fetched_
+    << ",\"last_dump_us\":" << last_dump_us_ << ",\"dumping\":" << (dumping() ? "true" : "false")
     << ",\"enabled\":" << (policy_.enabled && broken_.empty() ? "true" : "false") << ",\"error\":\""
     << JsonEscape(last_error_) << "\"}";
   return o.str();

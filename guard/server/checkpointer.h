@@ -89,6 +89,9 @@ class Checkpointer {
   // is no longer needed, since a restore uses it when every newer one is
   // refused. Refreshed when a checkpoint is committed or pruned.
   uint64_t oldest_kept_index() const { return oldest_kept_index_; }
+  // How many good checkpoints the store holds (index 0 counts: a cloned
+  // start's image, server_guard.cc).
+  uint64_t kept() const { return kept_; }
   // Every checkpoint of this replica, newest first (as CheckpointStore::List).
   std::vector<CheckpointInfo> List() const { return store_.List(); }
   // Status JSON object: newest index and age, counts, the last error.
@@ -128,6 +131,7 @@ class Checkpointer {
   CheckpointInfo committed_;
   std::atomic<uint64_t> newest_index_{0};
   uint64_t oldest_kept_index_ = 0;
+  uint64_t kept_ = 0;
   int64_t newest_time_unix_ = 0;
   uint64_t last_position_ = 0;    // Due's position of the last checkpoint started
   uint64_t dump_index_ = 0;       // the log index of the dump started last

@@ -10,6 +10,7 @@
 // then lets CRIU freeze and dump it; applying resumes once the dump is done
 // and the data directory copied. The leader pauses its server only when a
 // repair needs its state (no backup agrees with it: StartLeaderCheckpoint).
+#include <poll.h>
 #include <signal.h>
 
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "checkpoint/spawn.h"
 #include "consensus/assert.h"
 #include "guard/common/json.h"
+#include "guard/net/client.h"
 #include "guard/server/restore_point.h"
 #include "guard/server/server_pipeline.h"
 
@@ -28,6 +30,12 @@ namespace lockstep {
 namespace {
 // After a failed state transfer, the next try waits this long.
 constexpr uint64_t kFetchRetryUs = 3000000;
+// A cloned start asks for replica 0's image this often until it has one,
+// and says it is waiting this often.
+constexpr uint64_t kCloneRetryUs = 200000;
+constexpr uint64_t kCloneSayUs = 5000000;
+// How long a cloned start's origin waits for each peer's status.
+constexpr int kClonePeerTimeoutMs = 500;
 // How long a due checkpoint waits for the server to read its inputs before
 // it is put off by a whole interval (a server that stopped reading one
 // connection must not stop this replica from applying).
@@ -358,6 +366,10 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (!checkpointer_->store().RestoreDataDir(cp.index, dir, error)) return false;
+  // The server's output goes to server.log (opened for appending), which
+  // the image names: a replica whose server never ran here (cloned_start)
+  // has none yet.
+  if (FILE* f = fopen((me_.dir + "/server.log").c_str(), "a")) fclose(f);
   // Another replica's images name its files and its port: restore a view
   // of them that names ours.
   std::string img_dir = cp.path + "/img";
@@ -517,6 +529,11 @@ bool ServerPipeline::Recover(const std::string& how, uint64_t now) {
     RebuildFromPeer("the server died");
     return true;
   }
+  if (cfg_.server.cloned_start) {  // a fresh server would not be a clone
+    DropServer();
+    CloneFromPeer("the server died and no checkpoint here restores");
+    return true;
+  }
   std::string err;
   if (!StartAfresh("the server died", &err)) {
     server_failed_ = "the server died and cannot be started again: " + err;
@@ -591,10 +608,24 @@ void ServerPipeline::TransferStep(uint64_t now) {
   if (checkpointer_->dumping()) return;
   if (fetcher_->active()) {
     uint64_t index = 0;
+    bool fetched = false;
     std::string summary;
-    if (!fetcher_->Collect(&index, &summary)) return;  // still fetching
+    if (!fetcher_->Collect(&fetched, &index, &summary)) return;  // still fetching
     std::string err;
-    if (!index) {
+    if (!fetched && fetch_for_ == FetchFor::kClone) {
+      // Replica 0's image comes a moment after the cluster starts (its
+      // server's start-up, the dump): asked again soon, said now and then.
+      if (now - clone_said_us_ >= kCloneSayUs) {
+        log_(
+            "cloned start: waiting %.1f s so far for a peer's checkpoint to start the server "
+            "from (%s)",
+            (now - clone_since_us_) / 1e6, summary.c_str());
+        clone_said_us_ = now;
+      }
+      next_fetch_us_ = now + kCloneRetryUs;
+      return;
+    }
+    if (!fetched) {
       log_("STATE TRANSFER FAILED: %s; trying again in %lu s", summary.c_str(),
            (unsigned long)(kFetchRetryUs / 1000000));
     } else if (!RestoreIndex(index, &err)) {
@@ -602,6 +633,12 @@ void ServerPipeline::TransferStep(uint64_t now) {
            (unsigned long)index, err.c_str());
     } else {
       checkpointer_->NoteFetched();
+      if (clone_hold_) {
+        core_.HoldCandidacy(0);  // its server runs: it may lead
+        clone_hold_ = false;
+        log_("cloned start: the server runs from checkpoint %lu, %.1f s after it was asked for",
+             (unsigned long)index, (now - clone_since_us_) / 1e6);
+      }
       // Only a backup the leader truncated past moves its log: a server
       // rebuilt for a log that still holds what follows the checkpoint keeps
       // that log whole (slots past the checkpoint may hold the only other
@@ -634,6 +671,10 @@ void ServerPipeline::TransferStep(uint64_t now) {
   if (now < next_fetch_us_) return;
   if (fetch_for_ == FetchFor::kNoServer) {
     fetcher_->Start(fetch_min_);
+    return;
+  }
+  if (fetch_for_ == FetchFor::kClone) {
+    fetcher_->Start(0, {0});  // replica 0 has the image first
     return;
   }
   if (fetch_for_ == FetchFor::kRepair) {  // again from those that agree, never from the others
@@ -673,6 +714,106 @@ void ServerPipeline::TransferStep(uint64_t now) {
   fetch_for_ = FetchFor::kLagging;
   fetch_min_ = need;
   fetcher_->Start(need);
+}
+
+// ---------------------------------------------------------------- cloned start
+//
+// With the profile's cloned_start, only one server is ever started from its
+// command line: replica 0's, in a new cluster. It is dumped at index 0 once
+// it is ready, before its first input, and every other server, on any
+// replica and at any time, is a restore of a checkpoint: that image or a
+// later one, which descends from it. Whatever a server draws at its start
+// where the shim cannot reach (MariaDB's my_rnd seeds, start times, hash
+// seeds, where its allocator put things) is then the same on every replica,
+// and the same inputs in the same order keep it so.
+
+bool ServerPipeline::IsCloneOrigin(std::string* why_not) {
+  if (me_.id != 0) {
+    *why_not = "cloned_start: replica 0 starts the first server";
+    return false;
+  }
+  if (core_.last_index() > 0 || checkpointer_->kept() > 0) {
+    *why_not = "cloned_start: this replica has a log or checkpoints of this cluster";
+    return false;
+  }
+  // Replica 0 with nothing is the origin of a new cluster, unless its peers
+  // say the cluster is older (this replica's directory was lost): a fresh
+  // server here would differ from theirs, and any of their checkpoints
+  // serves instead. A peer that does not answer yet says nothing: at a new
+  // cluster's start they all come up at once.
+  for (int r = 0; r < static_cast<int>(cfg_.replicas.size()); r++) {
+    if (r == me_.id) continue;
+    std::string err, json;
+    auto c = Client::Connect(cfg_, r, kClonePeerTimeoutMs, &err, Principal::kReplica, me_.id);
+    if (!c || !c->Status(&json, &err, 4 * kClonePeerTimeoutMs)) continue;
+    std::string commit = JsonField(json, "commit_index");
+    size_t at = json.find("\"checkpoint\":{");
+    std::string kept = at == std::string::npos ? "" : JsonField(json.substr(at), "kept");
+    if ((!commit.empty() && commit != "0") || (!kept.empty() && kept != "0")) {
+      *why_not = "cloned_start: replica " + std::to_string(r) +
+                 " has this cluster's state (commit index " + commit + ", " +
+                 (kept.empty() ? "0" : kept) + " checkpoints) and this replica has none";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ServerPipeline::StartCloneOrigin() {
+  std::string err;
+  if (!LaunchServer(&err)) {
+    log_("%s", err.c_str());
+    return false;
+  }
+  if (!checkpointer_) {  // LaunchServer turns them off when CRIU could not restore
+    log_("SERVER NOT STARTED: cloned_start needs checkpoints, which are off here (see above)");
+    return false;
+  }
+  uint64_t t0 = NowUs();
+  if (!TakeCheckpoint(t0)) {
+    log_("SERVER NOT STARTED: cloned_start: cannot dump the server every replica's starts from: %s",
+         checkpointer_->last_error().c_str());
+    return false;
+  }
+  // Waited for here, before the loop runs: nothing reaches the server
+  // meanwhile (no leader yet), and the image is in the store before any
+  // peer can ask for it.
+  std::string data_dir = me_.dir + "/server";
+  while (checkpointer_->dumping() || checkpointer_->committing()) {
+    pollfd p{dump_watch_fd_, POLLIN, 0};
+    if (checkpointer_->dumping())
+      poll(&p, 1, 100);
+    else
+      usleep(5000);
+    checkpointer_->Poll(data_dir, NowUs());
+  }
+  loop_.Remove(dump_watch_fd_);
+  dump_watch_fd_ = -1;
+  if (checkpointer_->kept() == 0) {
+    log_(
+        "SERVER NOT STARTED: cloned_start: the dump of the server every replica's starts from "
+        "failed: %s",
+        checkpointer_->last_error().c_str());
+    return false;
+  }
+  log_(
+      "cloned start: the server dumped at index 0 in %.0f ms; every other replica's server "
+      "starts from this image",
+      (NowUs() - t0) / 1000.0);
+  return true;
+}
+
+void ServerPipeline::CloneFromPeer(const std::string& why) {
+  LS_ASSERT(fetcher_, "cloned_start runs with checkpoints");
+  log_("%s: fetching a peer's checkpoint to start the server from", why.c_str());
+  fetch_for_ = FetchFor::kClone;
+  fetch_min_ = 0;
+  next_fetch_us_ = 0;
+  clone_since_us_ = clone_said_us_ = NowUs();
+  // A leader without a server serves nobody: it stands for no election
+  // until its server runs (it still votes).
+  core_.HoldCandidacy(UINT64_MAX);
+  clone_hold_ = true;
 }
 
 }  // namespace lockstep

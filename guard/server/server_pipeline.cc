@@ -52,6 +52,18 @@ bool ServerPipeline::Start() {
     RebuildFromPeer("at the restart");
     return true;
   }
+  if (cfg_.server.cloned_start) {
+    if (!checkpointer_) {
+      log_(
+          "SERVER NOT STARTED: the profile's cloned_start starts every server from a "
+          "checkpoint, and checkpoints are off here (see above)");
+      return false;
+    }
+    std::string why_not;
+    if (IsCloneOrigin(&why_not)) return StartCloneOrigin();
+    CloneFromPeer(why_not);
+    return true;
+  }
   std::string err;
   if (!LaunchServer(&err)) {
     log_("%s", err.c_str());
@@ -100,6 +112,7 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   shim_->set_random_seed(ServerRandomSeed(cfg_));  // "" unless the profile's same_random
   shim_->set_same_clock(cfg_.server.same_clock);
   shim_->set_timers_in_log(cfg_.server.timers_in_log);
+  shim_->set_cloned(cfg_.server.cloned_start);
   const auto& sv = cfg_.server;
   shim_->set_serial_inputs(
       !sv.serial_inputs ? 0

@@ -228,6 +228,17 @@ class ServerPipeline {
   // later. Without checkpoints the server stays down, said in the status;
   // it never runs on a partial log.
   void RebuildFromPeer(const std::string& why);
+  // cloned_start (config.h): whether this replica starts the cluster's
+  // first server (replica 0, nothing in its log or store, and no peer that
+  // answers has anything either); why not otherwise.
+  bool IsCloneOrigin(std::string* why_not);
+  // Replica 0 of a new cluster: starts the server and dumps it at index 0
+  // before its first input; false (logged) when either fails.
+  bool StartCloneOrigin();
+  // Every other server of a cloned_start cluster: fetched from a peer's
+  // checkpoints (replica 0's image at first); no election is stood for
+  // until it runs.
+  void CloneFromPeer(const std::string& why);
   // Restores checkpoint `index` of the store (just fetched or our own).
   bool RestoreIndex(uint64_t index, std::string* error);
 
@@ -267,11 +278,16 @@ class ServerPipeline {
   // kNoServer: the server is down (it died, or the replica restarted) and
   // nothing here rebuilds it: the log starts past every local checkpoint.
   // kRepair: the server runs but diverged (StartRepairTransfer).
-  enum class FetchFor : uint8_t { kNone, kLagging, kNoServer, kRepair };
+  // kClone: cloned_start, and no checkpoint here to start the server from:
+  // any peer's will do (every one descends from replica 0's image).
+  enum class FetchFor : uint8_t { kNone, kLagging, kNoServer, kRepair, kClone };
   FetchFor fetch_for_ = FetchFor::kNone;
   uint64_t fetch_min_ = 0;
   uint64_t next_fetch_us_ = 0;
   bool transfer_off_warned_ = false;
+  bool clone_hold_ = false;      // candidacy held until a cloned server runs here
+  uint64_t clone_since_us_ = 0;  // when the wait for a peer's image began
+  uint64_t clone_said_us_ = 0;   // when the wait was last said in the log
 
   // Output (server_output.cc): the shim's connection numbers named as the
   // log names them, with their output windows. Numbers restart with each

@@ -191,6 +191,7 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_RANDOM_SEED", random_seed_env_},
       {"LOCKSTEP_SHIM_SAME_CLOCK", same_clock_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_TIMERS", timers_in_log_ ? "1" : "0"},
+      {"LOCKSTEP_SHIM_CLONED", cloned_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_SERIAL", std::to_string(serial_inputs_)},
       {"LOCKSTEP_SHIM_UNCHECKED_GREETING", unchecked_greeting_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_}};

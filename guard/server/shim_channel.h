@@ -57,6 +57,10 @@ class ShimChannel {
   // LOCKSTEP_SHIM_TIMERS for the server: on (with same_clock), its epoll
   // timeouts are submitted as ticks (preload/shim_abi.h "Ticks"). Always set.
   void set_timers_in_log(bool on) { timers_in_log_ = on; }
+  // The server is the image every replica's starts from (cloned_start):
+  // its monotonic clocks go on from their start-up readings under ticks
+  // (preload/shim_clock.c).
+  void set_cloned(bool on) { cloned_ = on; }
   // LOCKSTEP_SHIM_SERIAL for the server: on, one input executes at a time
   // whatever thread reads it (preload/shim_serial.c). Always set, as above.
   // LOCKSTEP_SHIM_SERIAL: 0, or a sum of ls_serial_flag (shim_abi.h).
@@ -239,6 +243,7 @@ class ShimChannel {
   std::string random_seed_env_;
   bool same_clock_ = false;
   bool timers_in_log_ = false;
+  bool cloned_ = false;
   int serial_inputs_ = 0;
   bool unchecked_greeting_ = false;
   std::string unchecked_replies_env_;

@@ -1,0 +1,69 @@
+"""A line server that answers with what it drew at its start-up, for
+tests/test_cloned_start.py: values no libc call of the shim's agrees (the
+monotonic clock read before any input, Python's own generator seeded then,
+where its allocator put an object), so two servers started apart answer
+differently, and two restores of one image answer alike.
+
+    python3 tests/start_draw_server.py HOST PORT
+
+Requests, one per line: `start` answers the start-up draws; `next` the
+generator's next number (its state moves with each, in the log's order);
+anything else answers `?`.
+"""
+
+import random
+import selectors
+import socket
+import sys
+import time
+
+START = f"{time.monotonic_ns()} {random.getrandbits(64)} {id(object()):x}".encode()
+
+
+def answer(line):
+    if line == b"start":
+        return START + b"\n"
+    if line == b"next":
+        return b"%d\n" % random.getrandbits(64)
+    return b"?\n"
+
+
+def main():
+    host, port = sys.argv[1], int(sys.argv[2])
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(64)
+    listener.setblocking(False)
+    sel = selectors.DefaultSelector()  # epoll, which the shim follows
+    sel.register(listener, selectors.EVENT_READ)
+    pending = {}
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is listener:
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:
+                    continue
+                conn.setblocking(True)
+                pending[conn] = b""
+                sel.register(conn, selectors.EVENT_READ)
+                continue
+            conn = key.fileobj
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(conn)
+                del pending[conn]
+                conn.close()
+                continue
+            buf = pending[conn] + data
+            *lines, pending[conn] = buf.split(b"\n")
+            for line in lines:
+                conn.sendall(answer(line.strip()))
+
+
+if __name__ == "__main__":
+    main()
