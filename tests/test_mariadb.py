@@ -25,11 +25,13 @@ only at the end, once every replica applied the whole log.
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import inspector
 import pytest
@@ -324,4 +326,54 @@ def test_a_wrong_password_is_refused_alike_everywhere(cluster):
     time.sleep(3)  # longer than the daemon waits for a backup's reply of another length
     assert sql(addr, "SELECT n FROM t.w ORDER BY n").split() == ["1", "4"]
     same_everywhere(cluster, "CHECKSUM TABLE t.w")
+    assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+
+
+def profile_checking_every_second(tmp_path):
+    """apps/mariadb.toml with its state checks every second."""
+    text = (Path(__file__).parent.parent / "apps" / "mariadb.toml").read_text()
+    text, n = re.subn(r"(?m)^(state_probe = .*)$", r"\1\nstate_check_every_s = 1", text)
+    assert n == 1, "apps/mariadb.toml names one state_probe"
+    path = tmp_path / "mariadb.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_rand_and_uuid_rows_are_found_by_the_state_check_and_repaired(cluster, tmp_path):
+    # RAND() and UUID() come from MariaDB's own generator and its monotonic
+    # clock, which the shim does not reach: the row differs on every replica
+    # though the client was told "OK" and nothing reads it back. The
+    # profile's state check (CHECKSUM TABLE of every user table, through the
+    # log) finds it, and the repair leaves every replica with the leader's row.
+    cluster.up(app=profile_checking_every_second(tmp_path))
+    addr = cluster.client_addr()
+    sql(addr, "CREATE DATABASE t; CREATE TABLE t.r (id INT PRIMARY KEY, u VARCHAR(64), x DOUBLE)")
+    sql(addr, "INSERT INTO t.r VALUES (1, UUID(), RAND())")
+    end = time.monotonic() + 90
+    while True:
+        rs = json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+        if rs and all(r["status"] != "repairing" for r in rs):
+            break
+        assert time.monotonic() < end, f"no settled report within 90 s: {rs}"
+        time.sleep(0.5)
+    print(f"{len(rs)} reports: {[(r['replica'], r['status'], r['how']) for r in rs]}")
+    assert any(any("CHECKSUM" in i for i in r["connection_inputs"]) for r in rs), rs
+    row = same_everywhere(cluster, "SELECT * FROM t.r")
+    assert row.startswith("1\t"), row
+
+
+def test_a_cluster_whose_tables_agree_passes_its_state_checks(cluster, tmp_path):
+    cluster.up(app=profile_checking_every_second(tmp_path))
+    addr = cluster.client_addr()
+    sql(addr, "CREATE DATABASE t; CREATE TABLE t.a (n INT PRIMARY KEY, s VARCHAR(20), t DATETIME)")
+    for i in range(30):
+        sql(addr, f"INSERT INTO t.a VALUES ({i}, 'row {i}', NOW())")
+    cluster.wait(
+        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) >= 2,
+        60,
+        "two state checks",
+    )
+    same_everywhere(cluster, "CHECKSUM TABLE t.a")
+    st = cluster.status()["replicas"][cluster.leader()]["state_checks"]
+    assert st["failed"] == 0 and "t.a" in st["digest"], st
     assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)

@@ -97,6 +97,8 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->same_clock = p.same_clock;
     server->timers_in_log = p.timers_in_log;
     server->cloned_start = p.cloned_start;
+    server->state_probe = p.state_probe;
+    server->state_check_every_s = p.state_check_every_s;
     server->serial_inputs = p.serial_inputs;
     server->serial_until_reply = p.serial_until_reply;
     server->serial_sleep_keeps_turn = p.serial_sleep_keeps_turn;
@@ -190,7 +192,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
     return false;
   }
   TomlTable& t = tables[0];
-  int64_t timeout = 0;
+  int64_t timeout = 0, every = 0;
   if (!t.TakeString("command", &p.command, true, error) ||
       !t.TakeString("description", &p.description, false, error) ||
       !t.TakeString("bench", &p.bench, false, error) ||
@@ -200,6 +202,8 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("same_clock", &p.same_clock, error) ||
       !t.TakeBool("timers_in_log", &p.timers_in_log, error) ||
       !t.TakeBool("cloned_start", &p.cloned_start, error) ||
+      !t.TakeString("state_probe", &p.state_probe, false, error) ||
+      !t.TakeInt("state_check_every_s", &every, false, 1, 86400, error) ||
       !t.TakeBool("serial_inputs", &p.serial_inputs, error) ||
       !t.TakeBool("serial_until_reply", &p.serial_until_reply, error) ||
       !t.TakeBool("serial_sleep_keeps_turn", &p.serial_sleep_keeps_turn, error) ||
@@ -210,6 +214,10 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
+  if (every) p.state_check_every_s = static_cast<uint64_t>(every);
+  if (every && p.state_probe.empty())
+    return t.Fail(t.LineOf("state_check_every_s"),
+                  "field 'state_check_every_s' needs a state_probe (the command it runs)", error);
   if (p.timers_in_log && !p.same_clock)
     return t.Fail(t.LineOf("timers_in_log"),
                   "field 'timers_in_log' needs same_clock = true (a tick moves the clock)", error);
@@ -849,21 +857,24 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.first_index = first.empty() ? 0 : std::stoull(first);
       std::string spid = JsonField(json, "server_pid");
       r.server_pid = spid.empty() ? 0 : std::stoi(spid);
-      // The checkpoint object is flat: from its brace to the next one.
-      size_t at = json.find("\"checkpoint\":{");
-      if (at != std::string::npos) {
+      // The daemon's status objects are flat: each from its brace to the next one.
+      auto object = [&json](const char* name) {
+        size_t at = json.find("\"" + std::string(name) + "\":{");
+        if (at == std::string::npos) return std::string("null");
         size_t open = json.find('{', at);
-        r.checkpoint_json = json.substr(open, json.find('}', open) - open + 1);
+        return json.substr(open, json.find('}', open) - open + 1);
+      };
+      r.checkpoint_json = object("checkpoint");
+      r.output_json = object("output");
+      r.state_json = object("state_checks");
+      if (r.checkpoint_json != "null") {
         std::string idx = JsonField(r.checkpoint_json, "index");
         std::string age = JsonField(r.checkpoint_json, "age_s");
         r.checkpoint_index = idx.empty() ? 0 : std::stoull(idx);
         r.checkpoint_age_s = age.empty() ? -1 : std::stoll(age);
         r.server_state = JsonField(r.checkpoint_json, "server_state");
       }
-      at = json.find("\"output\":{");
-      if (at != std::string::npos) {
-        size_t open = json.find('{', at);
-        r.output_json = json.substr(open, json.find('}', open) - open + 1);
+      if (r.output_json != "null") {
         std::string reports = JsonField(r.output_json, "reports");
         r.divergence_reports = reports.empty() ? 0 : std::stoull(reports);
       }
@@ -900,7 +911,8 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
       << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
       << "\", \"server_addr\": " << str_or_null(r.server_addr)
       << ", \"first_index\": " << r.first_index << ", \"server_pid\": " << r.server_pid
-      << ", \"checkpoint\": " << r.checkpoint_json << ", \"output\": " << r.output_json << "}";
+      << ", \"checkpoint\": " << r.checkpoint_json << ", \"output\": " << r.output_json
+      << ", \"state_checks\": " << r.state_json << "}";
   }
   o << "]}";
   return o.str();

@@ -54,11 +54,13 @@ struct AppProfile {
   std::string name;     // NAME
   std::string command;  // template: {port} and {dir} are replaced per replica
   uint64_t ready_timeout_ms = 10000;
-  std::string ready_log;                 // ServerConfig::ready_log (config.h)
-  bool same_random = false;              // the server's randomness is the same on every replica
-  bool same_clock = false;               // its wall clock too: the leader's time of each input
-  bool timers_in_log = false;            // its timeouts are ticks in the log (config.h)
-  bool cloned_start = false;             // every replica's server from one image (config.h)
+  std::string ready_log;       // ServerConfig::ready_log (config.h)
+  bool same_random = false;    // the server's randomness is the same on every replica
+  bool same_clock = false;     // its wall clock too: the leader's time of each input
+  bool timers_in_log = false;  // its timeouts are ticks in the log (config.h)
+  bool cloned_start = false;   // every replica's server from one image (config.h)
+  std::string state_probe;     // its state's digest, for state checks (config.h)
+  uint64_t state_check_every_s = 10;
   bool serial_inputs = false;            // one input executes at a time (config.h)
   bool serial_until_reply = false;       // ... until its reply (config.h)
   bool serial_sleep_keeps_turn = false;  // ... also while asleep (config.h)
@@ -104,6 +106,8 @@ struct ReplicaStatus {
   // none), and from it the divergence reports this replica holds.
   std::string output_json = "null";
   uint64_t divergence_reports = 0;
+  // The daemon's "state_checks" object (guard/server/state_check.h), as is.
+  std::string state_json = "null";
 };
 
 struct ClusterStatus {

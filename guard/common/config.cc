@@ -424,6 +424,13 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
       return fail(s.LineOf("timers_in_log"),
                   "field 'timers_in_log' needs same_clock = true (a tick moves the clock)");
     if (!s.TakeBool("cloned_start", &c.server.cloned_start, error)) return false;
+    if (!s.TakeString("state_probe", &c.server.state_probe, false, error)) return false;
+    n = 0;
+    if (!s.TakeInt("state_check_every_s", &n, false, 1, 86400, error)) return false;
+    if (n) c.server.state_check_every_s = n;
+    if (s.Has("state_check_every_s") && c.server.state_probe.empty())
+      return fail(s.LineOf("state_check_every_s"),
+                  "field 'state_check_every_s' needs a state_probe (the command it runs)");
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
     if (!s.TakeBool("serial_until_reply", &c.server.serial_until_reply, error)) return false;
     if (!s.TakeBool("serial_sleep_keeps_turn", &c.server.serial_sleep_keeps_turn, error))
@@ -574,6 +581,10 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.server.cloned_start)
       o << "# every server starts from one image of replica 0's (checkpoint 0)\n"
         << "cloned_start = true\n";
+    if (!c.server.state_probe.empty())
+      o << "# the leader's state checks: this command's output digests the server's state\n"
+        << "state_probe = " << TomlQuote(c.server.state_probe) << "\n"
+        << "state_check_every_s = " << c.server.state_check_every_s << "\n";
     if (c.server.serial_inputs)
       o << "# one input executes at a time, whatever thread reads it (preload/shim_serial.c)\n"
         << "serial_inputs = true\n";

@@ -51,6 +51,11 @@
 //   cloned_start = true     # optional (false), needs [checkpoint] enabled: every replica's
 //                           # server starts from one CRIU image of replica 0's, taken once
 //                           # it is ready and before its first input
+//   state_probe = "redis-cli -h {host} -p {port} DEBUG DIGEST"  # optional: a command
+//                           # whose output digests the server's state; the leader runs it
+//                           # against its own server, through the log (state_check.h)
+//   state_check_every_s = 10  # optional (10), with state_probe: how often, while clients'
+//                           # inputs are committed
 //   serial_inputs = true    # optional (false): a multi-threaded server executes one input
 //                           # at a time, in the log's order (preload/shim_serial.c)
 //   data_template = "DIR/server-template"  # optional: every server starts from a copy
@@ -192,6 +197,12 @@ struct ClusterConfig {
     // same everywhere. Needs checkpoints. From the profile's `cloned_start`
     // (server_guard.cc "cloned start").
     bool cloned_start = false;
+    // A command ({host}, {port}, {dir} as in `command`) whose output digests
+    // the server's state (redis: DEBUG DIGEST); empty: no state checks. The
+    // leader runs it every state_check_every_s seconds in which clients'
+    // inputs were committed (guard/server/state_check.h). From the profile.
+    std::string state_probe;
+    uint64_t state_check_every_s = 10;
     // A server that runs connections on several threads executes one input
     // at a time, in the log's order: the next connection's input becomes
     // readable only once the thread that read the previous one waits again

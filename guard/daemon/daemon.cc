@@ -38,6 +38,7 @@
 #include "guard/net/netns_hosts.h"
 #include "guard/output/output_guard.h"
 #include "guard/server/server_pipeline.h"
+#include "guard/server/state_check.h"
 
 namespace lockstep {
 
@@ -94,6 +95,7 @@ class Daemon : public EventLoop::Body {
   std::unique_ptr<FrontDoor> front_;
   std::unique_ptr<ServerPipeline> pipeline_;
   std::unique_ptr<OutputGuard> output_;            // with a server only
+  std::unique_ptr<StateChecker> state_;            // with a profile's state_probe only
   std::unique_ptr<LeaderAddress> leader_address_;  // cluster.toml's leader_address, if any
 
   // When each peer last had a live stream from us (leader): a peer gone
@@ -247,7 +249,8 @@ bool Daemon::Init() {
                         pipeline_->server_pid(),
                         pipeline_->replay_connections(),
                         pipeline_->CheckpointStatusJson(NowUs()),
-                        output_ ? output_->StatusJson() : "null"};
+                        output_ ? output_->StatusJson() : "null",
+                        state_ ? state_->StatusJson() : "null"};
   };
   hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {
     if (output_) output_->OnPeerFrame(from, kind, body, NowUs());
@@ -279,6 +282,9 @@ bool Daemon::Init() {
                                       [this](int to, FrameKind kind, const std::string& body) {
                                         return front_->SendFrameToPeer(to, kind, body);
                                       });
+  if (cfg_.has_server() && !cfg_.server.state_probe.empty())
+    state_ = std::make_unique<StateChecker>(
+        cfg_, me_, [this](const std::string& m) { log_("%s", m.c_str()); });
   if (cfg_.has_server() && !cfg_.leader_address.empty()) {
     leader_address_ = std::make_unique<LeaderAddress>(cfg_.leader_host, cfg_.leader_port, me_.host,
                                                       me_.server_port, cfg_.leader_interface, log_);
@@ -343,6 +349,7 @@ PassReport Daemon::Pass(uint64_t now) {
   r.t_drained = NowUs();
   r.applied = pipeline_->ApplyCommitted(now);
   if (output_) output_->Step(now);
+  if (state_) state_->Step(now, pipeline_->serving(), pipeline_->client_data_committed());
   // A leader that lost touch with its majority for an election timeout lets
   // the address go before it steps down: by then another is being elected,
   // and a stale holder would draw clients (as the ARP answer they find).

@@ -603,7 +603,7 @@ std::string FrontDoor::StatusJson() {
     << ",\"server_pid\":" << server.server_pid << ",\"server_port\":" << me_.server_port
     << ",\"replay_connections\":" << server.replay_connections
     << ",\"checkpoint\":" << server.checkpoint_json << ",\"output\":" << server.output_json
-    << ",\"peers\":[";
+    << ",\"state_checks\":" << server.state_json << ",\"peers\":[";
   for (int r = 0; r < n_; r++) {
     if (r) o << ",";
     o << "{\"id\":" << r << ",\"match\":" << core_.PeerMatch(r)

@@ -34,6 +34,7 @@ struct ServerStatus {
   size_t replay_connections = 0;
   std::string checkpoint_json = "null";  // ServerPipeline::CheckpointStatusJson
   std::string output_json = "null";      // OutputGuard::StatusJson
+  std::string state_json = "null";       // StateChecker::StatusJson
 };
 
 class FrontDoor {

@@ -241,6 +241,13 @@ void OutputGuard::OnRepairOrder(int from, const RepairOrder& order, uint64_t now
       "%s",
       order.id.c_str(), ConnName(order.key).c_str(), (unsigned long)order.offset,
       order.how == RepairHow::kRollback ? "rolling the server back" : "taking a peer's checkpoint");
+  // A replica whose server is known to be wrong must not lead meanwhile (a
+  // leader's dump for this very repair once stalled it long enough for the
+  // divergent backup to win an election, and the repair was lost). Bounded
+  // by the repair's own deadline: should every other replica be under
+  // repair too, one of them leads again once its repair gives up.
+  core_.HoldCandidacy(now + kRepairTimeoutUs);
+  repair_hold_ = true;
   StartRepair(std::move(rep), now);
 }
 
@@ -325,6 +332,10 @@ void OutputGuard::RepairStep(uint64_t now) {
   log_("REPAIR %s %s in %.1f ms: %s%s%s", rep.order.id.c_str(), rep.result.ok ? "done" : "FAILED",
        rep.result.total_us / 1000.0, rep.result.action.c_str(),
        rep.result.error.empty() ? "" : "; ", rep.result.error.c_str());
+  if (repair_hold_) {  // its server is as right as the others' now (or the repair gave up)
+    core_.HoldCandidacy(0);
+    repair_hold_ = false;
+  }
   if (rep.self) {
     FinishSelfRepair(rep.result, now);
   } else if (core_.role() != Role::kBackup || core_.promised() != rep.order.ballot) {

@@ -161,6 +161,7 @@ class OutputGuard {
   std::vector<OutputPoint> outgoing_;
   uint64_t next_sample_us_ = 0;
   std::optional<Repair> repair_;
+  bool repair_hold_ = false;  // candidacy held while a backup's repair runs (OnRepairOrder)
   uint64_t points_sent_ = 0;
 
   std::optional<SelfRepair> self_;

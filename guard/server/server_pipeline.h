@@ -80,6 +80,8 @@ class ServerPipeline {
   }
   int server_pid() const;
   size_t replay_connections() const;
+  // Clients' requests (DATA inputs) this replica committed as leader, ever.
+  uint64_t client_data_committed() const { return client_data_committed_; }
 
   // Checkpoints (server_guard.cc). The log below this index is no longer
   // needed by this replica's server (0: all of it is).
@@ -340,7 +342,8 @@ class ServerPipeline {
   Ballot serving_ballot_ = 0;         // the ballot under which our server serves clients
   bool holding_submissions_ = false;  // too many inputs in flight: wait for commits
   uint64_t next_health_check_us_ = 0;
-  uint64_t inputs_committed_ = 0;  // since the last report
+  uint64_t inputs_committed_ = 0;       // since the last report
+  uint64_t client_data_committed_ = 0;  // clients' DATA inputs committed here, ever
   double input_commit_us_sum_ = 0;
   uint64_t next_input_report_us_ = 0;
 };

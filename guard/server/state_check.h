@@ -1,0 +1,76 @@
+// state_check.h — the leader's state checks (issue 29): a replica whose
+// server's state drifted while its replies stayed the same (a byte of a
+// stored value flipped, a random draw stored) answers nothing differently
+// until, maybe, a later read shows it. So every `state_check_every_s`
+// seconds in which clients' inputs were committed, the leader runs the
+// profile's `state_probe` (a command given the server's {host} and {port},
+// e.g. `redis-cli ... DEBUG DIGEST`) against its own server.
+//
+// The probe is a client of the leader's server like any other: its request
+// is agreed in the log, every backup's server executes it at the same
+// position of the log (on its replay connection), and what each one
+// answers is compared by output checking (guard/output/): a replica whose
+// state differs answers the probe differently and is reported and repaired
+// like any divergence, at the check's position. Through the log, a probe
+// needs no pause of anyone's server to find it at rest at one index, and a
+// probe that moves the server's state a little (redis's DEBUG DIGEST steps
+// an incremental rehash) moves every replica's alike.
+//
+// The probe runs in a thread of its own (fork+exec, its output read, a
+// deadline); Step, on the daemon's loop, starts and collects it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "guard/common/config.h"
+
+namespace lockstep {
+
+class StateChecker {
+ public:
+  using LogFn = std::function<void(const std::string&)>;
+  StateChecker(const ClusterConfig& config, const ReplicaConfig& me, LogFn log);
+  ~StateChecker();  // a probe in flight is killed and waited for
+  StateChecker(const StateChecker&) = delete;
+  StateChecker& operator=(const StateChecker&) = delete;
+
+  // Each pass: collects a probe that ended; starts one when due (this
+  // replica serves its clients, and client_inputs, the count of clients'
+  // requests (DATA inputs) this replica committed, moved since the last
+  // one ended, its own request included).
+  void Step(uint64_t now_us, bool serving, uint64_t client_inputs);
+  // {"every_s":..,"checks":..,"failed":..,"digest":"..","ms":..,"error":".."}
+  std::string StatusJson() const;
+
+ private:
+  void Run(std::vector<std::string> argv);  // the probe's thread
+
+  const ClusterConfig& cfg_;
+  const ReplicaConfig& me_;
+  LogFn log_;
+  uint64_t every_us_;
+  uint64_t last_start_us_ = 0;
+  uint64_t inputs_at_last_ = 0;
+  bool started_once_ = false;
+
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+  std::atomic<pid_t> probe_pid_{0};
+  std::atomic<bool> stop_{false};
+  // Written by the thread before done_, read after it.
+  bool result_ok_ = false;
+  std::string result_output_, result_error_;
+  uint64_t result_us_ = 0;
+
+  uint64_t checks_ = 0, failed_ = 0;
+  std::string digest_, error_;
+  uint64_t last_ms_ = 0;
+};
+
+}  // namespace lockstep
