@@ -5,12 +5,16 @@ where its allocator put an object), so two servers started apart answer
 differently, and two restores of one image answer alike.
 
     python3 tests/start_draw_server.py HOST PORT
+    python3 tests/start_draw_server.py --ask HOST PORT REQUEST   (a client: prints the answer)
 
 Requests, one per line: `start` answers the start-up draws; `next` the
 generator's next number (its state moves with each, in the log's order);
-anything else answers `?`.
+`store` draws one and keeps it, answering only `OK` (a difference no reply
+shows); `digest` answers a digest of what was stored (the state probe of
+tests/test_state_check.py); anything else answers `?`.
 """
 
+import hashlib
 import random
 import selectors
 import socket
@@ -18,6 +22,7 @@ import sys
 import time
 
 START = f"{time.monotonic_ns()} {random.getrandbits(64)} {id(object()):x}".encode()
+stored = []
 
 
 def answer(line):
@@ -25,10 +30,29 @@ def answer(line):
         return START + b"\n"
     if line == b"next":
         return b"%d\n" % random.getrandbits(64)
+    if line == b"store":
+        stored.append(random.getrandbits(64))
+        return b"OK\n"
+    if line == b"digest":
+        return hashlib.sha1(repr(stored).encode()).hexdigest().encode() + b"\n"
     return b"?\n"
 
 
+def ask(host, port, request):
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request.encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                sys.exit(f"{host}:{port} closed the connection")
+            buf += chunk
+    print(buf.decode().strip())
+
+
 def main():
+    if sys.argv[1] == "--ask":
+        return ask(*sys.argv[2:5])
     host, port = sys.argv[1], int(sys.argv[2])
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

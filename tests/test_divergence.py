@@ -71,7 +71,7 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     assert len(rs) == 1, rs
     r = rs[0]
     assert r["replica"] == b and r["leader"] == c.leader() and not r["leader_diverged"], r
-    assert r["status"] == "repaired" and r["how"] == "rollback", r
+    assert r["status"] == "repaired" and r["how"] == "rollback" and r["kind"] == "output", r
     assert "rolled back to its checkpoint" in r["action"], r
     assert 0 < r["restored_index"] <= r["log_window"]["to"], r
     assert r["total_ms"] > 0 and r["restore_ms"] > 0, r

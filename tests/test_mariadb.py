@@ -358,6 +358,7 @@ def test_rand_and_uuid_rows_are_found_by_the_state_check_and_repaired(cluster, t
         time.sleep(0.5)
     print(f"{len(rs)} reports: {[(r['replica'], r['status'], r['how']) for r in rs]}")
     assert any(any("CHECKSUM" in i for i in r["connection_inputs"]) for r in rs), rs
+    assert all(r["kind"] == "state" for r in rs), rs
     row = same_everywhere(cluster, "SELECT * FROM t.r")
     assert row.startswith("1\t"), row
 

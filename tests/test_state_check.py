@@ -11,6 +11,8 @@ server receives it (LOCKSTEP_FAILPOINT=flip-input:MARKER); the SET answers
 DEBUG DIGEST) can find it: the report's window holds the probe's command."""
 
 import re
+import socket
+import sys
 import time
 from pathlib import Path
 
@@ -56,7 +58,7 @@ def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp
     assert len(rs) == 1, rs
     r = rs[0]
     assert r["replica"] == b and not r["leader_diverged"], r
-    assert r["status"] == "repaired", r
+    assert r["status"] == "repaired" and r["kind"] == "state", r
     # Found by the probe: nothing else read the key.
     assert any("DEBUG" in i and "DIGEST" in i for i in r["connection_inputs"]), r[
         "connection_inputs"
@@ -101,3 +103,69 @@ def test_a_busy_cluster_with_checks_reports_nothing(cluster, tmp_path):
     assert out["divergences"] == 0 and out["reports"] == 0, out
     shown = run("cluster", "status", "--dir", c.dir).stdout
     assert "divergence report" not in shown, shown
+
+
+def draws_profile(tmp_path, cloned):
+    """tests/start_draw_server.py, whose `store` keeps a random draw and
+    answers OK, with `digest` as its state probe, checked every second."""
+    server = Path(__file__).parent / "start_draw_server.py"
+    path = tmp_path / ("draws-cloned.toml" if cloned else "draws.toml")
+    path.write_text(
+        'description = "stores random draws, answers OK (tests/start_draw_server.py)"\n'
+        f'command = "{sys.executable} {server} {{host}} {{port}}"\n'
+        f'state_probe = "{sys.executable} {server} --ask {{host}} {{port}} digest"\n'
+        "state_check_every_s = 1\n" + ("cloned_start = true\n" if cloned else "")
+    )
+    return str(path)
+
+
+def store(cluster):
+    with socket.create_connection(cluster.client_addr(), 10) as s:
+        s.sendall(b"store\n")
+        assert s.recv(100) == b"OK\n"  # on every replica: output checking sees nothing
+
+
+def test_random_draws_stored_behind_an_ok_get_a_state_report_within_one_interval(cluster, tmp_path):
+    # Each replica's server draws from its own generator (no same_random, no
+    # cloned start): the stored draws differ, every reply is "OK".
+    cluster.up(app=draws_profile(tmp_path, cloned=False))
+    store(cluster)
+    t0 = time.monotonic()
+    rs = wait_reports(cluster, lambda rs: len(rs) > 0, 30, "a state report")
+    found = time.monotonic() - t0
+    print(
+        f"first report {found:.1f} s after the store: {[(r['replica'], r['status']) for r in rs]}"
+    )
+    assert found < 1 + 5, found  # one interval, and a loaded machine's slack
+    r = rs[0]
+    assert any("digest" in i for i in r["connection_inputs"]), r["connection_inputs"]
+    assert r["leader"] == cluster.leader() and not r["leader_diverged"], r
+    assert r["kind"] == "state", r
+    listed = run("divergence", "list", "--dir", cluster.dir).stdout
+    assert re.search(rf"{r['id']}\s.*\sstate\s", listed), listed
+    shown = run("divergence", "show", r["id"], "--dir", cluster.dir).stdout
+    assert "kind        state" in shown, shown
+
+
+def test_the_same_draws_everywhere_pass_their_state_checks(cluster, tmp_path):
+    # A cloned start: every replica's generator is the image's, and draws
+    # in the log's order come out the same.
+    cluster.up(app=draws_profile(tmp_path, cloned=True))
+    for _ in range(5):
+        store(cluster)
+    cluster.wait(
+        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) >= 1,
+        30,
+        "a state check",
+    )
+    for _ in range(5):
+        store(cluster)
+    before = cluster.status()["replicas"][cluster.leader()]["state_checks"]["checks"]
+    cluster.wait(
+        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) > before,
+        30,
+        "another state check",
+    )
+    wait_applied(cluster)
+    out = output_checks(cluster)
+    assert out["divergences"] == 0 and reports(cluster) == [], (out, reports(cluster))

@@ -641,8 +641,8 @@ int CmdDivergence(int argc, char** argv) {
     for (size_t i = 0; i < reports.size(); i++) all += (i ? "," : "") + reports[i];
     printf("%s]\n", all.c_str());
   } else {
-    printf("%-8s %-20s %-8s %-12s %-10s %-10s %-12s %s\n", "id", "time", "replica", "connection",
-           "offset", "how", "status", "took");
+    printf("%-8s %-20s %-8s %-7s %-12s %-10s %-10s %-12s %s\n", "id", "time", "replica", "kind",
+           "connection", "offset", "how", "status", "took");
     for (const std::string& r : reports) {
       time_t t = static_cast<time_t>(std::stoll(JsonField(r, "time_unix")));
       char when[32];
@@ -650,8 +650,10 @@ int CmdDivergence(int argc, char** argv) {
       std::string who = JsonField(r, "leader_diverged") == "true"
                             ? JsonField(r, "replica") + " (leader)"
                             : JsonField(r, "replica");
-      printf("%-8s %-20s %-8s %-12s %-10s %-10s %-12s %s ms\n", JsonField(r, "id").c_str(), when,
-             who.c_str(), JsonField(r, "connection").c_str(), JsonField(r, "offset").c_str(),
+      std::string kind = JsonField(r, "kind");
+      printf("%-8s %-20s %-8s %-7s %-12s %-10s %-10s %-12s %s ms\n", JsonField(r, "id").c_str(),
+             when, who.c_str(), kind.empty() ? "output" : kind.c_str(),
+             JsonField(r, "connection").c_str(), JsonField(r, "offset").c_str(),
              JsonField(r, "how").c_str(), JsonField(r, "status").c_str(),
              JsonField(r, "total_ms").c_str());
     }

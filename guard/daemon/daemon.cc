@@ -282,9 +282,11 @@ bool Daemon::Init() {
                                       [this](int to, FrameKind kind, const std::string& body) {
                                         return front_->SendFrameToPeer(to, kind, body);
                                       });
-  if (cfg_.has_server() && !cfg_.server.state_probe.empty())
+  if (cfg_.has_server() && !cfg_.server.state_probe.empty()) {
     state_ = std::make_unique<StateChecker>(
         cfg_, me_, [this](const std::string& m) { log_("%s", m.c_str()); });
+    pipeline_->set_probe_port([this] { return state_->probe_port(); });
+  }
   if (cfg_.has_server() && !cfg_.leader_address.empty()) {
     leader_address_ = std::make_unique<LeaderAddress>(cfg_.leader_host, cfg_.leader_port, me_.host,
                                                       me_.server_port, cfg_.leader_interface, log_);

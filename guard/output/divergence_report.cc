@@ -75,10 +75,11 @@ std::string DivergenceReport::ToJson() const {
   // takes the first occurrence of a key).
   o << "{\"id\":\"" << JsonEscape(id) << "\",\"time_unix\":" << time_unix
     << ",\"found_unix_ms\":" << found_unix_ms << ",\"done_unix_ms\":" << done_unix_ms
-    << ",\"status\":\"" << JsonEscape(status) << "\",\"replica\":" << replica
-    << ",\"leader\":" << leader << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false")
-    << ",\"how\":\"" << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/"
-    << key.no << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
+    << ",\"status\":\"" << JsonEscape(status) << "\",\"kind\":\"" << JsonEscape(kind)
+    << "\",\"replica\":" << replica << ",\"leader\":" << leader
+    << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false") << ",\"how\":\""
+    << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/" << key.no
+    << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
     << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\"";
   o << ",\"agreeing\":[";
   for (size_t i = 0; i < agreeing.size(); i++) o << (i ? "," : "") << agreeing[i];

@@ -34,6 +34,10 @@ struct DivergenceReport {
   int leader = -1;   // the replica that judged (and led)
   int replica = -1;  // the divergent one
   bool leader_diverged = false;
+  // "output": the server's replies to a client differed; "state": its
+  // answers to a state check's probe (guard/server/state_check.h) did, so
+  // its state differs where no reply has shown it yet.
+  std::string kind = "output";
   std::vector<int> agreeing;  // replicas that agreed with the reference there
   ConnKey key;
   uint64_t offset = 0;         // the checked stream offset where the digests differed

@@ -97,6 +97,9 @@ std::vector<ReportOutput> ReportOutputs(const std::string& report) {
 void PrintReport(const std::string& r) {
   auto f = [&](const char* k) { return JsonField(r, k); };
   printf("divergence %s: %s\n", f("id").c_str(), f("status").c_str());
+  printf("  kind        %s\n", f("kind") == "state"
+                                   ? "state: the answers to a state check's probe differed"
+                                   : "output: the replies to a client differed");
   printf("  found by    leader %s, %s\n", f("leader").c_str(),
          f("leader_diverged") == "true" ? "which is itself the divergent replica"
                                         : ("replica " + f("replica") + " diverged").c_str());
@@ -207,6 +210,8 @@ std::string ReportHtml(const std::string& r) {
           : "replica " + f("replica") + " (leader: replica " + f("leader") + ")");
   row("agreeing with the reference",
       agreeing.empty() ? "no other replica had reported there" : "replicas " + agreeing);
+  row("kind", f("kind") == "state" ? "state (the answers to a state check's probe)"
+                                   : "output (the replies to a client)");
   row("connection", f("connection"));
   row("first different byte", diff >= 0 ? std::to_string(diff) : "not in the kept outputs");
   row("checked", "equal up to byte " + f("agreed_offset") + ", different at byte " + f("offset"));

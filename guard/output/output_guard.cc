@@ -438,6 +438,7 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   r.leader_diverged = d.replica == id_;
   r.agreeing = d.agreeing;
   r.key = d.key;
+  r.kind = pipeline_.IsStateProbe(d.key) ? "state" : "output";
   r.offset = d.offset;
   r.agreed_offset = d.agreed_offset;
   r.leader_digest = d.leader_digest;

@@ -28,6 +28,19 @@ constexpr int kApplyEntriesPerPass = 1024;
 constexpr uint64_t kSubmissionOverhead = 64;  // bytes a submission counts beyond its payload
 constexpr uint64_t kMaxChunk = 256 << 10;     // largest DATA payload the shim submits
 constexpr uint64_t kInputReportUs = 10000000;
+constexpr size_t kProbeConnsKept = 16;  // a report names a probe's connection seconds later
+
+// The port of an ACCEPT's peer address ("127.0.0.1:5678"); 0 if none.
+uint16_t PeerPort(std::string_view peer) {
+  size_t colon = peer.rfind(':');
+  if (colon == std::string_view::npos) return 0;
+  unsigned port = 0;
+  for (char c : peer.substr(colon + 1)) {
+    if (c < '0' || c > '9' || port > 65535) return 0;
+    port = port * 10 + static_cast<unsigned>(c - '0');
+  }
+  return port <= 65535 ? static_cast<uint16_t>(port) : 0;
+}
 
 }  // namespace
 
@@ -323,6 +336,10 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
       if (s.kind == LS_SUB_ACCEPT) {
         own_conns_[s.conn] = key;
         ok = true;
+        if (uint16_t port = probe_port_ ? probe_port_() : 0; port && PeerPort(s.bytes) == port) {
+          probe_conns_.push_back(key);
+          if (probe_conns_.size() > kProbeConnsKept) probe_conns_.pop_front();
+        }
       } else {
         auto it = own_conns_.find(s.conn);
         ok = it != own_conns_.end() && !broken_own_.count(s.conn);

@@ -15,7 +15,10 @@
 // restored again: the replica keeps its log and says which entry.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -80,6 +83,13 @@ class ServerPipeline {
   }
   int server_pid() const;
   size_t replay_connections() const;
+  // The local port the state checker's probe connects from (state_check.h):
+  // an ACCEPT from it is named a probe's connection.
+  void set_probe_port(std::function<uint16_t()> port) { probe_port_ = std::move(port); }
+  // Connection `key` was a state check's probe (one of the last few).
+  bool IsStateProbe(const ConnKey& key) const {
+    return std::find(probe_conns_.begin(), probe_conns_.end(), key) != probe_conns_.end();
+  }
   // Clients' requests (DATA inputs) this replica committed as leader, ever.
   uint64_t client_data_committed() const { return client_data_committed_; }
 
@@ -344,6 +354,8 @@ class ServerPipeline {
   uint64_t next_health_check_us_ = 0;
   uint64_t inputs_committed_ = 0;       // since the last report
   uint64_t client_data_committed_ = 0;  // clients' DATA inputs committed here, ever
+  std::function<uint16_t()> probe_port_;
+  std::deque<ConnKey> probe_conns_;  // the last state probes' connections (IsStateProbe)
   double input_commit_us_sum_ = 0;
   uint64_t next_input_report_us_ = 0;
 };

@@ -47,6 +47,9 @@ class StateChecker {
   void Step(uint64_t now_us, bool serving, uint64_t client_inputs);
   // {"every_s":..,"checks":..,"failed":..,"digest":"..","ms":..,"error":".."}
   std::string StatusJson() const;
+  // The local port of the probe's connection to the server (0: none yet):
+  // an ACCEPT from it is the probe's, not a client's.
+  uint16_t probe_port() const { return probe_port_.load(); }
 
  private:
   void Run(std::vector<std::string> argv);  // the probe's thread
@@ -63,6 +66,7 @@ class StateChecker {
   std::atomic<bool> done_{false};
   std::atomic<pid_t> probe_pid_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<uint16_t> probe_port_{0};
   // Written by the thread before done_, read after it.
   bool result_ok_ = false;
   std::string result_output_, result_error_;
