@@ -49,6 +49,30 @@ def run(*args, check=True, timeout=120, **kw):
     return p
 
 
+def app_profile(tmp_path, app, drop=(), **fields):
+    """apps/<app>.toml written into tmp_path with the top-level fields in
+    `drop` removed (each must be there once) and `fields` added (a field
+    the profile names already is replaced); the path, for cluster.up(app=)."""
+    import re
+
+    text = (ROOT / "apps" / f"{app}.toml").read_text()
+    # Its configuration files (`files`, relative to the profile) go beside it.
+    files = re.search(r'(?m)^files = "(.*)"$', text)
+    for f in files.group(1).split(",") if files else ():
+        (tmp_path / f.strip()).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "apps" / f.strip(), tmp_path / f.strip())
+    for name in (*drop, *fields):
+        text, n = re.subn(rf"(?m)^{name} = .*$", "", text)
+        assert n == 1 or name in fields, f"apps/{app}.toml sets {name} once"
+    head, sep, tables = text.partition("\n[")  # top-level fields go before any table
+    added = "".join(
+        f"{k} = {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in fields.items()
+    )
+    path = tmp_path / f"{app}.toml"
+    path.write_text(head.rstrip("\n") + "\n" + added + sep + tables)
+    return str(path)
+
+
 def on_threads(client, count, timeout=300):
     """Runs client(k) for k in 0..count-1, each on a thread of its own, and
     fails with what every client that raised said (all clients end first)."""

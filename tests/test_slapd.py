@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import kill_leader_during, on_threads, run
+from conftest import app_profile, kill_leader_during, on_threads, run
 
 LDAPMODIFY = shutil.which("ldapmodify")
 SLAPCAT = shutil.which("slapcat") or "/usr/sbin/slapcat"
@@ -241,4 +241,28 @@ def test_bad_input_is_refused_and_the_replicas_stay_alike(cluster):
     assert r.returncode != 0 and "noSuch" in r.stderr, r.stderr
     load(cluster.client_addr, clients=2, n=10)
     assert_same_directory(cluster, 2 + 2 * 10)
+    assert divergences(cluster) == []
+
+
+def test_a_loaded_directory_passes_its_state_checks(cluster, tmp_path):
+    # The profile's state probe reads the whole directory, entryCSN and the
+    # timestamps included, through the log: every replica answers it at the
+    # same point, so a replica whose directory differs is reported (kind
+    # state). A quiet, agreeing cluster reports nothing.
+    cluster.up(app=app_profile(tmp_path, "slapd", state_check_every_s=1))
+    addr = cluster.client_addr()
+    ldap("ldapmodify", addr, base_ldif())
+    load(cluster.client_addr, clients=4, n=40)
+    # Checked while it loaded (each second), and once more after: the load's
+    # last inputs make one due.
+    before = cluster.status()["replicas"][cluster.leader()]["state_checks"]["checks"]
+    st = cluster.wait(
+        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0)
+        > max(before, 1),
+        60,
+        "a state check after the load",
+    )["replicas"][cluster.leader()]["state_checks"]
+    print(f"state checks: {st}")
+    assert st["failed"] == 0 and len(st["digest"].split()[0]) == 40, st
+    assert_same_directory(cluster, 2 + 4 * 40)
     assert divergences(cluster) == []

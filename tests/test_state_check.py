@@ -16,24 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import run
+from conftest import app_profile, run
 from resp import Redis
 from test_checkpoint import backups, load, wait_checkpoint
 from test_divergence import reports, restart_with_failpoint, wait_reports
 from test_prevention import output_checks, wait_applied
 from test_redis import assert_same_data
 
-ROOT = Path(__file__).parent.parent
 
-
-def redis_profile(tmp_path, every_s=1):
-    """apps/redis.toml with its state checks every `every_s` seconds."""
-    text = (ROOT / "apps" / "redis.toml").read_text()
-    text, n = re.subn(r"(?m)^(state_probe = .*)$", rf"\1\nstate_check_every_s = {every_s}", text)
-    assert n == 1, "apps/redis.toml names one state_probe"
-    path = tmp_path / "redis.toml"
-    path.write_text(text)
-    return str(path)
+def redis_profile(tmp_path):
+    """apps/redis.toml with its state checks every second."""
+    return app_profile(tmp_path, "redis", state_check_every_s=1)
 
 
 def state_checks(cluster, replica):

@@ -20,9 +20,8 @@ import signal
 import statistics
 import subprocess
 import time
-from pathlib import Path
 
-from conftest import LOCKSTEP, run
+from conftest import LOCKSTEP, app_profile, run
 from resp import Memcached, Redis, RespError
 from test_checkpoint import backups
 from test_prevention import output_checks, wait_applied
@@ -34,12 +33,7 @@ TTL_ROUNDS = 20
 
 def profile_without_timers(tmp_path):
     """apps/redis.toml without timers_in_log (same_clock alone)."""
-    text = (Path(__file__).parent.parent / "apps" / "redis.toml").read_text()
-    text, n = re.subn(r"(?m)^timers_in_log = true$", "", text)
-    assert n == 1, "apps/redis.toml sets timers_in_log once"
-    path = tmp_path / "redis.toml"
-    path.write_text(text)
-    return str(path)
+    return app_profile(tmp_path, "redis", drop=("timers_in_log",))
 
 
 def ttl_round(client, r):
@@ -206,11 +200,7 @@ def test_expire_with_hz_100(cluster):
 def test_an_idle_cluster_ticks_and_stays_identical(cluster, tmp_path):
     # Without state checks: the probe after the last writes would be logged
     # too, and this counts what an idle cluster logs of itself.
-    text = (Path(__file__).parent.parent / "apps" / "redis.toml").read_text()
-    text, n = re.subn(r"(?m)^state_probe = .*$", "", text)
-    assert n == 1, "apps/redis.toml names one state_probe"
-    (tmp_path / "redis.toml").write_text(text)
-    cluster.up(app=str(tmp_path / "redis.toml"))
+    cluster.up(app=app_profile(tmp_path, "redis", drop=("state_probe",)))
     client = Redis(cluster.client_addr())
     # Keys that expire while the cluster idles, at 1..50 s.
     batch = [("SET", f"idle-{i}", "v", "PX", 1000 + i * 1000) for i in range(50)]
