@@ -42,6 +42,18 @@ def output_status(cluster, r):
     return cluster.status()["replicas"][r]["output"]
 
 
+def one_repaired_report(cluster, b):
+    """Waits for the first report that is no longer repairing; it must be the
+    only one, of backup b, repaired. Returns it."""
+    rs = wait_reports(
+        cluster, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repaired divergence"
+    )
+    assert len(rs) == 1, rs
+    r = rs[0]
+    assert r["replica"] == b and not r["leader_diverged"] and r["status"] == "repaired", r
+    return r
+
+
 def restart_with_failpoint(cluster, b, marker):
     """Restarts backup b's daemon with the failpoint armed (only its env has it)."""
     os.kill(cluster.pid(b), signal.SIGKILL)
@@ -141,13 +153,8 @@ def test_a_backup_that_closes_a_connection_the_leader_keeps_is_detected(redis_cl
     ask(b'ECHO "closeme"\r\n', b"$7\r\ncloseme\r\n")  # the leader's reply
     for i in range(12):  # the leader's stream grows past the backup's end
         ask(f"SET after-close{i} x\r\n".encode(), b"+OK\r\n" * (i + 1))
-    rs = wait_reports(
-        c, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repaired divergence"
-    )
-    assert len(rs) == 1, rs
-    r = rs[0]
-    assert r["replica"] == b and not r["leader_diverged"], r
-    assert r["status"] == "repaired" and r["how"] == "rollback", r
+    r = one_repaired_report(c, b)
+    assert r["how"] == "rollback", r
     outs = {o["from_replica"]: o for o in r["outputs"]}
     assert "Protocol error" in outs[b]["bytes"] and "closeme" in outs[c.leader()]["bytes"], outs
     s.close()

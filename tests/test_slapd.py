@@ -257,8 +257,9 @@ def test_a_loaded_directory_passes_its_state_checks(cluster, tmp_path):
     # last inputs make one due.
     before = cluster.status()["replicas"][cluster.leader()]["state_checks"]["checks"]
     st = cluster.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0)
-        > max(before, 1),
+        lambda s: (
+            (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) > max(before, 1)
+        ),
         60,
         "a state check after the load",
     )["replicas"][cluster.leader()]["state_checks"]

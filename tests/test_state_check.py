@@ -19,7 +19,7 @@ from pathlib import Path
 from conftest import app_profile, run
 from resp import Redis
 from test_checkpoint import backups, load, wait_checkpoint
-from test_divergence import reports, restart_with_failpoint, wait_reports
+from test_divergence import one_repaired_report, reports, restart_with_failpoint, wait_reports
 from test_prevention import output_checks, wait_applied
 from test_redis import assert_same_data
 
@@ -45,13 +45,8 @@ def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp
     assert state_checks(c, c.leader())["checks"] >= 1, state_checks(c, c.leader())
 
     assert client.call("SET", "fk", "flipme-A") == "OK"  # "+OK" on the backup too
-    rs = wait_reports(
-        c, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repaired divergence"
-    )
-    assert len(rs) == 1, rs
-    r = rs[0]
-    assert r["replica"] == b and not r["leader_diverged"], r
-    assert r["status"] == "repaired" and r["kind"] == "state", r
+    r = one_repaired_report(c, b)
+    assert r["kind"] == "state", r
     # Found by the probe: nothing else read the key.
     assert any("DEBUG" in i and "DIGEST" in i for i in r["connection_inputs"]), r[
         "connection_inputs"
