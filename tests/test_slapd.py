@@ -253,8 +253,6 @@ def test_a_loaded_directory_passes_its_state_checks(cluster, tmp_path):
     addr = cluster.client_addr()
     ldap("ldapmodify", addr, base_ldif())
     load(cluster.client_addr, clients=4, n=40)
-    # Checked while it loaded (each second), and once more after: the load's
-    # last inputs make one due.
     before = cluster.status()["replicas"][cluster.leader()]["state_checks"]["checks"]
     st = cluster.wait(
         lambda s: (
