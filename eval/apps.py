@@ -591,14 +591,18 @@ MODES_REPLICATED = ("replicated-disk", "replicated-memory")  # what --modes repl
 # ---------------------------------------------------------------------------
 
 
-def usage(pids):
+def usage(pids, children=False):
     """(CPU seconds, context switches) so far of processes pids, every thread summed
-    (/proc/PID/stat counts the whole process; context switches are per thread)."""
+    (/proc/PID/stat counts the whole process; context switches are per thread). With
+    children, the CPU of their children that have ended and been waited for too (a
+    daemon's state probes and CRIU dumps)."""
     tick, cpu, switches = os.sysconf("SC_CLK_TCK"), 0.0, 0
     for pid in pids:
         with contextlib.suppress(OSError, IndexError, ValueError):
             f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             cpu += (int(f[11]) + int(f[12])) / tick  # utime, stime (fields 14, 15)
+            if children:
+                cpu += (int(f[13]) + int(f[14])) / tick  # cutime, cstime (fields 16, 17)
             for t in Path(f"/proc/{pid}/task").iterdir():
                 with contextlib.suppress(OSError):
                     for ln in (t / "status").read_text().splitlines():

@@ -5,7 +5,7 @@ baseline measured in the same run.
     scripts/bench divergence [--repeats 15] [--seconds 3] [--keys 100000] [--trials 5]
                              [--suffix 1000] [--quick] [--build DIR] [--no-control]
                              [--cpu-repeats 8] [--cpu-seconds 8] [--cpu-rate 5000]
-                             [--phases cost,detection,repair]
+                             [--state-repeats 4] [--phases cost,state,detection,repair]
     .venv/bin/python eval/divergence.py [same options]
     .venv/bin/python eval/divergence.py --from-json eval/out/divergence.json  (redraw only)
 
@@ -29,6 +29,15 @@ baseline measured in the same run.
              off and (control) off2 with off: the CPU per SET of each cluster's daemons and
              servers. Saturated throughput goes as 1 / CPU per op, so the throughput target
              reads there as CPU on <= 1/0.95 = 1.053 x off.
+  state      State checks (issue 29): apps/redis.toml as it is (its state_probe, DEBUG
+             DIGEST, run every state_check_every_s, the default 10 s) against the same
+             profile without the probe (and a control without it too), driven two at a time at
+             --cpu-rate SET/s each (16 connections, open loop) for --state-repeats windows per
+             pair, each 1.5 check intervals long or longer (checked: the "on" cluster ran at
+             least one check a window, none failed, the others ran none). Targets: CPU per
+             SET on <= 1/0.95 x off (the throughput target, read as for hashing; the probes'
+             CPU is counted: the daemons' ended children), and the leader's SET p99 on <= 1.2
+             x off, medians of the windows. Then every cluster's replicas hold the same data.
   detection  A cluster with --keys keys of 100 bytes (pipelined through the leader), a
              checkpoint of each backup. Per trial, under load (loadgen, 16 connections, the
              same keys): a backup's daemon is SIGKILLed and `cluster restart`ed with
@@ -51,7 +60,8 @@ baseline measured in the same run.
              DIVERGENCE) - (total_ms - restore_ms) <= 100 ms. Baseline: a plain redis-server
              with the same keys: DEBUG RELOAD, and a restart loading its RDB.
 
---quick: 4 repeats of 2 s, 20K keys, 3 trials of each, a 500-entry suffix: 1-3 minutes.
+--quick: 4 repeats of 2 s, 2 state windows per pair, 20K keys, 3 trials of each, a 500-entry
+suffix: 3-5 minutes.
 Writes eval/out/divergence.json (every sample, the machine, the commit), divergence.md (target,
 measured, baseline, ratio, PASS/SHORT, or NOISE for a cost target whose bootstrap 90%
 interval of the per-repeat median holds the target) and divergence.png (throughput and p50 on vs off per
@@ -81,6 +91,7 @@ from divergence_report import (
     CHECK_INTERVAL_MS,
     TARGET_P50_ADD_US,
     TARGET_REPAIR_MS,
+    TARGET_STATE_P99_RATIO,
     TARGET_TPUT_RATIO,
     report,
     trial_text,
@@ -265,17 +276,18 @@ def cluster_pids(d):
     return pids
 
 
-def equal_load_cpu(ctx, a, dirs, addrs, res):
+def equal_load_cpu(ctx, a, dirs, addrs, res, children=False):
     """CPU per SET of two clusters driven at the same time at the same offered load (open
     loop, --cpu-rate each): whatever the machine's speed does in a window, it does to both,
     which alternating windows cannot give. "on" against "off", and with the control "off2"
-    against "off", in turn. The daemons' and servers' CPU (utime + stime), not loadgen's."""
+    against "off", in turn. The daemons' and servers' CPU (utime + stime), not loadgen's;
+    with children, that of the daemons' ended children too (apps.usage)."""
     pairs = [("on", "off")] + ([("off2", "off")] if "off2" in dirs else [])
     res["cpu_samples"], res["cpu_rate"] = [], a.cpu_rate
     for rep in range(a.cpu_repeats):
         for x, y in pairs:
             pids = {m: cluster_pids(dirs[m]) for m in (x, y)}
-            before = {m: apps.usage(p)[0] for m, p in pids.items()}
+            before = {m: apps.usage(p, children)[0] for m, p in pids.items()}
             procs = {}
             for m in (x, y):
                 cmd = checkpoints.loadgen_cmd(addrs[m], 16, a.cpu_seconds, COST_KEYS, COST_VALUE)
@@ -291,7 +303,7 @@ def equal_load_cpu(ctx, a, dirs, addrs, res):
             out = {
                 m: checkpoints.finish_loadgen(ctx, p, a.cpu_seconds + 60) for m, p in procs.items()
             }
-            after = {m: apps.usage(p)[0] for m, p in pids.items()}
+            after = {m: apps.usage(p, children)[0] for m, p in pids.items()}
             s = {"repeat": rep, "pair": f"{x}/{y}"}
             for m in (x, y):
                 ops = out[m]["ops"]
@@ -317,6 +329,122 @@ def equal_load_cpu(ctx, a, dirs, addrs, res):
                 f"{s['ratio']:.3f} (achieved {s[x]['achieved_rate'] or 0:.0f}, "
                 f"{s[y]['achieved_rate'] or 0:.0f}/s)"
             )
+
+
+def profile_without(work, field, app="redis"):
+    """apps/APP.toml without its line `field = ...` (once, or Failed), written into work/:
+    the same profile with one feature off."""
+    text = (ROOT / "apps" / f"{app}.toml").read_text()
+    text, n = re.subn(rf"(?m)^{re.escape(field)} = .*$", "", text)
+    if n != 1:
+        raise Failed(f"apps/{app}.toml does not set {field} (once)")
+    path = Path(work) / f"{app}-without-{field}.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def same_data(m, d):
+    """Every replica's DEBUG DIGEST (inspector connections); equal, or Failed."""
+    end = time.monotonic() + 30
+    while True:
+        seen = []
+        for r in status(d)["replicas"]:
+            with contextlib.suppress(OSError):
+                c = Redis(split_addr(r["server_addr"]), inspect=True, timeout=10)
+                try:
+                    seen.append(c.call("DEBUG", "DIGEST"))
+                finally:
+                    c.close()
+        if len(seen) == 3 and len(set(seen)) == 1:
+            log(f"{m}: the three replicas hold the same data ({str(seen[0])[:12]}...)")
+            return
+        if time.monotonic() > end:
+            raise Failed(f"cluster {m}: replicas differ: {seen}")
+        time.sleep(0.5)
+
+
+# ---------------------------------------------------------------------------
+# 2. The cost of state checks: the profile as it is against without its probe
+# ---------------------------------------------------------------------------
+
+
+def state_checks_of(d):
+    """The leader's `state_checks` status ({} when it has none: no probe)."""
+    s = status(d)
+    if s.get("leader") is None:
+        raise Failed(f"{d}: no leader")
+    return s["replicas"][s["leader"]].get("state_checks") or {}
+
+
+def phase_state_checks(ctx, a, res):
+    """apps/redis.toml as it is ("on": its state_probe runs every state_check_every_s, the
+    default) against the same profile without the probe ("off", and the control "off2"),
+    driven two at a time at the same offered load (equal_load_cpu) in windows long enough
+    to hold at least one check each: the leader's p99 and CPU per SET, the daemons' ended
+    children (the probes) counted too."""
+    without = profile_without(ctx.work, "state_probe")
+    apps_of = {"on": "redis", "off": without, "off2": without}
+    modes = ["on", "off"] + (["off2"] if a.control else [])
+    with contextlib.ExitStack() as stack:
+        dirs = {
+            m: stack.enter_context(cluster(ctx, f"state-{m}", clean_env(), apps_of[m]))
+            for m in modes
+        }
+        addrs = {m: status(d)["client_addr"] for m, d in dirs.items()}
+        for m, addr in addrs.items():
+            apps.prefill("redis", addr, COST_KEYS, COST_VALUE)
+        every = state_checks_of(dirs["on"]).get("every_s")
+        if not every:
+            raise Failed(f"the cluster with apps/redis.toml shows no state checks: {dirs['on']}")
+        window = argparse.Namespace(**vars(a))
+        window.cpu_seconds = max(a.cpu_seconds, 1.5 * every)
+        window.cpu_repeats = a.state_repeats
+        before = {m: state_checks_of(d) for m, d in dirs.items()}
+        log(
+            f"state checks: every {every} s; {window.cpu_repeats} windows of "
+            f"{window.cpu_seconds:g} s per pair"
+        )
+        equal_load_cpu(ctx, window, dirs, addrs, res, children=True)
+        after = {m: state_checks_of(d) for m, d in dirs.items()}
+        res.update(every_s=every, window_s=window.cpu_seconds, before=before, after=after)
+        ran = after["on"].get("checks", 0) - before["on"].get("checks", 0)
+        log(f"state checks: the on cluster ran {ran} checks under load, {after['on']}")
+        if ran < window.cpu_repeats:
+            raise Failed(f"the on cluster ran {ran} state checks in {window.cpu_repeats} windows")
+        if after["on"].get("failed"):
+            raise Failed(f"state checks failed: {after['on']}")
+        for m in modes[1:]:
+            if after[m]:
+                raise Failed(f"cluster {m} (no state_probe) shows state checks: {after[m]}")
+        for m, d in dirs.items():
+            same_data(m, d)
+    samples = [c for c in res["cpu_samples"] if c["pair"] == "on/off" and c["ratio"]]
+    if not samples:
+        raise Failed("no equal-load window measured")
+    control = [c for c in res["cpu_samples"] if c["pair"] == "off2/off" and c["ratio"]]
+
+    def p99_ratio(c, x="on", y="off"):
+        return c[x]["p99_us"] / c[y]["p99_us"] if c[y]["p99_us"] else None
+
+    res["summary"] = {
+        "cpu_ratio_per_window": [c["ratio"] for c in samples],
+        "cpu_ratio": statistics.median(c["ratio"] for c in samples),
+        "cpu_us_per_op_on": statistics.median(c["on"]["cpu_us_per_op"] for c in samples),
+        "cpu_us_per_op_off": statistics.median(c["off"]["cpu_us_per_op"] for c in samples),
+        "p99_ratio_per_window": [p99_ratio(c) for c in samples],
+        "p99_ratio": statistics.median(p99_ratio(c) for c in samples if p99_ratio(c)),
+        "p99_us_on": statistics.median(c["on"]["p99_us"] for c in samples),
+        "p99_us_off": statistics.median(c["off"]["p99_us"] for c in samples),
+    }
+    if control:
+        res["summary"]["cpu_control_per_window"] = [c["ratio"] for c in control]
+        res["summary"]["p99_control_per_window"] = [p99_ratio(c, "off2") for c in control]
+    s = res["summary"]
+    log(
+        f"state checks: CPU per SET on/off {s['cpu_us_per_op_on']:.1f}/"
+        f"{s['cpu_us_per_op_off']:.1f} µs = {s['cpu_ratio']:.3f}; leader's p99 on/off "
+        f"{s['p99_us_on']:.0f}/{s['p99_us_off']:.0f} µs = {s['p99_ratio']:.2f}"
+    )
 
 
 def verify_hashing(dirs, res, when):
@@ -1018,7 +1146,16 @@ def main():
     ap.add_argument(
         "--watch-cap", type=float, default=60.0, help="s to wait for a report or a repair"
     )
-    ap.add_argument("--phases", default="cost,detection,repair", help="cost,detection,repair")
+    ap.add_argument(
+        "--state-repeats",
+        type=int,
+        default=4,
+        help="state-check phase: equal-load windows per pair, each long enough for a check "
+        "(default 4)",
+    )
+    ap.add_argument(
+        "--phases", default="cost,state,detection,repair", help="cost,state,detection,repair"
+    )
     ap.add_argument("--quick", action="store_true", help="4 repeats of 2 s, 20K keys, 3 trials")
     ap.add_argument("--json", help="output (default eval/out/divergence.json)")
     ap.add_argument("--tmp", help="where the clusters' directories go")
@@ -1037,12 +1174,14 @@ def main():
     if a.quick:
         a.repeats, a.seconds = min(a.repeats, 4), min(a.seconds, 2.0)
         a.cpu_repeats, a.cpu_seconds = min(a.cpu_repeats, 3), min(a.cpu_seconds, 4.0)
+        a.state_repeats = min(a.state_repeats, 2)
         a.keys = a.keys or 20_000
         a.trials, a.repair_trials, a.suffix = min(a.trials, 3), min(a.repair_trials, 3), 500
     a.keys = a.keys or 100_000
     phases = set(a.phases.split(","))
-    if phases - {"cost", "detection", "repair"}:
-        ap.error(f"--phases: unknown {', '.join(sorted(phases - {'cost', 'detection', 'repair'}))}")
+    unknown = phases - {"cost", "state", "detection", "repair"}
+    if unknown:
+        ap.error(f"--phases: unknown {', '.join(sorted(unknown))}")
     build = Path(a.build).resolve()
     apps.LOCKSTEP = build / "bin" / "lockstep"  # apps.lockstep_run's, and ls_run's
     checkpoints.LOADGEN = build / "bin" / "loadgen"  # checkpoints.loadgen_cmd's
@@ -1076,6 +1215,8 @@ def main():
             "p50_1_added_us_max": TARGET_P50_ADD_US,
             "check_interval_ms": CHECK_INTERVAL_MS,
             "repair_overhead_ms_max": TARGET_REPAIR_MS,
+            "state_p99_ratio_max": TARGET_STATE_P99_RATIO,
+            "state_tput_ratio_min": TARGET_TPUT_RATIO,
         },
         "failed": [],
         "machine": mach,
@@ -1086,6 +1227,8 @@ def main():
     )
     t0 = time.monotonic()
     steps = [("cost", lambda: phase_cost(ctx, a, res.setdefault("cost", {})))]
+    if "state" in phases:
+        steps.append(("state", lambda: phase_state_checks(ctx, a, res.setdefault("state", {}))))
     if "repair" in phases:
         steps.append(
             ("baseline", lambda: res.__setitem__("baseline", redis_reload_baseline(ctx, a)))

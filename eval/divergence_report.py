@@ -14,6 +14,7 @@ TARGET_TPUT_RATIO = 0.95  # hashing on / off, SET at 16 connections
 TARGET_P50_ADD_US = 5.0  # hashing on - off, SET p50 at 1 connection
 CHECK_INTERVAL_MS = 20.0  # guard/output/output_guard.h kSampleUs: a backup's periodic points
 TARGET_REPAIR_MS = 100.0  # back in sync within this plus the replay of the suffix
+TARGET_STATE_P99_RATIO = 1.2  # issue 29: the leader's p99, state checks on / off
 
 
 def ms(x):
@@ -161,6 +162,7 @@ def rows(res):
                 else verdict(add <= TARGET_P50_ADD_US),
             )
         )
+    out += state_rows(res.get("state", {}))
     det = [t for t in res.get("detection", {}).get("trials", [])]
     if det:
         f2d = [t.get("flip_to_detect_ms") for t in det]
@@ -268,6 +270,52 @@ def rows(res):
     for f in res.get("failed", []):
         out.append((f"phase {f['phase']}", f"FAILED: {f['reason'][:300]}", "", "", "FAILED"))
     return out
+
+
+def state_rows(state):
+    """The state-check phase's two targets: CPU per SET (throughput goes as its inverse)
+    and the leader's p99, on against off at equal offered load."""
+    s = state.get("summary")
+    if not s:
+        return []
+
+    def windows(xs):
+        return ", ".join("–" if x is None else f"{x:.3f}" for x in xs)
+
+    def control(key):
+        c = s.get(key)
+        return f"; control off2/off: {windows(c)}" if c else ""
+
+    every = f"every {state.get('every_s')} s, windows of {state.get('window_s', 0):g} s"
+    limit = 1 / TARGET_TPUT_RATIO
+    return [
+        (
+            (
+                f"state checks on ({every}): SET throughput, 16 conns ≥ {TARGET_TPUT_RATIO} × off, "
+                f"read as CPU per SET ≤ {limit:.3f} × off (probes counted)"
+            ),
+            f"{s['cpu_us_per_op_on']:.1f} µs per SET (median)",
+            f"checks off: {s['cpu_us_per_op_off']:.1f} µs",
+            (
+                f"{s['cpu_ratio']:.3f} (windows: {windows(s['cpu_ratio_per_window'])}"
+                f"{control('cpu_control_per_window')})"
+            ),
+            verdict(s["cpu_ratio"] <= limit),
+        ),
+        (
+            (
+                f"state checks on: the leader's SET p99 ≤ {TARGET_STATE_P99_RATIO} × off "
+                f"(16 conns, equal offered load)"
+            ),
+            f"{s['p99_us_on']:.0f} µs (median)",
+            f"checks off: {s['p99_us_off']:.0f} µs",
+            (
+                f"{s['p99_ratio']:.3f} (windows: {windows(s['p99_ratio_per_window'])}"
+                f"{control('p99_control_per_window')})"
+            ),
+            verdict(s["p99_ratio"] <= TARGET_STATE_P99_RATIO),
+        ),
+    ]
 
 
 def table(res):

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import re
 import signal
 import statistics
 import subprocess
@@ -46,24 +45,12 @@ from pathlib import Path
 import checkpoints  # eval/checkpoints.py: status, loadgen
 import divergence  # eval/divergence.py: cluster(), equal_load_cpu(), cluster_pids()
 from checkpoints import Failed, status
-from resp import Redis  # eval/resp.py
 
 import apps  # eval/apps.py
-from apps import log, split_addr
+from apps import log
 
 ROOT = apps.ROOT
 TARGET_CPU_RATIO = 1.02  # issue 31: CPU per op with ticks on <= 1.02 x off
-
-
-def profile_without_timers(work):
-    """apps/redis.toml without `timers_in_log = true`, written into work/."""
-    text = (ROOT / "apps" / "redis.toml").read_text()
-    text, n = re.subn(r"(?m)^timers_in_log = true$", "", text)
-    if n != 1:
-        raise Failed("apps/redis.toml does not set timers_in_log = true (once)")
-    path = Path(work) / "redis.toml"
-    path.write_text(text)
-    return str(path)
 
 
 def leader_commit(d):
@@ -145,26 +132,6 @@ def phase_idle(dirs, seconds, res):
             raise Failed(f"cluster {m} (no timers_in_log) logged ticks")
     if res["idle"]["on"]["ticks_per_s"] == 0:
         raise Failed("the cluster with timers_in_log logged no tick while idle")
-
-
-def same_data(m, d):
-    """Every replica's DEBUG DIGEST (inspector connections); equal, or Failed."""
-    end = time.monotonic() + 30
-    while True:
-        seen = []
-        for r in status(d)["replicas"]:
-            with contextlib.suppress(OSError):
-                c = Redis(split_addr(r["server_addr"]), inspect=True, timeout=10)
-                try:
-                    seen.append(c.call("DEBUG", "DIGEST"))
-                finally:
-                    c.close()
-        if len(seen) == 3 and len(set(seen)) == 1:
-            log(f"{m}: the three replicas hold the same data ({str(seen[0])[:12]}...)")
-            return
-        if time.monotonic() > end:
-            raise Failed(f"cluster {m}: replicas differ: {seen}")
-        time.sleep(0.5)
 
 
 def verdict(ratio, control):
@@ -287,7 +254,7 @@ def main():
         "failed": [],
         "machine": mach,
     }
-    without = profile_without_timers(work)
+    without = divergence.profile_without(work, "timers_in_log")
     apps_of = {"on": "redis", "off": without, "off2": without}
     modes = ["on", "off"] + (["off2"] if a.control else [])
     t0 = time.monotonic()
@@ -306,7 +273,7 @@ def main():
             if a.cpu_repeats:
                 divergence.equal_load_cpu(ctx, a, dirs, addrs, res)
             for m, d in dirs.items():
-                same_data(m, d)
+                divergence.same_data(m, d)
     except (Failed, subprocess.SubprocessError, OSError) as e:
         log(f"FAILED: {e}")
         res["failed"].append(str(e))

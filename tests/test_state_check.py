@@ -41,12 +41,23 @@ def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp
     b = backups(c)[0]
     wait_checkpoint(c, b, above=50)
     restart_with_failpoint(c, b, "flipme-")
+    # A check that the restarted backup answered like the leader, to the end
+    # of the probe's answer: its state agreed up to that entry.
+    agreed = c.wait(
+        lambda s: s["replicas"][s["leader"]]["output"]["state_agreed"][b] > 0,
+        30,
+        f"a state check replica {b} answered alike",
+    )["replicas"][c.leader()]["output"]["state_agreed"][b]
     assert reports(c) == []  # nothing diverged so far, state checks included
-    assert state_checks(c, c.leader())["checks"] >= 1, state_checks(c, c.leader())
 
     assert client.call("SET", "fk", "flipme-A") == "OK"  # "+OK" on the backup too
     r = one_repaired_report(c, b)
     assert r["kind"] == "state", r
+    # The window runs from the last check it answered alike: the SET is in it.
+    assert r["state_agreed_index"] >= agreed, (r, agreed)
+    assert r["log_window"]["from"] == r["state_agreed_index"] < r["log_window"]["to"], r
+    shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
+    assert f"last agreed with the reference's at entry {r['state_agreed_index']}" in shown, shown
     # Found by the probe: nothing else read the key.
     assert any("DEBUG" in i and "DIGEST" in i for i in r["connection_inputs"]), r[
         "connection_inputs"

@@ -87,6 +87,7 @@ std::string DivergenceReport::ToJson() const {
   o << "],\"agreed_offset\":" << agreed_offset << ",\"reference_digest\":\"" << digest << "\"";
   snprintf(digest, sizeof digest, "%016llx", (unsigned long long)replica_digest);
   o << ",\"divergent_digest\":\"" << digest << "\"";
+  o << ",\"state_agreed_index\":" << state_agreed_index;
   o << ",\"log_window\":{\"from\":" << window_from << ",\"to\":" << window_to
     << ",\"inputs\":" << inputs_in_window << "},\"connection_inputs\":[";
   for (size_t i = 0; i < inputs.size(); i++)

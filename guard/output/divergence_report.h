@@ -44,7 +44,12 @@ struct DivergenceReport {
   uint64_t agreed_offset = 0;  // the last offset checked equal on that connection (0: none)
   uint64_t leader_digest = 0, replica_digest = 0;
   uint64_t window_from = 0,
-           window_to = 0;              // log indices: the last agreeing check .. the differing one
+           window_to = 0;  // log indices: the last agreeing check .. the differing one
+  // Kind "state": the log index up to which the replica's state last agreed
+  // with the reference's (an earlier check's probe answered alike to its
+  // end; 0: none known to the leader that found it). Its repair rolls back
+  // to a checkpoint at or before it, or takes an agreeing replica's state.
+  uint64_t state_agreed_index = 0;
   std::vector<std::string> inputs;     // that connection's inputs in the window, described
   uint64_t inputs_in_window = 0;       // all connections' inputs there
   std::vector<OutputExcerpt> outputs;  // the reference's and the divergent replica's

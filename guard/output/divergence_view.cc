@@ -94,6 +94,13 @@ std::vector<ReportOutput> ReportOutputs(const std::string& report) {
   return outs;
 }
 
+// A state report's state_agreed_index, for people.
+std::string StateAgreed(const std::string& index) {
+  return index.empty() || index == "0"
+             ? "no earlier check is known to have agreed (since this leader leads)"
+             : "last agreed with the reference's at entry " + index + " (an earlier check)";
+}
+
 void PrintReport(const std::string& r) {
   auto f = [&](const char* k) { return JsonField(r, k); };
   printf("divergence %s: %s\n", f("id").c_str(), f("status").c_str());
@@ -114,6 +121,7 @@ void PrintReport(const std::string& r) {
   printf("  log window  entries %s..%s (%s inputs of all connections)\n",
          JsonField(window, "from").c_str(), JsonField(window, "to").c_str(),
          JsonField(window, "inputs").c_str());
+  if (f("kind") == "state") printf("  state       %s\n", StateAgreed(f("state_agreed_index")).c_str());
   if (f("leader_diverged") == "true" && f("new_leader") != "-1" && !f("new_leader").empty())
     printf("  new leader  replica %s, %s ms after the verdict\n", f("new_leader").c_str(),
            f("new_leader_ms").c_str());
@@ -219,6 +227,7 @@ std::string ReportHtml(const std::string& r) {
   std::string window = lw == std::string::npos ? "" : r.substr(lw, r.find('}', lw) - lw + 1);
   row("log window", "entries " + JsonField(window, "from") + ".." + JsonField(window, "to") + " (" +
                         JsonField(window, "inputs") + " inputs of all connections)");
+  if (f("kind") == "state") row("state", StateAgreed(f("state_agreed_index")));
   if (f("leader_diverged") == "true" && f("new_leader") != "-1" && !f("new_leader").empty())
     row("new leader",
         "replica " + f("new_leader") + ", " + f("new_leader_ms") + " ms after the verdict");

@@ -108,6 +108,13 @@ bool OutputChecker::Compare(int replica, const OutputPoint& p, uint64_t now_us) 
   return true;
 }
 
+uint64_t OutputChecker::AgreedToEnd(int replica, const ConnKey& key) const {
+  const auto* newest = LeaderNewest(key);
+  auto a = agreed_.find({replica, key});
+  if (!newest || a == agreed_.end() || a->second.first < newest->first) return 0;
+  return newest->second.applied;
+}
+
 bool OutputChecker::AgreedAtOrPast(int replica, const Place& at) const {
   auto a = agreed_.find({replica, at.first});
   return a != agreed_.end() && a->second.first >= at.second;

@@ -81,6 +81,12 @@ class OutputChecker {
   // The connection is gone on the leader and everyone had time to report:
   // its points are forgotten.
   void ForgetConn(const ConnKey& key);
+  // The leader's applied index at its newest point on the connection, if
+  // replica's output there was checked equal to the leader's up to that
+  // point (the whole stream so far agreed); 0 if not (or nothing known).
+  // For a state check's probe connection, once closed: the log index up to
+  // which that replica's state agreed with the leader's.
+  uint64_t AgreedToEnd(int replica, const ConnKey& key) const;
   // A replica judged divergent is not checked until it is repaired.
   void Resume(int replica);
   bool suspended(int replica) const { return suspended_.count(replica) != 0; }

@@ -30,6 +30,22 @@ TEST(OutputCheck, EqualDigestsAgree) {
   EXPECT_EQ(c.unchecked(), 0u);
 }
 
+TEST(OutputCheck, AStreamAgreedToItsEndNamesTheLeadersAppliedIndexThere) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(40, 0xaa, 10));
+  c.OnLeaderPoint(Pt(90, 0xbb, 12));
+  EXPECT_EQ(c.AgreedToEnd(1, kConn), 0u);  // nothing reported yet
+  c.OnBackupPoint(1, Pt(40, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(40, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(90, 0xbb), 0);
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.AgreedToEnd(1, kConn), 0u);  // agreed at 40 only: not to the end
+  EXPECT_EQ(c.AgreedToEnd(2, kConn), 12u);
+  EXPECT_EQ(c.AgreedToEnd(2, ConnKey{7, 4}), 0u);  // another connection
+  c.OnLeaderPoint(Pt(130, 0xcc, 15));              // the stream goes on: not the end any more
+  EXPECT_EQ(c.AgreedToEnd(2, kConn), 0u);
+}
+
 TEST(OutputCheck, TheBackupThatDiffersAloneDiverged) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(100, 0xaa, 10));

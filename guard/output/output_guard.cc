@@ -52,6 +52,7 @@ void OutputGuard::Step(uint64_t now) {
     checker_.reset();
     repairs_.clear();
     closed_.clear();
+    state_agreed_.clear();
     conns_.clear();
     outgoing_.clear();
     if (leading_) checker_ = std::make_unique<OutputChecker>(n_, id_);
@@ -354,10 +355,14 @@ void OutputGuard::LeaderStep(uint64_t now) {
   uint32_t flags = 0;
   for (size_t n = 0; n < kPointsPerPass && pipeline_.PollOutput(&p, &flags); n++) {
     checker_->OnLeaderPoint(p);
-    if (flags & LS_OUT_CLOSED) closed_.push_back({now, p.key});
+    if (flags & LS_OUT_CLOSED) closed_.push_back({now, p.key, pipeline_.IsStateProbe(p.key)});
   }
-  while (!closed_.empty() && now - closed_.front().first > kForgetClosedUs) {
-    checker_->ForgetConn(closed_.front().second);
+  while (!closed_.empty() && now - closed_.front().when_us > kForgetClosedUs) {
+    const ClosedConn& c = closed_.front();
+    for (int r = 0; r < n_ && c.state_probe; r++)
+      if (uint64_t at = checker_->AgreedToEnd(r, c.key))
+        state_agreed_[r] = std::max(state_agreed_[r], at);
+    checker_->ForgetConn(c.key);
     closed_.pop_front();
   }
   for (const lockstep::Divergence& d : checker_->Poll(now)) OnDivergence(d, now);
@@ -412,6 +417,14 @@ void OutputGuard::FillInputs(DivergenceReport* r) const {
   r->inputs.assign(shown.begin(), shown.end());
 }
 
+uint64_t OutputGuard::StateAgreedIndex(int replica) const {
+  auto known = state_agreed_.find(replica);
+  uint64_t at = known == state_agreed_.end() ? 0 : known->second;
+  for (const ClosedConn& c : closed_)
+    if (c.state_probe) at = std::max(at, checker_->AgreedToEnd(replica, c.key));
+  return at;
+}
+
 static uint64_t UnixMs() {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
@@ -448,6 +461,14 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
                   : d.differ_applied > kWindowWithoutAgreement
                       ? d.differ_applied - kWindowWithoutAgreement
                       : 0;
+  // A state check's probe is a connection of its own each time: where the
+  // state last agreed is the newest earlier check this replica answered
+  // alike, and the log window runs from there.
+  if (r.kind == "state") {
+    r.state_agreed_index = StateAgreedIndex(d.replica);
+    if (r.state_agreed_index && r.state_agreed_index < d.differ_applied)
+      r.window_from = r.state_agreed_index;
+  }
   FillInputs(&r);
   r.outputs.push_back(OwnExcerpt(d.key));
   if (r.leader_diverged) {
@@ -501,6 +522,11 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
     return;
   }
   if (again) how = RepairHow::kTransfer;
+  // A state that differs, with no check known to have agreed since this
+  // leader leads: a checkpoint from before the probe may hold the
+  // difference already, so the state of a replica that agrees is taken.
+  if (r.kind == "state" && !r.state_agreed_index && !d.agreeing.empty())
+    how = RepairHow::kTransfer;
   last_repair_[d.replica] = LastRepair{d.key, d.offset, how};
   RepairOrder order;
   order.ballot = ballot_;
@@ -509,6 +535,8 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   order.max_index = d.agreed_applied       ? d.agreed_applied
                     : d.differ_applied > 0 ? d.differ_applied - 1
                                            : 0;
+  if (r.state_agreed_index && r.state_agreed_index < order.max_index)
+    order.max_index = r.state_agreed_index;  // the state is known right there
   order.key = d.key;
   order.offset = d.offset;
   order.agreeing = d.agreeing;
@@ -774,6 +802,8 @@ std::string OutputGuard::StatusJson() const {
     << ",\"past_cut\":" << (checker_ ? checker_->past_cut() : 0)
     << ",\"open\":" << (checker_ ? checker_->open() : 0) << ",\"ends_settled\":[";
   for (int r = 0; r < n_; r++) o << (r ? "," : "") << (checker_ ? checker_->ends_settled(r) : 0);
+  o << "],\"state_agreed\":[";  // by replica: where its state last agreed (0: not known)
+  for (int r = 0; r < n_; r++) o << (r ? "," : "") << (checker_ ? StateAgreedIndex(r) : 0);
   o << "]"
     << ",\"unnamed\":" << pipeline_.unnamed_outputs() << ",\"points_sent\":" << points_sent_
     << ",\"divergences\":" << divergences_ << ",\"reports\":" << reports

@@ -113,6 +113,11 @@ class OutputGuard {
     uint64_t offset = 0;
     RepairHow how = RepairHow::kRollback;
   };
+  struct ClosedConn {
+    uint64_t when_us;
+    ConnKey key;
+    bool state_probe;  // a state check's (ServerPipeline::IsStateProbe when it closed)
+  };
   void LeaderStep(uint64_t now);
   void OnDivergence(const lockstep::Divergence& d, uint64_t now);
   void SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now,
@@ -141,6 +146,7 @@ class OutputGuard {
   void FinishSelfRepair(const RepairResult& result, uint64_t now);
   void OnRepairResult(int from, const RepairResult& result, uint64_t now);
   void FillInputs(DivergenceReport* r) const;
+  uint64_t StateAgreedIndex(int replica) const;
   OutputExcerpt OwnExcerpt(const ConnKey& key) const;
   void Save(DivergenceReport& r);  // stamps done_unix_ms once it is settled
 
@@ -168,7 +174,12 @@ class OutputGuard {
 
   // leader
   std::unique_ptr<OutputChecker> checker_;
-  std::deque<std::pair<uint64_t, ConnKey>> closed_;  // (when, key): forgotten later
+  std::deque<ClosedConn> closed_;  // forgotten kForgetClosedUs later
+  // By backup: the log index up to which its state last agreed with the
+  // leader's (the newest state check whose probe it answered alike to the
+  // end), from the probes forgotten so far; StateAgreedIndex adds those
+  // still held.
+  std::map<int, uint64_t> state_agreed_;
   std::map<std::string, LeaderRepair> repairs_;      // by report id, until answered
   std::map<int, LastRepair> last_repair_;            // by replica
   std::map<int, uint64_t> reporter_pid_;             // each backup's daemon, as it reports
