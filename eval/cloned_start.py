@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import profiles  # eval/profiles.py: apps/APP.toml variants
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,18 +76,14 @@ def wait(build, d, pred, what, timeout=120):
 
 def flipped(app, work):
     """apps/<app>.toml with cloned_start flipped; (path, whether the copy clones)."""
-    text = (ROOT / "apps" / f"{app}.toml").read_text()
-    text, n = re.subn(r"(?m)^cloned_start = true$", "", text)
-    if n == 0:
-        text = text.rstrip("\n") + "\ncloned_start = true\n"
-    files = re.search(r'(?m)^files = "(.*)"$', text)
-    for f in files.group(1).split(",") if files else ():
-        dst = work / f.strip()
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes((ROOT / "apps" / f.strip()).read_bytes())
-    path = work / f"{app}.toml"
-    path.write_text(text)
-    return str(path), n == 0
+    dropped = 0
+
+    def flip(text):
+        nonlocal dropped
+        text, dropped = re.subn(r"(?m)^cloned_start = true$", "", text)
+        return text if dropped else text.rstrip("\n") + "\ncloned_start = true\n"
+
+    return profiles.variant(app, work, flip), dropped == 0
 
 
 def one(build, app, d, port):

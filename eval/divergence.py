@@ -29,8 +29,9 @@ baseline measured in the same run.
              off and (control) off2 with off: the CPU per SET of each cluster's daemons and
              servers. Saturated throughput goes as 1 / CPU per op, so the throughput target
              reads there as CPU on <= 1/0.95 = 1.053 x off.
-  state      State checks (issue 29): apps/redis.toml as it is (its state_probe, DEBUG
-             DIGEST, run every state_check_every_s, the default 10 s) against the same
+  state      State checks (issue 29): apps/redis.toml as it is (its state_probe,
+             apps/redis/state_probe.sh: a slice of 1000 keys digested in one EVAL, run every
+             state_check_every_s, the default 10 s) against the same
              profile without the probe (and a control without it too), driven two at a time at
              --cpu-rate SET/s each (16 connections, open loop) for --state-repeats windows per
              pair, each 1.5 check intervals long or longer (checked: the "on" cluster ran at
@@ -86,6 +87,7 @@ import time
 from pathlib import Path
 
 import checkpoints  # eval/checkpoints.py: cluster status helpers, loadgen, checkpoints
+import profiles  # eval/profiles.py: apps/APP.toml variants
 from checkpoints import Failed, backups, leader_of, replica, status, wait_quiet
 from divergence_report import (
     CHECK_INTERVAL_MS,
@@ -334,13 +336,14 @@ def equal_load_cpu(ctx, a, dirs, addrs, res, children=False):
 def profile_without(work, field, app="redis"):
     """apps/APP.toml without its line `field = ...` (once, or Failed), written into work/:
     the same profile with one feature off."""
-    text = (ROOT / "apps" / f"{app}.toml").read_text()
-    text, n = re.subn(rf"(?m)^{re.escape(field)} = .*$", "", text)
-    if n != 1:
-        raise Failed(f"apps/{app}.toml does not set {field} (once)")
-    path = Path(work) / f"{app}-without-{field}.toml"
-    path.write_text(text)
-    return str(path)
+
+    def drop(text):
+        text, n = re.subn(rf"(?m)^{re.escape(field)} = .*$", "", text)
+        if n != 1:
+            raise Failed(f"apps/{app}.toml does not set {field} (once)")
+        return text
+
+    return profiles.variant(app, work, drop, f"{app}-without-{field}")
 
 
 def same_data(m, d):

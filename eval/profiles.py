@@ -9,6 +9,7 @@ Render every profile string through render(): a placeholder left in a command is
 baseline that fails to start (clamd "getaddrinfo failed", tarantool "Incorrect value for
 option 'listen'")."""
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -32,3 +33,18 @@ def render(text, port, d, host=DEFAULT_HOST):
     for k, v in pairs.items():
         text = text.replace(k, v)
     return text
+
+
+def variant(app, work, text_of=lambda text: text, name=None):
+    """apps/APP.toml, changed by text_of(text), written into work/ (as NAME.toml) with its
+    `files` beside it, where `cluster up --app PATH` looks for them: a profile with one
+    feature turned off or on. Returns the path."""
+    text = text_of((APPS_DIR / f"{app}.toml").read_text())
+    files = re.search(r'(?m)^files = "(.*)"$', text)
+    for f in files.group(1).split(",") if files else ():
+        dst = Path(work) / f.strip()
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes((APPS_DIR / f.strip()).read_bytes())
+    path = Path(work) / f"{name or app}.toml"
+    path.write_text(text)
+    return str(path)
