@@ -237,6 +237,23 @@ class Cluster:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}: {self.status()}")
 
+    def state_checks(self):
+        """The leader's state checks so far ({} without a state_probe)."""
+        s = self.status()
+        return s["replicas"][s["leader"]].get("state_checks") or {}
+
+    def wait_state_checks(self, more_than, timeout=60.0):
+        """Waits until the leader ran more than `more_than` state checks; returns
+        its state_checks status then."""
+        s = self.wait(
+            lambda s: (
+                (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) > more_than
+            ),
+            timeout,
+            f"state check number {more_than + 1}",
+        )
+        return s["replicas"][s["leader"]]["state_checks"]
+
     def wait_judged(self, before, ends=1, timeout=60.0):
         """Waits until the leader (the one in `before`, a status taken before
         the connections ended) has settled `ends` more ends of streams of

@@ -370,12 +370,8 @@ def test_a_cluster_whose_tables_agree_passes_its_state_checks(cluster, tmp_path)
     sql(addr, "CREATE DATABASE t; CREATE TABLE t.a (n INT PRIMARY KEY, s VARCHAR(20), t DATETIME)")
     for i in range(30):
         sql(addr, f"INSERT INTO t.a VALUES ({i}, 'row {i}', NOW())")
-    cluster.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) >= 2,
-        60,
-        "two state checks",
-    )
+    cluster.wait_state_checks(1)
     same_everywhere(cluster, "CHECKSUM TABLE t.a")
-    st = cluster.status()["replicas"][cluster.leader()]["state_checks"]
+    st = cluster.state_checks()
     assert st["failed"] == 0 and "t.a" in st["digest"], st
     assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)

@@ -29,10 +29,6 @@ def redis_profile(tmp_path):
     return app_profile(tmp_path, "redis", state_check_every_s=1)
 
 
-def state_checks(cluster, replica):
-    return cluster.status()["replicas"][replica].get("state_checks") or {}
-
-
 def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp_path):
     c = cluster
     c.up(app=redis_profile(tmp_path), extra=("--checkpoint-entries", "50"))
@@ -59,20 +55,14 @@ def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp
     shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
     assert f"last agreed with the reference's at entry {r['state_agreed_index']}" in shown, shown
     # Found by the probe: nothing else read the key.
-    assert any("EVAL" in i and "DUMP" in i for i in r["connection_inputs"]), r[
-        "connection_inputs"
-    ]
+    assert any("EVAL" in i and "DUMP" in i for i in r["connection_inputs"]), r["connection_inputs"]
     assert Redis(c.server_addr(b), inspect=True).call("GET", "fk") == b"flipme-A"
     assert_same_data(c)
     # Checked again afterwards: the repaired backup answers the next probe
     # like the others.
-    before = state_checks(c, c.leader())["checks"]
+    before = c.state_checks()["checks"]
     load(client, 1000, 100)
-    c.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) > before,
-        30,
-        "another state check",
-    )
+    c.wait_state_checks(before, 30)
     wait_applied(c)
     assert len(reports(c)) == 1, reports(c)
 
@@ -90,13 +80,9 @@ def test_a_busy_cluster_with_checks_reports_nothing(cluster, tmp_path):
         load(client, i, 100)
         client.call("EXPIRE", f"k{i}", 1)
         i += 100
-    c.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) >= 3,
-        30,
-        "three state checks",
-    )
+    c.wait_state_checks(2, 30)
     wait_applied(c)
-    st = state_checks(c, c.leader())
+    st = c.state_checks()
     assert st["failed"] == 0 and re.fullmatch(
         r"[0-9a-f]{40} \d+ keys, \d+ from cursor \d+", st["digest"]
     ), st
@@ -154,19 +140,10 @@ def test_the_same_draws_everywhere_pass_their_state_checks(cluster, tmp_path):
     cluster.up(app=draws_profile(tmp_path, cloned=True))
     for _ in range(5):
         store(cluster)
-    cluster.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) >= 1,
-        30,
-        "a state check",
-    )
+    cluster.wait_state_checks(0, 30)
     for _ in range(5):
         store(cluster)
-    before = cluster.status()["replicas"][cluster.leader()]["state_checks"]["checks"]
-    cluster.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) > before,
-        30,
-        "another state check",
-    )
+    cluster.wait_state_checks(cluster.state_checks()["checks"], 30)
     wait_applied(cluster)
     out = output_checks(cluster)
     assert out["divergences"] == 0 and reports(cluster) == [], (out, reports(cluster))

@@ -147,11 +147,7 @@ def test_a_loaded_store_passes_its_state_checks(cluster, tmp_path):
     load(cluster.client_addr, clients=4, n=60)
     # The first check comes with the first input, the next ones once a
     # second while inputs come (one may already cover the load's last).
-    st = cluster.wait(
-        lambda s: (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) >= 2,
-        60,
-        "a state check after the first",
-    )["replicas"][cluster.leader()]["state_checks"]
+    st = cluster.wait_state_checks(1)
     print(f"state checks: {st}")
     assert st["failed"] == 0 and len(st["digest"]) == 40, st
     assert st["digest"] != "da39a3ee5e6b4b0d3255bfef95601890afd80709", st  # not of nothing
