@@ -10,7 +10,9 @@ differently, and two restores of one image answer alike.
 Requests, one per line: `start` answers the start-up draws; `next` the
 generator's next number (its state moves with each, in the log's order);
 `store` draws one and keeps it, answering only `OK` (a difference no reply
-shows); `digest` answers a digest of what was stored (the state probe of
+shows); `store-now` keeps the monotonic clock's reading of now instead
+(different on every replica and in every replay, clone or not); `digest`
+answers a digest of what was stored (the state probe of
 tests/test_state_check.py); anything else answers `?`.
 """
 
@@ -32,6 +34,9 @@ def answer(line):
         return b"%d\n" % random.getrandbits(64)
     if line == b"store":
         stored.append(random.getrandbits(64))
+        return b"OK\n"
+    if line == b"store-now":
+        stored.append(time.monotonic_ns())
         return b"OK\n"
     if line == b"digest":
         return hashlib.sha1(repr(stored).encode()).hexdigest().encode() + b"\n"

@@ -392,6 +392,7 @@ std::string EncodeRepairOrder(const RepairOrder& order) {
   w.u64(order.offset);
   w.u32(static_cast<uint32_t>(order.agreeing.size()));
   for (int r : order.agreeing) w.u32(static_cast<uint32_t>(r));
+  w.u64(order.min_index);
   return std::move(w.str());
 }
 
@@ -413,6 +414,7 @@ bool DecodeRepairOrder(std::string_view in, RepairOrder* order) {
     if (!r.u32(&v) || v >= static_cast<uint32_t>(kMaxReplicas)) return false;
     order->agreeing.push_back(static_cast<int>(v));
   }
+  if (!r.u64(&order->min_index)) return false;
   return r.done();
 }
 

@@ -277,6 +277,10 @@ struct RepairOrder {
   ConnKey key;             // where it diverged: the backup keeps its output there
   uint64_t offset = 0;
   std::vector<int> agreeing;  // replicas that agreed with the leader there (kTransfer asks them)
+  // kTransfer: the oldest checkpoint that will do, the entry where it
+  // diverged: one from before holds the state the replay made differ (a
+  // cloned start's image at 0 is always there to be sent). 0: any.
+  uint64_t min_index = 0;
 };
 std::string EncodeRepairOrder(const RepairOrder& order);
 bool DecodeRepairOrder(std::string_view in, RepairOrder* order);

@@ -121,7 +121,8 @@ void PrintReport(const std::string& r) {
   printf("  log window  entries %s..%s (%s inputs of all connections)\n",
          JsonField(window, "from").c_str(), JsonField(window, "to").c_str(),
          JsonField(window, "inputs").c_str());
-  if (f("kind") == "state") printf("  state       %s\n", StateAgreed(f("state_agreed_index")).c_str());
+  if (f("kind") == "state")
+    printf("  state       %s\n", StateAgreed(f("state_agreed_index")).c_str());
   if (f("leader_diverged") == "true" && f("new_leader") != "-1" && !f("new_leader").empty())
     printf("  new leader  replica %s, %s ms after the verdict\n", f("new_leader").c_str(),
            f("new_leader_ms").c_str());

@@ -256,15 +256,16 @@ void OutputGuard::StartRepair(Repair rep, uint64_t now) {
   const RepairOrder& order = rep.order;
   if (order.how == RepairHow::kRollback) {
     uint64_t restored = 0;
+    bool afresh = false;
     std::string err;
-    if (pipeline_.RollBack(order.max_index, &restored, &err)) {
+    if (pipeline_.RollBack(order.max_index, &restored, &afresh, &err)) {
       rep.result.restored_index = restored;
       rep.result.restore_us = NowUs() - now;
-      rep.result.action = restored ? "rolled back to its checkpoint " + std::to_string(restored) +
-                                         " and replayed the log from entry " +
-                                         std::to_string(restored + 1)
-                                   : "started its server afresh (no checkpoint yet) and "
-                                     "replayed the whole log";
+      rep.result.action = !afresh ? "rolled back to its checkpoint " + std::to_string(restored) +
+                                        " and replayed the log from entry " +
+                                        std::to_string(restored + 1)
+                                  : "started its server afresh (no checkpoint yet) and "
+                                    "replayed the whole log";
     } else if (order.agreeing.empty()) {
       // No peer to ask: the leader decides what next (its own checkpoint).
       log_("REPAIR %s: cannot roll back (%s), and no replica agrees with the leader",
@@ -275,11 +276,11 @@ void OutputGuard::StartRepair(Repair rep, uint64_t now) {
       log_("REPAIR %s: cannot roll back (%s): fetching a checkpoint from a peer instead",
            order.id.c_str(), err.c_str());
       rep.result.action = "could not roll back (" + err + "), so ";
-      pipeline_.StartRepairTransfer(order.agreeing);
+      pipeline_.StartRepairTransfer(order.agreeing, order.min_index);
       rep.transferring = true;
     }
   } else {
-    pipeline_.StartRepairTransfer(order.agreeing);
+    pipeline_.StartRepairTransfer(order.agreeing, order.min_index);
     rep.transferring = true;
   }
   repair_ = std::move(rep);
@@ -525,8 +526,7 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   // A state that differs, with no check known to have agreed since this
   // leader leads: a checkpoint from before the probe may hold the
   // difference already, so the state of a replica that agrees is taken.
-  if (r.kind == "state" && !r.state_agreed_index && !d.agreeing.empty())
-    how = RepairHow::kTransfer;
+  if (r.kind == "state" && !r.state_agreed_index && !d.agreeing.empty()) how = RepairHow::kTransfer;
   last_repair_[d.replica] = LastRepair{d.key, d.offset, how};
   RepairOrder order;
   order.ballot = ballot_;
@@ -540,6 +540,8 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   order.key = d.key;
   order.offset = d.offset;
   order.agreeing = d.agreeing;
+  // A rollback that fails falls back to a transfer too (StartRepair).
+  order.min_index = d.differ_applied;
   r.how = RepairHowName(how);
   log_(
       "DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu (log entries "
@@ -596,6 +598,7 @@ void OutputGuard::RepairFromLeader(DivergenceReport r, const std::string& why, u
   order.key = r.key;
   order.offset = r.offset;
   order.agreeing = {id_};
+  order.min_index = r.window_to;  // the leader's checkpoint of now, not an older one it keeps
   std::string leader_action = r.action;
   SendRepairOrder(std::move(r), order, now, std::move(leader_action));
 }

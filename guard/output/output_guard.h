@@ -180,9 +180,9 @@ class OutputGuard {
   // end), from the probes forgotten so far; StateAgreedIndex adds those
   // still held.
   std::map<int, uint64_t> state_agreed_;
-  std::map<std::string, LeaderRepair> repairs_;      // by report id, until answered
-  std::map<int, LastRepair> last_repair_;            // by replica
-  std::map<int, uint64_t> reporter_pid_;             // each backup's daemon, as it reports
+  std::map<std::string, LeaderRepair> repairs_;  // by report id, until answered
+  std::map<int, LastRepair> last_repair_;        // by replica
+  std::map<int, uint64_t> reporter_pid_;         // each backup's daemon, as it reports
   uint64_t next_report_ = 1;
 
   // counts since start

@@ -87,17 +87,27 @@ std::vector<SendStack> ServerPipeline::DescribeSends(const ShimChannel::OutputWi
   return out;
 }
 
-bool ServerPipeline::RollBack(uint64_t max_index, uint64_t* restored, std::string* error) {
+bool ServerPipeline::RollBack(uint64_t max_index, uint64_t* restored, bool* afresh,
+                              std::string* error) {
+  *afresh = false;
   if (checkpointer_ && RestoreNewest(max_index, "rolling back a divergent server")) {
-    *restored = applied_;
+    *restored = applied_;  // the checkpoint's index (0: a cloned start's image)
     return true;
   }
   // No checkpoint (none taken yet, or checkpoints off), but the whole log:
-  // the empty server it started as is the oldest checkpoint of all.
-  if (core_.first_index() == 1) {
+  // the empty server it started as is the oldest checkpoint of all. Not
+  // under a cloned start: a server started afresh is not the image every
+  // other replica's runs from (its start-up draws differ).
+  if (core_.first_index() == 1 && !cfg_.server.cloned_start) {
     if (!StartAfresh("rolling back a divergent server", error)) return false;
     *restored = 0;
+    *afresh = true;
     return true;
+  }
+  if (cfg_.server.cloned_start) {
+    *error = "no checkpoint at or below entry " + std::to_string(max_index) +
+             " restores (under a cloned start a server started afresh is no clone)";
+    return false;
   }
   *error = !checkpointer_ ? "checkpoints are off on this replica, and its log starts at entry " +
                                 std::to_string(core_.first_index())
@@ -133,7 +143,7 @@ bool ServerPipeline::MaybeFlipProposal(std::string_view bytes, std::string* flip
   return true;
 }
 
-void ServerPipeline::StartRepairTransfer(const std::vector<int>& agreeing) {
+void ServerPipeline::StartRepairTransfer(const std::vector<int>& agreeing, uint64_t min_index) {
   repair_transfer_index_ = 0;
   repair_transfer_error_.clear();
   if (!fetcher_) {
@@ -149,7 +159,9 @@ void ServerPipeline::StartRepairTransfer(const std::vector<int>& agreeing) {
   repair_transfer_ = RepairTransfer::kRunning;
   repair_fetch_failures_ = 0;
   fetch_for_ = FetchFor::kRepair;
-  fetch_min_ = core_.first_index() - 1;  // the log brings it forward from there
+  // The log brings it forward from there; and it must hold what the
+  // leader's order asks for (RepairOrder::min_index).
+  fetch_min_ = std::max(core_.first_index() - 1, min_index);
   repair_sources_ = agreeing;
   std::string from;
   for (int p : agreeing) from += (from.empty() ? "" : ", ") + std::to_string(p);

@@ -136,12 +136,15 @@ class ServerPipeline {
   // Repair of a divergent server: back to the newest good checkpoint at or
   // below max_index, and the log replays the rest. False (error) if there
   // is none the log can bring forward, or it does not restore.
-  bool RollBack(uint64_t max_index, uint64_t* restored, std::string* error);
+  // *restored: the checkpoint's index; *afresh: none was restored, the
+  // server was started afresh (the whole log replays; never under a
+  // cloned start, whose image is the oldest state there is).
+  bool RollBack(uint64_t max_index, uint64_t* restored, bool* afresh, std::string* error);
   // Repair by state transfer: fetches a checkpoint the log can bring
   // forward from one of the peers in `agreeing` (whose servers agree with
   // the leader's; nobody else is asked), restores it and replays.
   // Asynchronous: repair_transfer() says where it is.
-  void StartRepairTransfer(const std::vector<int>& agreeing);
+  void StartRepairTransfer(const std::vector<int>& agreeing, uint64_t min_index);
   // A leader whose server is stopped hands leadership over (server_guard.cc).
   void HandOverIfStopped(uint64_t now);
   enum class RepairTransfer : uint8_t { kNone, kRunning, kDone, kFailed };
