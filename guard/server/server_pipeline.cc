@@ -423,7 +423,8 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
                       p.kind == LS_SUB_TICK ? 0 : p.conn, in.clock_ns);
       if (ours) {
         inputs_committed_++;
-        if (p.kind == LS_SUB_DATA) client_data_committed_++;
+        // A state check's own requests are no client's: they make no check due.
+        if (p.kind == LS_SUB_DATA && !IsStateProbe(in.key)) client_data_committed_++;
         input_commit_us_sum_ += static_cast<double>(now - p.proposed_us);
       }
       if (!ours && (p.kind == LS_SUB_DATA || p.kind == LS_SUB_CLOSE)) broken_own_.insert(p.conn);

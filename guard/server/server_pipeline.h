@@ -90,7 +90,8 @@ class ServerPipeline {
   bool IsStateProbe(const ConnKey& key) const {
     return std::find(probe_conns_.begin(), probe_conns_.end(), key) != probe_conns_.end();
   }
-  // Clients' requests (DATA inputs) this replica committed as leader, ever.
+  // Clients' requests (DATA inputs) this replica committed as leader, ever;
+  // a state check's probe's are not counted.
   uint64_t client_data_committed() const { return client_data_committed_; }
 
   // Checkpoints (server_guard.cc). The log below this index is no longer
@@ -356,7 +357,7 @@ class ServerPipeline {
   bool holding_submissions_ = false;  // too many inputs in flight: wait for commits
   uint64_t next_health_check_us_ = 0;
   uint64_t inputs_committed_ = 0;       // since the last report
-  uint64_t client_data_committed_ = 0;  // clients' DATA inputs committed here, ever
+  uint64_t client_data_committed_ = 0;  // clients' DATA inputs committed here, ever (no probe's)
   std::function<uint16_t()> probe_port_;
   std::deque<ConnKey> probe_conns_;  // the last state probes' connections (IsStateProbe)
   double input_commit_us_sum_ = 0;

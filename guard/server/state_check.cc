@@ -102,9 +102,6 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
   if (thread_.joinable()) {
     if (!done_.load()) return;
     thread_.join();
-    // The probe's own request was committed before it was answered: only
-    // clients' inputs after it make the next check due.
-    inputs_at_last_ = client_inputs;
     checks_++;
     last_ms_ = result_us_ / 1000;
     if (result_ok_) {
@@ -129,6 +126,9 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
   }
   started_once_ = true;
   last_start_us_ = now_us;
+  // What clients sent from here on makes the next check due, also what
+  // they sent while this one runs (client_inputs counts no probe's).
+  inputs_at_last_ = client_inputs;
   done_ = false;
   probe_port_ = 0;
   thread_ = std::thread([this, argv = std::move(argv)]() mutable { Run(std::move(argv)); });

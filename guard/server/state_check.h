@@ -41,9 +41,10 @@ class StateChecker {
   StateChecker& operator=(const StateChecker&) = delete;
 
   // Each pass: collects a probe that ended; starts one when due (this
-  // replica serves its clients, and client_inputs, the count of clients'
-  // requests (DATA inputs) this replica committed, moved since the last
-  // one ended, its own request included).
+  // replica serves its clients, the interval passed since the last one
+  // began, and client_inputs, the count of clients' requests (DATA inputs)
+  // this replica committed, no probe's own, moved since then: what clients
+  // sent while a check ran is checked by the next).
   void Step(uint64_t now_us, bool serving, uint64_t client_inputs);
   // {"every_s":..,"checks":..,"failed":..,"digest":"..","ms":..,"error":".."}
   std::string StatusJson() const;
