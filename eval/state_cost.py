@@ -15,11 +15,24 @@ from apps import log
 
 
 def state_checks_of(d):
-    """The leader's `state_checks` status ({} when it has none: no probe)."""
+    """The cluster's state checks: the leader's `state_checks` status ({} when it has none:
+    no probe), with `checks` and `failed` summed over every replica. A replica counts the
+    checks it ran while it led, so after a leader change the leader's own count alone can
+    go down (CI saw "-1 checks" once); every replica must answer, or the sum could too."""
     s = status(d)
     if s.get("leader") is None:
         raise Failed(f"{d}: no leader")
-    return s["replicas"][s["leader"]].get("state_checks") or {}
+    shown = s["replicas"][s["leader"]].get("state_checks") or {}
+    if not shown:
+        return {}
+    total = dict(shown, checks=0, failed=0)
+    for i, r in enumerate(s["replicas"]):
+        if not r or "state_checks" not in r:
+            raise Failed(f"{d}: replica {i} did not answer the status request")
+        mine = r.get("state_checks") or {}
+        total["checks"] += mine.get("checks", 0)
+        total["failed"] += mine.get("failed", 0)
+    return total
 
 
 def phase_state_checks(ctx, a, res):

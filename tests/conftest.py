@@ -49,6 +49,13 @@ def run(*args, check=True, timeout=120, **kw):
     return p
 
 
+def leader_of(s):
+    """The leader's entry of a cluster status, or {} while there is none (an
+    election, a leader's checkpoint for a repair): a wait's predicate reads
+    the leader through this, so a status between leaders is just "not yet"."""
+    return s["replicas"][s["leader"]] if s.get("leader") is not None else {}
+
+
 def app_profile(tmp_path, app, drop=(), **fields):
     """apps/<app>.toml written into tmp_path with the top-level fields in
     `drop` removed (each must be there once) and `fields` added (a field
@@ -239,20 +246,17 @@ class Cluster:
 
     def state_checks(self):
         """The leader's state checks so far ({} without a state_probe)."""
-        s = self.status()
-        return s["replicas"][s["leader"]].get("state_checks") or {}
+        return leader_of(self.status()).get("state_checks") or {}
 
     def wait_state_checks(self, more_than, timeout=60.0):
         """Waits until the leader ran more than `more_than` state checks; returns
         its state_checks status then."""
         s = self.wait(
-            lambda s: (
-                (s["replicas"][s["leader"]].get("state_checks") or {}).get("checks", 0) > more_than
-            ),
+            lambda s: (leader_of(s).get("state_checks") or {}).get("checks", 0) > more_than,
             timeout,
             f"state check number {more_than + 1}",
         )
-        return s["replicas"][s["leader"]]["state_checks"]
+        return leader_of(s)["state_checks"]
 
     def wait_judged(self, before, ends=1, timeout=60.0):
         """Waits until the leader (the one in `before`, a status taken before

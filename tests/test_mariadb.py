@@ -33,7 +33,7 @@ import time
 
 import inspector
 import pytest
-from conftest import app_profile, kill_leader_during, on_threads, run
+from conftest import app_profile, kill_leader_during, leader_of, on_threads, run
 
 MARIADB = shutil.which("mariadb")
 SYSBENCH = shutil.which("sysbench")
@@ -103,9 +103,7 @@ def assert_same_tables(cluster, tables="sbtest.sbtest1, sbtest.sbtest2"):
     sums = {}
 
     def same(s):
-        if not all(
-            r["applied_index"] == s["replicas"][s["leader"]]["commit_index"] for r in s["replicas"]
-        ):
+        if not all(r["applied_index"] == leader_of(s).get("commit_index") for r in s["replicas"]):
             return False
         for r in range(n):
             try:
@@ -236,9 +234,7 @@ def same_everywhere(cluster, statement):
     got = {}
 
     def same(s):
-        if not all(
-            r["applied_index"] == s["replicas"][s["leader"]]["commit_index"] for r in s["replicas"]
-        ):
+        if not all(r["applied_index"] == leader_of(s).get("commit_index") for r in s["replicas"]):
             return False
         for r in range(len(s["replicas"])):
             with inspector.Relay(cluster.server_addr(r)) as local:  # a backup's own

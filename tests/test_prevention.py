@@ -16,7 +16,7 @@ import threading
 import time
 import tomllib
 
-from conftest import BUILD_DIR, run
+from conftest import BUILD_DIR, leader_of, run
 from resp import Redis, RespError
 from test_checkpoint import backups, kill_server_and_await_restore, wait_checkpoint
 from test_redis import assert_same_data
@@ -283,11 +283,12 @@ def output_checks(cluster, timeout=10.0):
     """The leader's output checking status (guard/output/output_guard.h) once it
     checked something; None when the daemon has no output checking."""
     s = cluster.wait(
-        lambda s: (s["replicas"][s["leader"]].get("output") or {}).get("checks", 1) > 0,
+        # No output checking ("output": null): nothing to wait for.
+        lambda s: leader_of(s) and (leader_of(s)["output"] or {"checks": 1})["checks"] > 0,
         timeout,
         "the leader's first output checks",
     )
-    return s["replicas"][s["leader"]].get("output")
+    return leader_of(s).get("output")
 
 
 def agreement(views):

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import app_profile, run
+from conftest import app_profile, leader_of, run
 from resp import Redis
 from test_checkpoint import backups, load, wait_checkpoint
 from test_divergence import one_repaired_report, reports, restart_with_failpoint, wait_reports
@@ -40,7 +40,7 @@ def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp
     # A check that the restarted backup answered like the leader, to the end
     # of the probe's answer: its state agreed up to that entry.
     agreed = c.wait(
-        lambda s: s["replicas"][s["leader"]]["output"]["state_agreed"][b] > 0,
+        lambda s: ((leader_of(s).get("output") or {}).get("state_agreed") or [0] * 3)[b] > 0,
         30,
         f"a state check replica {b} answered alike",
     )["replicas"][c.leader()]["output"]["state_agreed"][b]
@@ -90,6 +90,28 @@ def test_a_busy_cluster_with_checks_reports_nothing(cluster, tmp_path):
     assert out["divergences"] == 0 and out["reports"] == 0, out
     shown = run("cluster", "status", "--dir", c.dir).stdout
     assert "divergence report" not in shown, shown
+
+
+def test_sliced_checks_go_on_after_the_last_write_until_a_whole_pass_ended(cluster, tmp_path):
+    # redis's probe digests 1000 keys a check. After one burst of writes
+    # into 2500 keys, the checks go on with no client writing (3 slices at
+    # least, in a pass that began after the burst), then stop: a quiet
+    # cluster is not probed for ever.
+    c = cluster
+    c.up(app=redis_profile(tmp_path))
+    load(Redis(c.client_addr()), 0, 2500)
+    at_last_write = c.state_checks().get("checks", 0)
+    end, last, still_since = time.monotonic() + 60, None, time.monotonic()
+    while (st := c.state_checks()) != last or time.monotonic() - still_since < 3.5:
+        assert time.monotonic() < end, f"the checks never stopped: {st}"
+        if st != last:
+            last, still_since = st, time.monotonic()
+        time.sleep(0.2)
+    assert st["checks"] - at_last_write >= 3 and st["passes"] >= 1 and st["failed"] == 0, (
+        at_last_write,
+        st,
+    )
+    assert reports(c) == []
 
 
 def draws_profile(tmp_path, cloned):

@@ -21,8 +21,8 @@
 # (a client's own SCAN through the leader relies on that too).
 #
 # Prints "SHA1 DBSIZE keys, COUNT from cursor CURSOR" (the leader's, for
-# `cluster status`). sh and redis-cli: a Python start-up costs more CPU here
-# than the digest.
+# `cluster status`); exits 3 unless the slice ended the pass (below). sh and
+# redis-cli: a Python start-up costs more CPU here than the digest.
 set -eu
 [ $# -ge 3 ] || { echo "usage: state_probe.sh HOST PORT CURSOR_FILE [SLICE]" >&2; exit 2; }
 host=$1 port=$2 cursor_file=$3 slice=${4:-1000}
@@ -41,3 +41,7 @@ set -- $out
 [ $# -eq 4 ] || { echo "redis answered: $out" >&2; exit 1; }
 echo "$2" >"$cursor_file.new" && mv "$cursor_file.new" "$cursor_file"
 echo "$4 $1 keys, $3 from cursor $cursor"
+# SCAN's cursor 0: the pass over the keyspace ended. Any other: exit 3, a
+# slice checked and the pass unfinished (guard/server/state_check.h), so the
+# leader goes on checking the rest though no client writes any more.
+[ "$2" = 0 ] || exit 3

@@ -107,7 +107,13 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
     if (result_ok_) {
       digest_ = result_output_;
       error_.clear();
+      mid_pass_ = result_slice_;
+      if (!mid_pass_) passes_++;
+      retry_ = false;
     } else {
+      // It checked nothing: due again at the next interval, the pass where
+      // it was (redis's cursor moves only after a slice was digested).
+      retry_ = true;
       failed_++;
       if (result_error_ != error_)  // said once, not at every interval
         log_("STATE CHECK FAILED: the state probe (" + cfg_.server.state_probe +
@@ -117,7 +123,9 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
   }
   if (!serving) return;
   if (started_once_ && now_us - last_start_us_ < every_us_) return;
-  if (client_inputs == inputs_at_last_) return;  // nothing new to check
+  // Nothing new to check: the last pass finished and began after every
+  // client's input so far.
+  if (started_once_ && !mid_pass_ && !retry_ && client_inputs == inputs_at_pass_start_) return;
   std::vector<std::string> argv;
   std::string err;
   if (!SplitCommand(cfg_.server.state_probe, &argv, &err) || argv.empty()) {
@@ -126,9 +134,10 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
   }
   started_once_ = true;
   last_start_us_ = now_us;
-  // What clients sent from here on makes the next check due, also what
-  // they sent while this one runs (client_inputs counts no probe's).
-  inputs_at_last_ = client_inputs;
+  // A pass begins: what clients sent from here on makes the next pass due,
+  // also what they send while this one runs (client_inputs counts no
+  // probe's).
+  if (!mid_pass_) inputs_at_pass_start_ = client_inputs;
   done_ = false;
   probe_port_ = 0;
   thread_ = std::thread([this, argv = std::move(argv)]() mutable { Run(std::move(argv)); });
@@ -137,6 +146,7 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
 void StateChecker::Run(std::vector<std::string> argv) {
   uint64_t t0 = SteadyUs();
   result_ok_ = false;
+  result_slice_ = false;
   result_output_.clear();
   result_error_.clear();
   auto finish = [&](bool ok, const std::string& error) {
@@ -233,19 +243,22 @@ void StateChecker::Run(std::vector<std::string> argv) {
   if (timed_out)
     return finish(false, "no answer within " + std::to_string(kProbeTimeoutMs / 1000) + " s");
   if (!relay_error.empty()) return finish(false, relay_error);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+  bool slice = WIFEXITED(status) && WEXITSTATUS(status) == kProbeSliceExit;
+  if (!slice && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
     return finish(false, (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
                                             : std::string("killed by a signal")) +
                              (output.empty() ? "" : ": " + output));
   result_output_ = output;
+  result_slice_ = slice;
   finish(true, "");
 }
 
 std::string StateChecker::StatusJson() const {
   std::ostringstream o;
   o << "{\"every_s\":" << cfg_.server.state_check_every_s << ",\"checks\":" << checks_
-    << ",\"failed\":" << failed_ << ",\"digest\":\"" << JsonEscape(digest_)
-    << "\",\"ms\":" << last_ms_ << ",\"error\":\"" << JsonEscape(error_) << "\"}";
+    << ",\"passes\":" << passes_ << ",\"failed\":" << failed_ << ",\"digest\":\""
+    << JsonEscape(digest_) << "\",\"ms\":" << last_ms_ << ",\"error\":\"" << JsonEscape(error_)
+    << "\"}";
   return o.str();
 }
 

@@ -16,6 +16,14 @@
 // probe that moves the server's state a little (redis's DEBUG DIGEST steps
 // an incremental rehash) moves every replica's alike.
 //
+// A probe may check a slice of the state each time (redis's: the next 1000
+// keys of a SCAN): it exits with kProbeSliceExit (3) after a slice that
+// leaves the pass over the state unfinished, 0 after the one that ends it
+// (an unsliced probe always exits 0). Checks are due while a pass is
+// unfinished, and while clients' inputs moved since the start of the last
+// finished pass: a value written once and never again is checked by a pass
+// that began after it, whichever slice it landed in.
+//
 // The probe runs in a thread of its own (fork+exec, its output read, a
 // deadline); Step, on the daemon's loop, starts and collects it.
 #pragma once
@@ -40,13 +48,18 @@ class StateChecker {
   StateChecker(const StateChecker&) = delete;
   StateChecker& operator=(const StateChecker&) = delete;
 
-  // Each pass: collects a probe that ended; starts one when due (this
+  // A probe's exit status after a slice that leaves its pass unfinished.
+  static constexpr int kProbeSliceExit = 3;
+
+  // Each loop pass: collects a probe that ended; starts one when due (this
   // replica serves its clients, the interval passed since the last one
-  // began, and client_inputs, the count of clients' requests (DATA inputs)
-  // this replica committed, no probe's own, moved since then: what clients
-  // sent while a check ran is checked by the next).
+  // began, and either the last probe failed, the pass over the state is
+  // unfinished, or
+  // client_inputs, the count of clients' requests (DATA inputs) this replica
+  // committed, no probe's own, moved since the last finished pass began:
+  // what clients sent while a pass ran is checked by the next).
   void Step(uint64_t now_us, bool serving, uint64_t client_inputs);
-  // {"every_s":..,"checks":..,"failed":..,"digest":"..","ms":..,"error":".."}
+  // {"every_s":..,"checks":..,"passes":..,"failed":..,"digest":"..","ms":..,"error":".."}
   std::string StatusJson() const;
   // The local port of the probe's connection to the server (0: none yet):
   // an ACCEPT from it is the probe's, not a client's.
@@ -60,7 +73,11 @@ class StateChecker {
   LogFn log_;
   uint64_t every_us_;
   uint64_t last_start_us_ = 0;
-  uint64_t inputs_at_last_ = 0;
+  // client_inputs when the pass now under way (or the last finished one)
+  // began; mid_pass_: the last probe left its pass unfinished.
+  uint64_t inputs_at_pass_start_ = 0;
+  bool mid_pass_ = false;
+  bool retry_ = false;  // the last probe failed
   bool started_once_ = false;
 
   std::thread thread_;
@@ -70,10 +87,11 @@ class StateChecker {
   std::atomic<uint16_t> probe_port_{0};
   // Written by the thread before done_, read after it.
   bool result_ok_ = false;
+  bool result_slice_ = false;  // exited kProbeSliceExit: the pass goes on
   std::string result_output_, result_error_;
   uint64_t result_us_ = 0;
 
-  uint64_t checks_ = 0, failed_ = 0;
+  uint64_t checks_ = 0, passes_ = 0, failed_ = 0;
   std::string digest_, error_;
   uint64_t last_ms_ = 0;
 };
