@@ -224,6 +224,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
       size_t n = take(c, iov, iovcnt, peek);
       if (!peek) note_replay_read(c, n);
       if (!peek && n) out_input(c->fd, iov, iovcnt, n);
+      wake_watch_leave();
       pthread_mutex_unlock(&mu);
       return (ssize_t)n;
     }
@@ -233,6 +234,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
         note_replay_read(c, 0);
         fifo_pop_finished();
       }
+      wake_watch_leave();
       pthread_mutex_unlock(&mu);
       return 0;
     }
@@ -245,6 +247,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     int blocking = !(flags & MSG_DONTWAIT) && !(fcntl(c->fd, F_GETFL) & O_NONBLOCK);
     serial_done(-1); /* read dry: whatever it read is executed */
     if (!blocking) {
+      wake_watch_leave();
       pthread_mutex_unlock(&mu);
       errno = EAGAIN;
       return -1;
@@ -254,8 +257,9 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     int fd = c->fd;
     int want_kernel = !c->eof_submitted;
     int mine = waiter_enter(c);
+    int watch = wake_watch_claim();
     pthread_mutex_unlock(&mu);
-    struct pollfd p[3] = {{.fd = wake_server_fd, .events = POLLIN},
+    struct pollfd p[3] = {{.fd = watch ? wake_server_fd : -1, .events = POLLIN},
                           {.fd = fd, .events = want_kernel ? POLLIN : 0},
                           {.fd = mine, .events = POLLIN}};
     atomic_fetch_add(&hdr->server_sleepers, 1);

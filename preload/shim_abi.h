@@ -109,10 +109,12 @@
  * otherwise. While timers are on, CLOCK_MONOTONIC (and _COARSE, _RAW,
  * BOOTTIME) read the stamp as well: servers compute their timers with it.
  *
- * Sleeping: a side about to sleep announces it (server_sleepers /
- * daemon_sleeping), then re-checks its ring, then sleeps; the other side
- * writes the eventfd (and, for shim threads, FUTEX_WAKEs done_futex) only
- * when the announcement is set. Both sides use sequentially consistent
+ * Sleeping: a side about to sleep announces it (server_sleepers for a
+ * server's thread that sleeps watching the eventfd, futex_sleepers for one
+ * in a FUTEX_WAIT on done_futex, daemon_sleeping), then re-checks its ring,
+ * then sleeps; the other side writes the eventfd, or FUTEX_WAKEs
+ * done_futex, only when that announcement is set (a wake-up nobody waits
+ * for is a system call per input for nothing). Both sides use sequentially consistent
  * atomics for the announce/check pairs.
  */
 #ifndef LOCKSTEP_SHIM_ABI_H
@@ -132,7 +134,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 15u
+#define LS_SHIM_VERSION 16u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -357,6 +359,7 @@ struct ls_shim_header {
    * (accept on the client port, or a read or wait on a connection): not
    * replicated, so refused (shim_state.c, refuse_forked); the daemon stops. */
   LS_ATOMIC(uint32_t) forked_served;
+  LS_ATOMIC(uint32_t) futex_sleepers; /* threads in FUTEX_WAIT on done_futex */
 
   /* Submission ring positions (monotonic byte counts). */
   LS_ALIGN64 LS_ATOMIC(uint64_t) sub_head; /* shim: bytes published */

@@ -48,10 +48,10 @@ void wake_daemon(void) {
 
 void futex_wait_done(uint32_t seen, uint64_t timeout_ns) {
   struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
-  atomic_fetch_add(&hdr->server_sleepers, 1);
+  atomic_fetch_add(&hdr->futex_sleepers, 1);
   if (atomic_load(&hdr->done_futex) == seen)
     syscall(SYS_futex, (uint32_t*)&hdr->done_futex, FUTEX_WAIT, seen, &ts, NULL, 0);
-  atomic_fetch_sub(&hdr->server_sleepers, 1);
+  atomic_fetch_sub(&hdr->futex_sleepers, 1);
 }
 
 /* ------------------------------------------------------------ the FIFO */

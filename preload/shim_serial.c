@@ -534,8 +534,43 @@ int waiter_enter(struct conn* c) {
   return my_efd;
 }
 
+/* The daemon's eventfd is level-triggered: every thread that polls it
+ * wakes at each write, and all but the one that reads it go back to sleep
+ * (16 MariaDB threads: five sleeps per statement, most of them this herd,
+ * each a context switch). So one sleeping waiter at a time, the watcher,
+ * polls it; the others poll their own eventfd and their connection, and
+ * the watcher, having read a wake-up, relays it (waiters_relay) as any
+ * thread that read it did. A watcher going back to the server hands the
+ * watch on (a write to another waiter's eventfd): while a waiter sleeps,
+ * one watches. */
+static int watcher = -1;           /* waiters[] slot of the watcher; -1: none */
+static __thread int watch_handoff; /* this thread watched, and left without a successor */
+
+int wake_watch_claim(void) {
+  if (my_waiter < 0) return 1; /* unregistered: nobody could hand it the watch */
+  if (watcher >= 0) return watcher == my_waiter;
+  watcher = my_waiter;
+  watch_handoff = 0;
+  return 1;
+}
+
+void wake_watch_leave(void) {
+  if (!watch_handoff) return;
+  watch_handoff = 0;
+  if (watcher >= 0) return; /* another took it meanwhile */
+  for (int i = 0; i < waiters_n; i++)
+    if (waiters[i].efd >= 0 && i != my_waiter) {
+      (void)eventfd_write(waiters[i].efd, 1); /* it wakes, loops, and claims the watch */
+      return;
+    }
+}
+
 void waiter_leave(void) {
   if (my_waiter < 0) return;
+  if (watcher == my_waiter) {
+    watcher = -1;
+    watch_handoff = 1;
+  }
   waiters[my_waiter].efd = -1;
   waiters[my_waiter].c = NULL;
   while (waiters_n && waiters[waiters_n - 1].efd < 0) waiters_n--;

@@ -34,6 +34,12 @@ LS_HIDDEN int waiter_enter(struct conn* c);
 LS_HIDDEN void waiter_leave(void);
 LS_HIDDEN void waiter_took_wake(void);
 LS_HIDDEN void waiters_relay(void);
+/* After waiter_enter: 1 if this thread is to poll the daemon's eventfd (it
+ * watches for everyone, shim_serial.c "The daemon's eventfd"); before a
+ * waiting thread goes back to the server: hands the watch on if it held it.
+ * mu held. */
+LS_HIDDEN int wake_watch_claim(void);
+LS_HIDDEN void wake_watch_leave(void);
 /* How long one input may hold the next connection's back (shim_serial.c). */
 #define LS_SERIAL_EXEC_NS 5000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */

@@ -354,10 +354,11 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (c && (fds[i].events & POLLIN)) waits_for = reading++ ? NULL : c;
     }
     int mine = waiter_enter(waits_for);
+    int watch = wake_watch_claim();
     int look_soon = serial_holding(waits_for, -1);
     uint64_t look_ns = look_soon == 2 ? serial_look_ns() : 0;
     pthread_mutex_unlock(&mu);
-    k[nfds].fd = wake_server_fd;
+    k[nfds].fd = watch ? wake_server_fd : -1; /* -1: ignored by poll */
     k[nfds].events = POLLIN;
     k[nfds + 1].fd = mine; /* -1: ignored by poll */
     k[nfds + 1].events = POLLIN;
@@ -399,6 +400,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       waiters_relay();
     }
     if (r < 0) {
+      wake_watch_leave();
       pthread_mutex_unlock(&mu);
       errno = err;
       return -1;
@@ -417,8 +419,10 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       fds[i].revents = rev;
       if (rev) n++;
     }
+    int leaving = n > 0 || (deadline != UINT64_MAX && now_ns() >= deadline);
+    if (leaving) wake_watch_leave();
     pthread_mutex_unlock(&mu);
-    if (n > 0 || (deadline != UINT64_MAX && now_ns() >= deadline)) {
+    if (leaving) {
       errno = saved;
       return n;
     }

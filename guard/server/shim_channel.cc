@@ -376,9 +376,10 @@ bool ShimChannel::Flush() {
   if (hdr_->server_sleepers.load(std::memory_order_seq_cst) > 0) {
     uint64_t one = 1;
     (void)!write(wake_server_fd_, &one, sizeof one);
+  }
+  if (hdr_->futex_sleepers.load(std::memory_order_seq_cst) > 0)
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&hdr_->done_futex), FUTEX_WAKE, INT32_MAX,
             nullptr, nullptr, 0);
-  }
   return true;
 }
 
