@@ -178,15 +178,19 @@ static int cond_waiters_n;
 static _Atomic(int) parked_n;        /* let go or owed: the signal wrappers' fast path */
 static uint64_t park_order;          /* the last order handed out */
 static _Atomic(uint32_t) turn_futex; /* bumped when the turn is free or granted */
+static int turn_waiters;             /* threads in (or about to be in) its FUTEX_WAIT; mu */
 static __thread int my_cond_slot = -1;
 
 static int parking(void) {
   return serial_on && !serial_reply && !serial_sleep_keeps;
 }
 
+/* mu held: a waiter counts itself under mu before it lets go of mu, so a
+ * wake-up it needs is never skipped. */
 static void turn_moved(void) {
   atomic_fetch_add(&turn_futex, 1);
-  syscall(SYS_futex, (uint32_t*)&turn_futex, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+  if (turn_waiters)
+    syscall(SYS_futex, (uint32_t*)&turn_futex, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
 
 /* The turn is free: the first owed thread gets it. 1: one did. */
@@ -363,10 +367,12 @@ void serial_cond_leave(pthread_mutex_t* m) {
       pthread_mutex_unlock(m); /* the holder may need it */
     }
     uint32_t seen = atomic_load(&turn_futex);
+    turn_waiters++;
     pthread_mutex_unlock(&mu);
     struct timespec look = {0, (long)LS_SERIAL_LOOK_NS};
     syscall(SYS_futex, (uint32_t*)&turn_futex, FUTEX_WAIT_PRIVATE, seen, &look, NULL, 0);
     pthread_mutex_lock(&mu);
+    turn_waiters--;
   }
   if (exec_tid == me) exec_cond_since_ns = 0;
   if (w->state != PARK_WAITING) { /* it holds the turn again, from now */
