@@ -20,10 +20,18 @@ tables have the leader's checksums (CHECKSUM TABLE through each replica's own se
 A mismatch fails the mode. Writes eval/out/mariadb.json and mariadb.md; the profile runs
 with serial_inputs, so "N threads" costs what running their transactions one at a time
 costs, which the table shows against the unreplicated server's own threads.
+
+Then issue 26's targets for serial execution, each a ratio from this run with its verdict
+(per test, for each replicated mode measured beside unreplicated):
+  - the most threads measured ≥ 0.8 × the unreplicated server at 1 thread (tps);
+  - more client threads never lower throughput (each thread count's tps against the one
+    below it, which must be ≥ 1.00);
+  - the servers' CPU per transaction ≤ 1.3 × three plain servers' at the same threads.
 """
 
 import argparse
 import contextlib
+import itertools
 import json
 import re
 import shlex
@@ -255,7 +263,61 @@ def table(res):
         text += f"divergences reported per replica {c['divergences']}"
     for f in res["failed"]:
         text += f"\nFAILED: {f['phase']}: {f['reason']}"
+    lines = targets(res)
+    if lines:
+        text += "\n\n## Issue 26's targets for serial execution, from this run\n\n"
+        text += "\n".join(f"- {x}" for x in lines)
     return text + "\n"
+
+
+def targets(res):
+    """Issue 26 target 5, one line each with its verdict, from this run's rows."""
+
+    def verdict(ok):
+        return "met" if ok else "NOT met"
+
+    out = []
+    runs = res["runs"]
+    for test in sorted({r["test"] for r in runs}):
+        plain = {r["threads"]: r for r in runs if r["test"] == test and r["mode"] == "unreplicated"}
+        for dur in sorted({r["durability"] for r in runs if r["mode"] != "unreplicated"}):
+            mine = sorted(
+                (r for r in runs if r["test"] == test and r["mode"] != "unreplicated"
+                 and r["durability"] == dur),
+                key=lambda r: r["threads"],
+            )  # fmt: skip
+            if not mine:
+                continue
+            name = f"{test}, lockstep/{dur}"
+            top = mine[-1]
+            if 1 in plain and plain[1]["tps"]:
+                x = top["tps"] / plain[1]["tps"]
+                out.append(
+                    f"{name}: {top['threads']} threads {top['tps']:.0f} tps ÷ unreplicated at 1 "
+                    f"thread {plain[1]['tps']:.0f} = {x:.2f} (target ≥ 0.80): {verdict(x >= 0.8)}"
+                )
+            steps = [
+                (b["threads"], b["tps"] / a["tps"]) for a, b in itertools.pairwise(mine) if a["tps"]
+            ]
+            if steps:
+                shown = ", ".join(f"{t} threads {x:.2f}" for t, x in steps)
+                ok = all(x >= 1.0 for _, x in steps)
+                out.append(
+                    f"{name}: tps against the thread count below ({shown}; target ≥ 1.00 each): "
+                    f"{verdict(ok)}"
+                )
+            for r in mine:
+                base = plain.get(r["threads"])
+                srv, base_srv = r["per_txn"].get("servers"), base and base["per_txn"].get("servers")
+                if not (srv and base_srv and base_srv["cpu_us"] > 0):
+                    continue
+                x = srv["cpu_us"] / (3 * base_srv["cpu_us"])
+                out.append(
+                    f"{name}, {r['threads']} threads: servers' CPU {srv['cpu_us']:.0f} µs/txn ÷ "
+                    f"3 × plain {base_srv['cpu_us']:.0f} = {x:.2f} (target ≤ 1.30): "
+                    f"{verdict(x <= 1.3)}"
+                )
+    return out
 
 
 def main():
