@@ -546,9 +546,11 @@ int waiter_enter(struct conn* c) {
  * each a context switch). So one sleeping waiter at a time, the watcher,
  * polls it; the others poll their own eventfd and their connection, and
  * the watcher, having read a wake-up, relays it (waiters_relay) as any
- * thread that read it did. A watcher going back to the server hands the
- * watch on (a write to another waiter's eventfd): while a waiter sleeps,
- * one watches. */
+ * thread that read it did. A watcher going back to the server makes
+ * another waiter the watcher and wakes it (its eventfd): woken, that one
+ * either sleeps again, now polling the daemon's eventfd (whose count waits
+ * for it, level-triggered), or goes back to the server and hands the watch
+ * on in turn. So while a waiter sleeps, one watches or is about to. */
 static int watcher = -1;           /* waiters[] slot of the watcher; -1: none */
 static __thread int watch_handoff; /* this thread watched, and left without a successor */
 
@@ -566,7 +568,8 @@ void wake_watch_leave(void) {
   if (watcher >= 0) return; /* another took it meanwhile */
   for (int i = 0; i < waiters_n; i++)
     if (waiters[i].efd >= 0 && i != my_waiter) {
-      (void)eventfd_write(waiters[i].efd, 1); /* it wakes, loops, and claims the watch */
+      watcher = i;
+      (void)eventfd_write(waiters[i].efd, 1);
       return;
     }
 }
