@@ -313,7 +313,7 @@ def targets(res):
                     continue
                 x = srv["cpu_us"] / (3 * base_srv["cpu_us"])
                 out.append(
-                    f"{name}, {r['threads']} threads: servers' CPU {srv['cpu_us']:.0f} µs/txn ÷ "
+                    f"{name}, {r['threads']} thread{'s' if r['threads'] != 1 else ''}: servers' CPU {srv['cpu_us']:.0f} µs/txn ÷ "
                     f"3 × plain {base_srv['cpu_us']:.0f} = {x:.2f} (target ≤ 1.30): "
                     f"{verdict(x <= 1.3)}"
                 )
