@@ -85,10 +85,9 @@ static pid_t exec_proc_tid;    /* the same thread's number in /proc (below); 0: 
 static struct conn* exec_conn; /* whose input */
 static uint64_t exec_since_ns;
 static uint64_t exec_expired;
-static uint64_t exec_blocked;       /* let go: asleep waiting (not counted as expired) */
-static uint64_t exec_next_look_ns;  /* when to look at its state again */
-static int exec_asleep;             /* consecutive looks that found it asleep */
-static uint64_t exec_cond_since_ns; /* the holder entered a condition variable's wait (0: not) */
+static uint64_t exec_blocked;      /* let go: asleep waiting (not counted as expired) */
+static uint64_t exec_next_look_ns; /* when to look at its state again */
+static int exec_asleep;            /* consecutive looks that found it asleep */
 /* Until the reply: the executing input's connection (-1: not followed, the
  * rules above apply), its output offset when it was read, and whether the
  * server has sent past it since. Set under mu, read by senders without it. */
@@ -212,7 +211,6 @@ static int grant_owed(void) {
    * server's mutex) it may look asleep: not looked at for a while. */
   exec_next_look_ns = exec_since_ns + 10 * LS_SERIAL_LOOK_NS;
   exec_asleep = 0;
-  exec_cond_since_ns = 0;
   turn_moved();
   return 1;
 }
@@ -263,15 +261,6 @@ static int holder_in_cond(void) {
  * run the two at once. mu held, exec_tid set. */
 static int holder_holds(int until_reply) {
   uint64_t now = now_ns(), held = now - exec_since_ns;
-  if (exec_cond_since_ns && parking() && holder_in_cond()) {
-    /* Asleep on a condition variable past the grace: let go at the first
-     * look that finds it so (holder_holds' comment above says why). */
-    if (now - exec_cond_since_ns < LS_SERIAL_COND_GRACE_NS) return 1;
-    if (thread_sleeps(exec_proc_tid)) {
-      let_holder_go();
-      return 0;
-    }
-  }
   if (held < LS_SERIAL_LOOK_NS || ((until_reply || serial_sleep_keeps) && held < LS_SERIAL_EXEC_NS))
     return 1;
   if (held < LS_SERIAL_EXEC_NS) {
@@ -333,9 +322,6 @@ void serial_cond_enter(pthread_cond_t* c) {
   if (slot >= 0) { /* else unregistered: never parked */
     cond_waiters[slot] = (struct cond_waiter){c, self_tid(), 0, NULL, 0, PARK_WAITING};
     my_cond_slot = slot;
-    /* The thread whose input is next looks at this one after the grace. */
-    exec_cond_since_ns = now_ns();
-    wake_next_turn(-1);
   }
   pthread_mutex_unlock(&mu);
 }
@@ -374,7 +360,6 @@ void serial_cond_leave(pthread_mutex_t* m) {
     pthread_mutex_lock(&mu);
     turn_waiters--;
   }
-  if (exec_tid == me) exec_cond_since_ns = 0;
   if (w->state != PARK_WAITING) { /* it holds the turn again, from now */
     exec_proc_tid = self_proc_tid();
     exec_since_ns = now_ns();
@@ -479,7 +464,6 @@ void serial_begin(struct conn* c) {
   exec_since_ns = now_ns();
   exec_next_look_ns = 0;
   exec_asleep = 0;
-  exec_cond_since_ns = 0;
   uint64_t at = serial_reply && c->fd >= 0 ? out_offset(c->fd) : UINT64_MAX;
   atomic_store(&exec_fd, -1);
   if (at == UINT64_MAX) return; /* outputs not hashed: the thread's rules */
@@ -608,12 +592,6 @@ static int wake_waiter_of(const struct conn* c) {
       return 1;
     }
   return 0;
-}
-
-uint64_t serial_look_ns(void) {
-  if (!exec_tid || !exec_cond_since_ns || !parking()) return LS_SERIAL_LOOK_NS;
-  uint64_t at = exec_cond_since_ns + LS_SERIAL_COND_GRACE_NS, now = now_ns();
-  return at <= now ? 0 : at - now < LS_SERIAL_LOOK_NS ? at - now : LS_SERIAL_LOOK_NS;
 }
 
 int serial_holding(const struct conn* c, int epfd) {

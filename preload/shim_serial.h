@@ -44,14 +44,6 @@ LS_HIDDEN void wake_watch_leave(void);
 #define LS_SERIAL_EXEC_NS 5000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */
 #define LS_SERIAL_LOOK_NS 1000000ull
-/* How long a holder waits on a condition variable (parking mode) before the
- * first look that lets it go if it sleeps: a row lock's wait lasts until a
- * later input's COMMIT, most other waits end sooner. */
-#define LS_SERIAL_COND_GRACE_NS 300000ull
-/* With serial_holding() 2: how long the next input's thread may sleep before
- * it looks at the holder (LS_SERIAL_LOOK_NS, or less when the holder's
- * grace on a condition variable ends sooner). mu held. */
-LS_HIDDEN uint64_t serial_look_ns(void);
 /* How long a holder asleep on anything but a condition variable (a latch,
  * a futex of the server's own) keeps the turn (shim_serial.c, holder_holds). */
 #define LS_SERIAL_ASLEEP_ELSEWHERE_NS 100000000ull

@@ -356,7 +356,6 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
     int mine = waiter_enter(waits_for);
     int watch = wake_watch_claim();
     int look_soon = serial_holding(waits_for, -1);
-    uint64_t look_ns = look_soon == 2 ? serial_look_ns() : 0;
     pthread_mutex_unlock(&mu);
     k[nfds].fd = watch ? wake_server_fd : -1; /* -1: ignored by poll */
     k[nfds].events = POLLIN;
@@ -381,9 +380,6 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
     }
     struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000l};
-    /* Next in line behind a holder: it looks at it when its grace ends. */
-    if (look_soon == 2 && wait_ms > 0 && look_ns < 1000000ull * (uint64_t)wait_ms)
-      ts = (struct timespec){0, (long)look_ns};
     int r = real_ppoll(k, nfds + 2, wait_ms < 0 ? NULL : &ts, sigmask);
     int err = errno;
     if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
