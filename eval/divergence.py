@@ -433,7 +433,11 @@ def summarize_cost(res):
         f"{s['p50_1_on_us']:.1f} - {s['p50_1_off_us']:.1f} = {s['p50_1_added_us']:+.1f} µs "
         f"(target <= +{TARGET_P50_ADD_US:g} µs)"
     )
-    cpu = res.get("cpu_samples") or []
+    # A window whose loadgen did nothing has no ratio (equal_load_cpu logged it); the rest
+    # are the measurement, and none at all is a failure, not a median of nothing.
+    cpu = [c for c in res.get("cpu_samples") or [] if c["ratio"] is not None]
+    if res.get("cpu_samples") and not any(c["pair"] == "on/off" for c in cpu):
+        raise Failed(f"no equal-load window measured: {res['cpu_samples']}")
     if cpu:
         s["cpu_rate"] = res.get("cpu_rate")
         s["cpu_ratio_per_repeat"] = [c["ratio"] for c in cpu if c["pair"] == "on/off"]

@@ -197,6 +197,25 @@ class Cluster:
         host, port = s["client_addr"].rsplit(":", 1)
         return host, int(port)
 
+    def leader_ballot(self, timeout=10.0):
+        """The ballot under which the current leader leads."""
+        s = self.wait(lambda s: s.get("leader") is not None, timeout, "a leader")
+        return s["replicas"][s["leader"]]["ballot"]
+
+    def client_addr_after_leader_change(self, ballot, timeout=30.0):
+        """For a client the leader cut: the client address of a leader under a
+        ballot other than `ballot`, and that ballot. A leader cuts its clients
+        when it steps down; a cut while the same ballot still leads is a
+        defect, so that fails here."""
+        s = self.wait(lambda s: s.get("leader") is not None, timeout, "a leader")
+        if leader_of(s)["ballot"] == ballot:
+            time.sleep(2)  # the stepped-down leader may still show until it hears
+            s = self.wait(lambda s: s.get("leader") is not None, timeout, "a leader")
+        now = leader_of(s)["ballot"]
+        assert now != ballot, f"the leader closed a client's connection but still leads: {s}"
+        host, port = s["client_addr"].rsplit(":", 1)
+        return (host, int(port)), now
+
     def server_addr(self, replica):
         host, port = self.status()["replicas"][replica]["server_addr"].rsplit(":", 1)
         return host, int(port)

@@ -428,12 +428,15 @@ def test_backup_server_killed_under_load(redis_cluster):
 
 def test_memcached_backup_server_restored(cluster):
     cluster.up(app="memcached", extra=("--checkpoint-entries", "50"))
-    addr = cluster.client_addr()
 
     def run_workers():
+        # Through whoever leads: under ASan the leadership moves at times while
+        # two backups dump (a backup that heard nothing for an election timeout).
+        addr = cluster.client_addr()
         errors = []
         threads = [
-            threading.Thread(target=mc.worker, args=(addr, t, errors)) for t in range(mc.THREADS)
+            threading.Thread(target=mc.worker, args=(addr, t, errors, cluster))
+            for t in range(mc.THREADS)
         ]
         for t in threads:
             t.start()
@@ -445,11 +448,8 @@ def test_memcached_backup_server_restored(cluster):
     b = backups(cluster)[0]
     wait_checkpoint(cluster, b, above=50)
     kill_server_and_await_restore(cluster, b)
-    # Through whoever leads now: under ASan the leadership has moved meanwhile
-    # (a backup that heard nothing for an election timeout while two dumped).
-    addr = cluster.client_addr()
     run_workers()  # the same keys again: set, incr and cas on the restored state
-    leader_view = mc.snapshot(addr)
+    leader_view = mc.snapshot(cluster.client_addr())
     end = time.monotonic() + 15
     while True:
         views = [mc.snapshot(cluster.server_addr(r)) for r in range(3)]

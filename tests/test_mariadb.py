@@ -251,13 +251,17 @@ def test_now_is_the_same_on_every_replica(cluster):
 def same_everywhere(cluster, statement):
     """statement's answer (CHECKSUM TABLE) on every replica's own server,
     once every replica applied the whole log: all equal to the leader's, no
-    tolerance for a reported divergence. Returns the leader's."""
-    want = sql(cluster.client_addr(), statement)
-    got = {}
+    tolerance for a reported divergence. Returns the leader's. The leader's
+    answer is read anew each time: a repair under way can move the leadership
+    to a replica whose row another draw made (CI saw the first answer read
+    from a leader whose row the repair then replaced everywhere)."""
+    want, got = None, {}
 
     def same(s):
+        nonlocal want
         if not all(r["applied_index"] == leader_of(s).get("commit_index") for r in s["replicas"]):
             return False
+        want = sql(cluster.client_addr(), statement)
         for r in range(len(s["replicas"])):
             with inspector.Relay(cluster.server_addr(r)) as local:  # a backup's own
                 got[r] = mariadb(local, statement).stdout

@@ -28,21 +28,41 @@ def memcached_cluster(cluster):
     return cluster
 
 
-def worker(addr, t, errors):
+def worker(addr, t, errors, cluster=None):
+    """Thread t's keys, each set, read, counted and cas'd through the leader;
+    failures go into errors. With cluster, a connection the leader closed
+    because it stepped down is reopened to whoever leads next and the key in
+    hand done again: each key's steps begin with its two sets, so doing them
+    again ends the same. A connection closed while the same leader leads
+    still fails (Cluster.client_addr_after_leader_change)."""
     try:
+        ballot = cluster.leader_ballot() if cluster else None
         m = Memcached(addr)
-        for k in range(KEYS_PER_THREAD):
-            key = f"t{t}:k{k}"
-            assert m.store("set", key, f"v{k}") == "STORED"
-            assert m.get(key) == f"v{k}".encode()
-            assert m.store("set", f"{key}:n", 10) == "STORED"
-            assert m.incr(f"{key}:n", t + 1) == str(10 + t + 1)
-            _value, cas = m.gets(key)
-            assert m.store("cas", key, f"cas{k}", cas=cas) == "STORED"
-            assert m.store("cas", key, "stale", cas=cas) == "EXISTS"
+        k = 0
+        while k < KEYS_PER_THREAD:
+            try:
+                one_key(m, t, k)
+                k += 1
+            except OSError:
+                if cluster is None:
+                    raise
+                m.close()
+                addr, ballot = cluster.client_addr_after_leader_change(ballot)
+                m = Memcached(addr)
         m.close()
     except (OSError, AssertionError) as e:  # reported by the test
         errors.append(f"thread {t}: {e!r}")
+
+
+def one_key(m, t, k):
+    key = f"t{t}:k{k}"
+    assert m.store("set", key, f"v{k}") == "STORED"
+    assert m.get(key) == f"v{k}".encode()
+    assert m.store("set", f"{key}:n", 10) == "STORED"
+    assert m.incr(f"{key}:n", t + 1) == str(10 + t + 1)
+    _value, cas = m.gets(key)
+    assert m.store("cas", key, f"cas{k}", cas=cas) == "STORED"
+    assert m.store("cas", key, "stale", cas=cas) == "EXISTS"
 
 
 def snapshot(addr):
