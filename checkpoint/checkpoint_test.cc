@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -132,6 +133,9 @@ with open(sys.argv[1] + '.tmp', 'w') as f:
     f.write(str(s.getsockname()[1]))
 os.rename(sys.argv[1] + '.tmp', sys.argv[1])
 held = open(sys.argv[1] + '.held', 'a')  # a file kept open, as a server keeps its log
+local = socket.socket(socket.AF_UNIX)  # a unix socket in its directory, as mariadbd's
+local.bind(sys.argv[1] + '.sock')
+local.listen(4)
 count = 0
 while True:
     c, _ = s.accept()
@@ -394,9 +398,11 @@ TEST(CheckpointEndToEnd, RelocatedImagesRestoreUnderAnotherDirAndPort) {
   int changed = 0;
   ASSERT_TRUE(RelocateFilesImage(original, r, &again, &changed, &error)) << error;
   EXPECT_EQ(again, moved);
-  EXPECT_GE(changed, 2) << "the listening socket and the held file";
-  EXPECT_NE(moved.find(tmp / "me/port.held"), std::string::npos);
-  EXPECT_EQ(moved.find(tmp / "peer/port.held"), std::string::npos);
+  EXPECT_GE(changed, 3) << "the listening sockets and the held file";
+  for (const char* name : {"port.held", "port.sock"}) {
+    EXPECT_NE(moved.find(tmp / ("me/" + std::string(name))), std::string::npos) << name;
+    EXPECT_EQ(moved.find(tmp / ("peer/" + std::string(name))), std::string::npos) << name;
+  }
   std::string bad;
   EXPECT_FALSE(RelocateFilesImage("not an image", r, &bad, &changed, &error));
 
@@ -415,6 +421,17 @@ TEST(CheckpointEndToEnd, RelocatedImagesRestoreUnderAnotherDirAndPort) {
        fs::directory_iterator("/proc/" + std::to_string(result.restored_pid) + "/fd"))
     holds_ours |= fs::read_symlink(e.path()).string() == tmp / "me/port.held";
   EXPECT_TRUE(holds_ours);
+  // The unix socket is bound where ours belongs, and the original keeps its own.
+  for (const char* dir : {"me", "peer"}) {
+    int c = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un u{};
+    u.sun_family = AF_UNIX;
+    std::string path = tmp / (std::string(dir) + "/port.sock");
+    snprintf(u.sun_path, sizeof u.sun_path, "%s", path.c_str());
+    EXPECT_EQ(connect(c, reinterpret_cast<sockaddr*>(&u), sizeof u), 0)
+        << path << ": " << strerror(errno);
+    close(c);
+  }
   moved_server.Kill();
   server.Kill();
 }

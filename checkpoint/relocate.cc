@@ -22,7 +22,9 @@ constexpr uint32_t kTcpListen = 10;  // linux TCP_LISTEN; criu stores the kernel
 // file_entry and the fields relocated inside it (criu/images/*.proto).
 constexpr uint32_t kFileEntryReg = 3;
 constexpr uint32_t kFileEntryIsk = 4;
+constexpr uint32_t kFileEntryUsk = 16;
 constexpr uint32_t kRegName = 6;
+constexpr uint32_t kUskName = 11;  // unix_sk_entry.name: a bound socket's path (bytes)
 constexpr uint32_t kIskState = 6;
 constexpr uint32_t kIskSrcPort = 7;
 
@@ -123,22 +125,24 @@ void PutLe32(uint32_t v, std::string* out) {
   out->append(reinterpret_cast<const char*>(&v), 4);
 }
 
-// The relocated reg_file_entry, or nullopt when its name is not under from_dir.
-std::optional<std::string> RelocateReg(std::string_view reg, const Relocation& r, bool* bad,
-                                       int* changed) {
+// The relocated message (a reg_file_entry, a unix_sk_entry), or nullopt when
+// its path field (name_field) is not under from_dir. An abstract unix
+// socket's name begins with a NUL byte and is never under a directory.
+std::optional<std::string> RelocatePath(std::string_view msg, uint32_t name_field,
+                                        const Relocation& r, bool* bad, int* changed) {
   bool touched = false;
   std::string out;
   bool ok = RewriteMessage(
-      reg,
+      msg,
       [&](const Field& f) -> std::optional<std::string> {
-        if (f.number != kRegName || f.wire != kLen) return std::nullopt;
+        if (f.number != name_field || f.wire != kLen) return std::nullopt;
         std::string_view name = f.data;
         if (name != r.from_dir &&
             !(name.size() > r.from_dir.size() && name.substr(0, r.from_dir.size()) == r.from_dir &&
               name[r.from_dir.size()] == '/'))
           return std::nullopt;
         touched = true;
-        return EncodeLen(kRegName, r.to_dir + std::string(name.substr(r.from_dir.size())));
+        return EncodeLen(name_field, r.to_dir + std::string(name.substr(r.from_dir.size())));
       },
       &out);
   if (!ok) *bad = true;
@@ -209,7 +213,8 @@ bool RelocateFilesImage(const std::string& in, const Relocation& r, std::string*
         [&](const Field& f) -> std::optional<std::string> {
           if (f.wire != kLen) return std::nullopt;
           std::optional<std::string> inner;
-          if (f.number == kFileEntryReg) inner = RelocateReg(f.data, r, &bad, changed);
+          if (f.number == kFileEntryReg) inner = RelocatePath(f.data, kRegName, r, &bad, changed);
+          if (f.number == kFileEntryUsk) inner = RelocatePath(f.data, kUskName, r, &bad, changed);
           if (f.number == kFileEntryIsk) inner = RelocateIsk(f.data, r, &bad, changed);
           if (!inner) return std::nullopt;
           return EncodeLen(f.number, *inner);

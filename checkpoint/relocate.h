@@ -10,10 +10,11 @@
 // files.img is a CRIU image: two magic words, then entries, each a 32-bit
 // length and a protobuf file_entry (criu/images/fdinfo.proto). The rewrite
 // walks the protobuf wire format and touches two fields only:
-// file_entry.reg (3) -> reg_file_entry.name (6), a path: from_dir's prefix
-// becomes to_dir; and file_entry.isk (4) -> inet_sk_entry.src_port (7) of a
-// listening socket (state 6 == TCP_LISTEN): from_port becomes to_port.
-// Everything else is copied byte for byte.
+// file_entry.reg (3) -> reg_file_entry.name (6) and file_entry.usk (16) ->
+// unix_sk_entry.name (11), paths (a file, a bound unix socket such as
+// MariaDB's): from_dir's prefix becomes to_dir; and file_entry.isk (4) -> inet_sk_entry.src_port
+// (7) of a listening socket (state 6 == TCP_LISTEN): from_port becomes to_port. Everything else is
+// copied byte for byte.
 #pragma once
 
 #include <cstdint>

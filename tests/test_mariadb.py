@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import inspector
 import pytest
@@ -396,4 +397,35 @@ def test_a_cluster_whose_tables_agree_passes_its_state_checks(cluster, tmp_path)
     same_everywhere(cluster, "CHECKSUM TABLE t.a")
     st = cluster.state_checks()
     assert st["failed"] == 0 and "t.a" in st["digest"], st
+    assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
+
+
+def test_a_cloned_start_gives_every_backup_its_own_files_and_socket(cluster, tmp_path):
+    # With cloned_start every backup's mariadbd is a restore of replica 0's
+    # image. That image names replica 0's unix socket and, in --tmpdir,
+    # InnoDB's unlinked temporary files, which criu makes again on restore:
+    # the socket was re-bound at replica 0's path (its own then refused
+    # connections) and, in a shared /tmp, two backups restoring at once took
+    # each other's files ("Can't create ghost regfile: File exists"). Both
+    # are relocated into each replica's directory now; each restore works
+    # the first time and every replica's socket answers.
+    cluster.up(app=app_profile(tmp_path, "mariadb", cloned_start=True))
+    addr = cluster.client_addr()
+    sql(addr, "CREATE DATABASE t; CREATE TABLE t.u (id INT PRIMARY KEY, s BIGINT)")
+    sql(addr, "INSERT INTO t.u VALUES (1, UUID_SHORT())")
+    row = same_everywhere(cluster, "SELECT * FROM t.u")  # start time and counter: the clone's
+    assert row.startswith("1\t"), row
+    for r in range(3):
+        log = (Path(cluster.dir) / f"replica-{r}.log").read_text()
+        assert "STATE TRANSFER FAILED" not in log, log[-3000:]
+        sock = Path(cluster.dir) / f"replica-{r}" / "server" / "mysqld.sock"
+        got = subprocess.run(
+            [MARIADB, "-S", str(sock), "-u", "root", "--batch", "--skip-column-names"]
+            + ["-e", "SELECT COUNT(*) FROM t.u"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert got.returncode == 0 and got.stdout.strip() == "1", (r, got.stderr)
     assert not json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
