@@ -11,7 +11,7 @@ SET (or GET) of a 64-byte value on one of 10000 keys, --seconds long. Modes, all
 
   unreplicated       the server alone, with the flags of lockstep's profiles
                      (redis: --save "" --appendonly no --protected-mode no;
-                     memcached: -U 0 -t 4 -u root, four workers like the profile's);
+                     memcached: -U 0 -t 1 -u root, one worker like the profile's);
                      durability "none" (one process's RAM)
   replicated         `lockstep cluster up --replicas 3 --app APP --durability disk|memory`;
                      clients talk to "client_addr" from `lockstep cluster status --json`
@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 LOADGEN = ROOT / "build" / "bin" / "loadgen"
 REDIS_FLAGS = shlex.split('--save "" --appendonly no --protected-mode no')  # as apps/ profiles
-MEMCACHED_FLAGS = shlex.split("-U 0 -t 4 -u root")  # as apps/memcached.toml
+MEMCACHED_FLAGS = shlex.split("-U 0 -t 1 -u root")  # as apps/memcached.toml
 HOST = "127.0.0.1"
 T0 = time.monotonic()
 
