@@ -197,10 +197,15 @@ class Cluster:
         host, port = s["client_addr"].rsplit(":", 1)
         return host, int(port)
 
-    def leader_ballot(self, timeout=10.0):
-        """The ballot under which the current leader leads."""
-        s = self.wait(lambda s: s.get("leader") is not None, timeout, "a leader")
-        return s["replicas"][s["leader"]]["ballot"]
+    def client_addr_and_ballot(self, timeout=10.0):
+        """The leader's client address and the ballot it leads under, from one
+        status: read apart, a change of leader between the two readings gives
+        the new ballot with the old address."""
+        s = self.wait(
+            lambda s: s.get("leader") is not None and s.get("client_addr"), timeout, "a leader"
+        )
+        host, port = s["client_addr"].rsplit(":", 1)
+        return (host, int(port)), leader_of(s)["ballot"]
 
     def client_addr_after_leader_change(self, ballot, timeout=30.0):
         """For a client the leader cut: the client address of a leader under a

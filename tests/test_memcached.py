@@ -34,21 +34,25 @@ def worker(addr, t, errors, cluster=None):
     because it stepped down is reopened to whoever leads next and the key in
     hand done again: each key's steps begin with its two sets, so doing them
     again ends the same. A connection closed while the same leader leads
-    still fails (Cluster.client_addr_after_leader_change)."""
+    still fails (Cluster.client_addr_after_leader_change); addr is then
+    ignored, and the leader's address taken with its ballot."""
     try:
-        ballot = cluster.leader_ballot() if cluster else None
-        m = Memcached(addr)
-        k = 0
+        ballot = None
+        if cluster:  # addr is then the leader's at the ballot read with it
+            addr, ballot = cluster.client_addr_and_ballot()
+        m, k = None, 0
         while k < KEYS_PER_THREAD:
             try:
+                m = m or Memcached(addr)
                 one_key(m, t, k)
                 k += 1
             except OSError:
                 if cluster is None:
                     raise
-                m.close()
+                if m:
+                    m.close()
+                m = None
                 addr, ballot = cluster.client_addr_after_leader_change(ballot)
-                m = Memcached(addr)
         m.close()
     except (OSError, AssertionError) as e:  # reported by the test
         errors.append(f"thread {t}: {e!r}")
