@@ -193,16 +193,16 @@ class Cluster:
 
     def client_addr(self, timeout=10.0):
         """(host, port) of the leader's server, where clients connect."""
-        s = self.wait(lambda s: s.get("client_addr"), timeout, "a leader's server")
-        host, port = s["client_addr"].rsplit(":", 1)
-        return host, int(port)
+        return self.client_addr_and_ballot(timeout)[0]
 
     def client_addr_and_ballot(self, timeout=10.0):
         """The leader's client address and the ballot it leads under, from one
         status: read apart, a change of leader between the two readings gives
         the new ballot with the old address."""
         s = self.wait(
-            lambda s: s.get("leader") is not None and s.get("client_addr"), timeout, "a leader"
+            lambda s: s.get("leader") is not None and s.get("client_addr"),
+            timeout,
+            "a leader's server",
         )
         host, port = s["client_addr"].rsplit(":", 1)
         return (host, int(port)), leader_of(s)["ballot"]
@@ -212,14 +212,14 @@ class Cluster:
         ballot other than `ballot`, and that ballot. A leader cuts its clients
         when it steps down; a cut while the same ballot still leads is a
         defect, so that fails here."""
-        s = self.wait(lambda s: s.get("leader") is not None, timeout, "a leader")
-        if leader_of(s)["ballot"] == ballot:
+        addr, now = self.client_addr_and_ballot(timeout)
+        if now == ballot:
             time.sleep(2)  # the stepped-down leader may still show until it hears
-            s = self.wait(lambda s: s.get("leader") is not None, timeout, "a leader")
-        now = leader_of(s)["ballot"]
-        assert now != ballot, f"the leader closed a client's connection but still leads: {s}"
-        host, port = s["client_addr"].rsplit(":", 1)
-        return (host, int(port)), now
+            addr, now = self.client_addr_and_ballot(timeout)
+        assert now != ballot, (
+            f"the leader closed a client's connection but still leads: {self.status()}"
+        )
+        return addr, now
 
     def server_addr(self, replica):
         host, port = self.status()["replicas"][replica]["server_addr"].rsplit(":", 1)

@@ -35,7 +35,7 @@ def worker(addr, t, errors, cluster=None):
     hand done again: each key's steps begin with its two sets, so doing them
     again ends the same. A connection closed while the same leader leads
     still fails (Cluster.client_addr_after_leader_change); addr is then
-    ignored, and the leader's address taken with its ballot."""
+    None, and the leader's address taken with its ballot."""
     try:
         ballot = None
         if cluster:  # addr is then the leader's at the ballot read with it
