@@ -592,7 +592,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
 
     spec = SPECS[a.app]
-    work = Path(tempfile.mkdtemp(prefix=f"lockstep-{a.app}bench-", dir=a.tmp))
+    work = apps.work_dir(f"lockstep-{a.app}bench-", a.tmp)
     ctx = apps.Ctx(work, keep_logs=js.parent / f"{a.app}-failed-logs")
     res = {
         "app": a.app,

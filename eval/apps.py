@@ -1065,6 +1065,14 @@ def csv(kind):
     return lambda s: [kind(x) for x in s.split(",") if x]
 
 
+def work_dir(prefix, tmp=None):
+    """A fresh directory for a bench's servers and clusters, under --tmp (made, with its
+    parents, when it does not exist yet) or the system's temporary directory."""
+    if tmp:
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=tmp))
+
+
 def add_output_args(ap, name):
     """--json, --tmp and --from-json, as every app bench takes them; `name` is the JSON's
     default base name ("APP" for the app's own)."""
@@ -1121,7 +1129,7 @@ def main():
         sys.exit(f"{LOADGEN} is not built (cmake --build build)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
 
-    work = Path(tempfile.mkdtemp(prefix="lockstep-bench-", dir=a.tmp))
+    work = work_dir("lockstep-bench-", a.tmp)
     ctx = Ctx(work, keep_logs=js.parent / f"{a.app}-failed-logs")
     ctx.state_keys = a.keys
     res = {

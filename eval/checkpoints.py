@@ -1025,7 +1025,7 @@ def main():
             sys.exit(f"{exe} is not built (ninja -C build)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
 
-    work = Path(tempfile.mkdtemp(prefix="lockstep-ckpt-bench-", dir=a.tmp))
+    work = apps.work_dir("lockstep-ckpt-bench-", a.tmp)
     ctx = Ctx(work, js.parent / "checkpoints-failed-logs")
     mach = apps.machine(work)
     head = subprocess.run(

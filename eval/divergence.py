@@ -1114,7 +1114,7 @@ def main():
             sys.exit(f"{exe} is not built")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
 
-    work = Path(tempfile.mkdtemp(prefix="lockstep-dv-bench-", dir=a.tmp))
+    work = apps.work_dir("lockstep-dv-bench-", a.tmp)
     ctx = Ctx(work, js.parent / "divergence-failed-logs")
     mach = apps.machine(work)
     mach.update(

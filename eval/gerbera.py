@@ -352,7 +352,7 @@ def main():
         sys.exit(f"not installed: {', '.join(missing)} (scripts/setup)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
 
-    work = Path(tempfile.mkdtemp(prefix="lockstep-gerberabench-", dir=a.tmp))
+    work = apps.work_dir("lockstep-gerberabench-", a.tmp)
     ctx = apps.Ctx(work, keep_logs=js.parent / f"{APP}-failed-logs")
     res = {
         "app": APP,

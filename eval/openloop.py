@@ -493,7 +493,7 @@ def main():
         sys.exit(f"openloop: {why}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally blocks run
 
-    work = Path(tempfile.mkdtemp(prefix="lockstep-openloop-", dir=a.tmp))
+    work = apps.work_dir("lockstep-openloop-", a.tmp)
     ctx = apps.Ctx(work, keep_logs=js.parent / f"{a.app}-openloop-failed-logs")
     res = {
         "app": a.app,

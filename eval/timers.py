@@ -38,7 +38,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -240,7 +239,7 @@ def main():
             sys.exit(f"{exe} is not built")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    work = Path(tempfile.mkdtemp(prefix="lockstep-timers-bench-", dir=a.tmp))
+    work = apps.work_dir("lockstep-timers-bench-", a.tmp)
     ctx = checkpoints.Ctx(work, js.parent / "timers-failed-logs")
     mach = apps.machine(work)
     mach.update(

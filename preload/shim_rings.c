@@ -131,7 +131,14 @@ static void apply_done(const struct ls_done_record* d) {
     ch->state = CH_COMMITTED;
     ch->clock_ns = d->clock_ns;
     if (ch->kind == LS_SUB_ACCEPT) c->accept_state = ACCEPT_COMMITTED;
-    if (ch->kind == LS_SUB_DATA && !c->broken) c->committed_end = ch->end;
+    /* An input dropped after this one was submitted (the daemon lost its
+     * leadership before it proposed the later one) left a hole past this
+     * one's end, not before it: what came before the hole and is agreed
+     * now is read by this server as by the backups' (a leader that stopped
+     * leading once skipped it, and the backups' servers had executed a SET
+     * its own never saw). */
+    if (ch->kind == LS_SUB_DATA && (!c->broken || ch->end <= c->broken_at))
+      c->committed_end = ch->end;
     if (ch->kind == LS_SUB_CLOSE) c->close_committed = 1;
   } else {
     ch->state = CH_DROPPED;
@@ -143,6 +150,7 @@ static void apply_done(const struct ls_done_record* d) {
     } else if (ch->kind == LS_SUB_ACCEPT) {
       c->accept_state = ACCEPT_DROPPED;
     } else {
+      if (!c->broken || ch->start < c->broken_at) c->broken_at = ch->start;
       c->broken = 1;
     }
   }

@@ -67,6 +67,7 @@ struct conn {
   int log_closed;      /* a newer leader's CLOSE for this connection was agreed */
   int eof_read;        /* the server has read EOF */
   int broken;          /* an input was dropped: nothing past it is delivered */
+  uint64_t broken_at;  /* ... the stream offset where the first dropped input began */
   int gap;         /* client bytes were discarded (not the leader): none past them is submitted */
   int replay_slot; /* >= 0: the daemon's replay connection (order from the order ring) */
   uint32_t replay_claim; /* the slot's claim it was accepted (or reattached) under */

@@ -365,14 +365,29 @@ bool Harness::Wait(const std::function<bool()>& pred) {
   }
 }
 
+bool Harness::WaitHeld(size_t n, std::vector<HeldInput>* held) {
+  bool ok = Wait([&] { return held_.size() >= n; });
+  std::lock_guard<std::mutex> g(mu_);
+  *held = held_;
+  return ok;
+}
+
+void Harness::Complete(uint32_t kind, const HeldInput& input) {
+  std::lock_guard<std::mutex> g(mu_);
+  ch_.Complete(kind, input.seq, input.conn);
+}
+
 void Harness::Pump() {
   while (!stop_) {
     {
       std::lock_guard<std::mutex> g(mu_);
       ShimChannel::Submission s;
-      while (ch_.Peek(&s)) {  // every input is agreed at once
+      while (ch_.Peek(&s)) {  // every input is agreed at once, unless held
         if (s.kind == LS_SUB_ACCEPT) accepts_[std::string(s.bytes)] = s.conn;
-        ch_.Complete(LS_DONE_COMMITTED, s.seq, s.conn);
+        if (opt_.hold_data && s.kind == LS_SUB_DATA)
+          held_.push_back({s.seq, s.conn, std::string(s.bytes)});
+        else
+          ch_.Complete(LS_DONE_COMMITTED, s.seq, s.conn);
         ch_.Pop();
       }
       ch_.Flush();

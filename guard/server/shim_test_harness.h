@@ -65,6 +65,14 @@ class Harness {
     uint32_t ring = LS_OUT_RING_SLOTS;  // output ring records
     int digests = -1;                   // LOCKSTEP_SHIM_OUTPUT_DIGESTS: -1 unset, 0, 1
     bool poll = true;                   // the pump drains the output ring
+    // Client DATA submissions wait for the test's Complete (leader only),
+    // as a leader's inputs wait for their agreement.
+    bool hold_data = false;
+  };
+  struct HeldInput {
+    uint64_t seq = 0;
+    uint32_t conn = 0;
+    std::string bytes;
   };
   struct Replay {
     int fd = -1;
@@ -91,6 +99,11 @@ class Harness {
   void ReleaseReplay(Replay* r);
   // Replays bytes as one input (its order first, as guard/server/replay.cc does).
   void ReplayInput(const Replay& r, std::string_view bytes);
+
+  // With hold_data: waits until at least n DATA submissions were held (all
+  // held so far, oldest first, in *held); Complete gives one its outcome.
+  bool WaitHeld(size_t n, std::vector<HeldInput>* held);
+  void Complete(uint32_t kind, const HeldInput& input);
 
   std::vector<OutputDigest> Records(uint32_t conn);
   // Waits for a record of conn at `offset` or past it (with all of `flags`).
@@ -120,9 +133,10 @@ class Harness {
   Options opt_;
   ShimChannel ch_;
   ServerProcess server_;
-  std::mutex mu_;  // ch_, records_, accepts_
+  std::mutex mu_;  // ch_, records_, accepts_, held_
   std::vector<OutputDigest> records_;
   std::map<std::string, uint32_t> accepts_;  // peer address -> shim connection number
+  std::vector<HeldInput> held_;              // hold_data: DATA submissions, in order
   std::atomic<bool> polling_{true};
   std::atomic<bool> stop_{false};
   std::thread pump_;

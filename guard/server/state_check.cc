@@ -119,6 +119,7 @@ void StateChecker::Step(uint64_t now_us, bool serving, uint64_t client_inputs) {
         log_("STATE CHECK FAILED: the state probe (" + cfg_.server.state_probe +
              ") against this leader's server: " + result_error_);
       error_ = result_error_;
+      last_failure_ = result_error_;
     }
   }
   if (!serving) return;
@@ -258,7 +259,7 @@ std::string StateChecker::StatusJson() const {
   o << "{\"every_s\":" << cfg_.server.state_check_every_s << ",\"checks\":" << checks_
     << ",\"passes\":" << passes_ << ",\"failed\":" << failed_ << ",\"digest\":\""
     << JsonEscape(digest_) << "\",\"ms\":" << last_ms_ << ",\"error\":\"" << JsonEscape(error_)
-    << "\"}";
+    << "\",\"last_failure\":\"" << JsonEscape(last_failure_) << "\"}";
   return o.str();
 }
 

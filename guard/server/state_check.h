@@ -59,7 +59,9 @@ class StateChecker {
   // committed, no probe's own, moved since the last finished pass began:
   // what clients sent while a pass ran is checked by the next).
   void Step(uint64_t now_us, bool serving, uint64_t client_inputs);
-  // {"every_s":..,"checks":..,"passes":..,"failed":..,"digest":"..","ms":..,"error":".."}
+  // {"every_s":..,"checks":..,"passes":..,"failed":..,"digest":"..","ms":..,"error":"..",
+  //  "last_failure":".."}: error, the last probe's failure (empty once one succeeded);
+  //  last_failure, the latest failure's reason, kept.
   std::string StatusJson() const;
   // The local port of the probe's connection to the server (0: none yet):
   // an ACCEPT from it is the probe's, not a client's.
@@ -92,7 +94,7 @@ class StateChecker {
   uint64_t result_us_ = 0;
 
   uint64_t checks_ = 0, passes_ = 0, failed_ = 0;
-  std::string digest_, error_;
+  std::string digest_, error_, last_failure_;
   uint64_t last_ms_ = 0;
 };
 
