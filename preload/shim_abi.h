@@ -253,9 +253,11 @@ enum ls_out_flag {
   /* The leader's client is gone (a send failed with EPIPE or ECONNRESET, or
    * the shim took a reset from the kernel): nothing the server sends on the
    * connection from here on reaches anyone. Once per connection, on the
-   * leader only, at the stream's offset then. The bytes of the send that
-   * failed (write, send, sendto, sendmsg, writev) are in the stream, as if
-   * sent: what the server meant to send, which the backups' servers did.
+   * leader only, at the stream's offset then. The bytes of every send that
+   * failed so (write, send, sendto, sendmsg, sendmmsg, writev, sendfile)
+   * are in the stream, and the server is told they were sent: what it meant
+   * to send, which the backups' servers did; it reads on, up to EOF after
+   * what was agreed before the connection's CLOSE (shim_output.c as_sent).
    * A backup's stream may go on past where the leader's stops (its server's
    * sends succeed: the daemon reads them); those bytes are not compared,
    * the ones before still are. */

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -576,23 +577,54 @@ void out_cut(int fd) {
   errno = saved;
 }
 
+/* 1 when fd is a client connection this replica accepted as leader (not a
+ * daemon's replay connection, not an inspector's), whose send just failed
+ * with errno because its client is gone. */
+static int client_gone(int fd) {
+  if (errno != EPIPE && errno != ECONNRESET) return 0;
+  struct conn* c = tracked(fd);
+  return c && c->replay_slot < 0;
+}
+
 /* A send on fd, output slot slot, failed: if its client is gone (EPIPE,
- * ECONNRESET), the leader's stream is cut. The bytes of the send that
- * failed (iov, when the caller has them) are what the server meant to send
- * next: they enter the stream first, as if sent, so that the backups'
- * servers, which did send them, are compared over them too (a reply whose
- * body send failed after its headers is checked whole). Later sends fail
- * as well and add nothing. Keeps errno. */
+ * ECONNRESET), the stream is cut (on the leader; shim_abi.h LS_OUT_CUT)
+ * where the kernel's last send left it: at most the output count the
+ * client's CLOSE carries (out_before, taken when ingest reads the reset, at
+ * or after this), past which the backups' servers may read EOF. The bytes
+ * of the send that failed (iov, when the caller has them) then enter the
+ * stream as if sent, as every later failed send's do: the server is told
+ * they were (as_sent), and the backups' servers, whose replay connections
+ * stay open, did send them. Keeps errno. */
 static void send_failed(int fd, int slot, const struct send_site* site, const struct iovec* iov,
                         size_t iovcnt) {
-  if (errno != EPIPE && errno != ECONNRESET) return;
-  if (atomic_load_explicit(&hdr->mode, memory_order_relaxed) != LS_MODE_LEADER) return;
+  if (!client_gone(fd)) return;
   int saved = errno;
+  out_cut(fd);
   size_t meant = 0;
   for (size_t i = 0; i < iovcnt; i++) meant += iov[i].iov_len;
-  if (meant > 0 && !out_st[slot].cut) out_sent(fd, slot, site, iov, iovcnt, meant);
-  out_cut(fd);
+  if (meant > 0) out_sent(fd, slot, site, iov, iovcnt, meant);
   errno = saved;
+}
+
+/* What a send returns to the server: n, or, when it failed because the
+ * client of a connection this replica accepted is gone, all `meant` bytes,
+ * as if sent. A server told of the failure drops the connection at once
+ * (redis frees the client): inputs agreed before the client left that it
+ * had not read yet would never run here, while every backup's server runs
+ * them (its replay connection stays open), and a SET would be on the
+ * backups and not here. Told the send succeeded, it reads on; it learns
+ * that the client left the way the backups' servers do, from EOF after
+ * everything agreed before the connection's CLOSE (ingest submits that
+ * CLOSE when it reads the reset). */
+static ssize_t as_sent(int fd, ssize_t n, size_t meant) {
+  if (n >= 0 || meant == 0 || !client_gone(fd)) return n;
+  return (ssize_t)meant;
+}
+
+static size_t iov_bytes(const struct iovec* iov, size_t iovcnt) {
+  size_t n = 0;
+  for (size_t i = 0; i < iovcnt; i++) n += iov[i].iov_len;
+  return n;
 }
 
 void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
@@ -620,9 +652,10 @@ static ssize_t sent(int fd, int slot, const struct send_site* site, const struct
   return n;
 }
 
-static ssize_t sent_buf(int fd, int slot, const struct send_site* site, const void* buf,
+/* sent() of a send of len bytes from buf (all of them meant, should it fail). */
+static ssize_t sent_buf(int fd, int slot, const struct send_site* site, const void* buf, size_t len,
                         ssize_t n) {
-  struct iovec v = {(void*)buf, n > 0 ? (size_t)n : 0};
+  struct iovec v = {(void*)buf, n > 0 ? (size_t)n : len};
   return sent(fd, slot, site, &v, 1, n);
 }
 
@@ -630,14 +663,14 @@ ssize_t write(int fd, const void* buf, size_t len) {
   SEND_SITE(site);
   LS_REAL(write);
   int slot = send_begin(fd);
-  return sent_buf(fd, slot, &site, buf, real_write(fd, buf, len));
+  return as_sent(fd, sent_buf(fd, slot, &site, buf, len, real_write(fd, buf, len)), len);
 }
 
 ssize_t send(int fd, const void* buf, size_t len, int flags) {
   SEND_SITE(site);
   LS_REAL(send);
   int slot = send_begin(fd);
-  return sent_buf(fd, slot, &site, buf, real_send(fd, buf, len, flags));
+  return as_sent(fd, sent_buf(fd, slot, &site, buf, len, real_send(fd, buf, len, flags)), len);
 }
 
 ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
@@ -645,7 +678,8 @@ ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sock
   SEND_SITE(site);
   LS_REAL(sendto);
   int slot = send_begin(fd);
-  return sent_buf(fd, slot, &site, buf, real_sendto(fd, buf, len, flags, addr, addrlen));
+  ssize_t n = real_sendto(fd, buf, len, flags, addr, addrlen);
+  return as_sent(fd, sent_buf(fd, slot, &site, buf, len, n), len);
 }
 
 ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
@@ -655,7 +689,8 @@ ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
   ssize_t n = real_sendmsg(fd, msg, flags);
   if (n <= 0) { /* msg may be bad (EFAULT), not when the client is gone */
     int gone = n < 0 && (errno == EPIPE || errno == ECONNRESET);
-    return sent(fd, slot, &site, gone ? msg->msg_iov : NULL, gone ? msg->msg_iovlen : 0, n);
+    n = sent(fd, slot, &site, gone ? msg->msg_iov : NULL, gone ? msg->msg_iovlen : 0, n);
+    return gone ? as_sent(fd, n, iov_bytes(msg->msg_iov, msg->msg_iovlen)) : n;
   }
   return sent(fd, slot, &site, msg->msg_iov, msg->msg_iovlen, n);
 }
@@ -667,7 +702,15 @@ int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
   int r = real_sendmmsg(fd, vec, vlen, flags);
   if (slot < 0 || r <= 0) {
     send_end(slot);
-    if (slot >= 0 && r < 0) send_failed(fd, slot, &site, NULL, 0);
+    if (r < 0 && vlen > 0 && client_gone(fd)) {
+      /* The client is gone: every message as if sent (as_sent). */
+      for (unsigned int i = 0; i < vlen; i++) {
+        vec[i].msg_len = (unsigned int)iov_bytes(vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen);
+        if (slot >= 0)
+          send_failed(fd, slot, &site, vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen);
+      }
+      return (int)vlen;
+    }
     return r;
   }
   int saved = errno;
@@ -683,7 +726,8 @@ ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
   SEND_SITE(site);
   LS_REAL(writev);
   int slot = send_begin(fd);
-  return sent(fd, slot, &site, iov, (size_t)iovcnt, real_writev(fd, iov, iovcnt));
+  ssize_t n = sent(fd, slot, &site, iov, (size_t)iovcnt, real_writev(fd, iov, iovcnt));
+  return n < 0 && iovcnt > 0 ? as_sent(fd, n, iov_bytes(iov, (size_t)iovcnt)) : n;
 }
 
 /* Where sendfile reads from: *offset, or in_fd's file position (which the
@@ -706,6 +750,33 @@ static void sendfile_done(int fd, int slot, const struct send_site* site, int in
   errno = saved;
 }
 
+/* A sendfile whose client is gone (as_sent): the count it meant, bounded by
+ * what in_fd holds from where it reads, is hashed as if sent, *offset (or
+ * in_fd's position) advanced as a sendfile that took it would, and that
+ * count returned; n when nothing can be had. */
+static ssize_t sendfile_as_sent(int out_fd, int slot, const struct send_site* site, int in_fd,
+                                off64_t* offset, size_t count, ssize_t n) {
+  if (n >= 0 || count == 0 || !client_gone(out_fd)) return n;
+  int saved = errno;
+  struct stat st;
+  off64_t at = offset ? *offset : lseek64(in_fd, 0, SEEK_CUR);
+  if (at < 0 || fstat(in_fd, &st) != 0 || st.st_size <= at) {
+    errno = saved;
+    return n;
+  }
+  size_t meant = (uint64_t)(st.st_size - at) < count ? (size_t)(st.st_size - at) : count;
+  if (slot >= 0) {
+    out_cut(out_fd); /* first: as send_failed */
+    sendfile_done(out_fd, slot, site, in_fd, at, (ssize_t)meant);
+  }
+  if (offset)
+    *offset = at + (off64_t)meant;
+  else
+    lseek64(in_fd, (off64_t)meant, SEEK_CUR);
+  errno = saved;
+  return (ssize_t)meant;
+}
+
 ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   SEND_SITE(site);
   LS_REAL(sendfile);
@@ -714,7 +785,10 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   ssize_t n = real_sendfile(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
-  if (slot >= 0 && n < 0) send_failed(out_fd, slot, &site, NULL, 0);
+  if (n >= 0) return n;
+  off64_t at = offset ? *offset : 0;
+  n = sendfile_as_sent(out_fd, slot, &site, in_fd, offset ? &at : NULL, count, n);
+  if (offset) *offset = (off_t)at;
   return n;
 }
 
@@ -726,8 +800,7 @@ ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
   ssize_t n = real_sendfile64(out_fd, in_fd, offset, count);
   if (slot >= 0 && n > 0) sendfile_done(out_fd, slot, &site, in_fd, from, n);
   send_end(slot);
-  if (slot >= 0 && n < 0) send_failed(out_fd, slot, &site, NULL, 0);
-  return n;
+  return n >= 0 ? n : sendfile_as_sent(out_fd, slot, &site, in_fd, offset, count, n);
 }
 
 int shutdown(int fd, int how) {

@@ -156,7 +156,7 @@ def test_restores_leave_no_network_lock_behind(redis_cluster):
             print(f"attempt {attempt + 1}: replica {b} came to lead before the request")
             continue
         s = c.wait(
-            lambda s, taken=taken: ck(s, b).get("dumping") or ck(s, b).get("taken", 0) > taken,
+            lambda s, taken=taken, b=b: ck(s, b).get("dumping") or ck(s, b).get("taken", 0) > taken,
             20,
             f"replica {b} dumping",
         )

@@ -15,11 +15,14 @@
 //
 // A leader's point marked `cut` says its client went away there (the
 // server's send failed with EPIPE or ECONNRESET, or the client reset the
-// connection): the leader's stream stops where its client left, while the
-// backups' servers, whose replay connections the daemon reads, send on.
-// What a backup sends past the leader's end on such a connection reached no
-// client and is not compared (past_cut); its points up to there are, and a
-// backup whose stream ends short of the leader's is still judged. A point
+// connection). Its server is told its sends there succeed, and goes on
+// until it reads EOF at the connection's CLOSE, as the backups' servers,
+// whose replay connections the daemon reads, do; how far each gets before
+// that is timing. What a backup sends past the leader's end on such a
+// connection reached no client and is not compared (past_cut), nor is
+// where a backup's stream stands or ends at or past the cut; its points
+// where the leader has one are, and a backup whose stream ends short of
+// the cut is still judged. A point
 // past the end covers the bytes before it too, but no digest of the
 // backup's at the leader's end can be had from it: the bytes between the
 // backup's last point at or before the end (the end itself when its server
@@ -158,6 +161,9 @@ class OutputChecker {
   // The leader's client went away on the connection, and offset is past
   // the leader's stream: nothing there to compare a backup's point with.
   bool PastCut(const ConnKey& key, uint64_t offset) const;
+  // A backup's point at or past the leader's cut: compared where the
+  // leader has a point, never judged for length.
+  bool AtOrPastCut(const OutputPoint& p) const;
 
   // Compares one backup point with the leader's; false: no leader point yet.
   bool Compare(int replica, const OutputPoint& p, uint64_t now_us);

@@ -307,6 +307,46 @@ TEST(OutputCheck, WhatABackupSentPastWhereTheLeadersClientLeftIsNotCompared) {
   EXPECT_EQ(g.past_cut(), 1u);
 }
 
+TEST(OutputCheck, StreamsPastTheCutAreNotJudgedForLength) {
+  // The leader's server, told its sends succeeded after its client left at
+  // 274, wrote the whole reply (5126) before it read EOF at the CLOSE; the
+  // backups' servers, whose daemons read their replies more slowly, read EOF
+  // after 3000 and 4000 bytes. Where each stopped is timing, not state.
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
+  c.OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  c.OnBackupPoint(1, Pt(100, 0xaa, 10), 0);
+  c.OnBackupPoint(1, With(Pt(3000, 0xdd, 11), &OutputPoint::ended), 1);
+  c.OnBackupPoint(2, Pt(100, 0xaa, 10), 0);
+  c.OnBackupPoint(2, With(Pt(4000, 0xee, 11), &OutputPoint::ended), 1);
+  EXPECT_TRUE(c.Poll(2 + OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(c.past_cut(), 2u);
+  EXPECT_FALSE(c.suspended(1) || c.suspended(2) || c.suspended(kLeader));
+
+  // Nor where they stand, both at one offset (their daemons stopped reading
+  // their replay connections when the CLOSE came), with everything applied.
+  OutputChecker s(3, kLeader);
+  s.OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
+  s.OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  for (int r : {1, 2}) s.OnBackupPoint(r, Pt(2048, 0xdd, 11), 0);
+  EXPECT_TRUE(s.Poll(2 + OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(s.past_cut(), 2u);
+  EXPECT_FALSE(s.suspended(kLeader));
+
+  // One that ended before the cut still is.
+  OutputChecker d(3, kLeader);
+  d.OnLeaderPoint(Pt(100, 0xaa, 10));
+  d.OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
+  d.OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  d.OnBackupPoint(1, Pt(100, 0xaa, 10), 0);
+  d.OnBackupPoint(1, With(Pt(200, 0xdd, 11), &OutputPoint::ended), 1);
+  std::vector<Divergence> v = d.Poll(2 + OutputChecker::kPendingUs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 1);
+  EXPECT_TRUE(v[0].length_differs);
+}
+
 TEST(OutputCheck, BackupsEndingAlikeOutvoteALeaderOfAnotherLength) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(227, 0xbb, 14));

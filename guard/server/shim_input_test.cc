@@ -3,6 +3,7 @@
 // and decides each input's outcome itself, in the orders a daemon that loses
 // its leadership meets them.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -43,6 +44,90 @@ TEST(ShimInput, AnInputAgreedAfterALaterOneWasRefusedIsRead) {
   EXPECT_EQ(reply, "+OK\r\n");
   EXPECT_EQ(h.channel_error(), "");
   close(fd);
+}
+
+// A client pipelined two SETs and reset its connection before either was
+// agreed. The first is agreed and executed; its reply's send fails (the
+// client is gone). The second is agreed too, before the CLOSE the reset
+// became: every backup's redis executes it, its replay connection still
+// open. The leader's redis used to learn of the failed send and free the
+// connection at once, never reading the second SET: a key the backups held
+// and the leader did not. It must be told the send succeeded, and read on
+// until EOF, as the backups' servers do.
+TEST(ShimInput, AServerWhoseClientLeftReadsWhatWasAgreedBeforeItsClose) {
+  Harness h;
+  std::string err;
+  ASSERT_TRUE(h.Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
+  uint32_t conn = 0;
+  int fd = h.Connect(&conn);
+  ASSERT_GE(fd, 0);
+  std::vector<Harness::HeldInput> held;
+  SendAll(fd, Resp({"SET", "a", "1"}));
+  ASSERT_TRUE(h.WaitHeld(1, &held));
+  SendAll(fd, Resp({"SET", "b", "2"}));
+  ASSERT_TRUE(h.WaitHeld(2, &held));
+  linger reset{1, 0};  // close with a reset: the server's sends fail from here on
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+  close(fd);
+  h.Complete(LS_DONE_COMMITTED, held[0]);
+  // Its reply was counted (a failed send's bytes enter the stream as if sent).
+  ASSERT_TRUE(h.WaitRecord(conn, 5));
+  h.Complete(LS_DONE_COMMITTED, held[1]);
+  // Both replies, then the close: the stream the backups' servers send too.
+  EXPECT_TRUE(h.WaitRecord(conn, 10, LS_OUT_CLOSED)) << "the second SET's reply never came";
+  uint32_t reader_conn = 0;
+  int reader = h.Connect(&reader_conn);
+  SendAll(reader, Resp({"GET", "b"}));
+  ASSERT_TRUE(h.WaitHeld(3, &held));
+  h.Complete(LS_DONE_COMMITTED, held[2]);
+  std::string reply;
+  EXPECT_TRUE(ReadUntil(reader, &reply, [](const std::string& b) { return RespReplies(b) >= 1; }));
+  EXPECT_EQ(reply, "$1\r\n2\r\n") << "the SET agreed before the client's close never ran";
+  EXPECT_EQ(h.channel_error(), "");
+  close(reader);
+}
+
+// A client that reads the start of a large reply and resets: the server is
+// told the rest was sent, and its stream holds the whole reply, byte for
+// byte what a backup's server sends over its open replay connection.
+TEST(ShimInput, TheStreamOfAReplyWhoseClientLeftIsTheWholeReply) {
+  Harness h;
+  std::string err;
+  // apps/redis.toml's replies left unchecked: the stream is parsed as RESP.
+  ASSERT_TRUE(h.Start(kRedis, {.leader = true, .unchecked_replies = "INFO, CLIENT LIST"}, &err))
+      << err;
+  uint32_t writer_conn = 0;
+  int writer = h.Connect(&writer_conn);
+  const std::string value = Pattern(8 << 20, 7);
+  SendAll(writer, Resp({"SET", "big", value}));
+  std::string ok;
+  ASSERT_TRUE(ReadUntil(writer, &ok, [](const std::string& b) { return RespReplies(b) >= 1; }));
+  uint32_t conn = 0;
+  int fd = h.Connect(&conn);
+  int small = 4096;  // a small receive buffer: the reply cannot fit in the kernel
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  SendAll(fd, Resp({"GET", "big"}));
+  char some[1000];
+  ASSERT_GT(read(fd, some, sizeof some), 0);
+  linger reset{1, 0};
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+  close(fd);
+  const std::string whole = "$" + std::to_string(value.size()) + "\r\n" + value + "\r\n";
+  ASSERT_TRUE(h.WaitRecord(conn, whole.size())) << "the stream stopped short of the reply's end";
+  bool seen = false;
+  for (const auto& d : h.Records(conn))
+    if (d.offset == whole.size()) {
+      EXPECT_EQ(d.digest, Xxh64(whole));
+      seen = true;
+    }
+  EXPECT_TRUE(seen) << "no record at the reply's end";
+  uint64_t cut_at = 0;
+  for (const auto& d : h.Records(conn))
+    if (d.flags & LS_OUT_CUT) cut_at = d.offset;
+  EXPECT_GT(cut_at, 0u) << "no cut";
+  EXPECT_LT(cut_at, whole.size());
+  EXPECT_EQ(h.channel_error(), "");
+  close(writer);
 }
 
 }  // namespace

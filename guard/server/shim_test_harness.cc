@@ -187,6 +187,7 @@ bool Harness::Start(const std::vector<std::string>& argv_template, Options o, st
   port_ = FreePort();
   if (!ch_.Create(1 << 20, error, o.ring)) return false;
   if (o.digests >= 0) ch_.set_output_digests(o.digests != 0);
+  ch_.set_unchecked_replies(o.unchecked_replies);
   // A consumer from the start: records published before the pump's first
   // pass would otherwise be passed over as nobody's (ShimChannel::Flush).
   OutputDigest first;
