@@ -312,10 +312,13 @@ TEST(OutputCheck, StreamsPastTheCutAreNotJudgedForLength) {
   // 274, wrote the whole reply (5126) before it read EOF at the CLOSE; the
   // backups' servers, whose daemons read their replies more slowly, read EOF
   // after 3000 and 4000 bytes. Where each stopped is timing, not state.
+  auto cut_leader = [](OutputChecker* k) {
+    k->OnLeaderPoint(Pt(100, 0xaa, 10));
+    k->OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
+    k->OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  };
   OutputChecker c(3, kLeader);
-  c.OnLeaderPoint(Pt(100, 0xaa, 10));
-  c.OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
-  c.OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  cut_leader(&c);
   c.OnBackupPoint(1, Pt(100, 0xaa, 10), 0);
   c.OnBackupPoint(1, With(Pt(3000, 0xdd, 11), &OutputPoint::ended), 1);
   c.OnBackupPoint(2, Pt(100, 0xaa, 10), 0);
@@ -327,8 +330,7 @@ TEST(OutputCheck, StreamsPastTheCutAreNotJudgedForLength) {
   // Nor where they stand, both at one offset (their daemons stopped reading
   // their replay connections when the CLOSE came), with everything applied.
   OutputChecker s(3, kLeader);
-  s.OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
-  s.OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  cut_leader(&s);
   for (int r : {1, 2}) s.OnBackupPoint(r, Pt(2048, 0xdd, 11), 0);
   EXPECT_TRUE(s.Poll(2 + OutputChecker::kPendingUs).empty());
   EXPECT_EQ(s.past_cut(), 2u);
@@ -336,9 +338,7 @@ TEST(OutputCheck, StreamsPastTheCutAreNotJudgedForLength) {
 
   // One that ended before the cut still is.
   OutputChecker d(3, kLeader);
-  d.OnLeaderPoint(Pt(100, 0xaa, 10));
-  d.OnLeaderPoint(With(Pt(274, 0xbb, 10), &OutputPoint::cut));
-  d.OnLeaderPoint(With(Pt(5126, 0xcc, 11), &OutputPoint::ended));
+  cut_leader(&d);
   d.OnBackupPoint(1, Pt(100, 0xaa, 10), 0);
   d.OnBackupPoint(1, With(Pt(200, 0xdd, 11), &OutputPoint::ended), 1);
   std::vector<Divergence> v = d.Poll(2 + OutputChecker::kPendingUs);

@@ -14,6 +14,23 @@
 namespace lockstep::shim_test {
 namespace {
 
+// redis under a leader's shim whose inputs wait for the test's outcome, one
+// client connection (*conn, *fd), and on it "SET a 1" then "SET b 2", held
+// in two inputs (*held).
+void TwoSetsHeld(Harness* h, uint32_t* conn, int* fd, std::vector<Harness::HeldInput>* held) {
+  std::string err;
+  ASSERT_TRUE(h->Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
+  *fd = h->Connect(conn);
+  ASSERT_GE(*fd, 0);
+  SendAll(*fd, Resp({"SET", "a", "1"}));
+  ASSERT_TRUE(h->WaitHeld(1, held));
+  SendAll(*fd, Resp({"SET", "b", "2"}));
+  ASSERT_TRUE(h->WaitHeld(2, held));
+  ASSERT_EQ(held->size(), 2u);
+  EXPECT_EQ((*held)[0].bytes, Resp({"SET", "a", "1"}));
+  EXPECT_EQ((*held)[1].bytes, Resp({"SET", "b", "2"}));
+}
+
 // A leader proposed a client's SET; before it was agreed the leadership
 // moved, and the client's next SET, submitted meanwhile, was refused at
 // once (the daemon no longer leads). The first SET was then agreed under
@@ -23,19 +40,10 @@ namespace {
 // an election found its reply stream 5 bytes short).
 TEST(ShimInput, AnInputAgreedAfterALaterOneWasRefusedIsRead) {
   Harness h;
-  std::string err;
-  ASSERT_TRUE(h.Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
   uint32_t conn = 0;
-  int fd = h.Connect(&conn);
-  ASSERT_GE(fd, 0);
+  int fd = -1;
   std::vector<Harness::HeldInput> held;
-  SendAll(fd, Resp({"SET", "a", "1"}));
-  ASSERT_TRUE(h.WaitHeld(1, &held));
-  SendAll(fd, Resp({"SET", "b", "2"}));
-  ASSERT_TRUE(h.WaitHeld(2, &held));
-  ASSERT_EQ(held.size(), 2u);
-  EXPECT_EQ(held[0].bytes, Resp({"SET", "a", "1"}));
-  EXPECT_EQ(held[1].bytes, Resp({"SET", "b", "2"}));
+  ASSERT_NO_FATAL_FAILURE(TwoSetsHeld(&h, &conn, &fd, &held));
   h.Complete(LS_DONE_DROPPED, held[1]);
   h.Complete(LS_DONE_COMMITTED, held[0]);
   std::string reply;
@@ -56,16 +64,10 @@ TEST(ShimInput, AnInputAgreedAfterALaterOneWasRefusedIsRead) {
 // until EOF, as the backups' servers do.
 TEST(ShimInput, AServerWhoseClientLeftReadsWhatWasAgreedBeforeItsClose) {
   Harness h;
-  std::string err;
-  ASSERT_TRUE(h.Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
   uint32_t conn = 0;
-  int fd = h.Connect(&conn);
-  ASSERT_GE(fd, 0);
+  int fd = -1;
   std::vector<Harness::HeldInput> held;
-  SendAll(fd, Resp({"SET", "a", "1"}));
-  ASSERT_TRUE(h.WaitHeld(1, &held));
-  SendAll(fd, Resp({"SET", "b", "2"}));
-  ASSERT_TRUE(h.WaitHeld(2, &held));
+  ASSERT_NO_FATAL_FAILURE(TwoSetsHeld(&h, &conn, &fd, &held));
   linger reset{1, 0};  // close with a reset: the server's sends fail from here on
   ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
   close(fd);
