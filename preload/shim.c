@@ -89,11 +89,13 @@ static int (*real_accept)(int, struct sockaddr*, socklen_t*);
 static int (*real_accept4)(int, struct sockaddr*, socklen_t*, int);
 
 static void output_reached(int fd, uint64_t end);
+static int reads_may_follow(int fd);
 
 __attribute__((constructor)) static void shim_init(void) {
   int saved = errno;
   hooks.executing_other = executing_other; /* before anything is attached */
   hooks.output_reached = output_reached;
+  hooks.client_gone = reads_may_follow;
   real_read = dlsym(RTLD_NEXT, "read");
   real_recv = dlsym(RTLD_NEXT, "recv");
   real_recvfrom = dlsym(RTLD_NEXT, "recvfrom");
@@ -166,6 +168,22 @@ out:
 static void output_reached(int fd, uint64_t end) {
   reply_gate_sent(fd, end); /* a backup's next input may have waited for this */
   serial_sent(fd, end);     /* the executing input's reply (serial_until_reply) */
+}
+
+/* hooks.client_gone: inputs agreed before the connection's CLOSE may still
+ * be read on fd, whose client is gone. */
+static int reads_may_follow(int fd) {
+  int saved = errno, more = 0;
+  pthread_mutex_lock(&mu);
+  struct conn* c = tracked(fd);
+  if (c && c->replay_slot < 0) {
+    if (!c->eof_submitted) ingest(c); /* the reset: the CLOSE goes to the log */
+    drain_done();
+    more = !eof_ready(c) && !(c->broken && c->consumed >= c->committed_end);
+  }
+  pthread_mutex_unlock(&mu);
+  errno = saved;
+  return more;
 }
 
 static void in_child_after_fork(void) {

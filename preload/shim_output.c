@@ -580,7 +580,7 @@ void out_cut(int fd) {
 /* 1 when fd is a client connection this replica accepted as leader (not a
  * daemon's replay connection, not an inspector's), whose send just failed
  * with errno because its client is gone. */
-static int client_gone(int fd) {
+static int gone_client_send(int fd) {
   if (errno != EPIPE && errno != ECONNRESET) return 0;
   struct conn* c = tracked(fd);
   return c && c->replay_slot < 0;
@@ -597,7 +597,7 @@ static int client_gone(int fd) {
  * stay open, did send them. Keeps errno. */
 static void send_failed(int fd, int slot, const struct send_site* site, const struct iovec* iov,
                         size_t iovcnt) {
-  if (!client_gone(fd)) return;
+  if (!gone_client_send(fd)) return;
   int saved = errno;
   out_cut(fd);
   size_t meant = 0;
@@ -607,17 +607,16 @@ static void send_failed(int fd, int slot, const struct send_site* site, const st
 }
 
 /* What a send returns to the server: n, or, when it failed because the
- * client of a connection this replica accepted is gone, all `meant` bytes,
+ * client of a connection this replica accepted is gone and inputs agreed
+ * before the connection's CLOSE may still be read there, all `meant` bytes,
  * as if sent. A server told of the failure drops the connection at once
- * (redis frees the client): inputs agreed before the client left that it
- * had not read yet would never run here, while every backup's server runs
- * them (its replay connection stays open), and a SET would be on the
- * backups and not here. Told the send succeeded, it reads on; it learns
- * that the client left the way the backups' servers do, from EOF after
- * everything agreed before the connection's CLOSE (ingest submits that
- * CLOSE when it reads the reset). */
+ * (redis frees the client): such inputs would never run here, while every
+ * backup's server runs them (its replay connection stays open), and a SET
+ * would be on the backups and not here. Told the send succeeded, it reads
+ * on, until its EOF is due (hooks.client_gone): then the failure goes
+ * through, so that a server that only writes stops too. */
 static ssize_t as_sent(int fd, ssize_t n, size_t meant) {
-  if (n >= 0 || meant == 0 || !client_gone(fd)) return n;
+  if (n >= 0 || meant == 0 || !gone_client_send(fd) || !hooks.client_gone(fd)) return n;
   return (ssize_t)meant;
 }
 
@@ -702,7 +701,7 @@ int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
   int r = real_sendmmsg(fd, vec, vlen, flags);
   if (slot < 0 || r <= 0) {
     send_end(slot);
-    if (r < 0 && vlen > 0 && client_gone(fd)) {
+    if (r < 0 && vlen > 0 && gone_client_send(fd) && hooks.client_gone(fd)) {
       /* The client is gone: every message as if sent (as_sent). */
       for (unsigned int i = 0; i < vlen; i++) {
         vec[i].msg_len = (unsigned int)iov_bytes(vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen);
@@ -756,7 +755,7 @@ static void sendfile_done(int fd, int slot, const struct send_site* site, int in
  * count returned; n when nothing can be had. */
 static ssize_t sendfile_as_sent(int out_fd, int slot, const struct send_site* site, int in_fd,
                                 off64_t* offset, size_t count, ssize_t n) {
-  if (n >= 0 || count == 0 || !client_gone(out_fd)) return n;
+  if (n >= 0 || count == 0 || !gone_client_send(out_fd) || !hooks.client_gone(out_fd)) return n;
   int saved = errno;
   struct stat st;
   off64_t at = offset ? *offset : lseek64(in_fd, 0, SEEK_CUR);

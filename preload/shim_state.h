@@ -169,6 +169,14 @@ struct ls_hooks {
    * reached stream offset `end` (a send finished): the reply gate
    * (shim_rings.c) and serial_until_reply (shim_serial.c). Without mu. */
   void (*output_reached)(int fd, uint64_t end);
+  /* The output side asks, after a send on fd, a client connection of this
+   * replica's, failed because its client is gone: 1 if the server must be
+   * told it succeeded, since inputs agreed before the connection's CLOSE
+   * may still be read there (shim_output.c as_sent); 0 once it has read all
+   * that will ever come (its EOF is due): the failure goes through. The
+   * input side takes the reset from the kernel first, so that the CLOSE is
+   * submitted also for a server that only writes there. Without mu. */
+  int (*client_gone)(int fd);
 };
 LS_HIDDEN extern struct ls_hooks hooks;
 

@@ -68,7 +68,7 @@ class Harness {
     // Client DATA submissions wait for the test's Complete (leader only),
     // as a leader's inputs wait for their agreement.
     bool hold_data = false;
-    std::string unchecked_replies;  // LOCKSTEP_SHIM_UNCHECKED_RESP
+    std::string unchecked_replies = "";  // LOCKSTEP_SHIM_UNCHECKED_RESP
   };
   struct HeldInput {
     uint64_t seq = 0;
