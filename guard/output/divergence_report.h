@@ -57,9 +57,11 @@ struct DivergenceReport {
   // what both kept).
   int64_t first_difference = -1;
   // The repair.
-  std::string status = "repairing";  // repairing | repaired | failed | not repaired
-  std::string how;                   // rollback | transfer | step down | none
-  std::string action;                // what was done, for people
+  // repairing | repaired | failed | not repaired | interrupted (the leader that
+  // ordered the repair stopped leading before its result came)
+  std::string status = "repairing";
+  std::string how;     // rollback | transfer | step down | none
+  std::string action;  // what was done, for people
   std::string error;
   uint64_t restored_index = 0;
   double restore_ms = 0, total_ms = 0;

@@ -47,6 +47,19 @@ void OutputGuard::Step(uint64_t now) {
   // afresh (its points start now), a backup reports to the new leader.
   bool leading = core_.role() == Role::kLeader;
   if (core_.promised() != ballot_ || leading != leading_) {
+    // Repairs ordered as leader whose results never came: the backup may
+    // still finish one, but answers only the leader of the ballot that
+    // ordered it. Their reports are closed as interrupted (not left
+    // "repairing" for good); the new leader checks the output afresh and
+    // reports again what still differs.
+    for (auto& [id, repair] : repairs_) {
+      DivergenceReport& r = repair.report;
+      r.status = "interrupted";
+      r.error = "this replica stopped leading before replica " + std::to_string(r.replica) +
+                " answered the repair order; the new leader checks its output afresh";
+      Save(r);
+      log_("REPAIR %s interrupted: %s", r.id.c_str(), r.error.c_str());
+    }
     ballot_ = core_.promised();
     leading_ = leading;
     checker_.reset();
