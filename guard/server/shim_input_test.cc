@@ -15,21 +15,28 @@ namespace lockstep::shim_test {
 namespace {
 
 // redis under a leader's shim whose inputs wait for the test's outcome, one
-// client connection (*conn, *fd), and on it "SET a 1" then "SET b 2", held
-// in two inputs (*held).
-void TwoSetsHeld(Harness* h, uint32_t* conn, int* fd, std::vector<Harness::HeldInput>* held) {
-  std::string err;
-  ASSERT_TRUE(h->Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
-  *fd = h->Connect(conn);
-  ASSERT_GE(*fd, 0);
-  SendAll(*fd, Resp({"SET", "a", "1"}));
-  ASSERT_TRUE(h->WaitHeld(1, held));
-  SendAll(*fd, Resp({"SET", "b", "2"}));
-  ASSERT_TRUE(h->WaitHeld(2, held));
-  ASSERT_EQ(held->size(), 2u);
-  EXPECT_EQ((*held)[0].bytes, Resp({"SET", "a", "1"}));
-  EXPECT_EQ((*held)[1].bytes, Resp({"SET", "b", "2"}));
-}
+// client connection (conn, fd), and on it "SET a 1" then "SET b 2", held in
+// two inputs (held).
+struct TwoSetsHeld {
+  Harness h;
+  uint32_t conn = 0;
+  int fd = -1;
+  std::vector<Harness::HeldInput> held;
+
+  void Start() {
+    std::string err;
+    ASSERT_TRUE(h.Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
+    fd = h.Connect(&conn);
+    ASSERT_GE(fd, 0);
+    SendAll(fd, Resp({"SET", "a", "1"}));
+    ASSERT_TRUE(h.WaitHeld(1, &held));
+    SendAll(fd, Resp({"SET", "b", "2"}));
+    ASSERT_TRUE(h.WaitHeld(2, &held));
+    ASSERT_EQ(held.size(), 2u);
+    EXPECT_EQ(held[0].bytes, Resp({"SET", "a", "1"}));
+    EXPECT_EQ(held[1].bytes, Resp({"SET", "b", "2"}));
+  }
+};
 
 // A leader proposed a client's SET; before it was agreed the leadership
 // moved, and the client's next SET, submitted meanwhile, was refused at
@@ -39,19 +46,16 @@ void TwoSetsHeld(Harness* h, uint32_t* conn, int* fd, std::vector<Harness::HeldI
 // the old leader's redis missed a SET the others had (a state check after
 // an election found its reply stream 5 bytes short).
 TEST(ShimInput, AnInputAgreedAfterALaterOneWasRefusedIsRead) {
-  Harness h;
-  uint32_t conn = 0;
-  int fd = -1;
-  std::vector<Harness::HeldInput> held;
-  ASSERT_NO_FATAL_FAILURE(TwoSetsHeld(&h, &conn, &fd, &held));
-  h.Complete(LS_DONE_DROPPED, held[1]);
-  h.Complete(LS_DONE_COMMITTED, held[0]);
+  TwoSetsHeld t;
+  ASSERT_NO_FATAL_FAILURE(t.Start());
+  t.h.Complete(LS_DONE_DROPPED, t.held[1]);
+  t.h.Complete(LS_DONE_COMMITTED, t.held[0]);
   std::string reply;
-  EXPECT_TRUE(ReadUntil(fd, &reply, [](const std::string& b) { return RespReplies(b) >= 1; }))
+  EXPECT_TRUE(ReadUntil(t.fd, &reply, [](const std::string& b) { return RespReplies(b) >= 1; }))
       << "the agreed SET was never read by the server: " << reply;
   EXPECT_EQ(reply, "+OK\r\n");
-  EXPECT_EQ(h.channel_error(), "");
-  close(fd);
+  EXPECT_EQ(t.h.channel_error(), "");
+  close(t.fd);
 }
 
 // A client pipelined two SETs and reset its connection before either was
@@ -63,29 +67,26 @@ TEST(ShimInput, AnInputAgreedAfterALaterOneWasRefusedIsRead) {
 // and the leader did not. It must be told the send succeeded, and read on
 // until EOF, as the backups' servers do.
 TEST(ShimInput, AServerWhoseClientLeftReadsWhatWasAgreedBeforeItsClose) {
-  Harness h;
-  uint32_t conn = 0;
-  int fd = -1;
-  std::vector<Harness::HeldInput> held;
-  ASSERT_NO_FATAL_FAILURE(TwoSetsHeld(&h, &conn, &fd, &held));
+  TwoSetsHeld t;
+  ASSERT_NO_FATAL_FAILURE(t.Start());
   linger reset{1, 0};  // close with a reset: the server's sends fail from here on
-  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
-  close(fd);
-  h.Complete(LS_DONE_COMMITTED, held[0]);
+  ASSERT_EQ(setsockopt(t.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+  close(t.fd);
+  t.h.Complete(LS_DONE_COMMITTED, t.held[0]);
   // Its reply was counted (a failed send's bytes enter the stream as if sent).
-  ASSERT_TRUE(h.WaitRecord(conn, 5));
-  h.Complete(LS_DONE_COMMITTED, held[1]);
+  ASSERT_TRUE(t.h.WaitRecord(t.conn, 5));
+  t.h.Complete(LS_DONE_COMMITTED, t.held[1]);
   // Both replies, then the close: the stream the backups' servers send too.
-  EXPECT_TRUE(h.WaitRecord(conn, 10, LS_OUT_CLOSED)) << "the second SET's reply never came";
+  EXPECT_TRUE(t.h.WaitRecord(t.conn, 10, LS_OUT_CLOSED)) << "the second SET's reply never came";
   uint32_t reader_conn = 0;
-  int reader = h.Connect(&reader_conn);
+  int reader = t.h.Connect(&reader_conn);
   SendAll(reader, Resp({"GET", "b"}));
-  ASSERT_TRUE(h.WaitHeld(3, &held));
-  h.Complete(LS_DONE_COMMITTED, held[2]);
+  ASSERT_TRUE(t.h.WaitHeld(3, &t.held));
+  t.h.Complete(LS_DONE_COMMITTED, t.held[2]);
   std::string reply;
   EXPECT_TRUE(ReadUntil(reader, &reply, [](const std::string& b) { return RespReplies(b) >= 1; }));
   EXPECT_EQ(reply, "$1\r\n2\r\n") << "the SET agreed before the client's close never ran";
-  EXPECT_EQ(h.channel_error(), "");
+  EXPECT_EQ(t.h.channel_error(), "");
   close(reader);
 }
 
