@@ -577,6 +577,12 @@ void out_cut(int fd) {
   errno = saved;
 }
 
+static size_t iov_bytes(const struct iovec* iov, size_t iovcnt) {
+  size_t n = 0;
+  for (size_t i = 0; i < iovcnt; i++) n += iov[i].iov_len;
+  return n;
+}
+
 /* 1 when fd is a client connection this replica accepted as leader (not a
  * daemon's replay connection, not an inspector's), whose send just failed
  * with errno because its client is gone. */
@@ -600,8 +606,7 @@ static void send_failed(int fd, int slot, const struct send_site* site, const st
   if (!gone_client_send(fd)) return;
   int saved = errno;
   out_cut(fd);
-  size_t meant = 0;
-  for (size_t i = 0; i < iovcnt; i++) meant += iov[i].iov_len;
+  size_t meant = iov_bytes(iov, iovcnt);
   if (meant > 0) out_sent(fd, slot, site, iov, iovcnt, meant);
   errno = saved;
 }
@@ -618,12 +623,6 @@ static void send_failed(int fd, int slot, const struct send_site* site, const st
 static ssize_t as_sent(int fd, ssize_t n, size_t meant) {
   if (n >= 0 || meant == 0 || !gone_client_send(fd) || !hooks.client_gone(fd)) return n;
   return (ssize_t)meant;
-}
-
-static size_t iov_bytes(const struct iovec* iov, size_t iovcnt) {
-  size_t n = 0;
-  for (size_t i = 0; i < iovcnt; i++) n += iov[i].iov_len;
-  return n;
 }
 
 void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {

@@ -64,22 +64,14 @@ const std::pair<uint64_t, OutputChecker::LeaderRec>* OutputChecker::LeaderNewest
 }
 
 bool OutputChecker::PastCut(const ConnKey& key, uint64_t offset) const {
-  auto cut = cut_.find(key);
-  if (cut == cut_.end()) return false;
-  // A send the kernel took just before the client's reset may be counted
-  // after the cut: the leader's stream ends at its newest point.
-  const auto* newest = LeaderNewest(key);
-  return offset > std::max(cut->second, newest ? newest->first : 0);
-}
-
-bool OutputChecker::AtOrPastCut(const OutputPoint& p) const {
   // Past the cut the leader's server goes on "sending" (the shim tells it
   // its sends succeed, so that it reads what was agreed before the
   // client's CLOSE: preload/shim_output.c as_sent), and how far each server
   // gets there (until it reads EOF, or its daemon stops reading its replay
-  // connection) is a matter of timing.
-  auto cut = cut_.find(p.key);
-  return cut != cut_.end() && p.offset >= cut->second;
+  // connection) is a matter of timing. A point there that the leader has
+  // too was compared already (Compare).
+  auto cut = cut_.find(key);
+  return cut != cut_.end() && offset >= cut->second;
 }
 
 void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
@@ -267,7 +259,7 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
     if (suspended(p.replica)) continue;
     if (Compare(p.replica, p.p, now_us)) continue;
     if (now_us - p.since_us >= kPendingUs) {
-      if (PastCut(p.p.key, p.p.offset) || AtOrPastCut(p.p))
+      if (PastCut(p.p.key, p.p.offset))
         past_cut_++;  // the leader's client left before: no client got these bytes
       else if (!JudgeLength(p, now_us, &out))
         unchecked_++;  // the leader never had a point there (its writes ended elsewhere)

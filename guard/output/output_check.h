@@ -158,12 +158,10 @@ class OutputChecker {
   LeaderRec* FindLeader(const ConnKey& key, uint64_t offset);
   // The leader's newest point on the connection (recent or mark); null: none.
   const std::pair<uint64_t, LeaderRec>* LeaderNewest(const ConnKey& key) const;
-  // The leader's client went away on the connection, and offset is past
-  // the leader's stream: nothing there to compare a backup's point with.
+  // The leader's client went away on the connection, and offset is at or
+  // past where it did: a backup's point there is compared where the leader
+  // has a point, never judged for length.
   bool PastCut(const ConnKey& key, uint64_t offset) const;
-  // A backup's point at or past the leader's cut: compared where the
-  // leader has a point, never judged for length.
-  bool AtOrPastCut(const OutputPoint& p) const;
 
   // Compares one backup point with the leader's; false: no leader point yet.
   bool Compare(int replica, const OutputPoint& p, uint64_t now_us);
