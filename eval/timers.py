@@ -166,9 +166,11 @@ def report(res, js):
                     f"{r['daemons_cpu_pct']:.1f} | {r['servers_cpu_pct']:.1f} |"
                 )
         lines.append("")
-    cpu = res.get("cpu_samples") or []
-    on = [c["ratio"] for c in cpu if c["pair"] == "on/off" and c["ratio"]]
-    control = [c["ratio"] for c in cpu if c["pair"] == "off2/off" and c["ratio"]]
+    # A window whose loadgen did nothing has no ratio (equal_load_cpu logged it); the others
+    # are the measurement.
+    cpu = [c for c in res.get("cpu_samples") or [] if c["ratio"] is not None]
+    on = [c["ratio"] for c in cpu if c["pair"] == "on/off"]
+    control = [c["ratio"] for c in cpu if c["pair"] == "off2/off"]
     if on:
         med = statistics.median(on)
         on_us = statistics.median(c["on"]["cpu_us_per_op"] for c in cpu if c["pair"] == "on/off")
@@ -271,6 +273,8 @@ def main():
                 apps.prefill("redis", addr, divergence.COST_KEYS, divergence.COST_VALUE)
             if a.cpu_repeats:
                 divergence.equal_load_cpu(ctx, a, dirs, addrs, res)
+                if not any(c["ratio"] for c in res["cpu_samples"] if c["pair"] == "on/off"):
+                    raise Failed(f"no equal-load window measured: {res['cpu_samples']}")
             for m, d in dirs.items():
                 divergence.same_data(m, d)
     except (Failed, subprocess.SubprocessError, OSError) as e:

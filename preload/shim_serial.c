@@ -134,6 +134,47 @@ static int thread_sleeps(pid_t proc_tid) {
   return end && end[1] == ' ' && end[2] == 'S';
 }
 
+/* Another thread of the server than `holder` and the caller is running or
+ * runnable ('R'), or in the disk ('D'): the holder, asleep, may be waiting
+ * for it (a Python thread for the interpreter's lock, which the running
+ * thread gives back within milliseconds), not for a later input, and
+ * letting the next input in would run the two at once. Read from /proc with
+ * raw getdents64 into the stack (no allocation). 0 without /proc. */
+static int another_thread_runs(pid_t holder) {
+  int dir =
+      (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  pid_t me = self_proc_tid();
+  int runs = 0;
+  char buf[2048], path[64], stat[256];
+  long n;
+  while (!runs && (n = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+    for (long at = 0; at < n && !runs;) {
+      struct linux_dirent64 {
+        uint64_t d_ino;
+        int64_t d_off;
+        unsigned short d_reclen;
+        unsigned char d_type;
+        char d_name[];
+      }* d = (struct linux_dirent64*)(buf + at);
+      at += d->d_reclen;
+      pid_t tid = (pid_t)strtol(d->d_name, NULL, 10);
+      if (tid <= 0 || tid == holder || tid == me) continue;
+      snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+      int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue; /* ended meanwhile */
+      ssize_t len = syscall(SYS_read, fd, stat, sizeof stat - 1);
+      real_close(fd);
+      if (len <= 0) continue;
+      stat[len] = 0;
+      const char* end = strrchr(stat, ')');
+      runs = end && end[1] == ' ' && (end[2] == 'R' || end[2] == 'D');
+    }
+  }
+  real_close(dir);
+  return runs;
+}
+
 static void wake_next_turn(int my_epfd);
 
 static void exec_release(void) {
@@ -258,7 +299,11 @@ static int holder_in_cond(void) {
  * the server's own, which a running thread releases soon, and which may be
  * taken on one replica and not on another) only once it was for
  * LS_SERIAL_ASLEEP_ELSEWHERE_NS: letting the next input in beside it would
- * run the two at once. mu held, exec_tid set. */
+ * run the two at once. A look that finds another thread of the server
+ * running does not count: the holder may be waiting for that thread (a
+ * Python server's request thread waits for the interpreter's lock whenever
+ * a thread of the server's own runs), and only where every other thread
+ * waits too can a later input be what it waits for. mu held, exec_tid set. */
 static int holder_holds(int until_reply) {
   uint64_t now = now_ns(), held = now - exec_since_ns;
   if (held < LS_SERIAL_LOOK_NS || ((until_reply || serial_sleep_keeps) && held < LS_SERIAL_EXEC_NS))
@@ -266,7 +311,10 @@ static int holder_holds(int until_reply) {
   if (held < LS_SERIAL_EXEC_NS) {
     if (now < exec_next_look_ns) return 1;
     exec_next_look_ns = now + LS_SERIAL_LOOK_NS;
-    exec_asleep = thread_sleeps(exec_proc_tid) ? exec_asleep + 1 : 0;
+    int saved = errno;
+    exec_asleep =
+        thread_sleeps(exec_proc_tid) && !another_thread_runs(exec_proc_tid) ? exec_asleep + 1 : 0;
+    errno = saved;
     int looks = !parking() || holder_in_cond()
                     ? 2
                     : (int)(LS_SERIAL_ASLEEP_ELSEWHERE_NS / LS_SERIAL_LOOK_NS);

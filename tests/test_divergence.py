@@ -324,18 +324,16 @@ def test_a_backup_whose_reply_differs_before_the_cut_is_still_detected(cluster):
     first = min(rs, key=lambda r: r["found_unix_ms"])
     assert first["replica"] == b and not first["leader_diverged"], first
     assert first["first_difference"] < 100, first
-    # Under ASan the leadership once moved mid-repair, to replica b itself: the
-    # first leader's report was closed as interrupted, and b, leading, found
-    # its own output outvoted (a second report, leader_diverged) and was
-    # repaired from a peer. Any report past the first must come of such a move.
+    # A leadership move mid-repair (seen under ASan) closes the first leader's
+    # report as interrupted. The next leader checks afresh: if b's repair had
+    # not ended, it reports b again (outvoted when b itself leads, plainly when
+    # the third replica does). Whichever way it went, every report is about b,
+    # each before the last was interrupted, none failed, and the replicas end
+    # with the same data.
     assert all(r["replica"] == b for r in rs), rs
-    assert any(r["status"] == "repaired" for r in rs), rs
-    if len(rs) > 1:
-        assert first["status"] == "interrupted", rs
-        others = [r for r in rs if r is not first]
-        assert all(r["leader_diverged"] and r["status"] == "repaired" for r in others), rs
-    else:
-        assert first["status"] == "repaired", first
+    rs = sorted(rs, key=lambda r: r["found_unix_ms"])
+    assert all(r["status"] == "interrupted" for r in rs[:-1]), rs
+    assert rs[-1]["status"] in ("repaired", "interrupted"), rs
     client.close()
     assert_same_data(c)
 
