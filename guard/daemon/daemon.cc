@@ -45,9 +45,10 @@ namespace lockstep {
 namespace {
 
 constexpr uint64_t kTruncateCheckUs = 1000000;
-// A leader writes a lone proposal in its own thread only while writes take
-// less than this (well under the shortest election timeout, 50 ms).
-constexpr double kInlineWriteMaxUs = 10000;
+// A leader writes a lone proposal in its own thread only after this many
+// writes in a row each took at most DiskWriter::kFastWriteUs (well under the
+// shortest election timeout, 50 ms).
+constexpr uint64_t kInlineAfterFastWrites = 64;
 constexpr auto kPeerCheckpointPoll = std::chrono::seconds(2);
 
 class Daemon : public EventLoop::Body {
@@ -554,8 +555,12 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
     // failing) hands even a lone proposal to the thread: written here, the
     // next slow write would silence its heartbeats for longer than the
     // backups wait (they are not stalled themselves, so they would elect),
-    // while through the thread the backups' own writes commit it.
-    bool disk_slow = writer_->Poll().last_write_us > kInlineWriteMaxUs;
+    // while through the thread the backups' own writes commit it. One fast
+    // write is not enough to trust the disk again, nor is a fresh start: on
+    // CI a new leader's first inline write took 92 ms, its backups elected
+    // another and every client was cut. So the thread writes until the last
+    // kInlineAfterFastWrites writes were all fast.
+    bool disk_slow = writer_->Poll().fast_writes < kInlineAfterFastWrites;
     bool leader_async = core_->role() == Role::kCandidate ||
                         (core_->role() == Role::kLeader &&
                          (disk_slow || !(p.entries.size() == 1 &&
