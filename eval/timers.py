@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import shutil
 import signal
 import statistics
 import subprocess
@@ -282,6 +283,8 @@ def main():
         res["failed"].append(str(e))
     finally:
         ctx.procs.stop_all()  # a loadgen left by a failure
+        apps.kill_leftovers(work)
+        shutil.rmtree(work, ignore_errors=True)  # a failure's logs went to ctx's folder
     res["elapsed_s"] = time.monotonic() - t0
     report(res, js)
     return 1 if res["failed"] else 0
