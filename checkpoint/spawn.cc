@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,19 @@ extern char** environ;
 
 namespace lockstep {
 namespace {
+
+// The priority this process started with, read before main: the daemon's
+// threads raise theirs (guard/common/event_loop.cc, nice -10) so that a busy
+// host cannot starve their heartbeats, and a child inherits its spawning
+// thread's. A helper (criu dumping 30 MB, a state probe, a server started
+// afresh) at -10 took the CPU from the daemons it was meant to yield to: on
+// CI a leader went unscheduled for 79 ms while two backups' criu dumps ran,
+// and its backups elected another. So children run at this one.
+const int start_nice = [] {
+  errno = 0;
+  int n = getpriority(PRIO_PROCESS, 0);
+  return errno ? 0 : n;
+}();
 
 // What the child reports through the CLOEXEC pipe when it cannot exec.
 struct ChildFailure {
@@ -66,6 +80,8 @@ struct ChildPlan {
     (void)ignored;
     _exit(127);
   };
+  // Lowering a priority needs no privilege; failing leaves the daemon's.
+  if (getpriority(PRIO_PROCESS, 0) != start_nice) setpriority(PRIO_PROCESS, 0, start_nice);
   // The program inherits neither the daemon's blocked signals nor its handlers.
   sigset_t all;
   sigfillset(&all);

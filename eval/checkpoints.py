@@ -252,13 +252,39 @@ def run_loadgen(ctx, addr, conns, seconds, keys, size, ops_per_conn=0):
     return finish_loadgen(ctx, p, seconds + 60)
 
 
-def checkpoint_now(d, bid, timeout=90.0):
-    """`checkpoint now --id B --wait`; returns {index, dump_us, bytes, wall_s} or raises.
+def checkpoint_now(d, bid, timeout=90.0, or_another=True):
+    """`checkpoint now --id B --wait`; returns {index, dump_us, bytes, wall_s, replica} or
+    raises.
 
     `--wait` returns when the replica's count of checkpoints taken moves, which may be a
     checkpoint of its own policy that was still being committed (hashed, fsynced) when this
     one was asked for: then this waits for one at or past the index the replica had applied
-    when it was asked, which is the one asked for."""
+    when it was asked, which is the one asked for.
+
+    A leader never checkpoints on request, and the leadership may move to B between the
+    caller's look at the status and the request (CI's loaded machine: "replica 0 is not a
+    backup"): with or_another, another backup of the moment is asked instead (the result
+    names it), up to three times."""
+    for _ in range(3):
+        try:
+            return checkpoint_now_of(d, bid, timeout)
+        except NotABackup:
+            if not or_another:
+                raise
+            time.sleep(0.5)  # the election's end
+            bs = backups(wait_quiet(d))
+            if not bs:
+                raise
+            log(f"  replica {bid} leads now: checkpointing replica {bs[0]} instead")
+            bid = bs[0]
+    return checkpoint_now_of(d, bid, timeout)
+
+
+class NotABackup(Failed):
+    """`checkpoint now` refused: the replica leads."""
+
+
+def checkpoint_now_of(d, bid, timeout):
     rep = replica(status(d), bid) or {}
     applied = rep.get("applied_index", 0)
     t0 = time.monotonic()
@@ -270,7 +296,8 @@ def checkpoint_now(d, bid, timeout=90.0):
     out = (r.stdout + r.stderr).strip()
     m = re.search(r"checkpoint (\d+) taken", out)
     if r.returncode != 0 or not m:
-        raise Failed(f"checkpoint now --id {bid}: {out[-400:]}")
+        kind = NotABackup if "is not a backup" in out else Failed
+        raise kind(f"checkpoint now --id {bid}: {out[-400:]}")
     index, early = int(m.group(1)), None
     if index < applied:
         early = index
@@ -446,7 +473,7 @@ def phase_checkpoint(ctx, a, res):
                     time.sleep(0.5)
             finally:
                 ctx.procs.stop(lg)  # SIGTERM by pid; its numbers are not needed here
-            lo, hi = applying_pause(pol.samples, bid, cp["t0"], cp["t1"])
+            lo, hi = applying_pause(pol.samples, cp["replica"], cp["t0"], cp["t1"])
             cp.update(pause_lo_s=lo, pause_hi_s=hi, poll_samples=len(pol.samples))
             loaded.append(cp)
             log(
@@ -487,8 +514,8 @@ def transfer_pair(d, a, i, lc, transfers):
     from its own checkpoint), appended to transfers as they are measured."""
     st = wait_quiet(d)
     bid, other = backups(st)[i % 2], backups(st)[(i + 1) % 2]
-    checkpoint_now(d, bid)
-    src = checkpoint_now(d, other)
+    checkpoint_now(d, bid, or_another=False)  # these two: the test is about them
+    src = checkpoint_now(d, other, or_another=False)
     t = {"replica": bid, "source": other, "source_checkpoint": src}
     transfers.append(t)
     end = time.monotonic() + 30

@@ -925,6 +925,7 @@ def repair_one(ctx, a, d, res, i):
     marker = new_marker(i + 100)
     try:
         cp = checkpoints.checkpoint_now(d, bid)
+        bid = cp["replica"]  # another backup, if bid came to lead meanwhile
     except Failed as e:  # a finding, not the end of the phase: it has older checkpoints
         log(f"repair {i + 1}: {e}")
         res.setdefault("anomalies", []).append(f"trial {i + 1}: {e}")

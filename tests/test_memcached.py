@@ -241,6 +241,41 @@ def test_bad_input_gets_errors_and_the_replicas_stay_alike(memcached_cluster):
     wait_replicas_match(c, view, {"after": b"ok", "half": None, "huge": None})
 
 
+def test_a_pipelined_batch_executes_whole_before_the_next_connections_input(memcached_cluster):
+    # 200 gets of one key sent at once, and a set of that key on another
+    # connection right behind them. memcached by default goes back to its
+    # event loop after 20 requests of a read, and serial_inputs took that for
+    # the end of the input: a backup, where the set is agreed already, ran it
+    # after the first 20 gets, the leader, where it was agreed later, after
+    # all 200, and the gets' replies differed (the profile's -R makes the
+    # batch one input). Every replica's replies must be the leader's.
+    c = memcached_cluster
+    addr = c.client_addr()
+    batch, setter = socket.create_connection(addr, 30), socket.create_connection(addr, 30)
+    with batch, setter, batch.makefile("rb") as replies, setter.makefile("rb") as stored:
+        for n in range(5):
+            batch.sendall(b"set k 0 0 3\r\nold\r\n")
+            assert replies.readline() == b"STORED\r\n"
+            batch.sendall(b"get k\r\n" * 200)
+            setter.sendall(b"set k 0 0 3\r\nnew\r\n")
+            for _ in range(200):
+                assert replies.readline().startswith(b"VALUE k 0 3")
+                assert replies.readline() in (b"old\r\n", b"new\r\n")
+                assert replies.readline() == b"END\r\n"
+            assert stored.readline() == b"STORED\r\n"
+
+    def view(a):
+        m = Memcached(a, inspect=True)
+        try:
+            return {"k": m.get("k")}
+        finally:
+            m.close()
+
+    wait_replicas_match(c, view, {"k": b"new"})
+    time.sleep(2)  # the output check's points, judged as they come
+    assert divergence_reports(c) == []
+
+
 def divergence_reports(cluster):
     return json.loads(run("divergence", "list", "--json", "--dir", cluster.dir).stdout)
 
