@@ -334,6 +334,16 @@ def equal_load_cpu(ctx, a, dirs, addrs, res, children=False):
             )
 
 
+def measured_cpu_windows(res, require=True):
+    """equal_load_cpu's windows that have a ratio: one whose loadgen did nothing has none
+    (equal_load_cpu logged it), and the rest are the measurement. With require, none at all
+    among on/off, where windows were taken, is a failure, not a median of nothing."""
+    cpu = [c for c in res.get("cpu_samples") or [] if c["ratio"] is not None]
+    if require and res.get("cpu_samples") and not any(c["pair"] == "on/off" for c in cpu):
+        raise Failed(f"no equal-load window measured: {res['cpu_samples']}")
+    return cpu
+
+
 def profile_without(work, field, app="redis"):
     """apps/APP.toml without its line `field = ...` (once, or Failed), written into work/:
     the same profile with one feature off."""
@@ -433,11 +443,7 @@ def summarize_cost(res):
         f"{s['p50_1_on_us']:.1f} - {s['p50_1_off_us']:.1f} = {s['p50_1_added_us']:+.1f} µs "
         f"(target <= +{TARGET_P50_ADD_US:g} µs)"
     )
-    # A window whose loadgen did nothing has no ratio (equal_load_cpu logged it); the rest
-    # are the measurement, and none at all is a failure, not a median of nothing.
-    cpu = [c for c in res.get("cpu_samples") or [] if c["ratio"] is not None]
-    if res.get("cpu_samples") and not any(c["pair"] == "on/off" for c in cpu):
-        raise Failed(f"no equal-load window measured: {res['cpu_samples']}")
+    cpu = measured_cpu_windows(res)
     if cpu:
         s["cpu_rate"] = res.get("cpu_rate")
         s["cpu_ratio_per_repeat"] = [c["ratio"] for c in cpu if c["pair"] == "on/off"]

@@ -116,22 +116,30 @@ static pid_t self_proc_tid(void) {
   return task ? (pid_t)strtol(task + 6, NULL, 10) : 0;
 }
 
-/* The thread (its number in /proc) is asleep in the kernel ('S' in its
- * stat): waiting on a lock or a condition, not running and not on the disk
- * ('D'). Not known (no /proc): taken as awake, and only the holder's
- * LS_SERIAL_EXEC_NS lets the next input in. */
-static int thread_sleeps(pid_t proc_tid) {
-  if (!proc_tid) return 0;
+/* The state letter of a thread of this process (its number in /proc) from
+ * its stat: 'R' running or runnable, 'S' asleep, 'D' in the disk...; 'X'
+ * when it is gone (no such task), 0 when its stat could not be read. */
+static char thread_state(pid_t proc_tid) {
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)proc_tid);
   int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 1; /* the thread is gone */
+  if (fd < 0) return 'X';
   ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
   real_close(fd);
   if (n <= 0) return 0;
   buf[n] = 0;
   const char* end = strrchr(buf, ')'); /* after the name, which may hold anything */
-  return end && end[1] == ' ' && end[2] == 'S';
+  return end && end[1] == ' ' ? end[2] : 0;
+}
+
+/* The thread (its number in /proc) is asleep in the kernel ('S' in its
+ * stat): waiting on a lock or a condition, not running and not on the disk
+ * ('D'), or gone. Not known (no /proc): taken as awake, and only the
+ * holder's LS_SERIAL_EXEC_NS lets the next input in. */
+static int thread_sleeps(pid_t proc_tid) {
+  if (!proc_tid) return 0;
+  char state = thread_state(proc_tid);
+  return state == 'S' || state == 'X';
 }
 
 /* Another thread of the server than `holder` and the caller is running or
@@ -146,7 +154,7 @@ static int another_thread_runs(pid_t holder) {
   if (dir < 0) return 0;
   pid_t me = self_proc_tid();
   int runs = 0;
-  char buf[2048], path[64], stat[256];
+  char buf[2048];
   long n;
   while (!runs && (n = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
     for (long at = 0; at < n && !runs;) {
@@ -160,15 +168,8 @@ static int another_thread_runs(pid_t holder) {
       at += d->d_reclen;
       pid_t tid = (pid_t)strtol(d->d_name, NULL, 10);
       if (tid <= 0 || tid == holder || tid == me) continue;
-      snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-      int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue; /* ended meanwhile */
-      ssize_t len = syscall(SYS_read, fd, stat, sizeof stat - 1);
-      real_close(fd);
-      if (len <= 0) continue;
-      stat[len] = 0;
-      const char* end = strrchr(stat, ')');
-      runs = end && end[1] == ' ' && (end[2] == 'R' || end[2] == 'D');
+      char state = thread_state(tid);
+      runs = state == 'R' || state == 'D';
     }
   }
   real_close(dir);

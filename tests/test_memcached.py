@@ -251,6 +251,7 @@ def test_a_pipelined_batch_executes_whole_before_the_next_connections_input(memc
     # batch one input). Every replica's replies must be the leader's.
     c = memcached_cluster
     addr = c.client_addr()
+    before = c.status()
     batch, setter = socket.create_connection(addr, 30), socket.create_connection(addr, 30)
     with batch, setter, batch.makefile("rb") as replies, setter.makefile("rb") as stored:
         for n in range(5):
@@ -272,7 +273,8 @@ def test_a_pipelined_batch_executes_whole_before_the_next_connections_input(memc
             m.close()
 
     wait_replicas_match(c, view, {"k": b"new"})
-    time.sleep(2)  # the output check's points, judged as they come
+    # Both connections' ends judged on every backup (a leader change: None).
+    assert c.wait_judged(before, ends=2) is not None, c.status()
     assert divergence_reports(c) == []
 
 
