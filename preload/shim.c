@@ -210,7 +210,10 @@ static size_t take(struct conn* c, const struct iovec* iov, int iovcnt, int peek
     done += n;
   }
   if (!peek) {
-    if (done) serial_begin(c);
+    if (done) {
+      serial_begin(c);
+      clk_release(); /* this thread's clock reads its input's stamp */
+    }
     c->consumed = from;
     head_reports = 0; /* the server is reading: progress, not neglect */
     head_since_ns = now_ns();

@@ -108,6 +108,10 @@
  * returns at the same point of the log, under the same stamp, and never
  * otherwise. While timers are on, CLOCK_MONOTONIC (and _COARSE, _RAW,
  * BOOTTIME) read the stamp as well: servers compute their timers with it.
+ * A thread that such a wait returns for anything but its tick (a new
+ * connection: accepts are not in the delivery order) reads its clocks
+ * standing still until it takes a tick or an input (shim_clock.c, clk_hold):
+ * a timer it looks at there never fires out of the log's order.
  *
  * Sleeping: a side about to sleep announces it (server_sleepers for a
  * server's thread that sleeps watching the eventfd, futex_sleepers for one

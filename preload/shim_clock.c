@@ -69,6 +69,23 @@
  *    same image, lead included; without that, each replica's lead would be
  *    its own machine's and their monotonic clocks would differ.
  *
+ *  - With timers in the log, a thread woken in a ticking epoll set by
+ *    anything but its tick (a new connection, a wait that a checkpoint's
+ *    dump interrupted) finds its clocks standing still at what it read
+ *    last, until it takes a tick or reads an input (clk_hold, clk_release).
+ *    The stamp is the newest input any thread has read, and when such a
+ *    wake-up comes differs on every replica (on a backup the daemon's
+ *    replay connection arrives whenever the daemon reaches its ACCEPT):
+ *    memcached's main thread, woken for a connection, looked at the clock,
+ *    found the stamp past its 1 s timer's deadline while the tick for it
+ *    was still on its way, and stepped `current_time` there, at another
+ *    input on each replica (CI: items set in the same second expired a
+ *    second apart on a backup). Standing still, the clock is never past
+ *    the deadline the thread computed before it waited, so its timers fire
+ *    at ticks only. What the thread last read is the same everywhere: a
+ *    tick's or an input's stamp while it held the serial turn, or a
+ *    cloned image's reading.
+ *
  * The stamp lives in the server's memory: a CRIU checkpoint carries it, and
  * a restored server goes on from the checkpoint's time. A forked child (a
  * redis BGSAVE) reads the real clock: it processes no input.
@@ -121,6 +138,13 @@ static _Atomic(uint64_t) clk_ns; /* the stamp the clock reads (0: no input yet: 
 /* What the monotonic clocks read less than the stamp while timers are in
  * the log: 0, or a clone's wall clock lead at start-up (see above). */
 static uint64_t clk_mono_behind_ns;
+
+/* Per thread (clk_hold): whether its clocks stand still, and what it read
+ * last from the wall and the monotonic family (ns on each one's scale; 0:
+ * nothing yet). Recorded only while timers are in the log. */
+static __thread int clk_held;
+static __thread uint64_t clk_last_wall_ns;
+static __thread uint64_t clk_last_mono_ns;
 
 static void clk_in_child(void) {
   clk_on = 0; /* a forked child processes no input: the real clock */
@@ -182,30 +206,64 @@ uint64_t real_wall_ns(void) {
   return real_ns(CLOCK_REALTIME);
 }
 
-/* The stamp the wall clock reads now; 0: the real clock. */
-static inline uint64_t clk_stamp(void) {
-  return clk_on ? atomic_load_explicit(&clk_ns, memory_order_relaxed) : 0;
+/* The clocks the shim answers: the wall family reads the stamp whenever
+ * same_clock is on, the monotonic one only while timers are in the log
+ * (it computes the server's timers then); any other clock stays real. */
+enum clk_family { CLK_REAL, CLK_WALL, CLK_MONO };
+
+static enum clk_family family_of(clockid_t id) {
+  if (!clk_on) return CLK_REAL;
+  if (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE) return CLK_WALL;
+  if (clk_ticks && (id == CLOCK_MONOTONIC || id == CLOCK_MONOTONIC_COARSE ||
+                    id == CLOCK_MONOTONIC_RAW || id == CLOCK_BOOTTIME))
+    return CLK_MONO;
+  return CLK_REAL;
+}
+
+static uint64_t* last_read(enum clk_family f) {
+  return f == CLK_WALL ? &clk_last_wall_ns : &clk_last_mono_ns;
+}
+
+/* What family f reads now in this thread, on its own scale (the monotonic
+ * one is the stamp less clk_mono_behind_ns); 0: the real clock (before the
+ * first input, or a clock left real). Nothing recorded. */
+static uint64_t clk_peek(enum clk_family f) {
+  if (f == CLK_REAL) return 0;
+  if (clk_held && *last_read(f)) return *last_read(f);
+  uint64_t t = atomic_load_explicit(&clk_ns, memory_order_relaxed);
+  if (!t) return 0;
+  return f == CLK_MONO && t > clk_mono_behind_ns ? t - clk_mono_behind_ns : t;
+}
+
+/* The same, as the server's read: remembered for clk_hold. */
+static uint64_t clk_read(enum clk_family f) {
+  uint64_t r = clk_peek(f);
+  if (r && clk_ticks) *last_read(f) = r;
+  return r;
+}
+
+/* The server read the real clock of family f (no stamp yet): remembered. */
+static void clk_read_real(enum clk_family f, uint64_t ns) {
+  if (f != CLK_REAL && clk_ticks) *last_read(f) = ns;
+}
+
+void clk_hold(void) { /* shim_clock.h */
+  if (clk_ticks) clk_held = 1;
+}
+
+void clk_release(void) { /* shim_clock.h */
+  clk_held = 0;
 }
 
 uint64_t clk_now_ns(void) {
-  uint64_t t = clk_stamp();
+  if (clk_held && (clk_last_wall_ns || clk_last_mono_ns)) {
+    /* The later of the two readings (the monotonic one on the wall's
+     * scale): the server computed its timeout from one of them. */
+    uint64_t mono = clk_last_mono_ns ? clk_last_mono_ns + clk_mono_behind_ns : 0;
+    return clk_last_wall_ns > mono ? clk_last_wall_ns : mono;
+  }
+  uint64_t t = clk_peek(clk_on ? CLK_WALL : CLK_REAL);
   return t ? t : real_wall_ns();
-}
-
-/* The clocks that read the stamp while timers are in the log. */
-static int clk_mono(clockid_t id) {
-  return clk_ticks && (id == CLOCK_MONOTONIC || id == CLOCK_MONOTONIC_COARSE ||
-                       id == CLOCK_MONOTONIC_RAW || id == CLOCK_BOOTTIME);
-}
-
-/* The clocks that read the stamp (when there is one). */
-static int clk_stamped(clockid_t id) {
-  return id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE || clk_mono(id);
-}
-
-/* What stamped clock `id` reads at stamp t. */
-static inline uint64_t clk_reading(clockid_t id, uint64_t t) {
-  return clk_mono(id) && t > clk_mono_behind_ns ? t - clk_mono_behind_ns : t;
 }
 
 static void to_timespec(uint64_t ns, struct timespec* ts) {
@@ -227,27 +285,40 @@ static int64_t tai_offset_ns(void) {
 
 /* ------------------------------------------------------------ the calls */
 
+static uint64_t ns_of(const struct timespec* ts) {
+  return (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec;
+}
+
 int clock_gettime(clockid_t id, struct timespec* ts) {
   LS_REAL(clock_gettime);
-  uint64_t t = clk_stamp();
+  enum clk_family f = family_of(id);
+  uint64_t t = clk_read(f);
   if (t) {
-    if (clk_stamped(id)) {
-      to_timespec(clk_reading(id, t), ts);
-      return 0;
-    }
-    if (id == CLOCK_TAI) {
-      int saved = errno;
-      to_timespec(t + (uint64_t)tai_offset_ns(), ts);
-      errno = saved;
-      return 0;
-    }
+    to_timespec(t, ts);
+    return 0;
   }
-  return real_clock_gettime(id, ts);
+  if (id == CLOCK_TAI && (t = clk_peek(clk_on ? CLK_WALL : CLK_REAL))) {
+    int saved = errno;
+    to_timespec(t + (uint64_t)tai_offset_ns(), ts);
+    errno = saved;
+    return 0;
+  }
+  int rc = real_clock_gettime(id, ts);
+  if (rc == 0) clk_read_real(f, ns_of(ts));
+  return rc;
+}
+
+/* The wall clock as the server reads it (remembered for clk_hold). */
+static uint64_t wall_read(void) {
+  if (!clk_on) return 0;
+  uint64_t t = clk_read(CLK_WALL);
+  if (!t && clk_ticks) clk_read_real(CLK_WALL, t = real_wall_ns());
+  return t;
 }
 
 int gettimeofday(struct timeval* restrict tv, void* restrict tz) {
   LS_REAL(gettimeofday);
-  uint64_t t = clk_stamp();
+  uint64_t t = wall_read();
   if (!t) return real_gettimeofday(tv, tz);
   if (tz) memset(tz, 0, sizeof(struct timezone)); /* obsolete: glibc >= 2.31 zeroes it too */
   tv->tv_sec = (time_t)(t / 1000000000ull);
@@ -257,7 +328,7 @@ int gettimeofday(struct timeval* restrict tv, void* restrict tz) {
 
 time_t time(time_t* tloc) {
   LS_REAL(time);
-  uint64_t t = clk_stamp();
+  uint64_t t = wall_read();
   if (!t) return real_time(tloc);
   time_t s = (time_t)(t / 1000000000ull);
   if (tloc) *tloc = s;
@@ -266,8 +337,8 @@ time_t time(time_t* tloc) {
 
 int timespec_get(struct timespec* ts, int base) {
   LS_REAL(timespec_get);
-  uint64_t t = clk_stamp();
-  if (!t || base != TIME_UTC) return real_timespec_get(ts, base);
+  uint64_t t = base == TIME_UTC ? wall_read() : 0;
+  if (!t) return real_timespec_get(ts, base);
   to_timespec(t, ts);
   return base;
 }
@@ -290,15 +361,13 @@ int timespec_get(struct timespec* ts, int base) {
  * timers in the log, by the ticks of its epoll waits). */
 const struct timespec* clk_deadline(clockid_t id, const struct timespec* abs,
                                     struct timespec* out) {
-  uint64_t t = clk_stamp();
-  if (!t || !clk_stamped(id) || !abs || abs->tv_nsec < 0 || abs->tv_nsec >= 1000000000l ||
-      abs->tv_sec < 0)
+  uint64_t t = clk_peek(family_of(id)); /* what the server computed it from */
+  if (!t || !abs || abs->tv_nsec < 0 || abs->tv_nsec >= 1000000000l || abs->tv_sec < 0)
     return abs; /* the real clock, or not ours to judge (the call says EINVAL) */
   int saved = errno;
   uint64_t real = real_ns(id);
   errno = saved;
-  uint64_t want = (uint64_t)abs->tv_sec * 1000000000ull + (uint64_t)abs->tv_nsec;
-  t = clk_reading(id, t);
+  uint64_t want = ns_of(abs);
   to_timespec(want > t ? real + (want - t) : real, out);
   return out;
 }

@@ -22,6 +22,11 @@ LS_HIDDEN extern int clk_ticks;
 /* The server's wall clock now: the stamp, or the real clock before the
  * first input. */
 LS_HIDDEN uint64_t clk_now_ns(void);
+/* Timers in the log: this thread waits in a ticking epoll set; whatever
+ * wakes it but its tick leaves its clocks standing still at what it read
+ * last (shim_clock.c), until clk_release: it took a tick or read an input. */
+LS_HIDDEN void clk_hold(void);
+LS_HIDDEN void clk_release(void);
 /* The server began to read an input stamped clock_ns (0: no stamp): its
  * wall clock reads that from now on, never less than before. mu held. */
 LS_HIDDEN void clk_enter(uint64_t clock_ns);

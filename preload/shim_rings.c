@@ -392,6 +392,7 @@ struct conn* take_tick(int epfd) {
   t->consumed = ch->end;
   if (t->tick_seq == ch->seq) t->tick_seq = 0;
   clk_enter(ch->clock_ns); /* the server's clock moves to the tick's stamp */
+  clk_release();           /* ... in this thread too */
   fifo_pop_finished();
   return t;
 }

@@ -198,6 +198,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     if (t) t->tick_waited = 1;
     pthread_mutex_unlock(&mu);
     takes_ticks = t != NULL;
+    if (takes_ticks) clk_hold(); /* until its tick, or an input it reads */
   }
   int ticking = takes_ticks && timeout != 0;
   uint64_t deadline =

@@ -17,9 +17,13 @@ so that the main test can fail."""
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 from conftest import LOCKSTEP, app_profile, run
 from resp import Memcached, Redis, RespError
@@ -299,3 +303,50 @@ def test_memcached_items_expire_at_the_same_input_everywhere(cluster):
     # The start-up time memcached counts from (time - uptime): one image's.
     started = {int(s["time"]) - int(s["uptime"]) for s in stats}
     assert len(started) == 1, stats
+
+
+def test_a_timer_looked_at_on_a_new_connection_fires_at_the_same_input_everywhere(
+    cluster, tmp_path
+):
+    # tests/tick_probe_server.py: its main thread fires a 0.2 s timer when
+    # it wakes, and it wakes for its 2 s timeout (a tick) or for a new
+    # connection. One connection asks how often the timer fired every 5 ms
+    # while others are opened every 30 ms; every answer is compared with the
+    # backups'. Before clk_hold the main thread, woken for a connection,
+    # read the newest input's stamp and fired there: at another input on
+    # each replica (the answer to the 2nd `fired` after it differed).
+    server = Path(__file__).with_name("tick_probe_server.py")
+    profile = tmp_path / "tick-probe.toml"
+    profile.write_text(
+        f'command = "{sys.executable} {server} {{port}}"\n'
+        "serial_inputs = true\nsame_clock = true\ntimers_in_log = true\ncloned_start = true\n"
+    )
+    cluster.up(app=str(profile))
+    addr = cluster.client_addr()
+    stop = threading.Event()
+    opened = []
+
+    def churn():
+        while not stop.is_set() and len(opened) < 1000:
+            with socket.create_connection(addr, timeout=30):
+                opened.append(1)
+            time.sleep(0.03)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    counts = []
+    try:
+        with socket.create_connection(addr, timeout=30) as s, s.makefile("rb") as f:
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                s.sendall(b"fired\n")
+                counts.append(int(f.readline()))
+                time.sleep(0.005)
+    finally:
+        stop.set()
+        t.join()
+    print(f"{len(opened)} connections opened; the timer fired {counts[0]}..{counts[-1]} times")
+    assert len(opened) > 30, len(opened)
+    assert counts[-1] > counts[0], counts  # it fired (at ticks) while it was asked
+    wait_applied(cluster)
+    no_divergence(cluster)
