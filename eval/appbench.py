@@ -490,7 +490,7 @@ def table(res):
         cpu = "".join(
             f"| {fmt(per[c]['cpu_us'], '{:.0f}') if c in per else '–'} " for c in apps.CLASSES
         )
-        total = sum(x["cpu_us"] for x in per.values()) if per else None
+        total = apps.all_cpu_us(per) if per else None
         rows.append(
             f"| {apps.label(r)} | {r['op']} | {r['conns']} | {r['ops_per_s']:.0f} "
             f"| {r['min_ops_per_s']:.0f}–{r['max_ops_per_s']:.0f} | {r['p50_us']:.0f} "

@@ -556,6 +556,13 @@ def mode_replicated(durability):
             wait_ready(app, addr)
             reps = st["replicas"]
             pids = {"daemons": [r["pid"] for r in reps], "servers": [r["server_pid"] for r in reps]}
+            # Per host (issue 26, target 3): each replica's daemon and server, the leader's
+            # apart (the leader at the start; a move is logged and measured again).
+            lead = [r for r in reps if r["id"] == st.get("leader")]
+            rest = [r for r in reps if r["id"] != st.get("leader")]
+            if lead:
+                pids[HOST_CLASSES[0]] = [lead[0]["pid"], lead[0]["server_pid"]]
+                pids[HOST_CLASSES[1]] = [x for r in rest for x in (r["pid"], r["server_pid"])]
             try:
                 yield addr, "set", pids, d
                 replicas_agree(app, d, ctx.state_keys)
@@ -738,6 +745,13 @@ def summarise(mode, durability, conns, op, lg_op, rs):
 
 
 CLASSES = ("daemons", "servers", "loadgen")
+# The same processes again, by host: the leader's daemon and server; both backups' (summed).
+HOST_CLASSES = ("leader host", "backup hosts")
+
+
+def all_cpu_us(per):
+    """CPU µs per op of every process of a run's per_op (each counted once: not by host)."""
+    return sum(x["cpu_us"] for k, x in per.items() if k not in HOST_CLASSES)
 
 
 def cost_table(res):
@@ -756,7 +770,7 @@ def cost_table(res):
         for c in CLASSES:
             x = r["per_op"].get(c)
             cells += [f"{x['cpu_us']:.1f}", f"{x['switches']:.2f}"] if x else ["–", "–"]
-        total = sum(x["cpu_us"] for x in r["per_op"].values())
+        total = all_cpu_us(r["per_op"])
         rows.append(f"| {label(r)} | {r['conns']} | " + " | ".join(cells) + f" | {total:.1f} |")
     return (
         "\n## CPU time and context switches per op, by class of process\n\n"
@@ -969,6 +983,112 @@ def targets(res):
     return out
 
 
+def speed_targets(res):
+    """Issue 26's targets for redis (CPU per op, the leader's host, reads), each from this
+    run's numbers, in the form targets() returns. CPU counts every thread of the daemons
+    and servers (/proc) and loadgen's rusage; "all" is their sum."""
+    runs, out = res["runs"], []
+    if res["app"] != "redis":
+        return out
+
+    def add(name, met, detail):
+        out.append({"target": name, "met": met, "detail": detail, "reachable": None})
+
+    def cpu(r, cls):
+        x = (r or {}).get("per_op", {}).get(cls)
+        return x["cpu_us"] if x else None
+
+    def all_of(r):
+        return all_cpu_us(r["per_op"]) if r and r.get("per_op") else None
+
+    def num(x, unit=" µs"):
+        return "not measured" if x is None else f"{x:.1f}{unit}"
+
+    wait16 = find(runs, "redis-wait", "memory", 16)
+    un16 = find(runs, "unreplicated", "none", 16)
+    for durability, factor, daemons_max, host_max in (
+        ("memory", 1.0, 12.0, 4.2 / 2),
+        ("disk", 1.15, 18.0, 5.9 / 2),
+    ):
+        rep = find(runs, "replicated", durability, 16)
+        mine, theirs = all_of(rep), all_of(wait16)
+        ok = None if mine is None or theirs is None else mine <= factor * theirs
+        ratio = f" = {mine / theirs:.2f}×" if ok is not None else ""
+        add(
+            f"16 conns, {durability}: all processes' CPU per SET ≤ {factor:g} × redis-wait's",
+            ok,
+            f"lockstep {num(mine)}, redis-wait {num(theirs)}{ratio}",
+        )
+        d = cpu(rep, "daemons")
+        add(
+            f"16 conns, {durability}: the three daemons' CPU per SET ≤ {daemons_max:g} µs",
+            None if d is None else d <= daemons_max,
+            f"{num(d)}",
+        )
+        srv, one = cpu(rep, "servers"), cpu(un16, "servers")
+        ok = None if srv is None or one is None else srv <= 1.15 * 3 * one
+        add(
+            f"16 conns, {durability}: servers' CPU per SET ≤ 1.15 × 3 × the unreplicated one's",
+            ok,
+            f"three under lockstep {num(srv)}, one unreplicated {num(one)}"
+            + (f": {srv / (3 * one):.2f} × three" if ok is not None else ""),
+        )
+        host = cpu(rep, HOST_CLASSES[0])
+        backups = cpu(rep, HOST_CLASSES[1])
+        ok = None if host is None or one is None else host <= host_max * one
+        add(
+            f"16 conns, {durability}: the leader's host (daemon + server) ≤ {host_max:.2f} × "
+            "the unreplicated server's CPU per SET (half the ratio of 6a64cbd)",
+            ok,
+            f"leader host {num(host)}, each backup host {num(backups and backups / 2)}, "
+            f"unreplicated server {num(one)}"
+            + (f": leader host {host / one:.2f}×" if ok is not None else ""),
+        )
+    rep1 = find(runs, "replicated", "disk", 1)
+    d = (rep1 or {}).get("per_op", {}).get("daemons")
+    ok = None if d is None else d["cpu_us"] <= 40 and d["switches"] <= 3
+    add(
+        "1 conn, disk: the daemons' CPU ≤ 40 µs and ≤ 3 context switches per SET",
+        ok,
+        "not measured" if d is None else f"{d['cpu_us']:.1f} µs, {d['switches']:.2f} switches",
+    )
+    un1 = find(runs, "unreplicated", "none", 1)
+    floor = res.get("reference", {}).get("shared_floor_p50_us")
+    ok, detail = None, "replicated/disk, unreplicated or the shared disk floor not measured"
+    if rep1 and un1 and floor:
+        bound = un1["p50_us"] + floor
+        ok = rep1["p50_us"] <= 1.15 * bound
+        detail = (
+            f"p50 {rep1['p50_us']:.0f} µs; bound {bound:.0f} µs = unreplicated "
+            f"{un1['p50_us']:.0f} + one durable write beside the others {floor:.0f}; "
+            f"{rep1['p50_us'] / bound:.2f}× the bound"
+        )
+    add("1 conn, disk: SET p50 ≤ 1.15 × (unreplicated p50 + one shared durable write)", ok, detail)
+    for durability in ("disk", "memory"):
+        g16 = find(runs, "replicated", durability, 16, "get")
+        u16 = find(runs, "unreplicated", "none", 16, "get")
+        ok = None if not (g16 and u16) else g16["ops_per_s"] >= 0.8 * u16["ops_per_s"]
+        add(
+            f"16 conns, {durability}: GET throughput ≥ 0.8 × unreplicated",
+            ok,
+            "not measured"
+            if ok is None
+            else f"{g16['ops_per_s']:.0f}/s against {u16['ops_per_s']:.0f}/s: "
+            f"{g16['ops_per_s'] / u16['ops_per_s']:.2f}×",
+        )
+        g1 = find(runs, "replicated", durability, 1, "get")
+        u1 = find(runs, "unreplicated", "none", 1, "get")
+        ok = None if not (g1 and u1) else g1["p50_us"] <= u1["p50_us"] + 15
+        add(
+            f"1 conn, {durability}: GET p50 ≤ unreplicated + 15 µs",
+            ok,
+            "not measured"
+            if ok is None
+            else f"{g1['p50_us']:.0f} µs against {u1['p50_us']:.0f} µs",
+        )
+    return out
+
+
 def targets_text(ts):
     word = {True: "met", False: "NOT met", None: "n/a"}
 
@@ -1030,8 +1150,8 @@ def plot(res, path, ops=("set", "get")):
 
 def report(res, js):
     md, png = js.with_suffix(".md"), js.with_suffix(".png")
-    ts = targets(res)
-    res["targets"] = ts
+    ts, speed = targets(res), speed_targets(res)
+    res["targets"], res["speed_targets"] = ts, speed
     js.write_text(json.dumps(res, indent=1) + "\n")
     m = res["machine"]
     head = (
@@ -1044,6 +1164,9 @@ def report(res, js):
     )
     text = table(res) + cost_table(res)
     text += "\n## Targets (issues 3 and 9), from this run\n\n" + targets_text(ts)
+    if speed:
+        text += "\n## Targets (issue 26: CPU per op, reads), from this run\n\n"
+        text += targets_text(speed)
     drew = plot(res, png)
     md.write_text(head + text + (f"\n![plot]({png.name})\n" if drew else ""))
     print(text)

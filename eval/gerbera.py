@@ -288,7 +288,7 @@ def table(res):
         base = apps.find(runs, "unreplicated", "none", r["conns"], OP)
         per = r.get("per_op", {})
         cpu = "".join(f"| {fmt(per[c]['cpu_us'], '{:.0f}') if c in per else '–'} " for c in CLASSES)
-        total = sum(x["cpu_us"] for x in per.values()) if per else None
+        total = apps.all_cpu_us(per) if per else None
         rows.append(
             f"| {apps.label(r)} | {r['conns']} | {r['ops_per_s']:.0f} "
             f"| {r['min_ops_per_s']:.0f}–{r['max_ops_per_s']:.0f} | {r['mean_us']:.0f} "

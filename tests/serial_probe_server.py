@@ -26,6 +26,7 @@ import time
 lock = threading.Lock()
 executing = 0
 overlaps = 0
+running = {}  # thread ident -> (name, request) of the requests executing
 request_executes = threading.Event()  # for busy()
 
 
@@ -51,14 +52,25 @@ def serve(conn):
     with conn, conn.makefile("rb") as lines:
         for line in lines:
             with lock:
-                overlaps += executing > 0
+                if executing:
+                    overlaps += 1
+                    # The evidence, in the replica's server.log (never in a reply:
+                    # replies are compared between replicas).
+                    print(
+                        f"overlap {overlaps}: {line!r} on {threading.current_thread().name} "
+                        f"began while {sorted(running.values())} executed",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 executing += 1
+                running[threading.get_ident()] = (threading.current_thread().name, line)
                 request_executes.set()
             try:
                 conn.sendall(execute(line))
             finally:
                 with lock:
                     executing -= 1
+                    running.pop(threading.get_ident(), None)
                     if not executing:
                         request_executes.clear()
 
