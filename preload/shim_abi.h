@@ -156,7 +156,11 @@
 /* Daemon -> shim: what a newly accepted client connection is. */
 enum ls_mode {
   LS_MODE_PASSTHROUGH = 0, /* not the leader: new connections are inspection-only */
-  LS_MODE_LEADER = 1       /* the leader: new connections' inputs are agreed first */
+  LS_MODE_LEADER = 1,      /* the leader: new connections' inputs are agreed first */
+  /* The daemon is stopping its server (SIGTERM): as PASSTHROUGH, and its
+   * timers are its own again: no tick will come, and a server that acts on
+   * SIGTERM from its timer (redis's cron) would otherwise never do so. */
+  LS_MODE_STOPPING = 2
 };
 
 /* The highest source port an inspection connection may come from. A client

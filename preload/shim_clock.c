@@ -69,6 +69,10 @@
  *    same image, lead included; without that, each replica's lead would be
  *    its own machine's and their monotonic clocks would differ.
  *
+ *  - Once the daemon stops the server (LS_MODE_STOPPING), the stamp goes on
+ *    with the real wall clock, held or not: no input will come, and the
+ *    server's shutdown may wait for its own timers (redis's cron).
+ *
  *  - With timers in the log, a thread woken in a ticking epoll set by
  *    anything but its tick (a new connection, a wait that a checkpoint's
  *    dump interrupted) finds its clocks standing still at what it read
@@ -229,9 +233,14 @@ static uint64_t* last_read(enum clk_family f) {
  * first input, or a clock left real). Nothing recorded. */
 static uint64_t clk_peek(enum clk_family f) {
   if (f == CLK_REAL) return 0;
-  if (clk_held && *last_read(f)) return *last_read(f);
+  int stopping = hdr && atomic_load_explicit(&hdr->mode, memory_order_relaxed) == LS_MODE_STOPPING;
+  if (clk_held && *last_read(f) && !stopping) return *last_read(f);
   uint64_t t = atomic_load_explicit(&clk_ns, memory_order_relaxed);
   if (!t) return 0;
+  if (stopping) { /* no more inputs: the stamp goes on with the real clock, never back */
+    uint64_t real = real_wall_ns();
+    if (real > t) t = real;
+  }
   return f == CLK_MONO && t > clk_mono_behind_ns ? t - clk_mono_behind_ns : t;
 }
 

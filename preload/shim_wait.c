@@ -192,7 +192,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
    * at the head (takes_ticks); one with a timeout never times out by itself
    * (ticking). */
   int takes_ticks = 0;
-  if (clk_ticks && wake_in_epfd[epfd]) {
+  if (clk_ticks && wake_in_epfd[epfd] && atomic_load(&hdr->mode) != LS_MODE_STOPPING) {
     pthread_mutex_lock(&mu);
     struct conn* t = tick_conn(epfd);
     if (t) t->tick_waited = 1;
@@ -222,6 +222,10 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     n = ready_events(epfd, events, 0, maxevents);
     int look_soon = serial_holding(NULL, epfd);
     int tick_wait_ms = -1; /* ticking: how long the kernel may keep us */
+    if (ticking && n == 0 && atomic_load(&hdr->mode) == LS_MODE_STOPPING) {
+      pthread_mutex_unlock(&mu); /* no tick will come: the wait times out (LS_MODE_STOPPING) */
+      break;
+    }
     if (ticking && n == 0) {
       int leading = atomic_load(&hdr->mode) == LS_MODE_LEADER;
       if (!leading || tick_pending(epfd) || !tick_at) {

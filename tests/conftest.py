@@ -329,7 +329,7 @@ class Cluster:
 
     def down(self):
         if (self.dir / "cluster.toml").exists():
-            run("cluster", "down", "--dir", self.dir, check=False)
+            run("cluster", "down", "--dir", self.dir, "--quiet", check=False)
         # Belt and braces: anything still running from this directory, by pid.
         for pidfile in self.dir.glob("replica-*.pid"):
             try:

@@ -212,6 +212,10 @@ void ServerPipeline::DropServer() {
 }
 
 void ServerPipeline::StopServer() {
+  // Its timers fire on their own from here on: redis handles SIGTERM in its
+  // cron, which waited for a tick that never came (3 s, then SIGKILL, on
+  // every cluster down).
+  if (shim_) shim_->SetStopping();
   server_.reset();
 }
 

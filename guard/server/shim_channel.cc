@@ -212,6 +212,10 @@ void ShimChannel::SetLeader(bool leader) {
   hdr_->mode.store(leader ? LS_MODE_LEADER : LS_MODE_PASSTHROUGH);
 }
 
+void ShimChannel::SetStopping() {
+  if (hdr_) hdr_->mode.store(LS_MODE_STOPPING);
+}
+
 SubmissionAt ParseSubmission(const char* ring, uint64_t ring_bytes, uint64_t tail, uint64_t head,
                              ShimChannel::Submission* s, uint64_t* size, std::string* error) {
   if (ring_bytes == 0 || ring_bytes % 8 != 0 || tail % 8 != 0) {  // ours: never in the daemon

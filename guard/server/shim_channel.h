@@ -80,6 +80,9 @@ class ShimChannel {
   uint32_t forked_served() const;
 
   void SetLeader(bool leader);
+  // The server is about to be stopped: its timers and clocks are its own
+  // again (LS_MODE_STOPPING).
+  void SetStopping();
 
   // Non-empty once the shim wrote something impossible into the region
   // (the channel then neither takes submissions nor publishes outcomes).
