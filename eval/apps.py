@@ -28,7 +28,10 @@ once, so GETs hit. Writes eval/out/APP.json (or --json), and APP.md and APP.png 
 prints the table, ratios against unreplicated, the CPU time and context switches per op of
 each class of process (daemons, servers: from /proc, every thread; loadgen: its rusage) and
 the targets of issues 3 and 9 (redis: replicated/memory at 16 conns >= 1.3 x redis-wait
-replaces 0.7 x unreplicated), all computed from this run. A target this machine cannot reach
+replaces 0.7 x unreplicated) and, for redis, issue 26's (CPU per op of all processes, of the
+daemons, of the servers and of the leader's host against redis-wait and the unreplicated
+server; the 1-connection daemons' CPU and context switches and SET p50 against the disk
+bound; GET against unreplicated), all computed from this run. A target this machine cannot reach
 whatever lockstep's daemons do is marked "out of reach", with the bound from this run: for
 throughput, cores / (servers' + loadgen's CPU per op in that mode), i.e. daemons costing
 nothing; for the 1-conn disk p50, unreplicated p50 + one durable write while every replica
