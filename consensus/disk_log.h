@@ -244,15 +244,11 @@ class DiskWriter {
     uint64_t durable_seq = 0;  // every seq <= this is durable
     std::string error;         // non-empty: the last attempt failed with this
     double last_write_us = 0;  // duration of the last Append
-    // Appends in a row, up to the last, that each took at most kFastWriteUs
-    // (0 until one has): how far the disk's recent speed can be trusted.
-    uint64_t fast_writes = 0;
     size_t last_batch_records = 0;
     uint64_t writes = 0;   // Appends done so far
     uint64_t records = 0;  // records written so far
   };
   Completion Poll();  // reads the eventfd (non-blocking) and returns the latest state
-  static constexpr double kFastWriteUs = 10000;
 
  private:
   struct Item {

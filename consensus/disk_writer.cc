@@ -63,7 +63,6 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
     state_.writes++;
     state_.records += recs.size();
     state_.last_write_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
-    state_.fast_writes = state_.last_write_us <= kFastWriteUs ? state_.fast_writes + 1 : 0;
     state_.last_batch_records = recs.size();
     state_.error.clear();
   } else {
@@ -117,7 +116,6 @@ void DiskWriter::Run() {
     uint64_t appends = 0, nrecords = 0;
     double last_us = 0;
     size_t last_records = 0;
-    uint64_t fast = 0;  // this round's appends in a row, up to its last, that were fast
     std::string err;
     std::vector<LogRecord> recs;
     size_t i = 0;
@@ -138,7 +136,6 @@ void DiskWriter::Run() {
         nrecords += recs.size();
         last_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
         last_records = recs.size();
-        fast = last_us <= kFastWriteUs ? fast + 1 : 0;
         for (size_t k = i; k <= j; k++) work[k].records_done = true;
       }
       completed = j;  // items before j are complete
@@ -156,7 +153,6 @@ void DiskWriter::Run() {
       if (appends > 0) {
         state_.last_write_us = last_us;
         state_.last_batch_records = last_records;
-        state_.fast_writes = fast == appends ? state_.fast_writes + fast : fast;
       }
       state_.error = err;
     }

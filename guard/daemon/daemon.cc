@@ -45,10 +45,6 @@ namespace lockstep {
 namespace {
 
 constexpr uint64_t kTruncateCheckUs = 1000000;
-// A leader writes a lone proposal in its own thread only after this many
-// writes in a row each took at most DiskWriter::kFastWriteUs (well under the
-// shortest election timeout, 50 ms).
-constexpr uint64_t kInlineAfterFastWrites = 64;
 constexpr auto kPeerCheckpointPoll = std::chrono::seconds(2);
 
 class Daemon : public EventLoop::Body {
@@ -543,28 +539,18 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
       batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
     for (auto& e : p.entries)
       batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
-    // The leader hands its writes to the disk thread, so its loop keeps
+    // The leader hands every write to the disk thread, so its loop keeps
     // putting heartbeats, acks and proposals while the disk works (16
-    // clients: ~20-30% more commits per second), except a lone proposal with
-    // nothing else in flight, which it writes here and saves the hand-off.
-    // A backup writes here whenever the disk thread is idle: its ack waits
-    // on this write anyway. A write here that takes long (tens of ms on a
-    // busy disk) is this replica's own gap, not counted against the leader
-    // (OnLocalStall); the election timeout covers the leader's. But a leader
-    // whose last write was slow (the disk writing back after a stall, or
-    // failing) hands even a lone proposal to the thread: written here, the
-    // next slow write would silence its heartbeats for longer than the
-    // backups wait (they are not stalled themselves, so they would elect),
-    // while through the thread the backups' own writes commit it. One fast
-    // write is not enough to trust the disk again, nor is a fresh start: on
-    // CI a new leader's first inline write took 92 ms, its backups elected
-    // another and every client was cut. So the thread writes until the last
-    // kInlineAfterFastWrites writes were all fast.
-    bool disk_slow = writer_->Poll().fast_writes < kInlineAfterFastWrites;
-    bool leader_async = core_->role() == Role::kCandidate ||
-                        (core_->role() == Role::kLeader &&
-                         (disk_slow || !(p.entries.size() == 1 &&
-                                         core_->commit_index() + 1 == p.entries[0].index)));
+    // clients: ~20-30% more commits per second). A backup writes here
+    // whenever the disk thread is idle: its ack waits on this write anyway,
+    // and a write here that takes long is this replica's own gap, not counted
+    // against the leader (OnLocalStall). A leader that wrote here, even a lone
+    // proposal after a run of fast writes, was silent for as long as the disk
+    // stalled: a frozen disk held its loop 600 ms, a backup that had finished
+    // its own write before the freeze heard nothing for 59 ms and was elected,
+    // and the client was cut (test_stalls, CI). Through the thread the
+    // backups' own writes commit the proposal and the heartbeats go on.
+    bool leader_async = core_->role() == Role::kCandidate || core_->role() == Role::kLeader;
     if (p.truncate_below || !disk_error_.empty() || leader_async)
       writer_->Submit(p.seq, std::move(batch), p.truncate_below);
     else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose)
