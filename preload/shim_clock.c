@@ -232,7 +232,7 @@ static uint64_t* last_read(enum clk_family f) {
  * one is the stamp less clk_mono_behind_ns); 0: the real clock (before the
  * first input, or a clock left real). Nothing recorded. */
 static uint64_t clk_peek(enum clk_family f) {
-  if (f == CLK_REAL) return 0;
+  if (f == CLK_REAL || !clk_on) return 0;
   int stopping = hdr && atomic_load_explicit(&hdr->mode, memory_order_relaxed) == LS_MODE_STOPPING;
   if (clk_held && *last_read(f) && !stopping) return *last_read(f);
   uint64_t t = atomic_load_explicit(&clk_ns, memory_order_relaxed);
@@ -271,7 +271,7 @@ uint64_t clk_now_ns(void) {
     uint64_t mono = clk_last_mono_ns ? clk_last_mono_ns + clk_mono_behind_ns : 0;
     return clk_last_wall_ns > mono ? clk_last_wall_ns : mono;
   }
-  uint64_t t = clk_peek(clk_on ? CLK_WALL : CLK_REAL);
+  uint64_t t = clk_peek(CLK_WALL);
   return t ? t : real_wall_ns();
 }
 
@@ -306,7 +306,7 @@ int clock_gettime(clockid_t id, struct timespec* ts) {
     to_timespec(t, ts);
     return 0;
   }
-  if (id == CLOCK_TAI && (t = clk_peek(clk_on ? CLK_WALL : CLK_REAL))) {
+  if (id == CLOCK_TAI && (t = clk_peek(CLK_WALL))) {
     int saved = errno;
     to_timespec(t + (uint64_t)tai_offset_ns(), ts);
     errno = saved;
@@ -319,8 +319,7 @@ int clock_gettime(clockid_t id, struct timespec* ts) {
 
 /* The wall clock as the server reads it (remembered for clk_hold). */
 static uint64_t wall_read(void) {
-  if (!clk_on) return 0;
-  uint64_t t = clk_read(CLK_WALL);
+  uint64_t t = clk_read(CLK_WALL); /* 0 without same_clock (clk_ticks implies it) */
   if (!t && clk_ticks) clk_read_real(CLK_WALL, t = real_wall_ns());
   return t;
 }
