@@ -132,22 +132,49 @@ static char thread_state(pid_t proc_tid) {
   return end && end[1] == ' ' ? end[2] : 0;
 }
 
+/* The thread, asleep, waits in a futex on the shim's own mutex: for the
+ * thread that holds mu, which is the one looking (every look is made under
+ * mu). It is as good as running: it woke from whatever it waited for (a
+ * Python thread handed the interpreter's lock, back in serial_cond_leave)
+ * and goes on as soon as the look ends. Taken as asleep, a holder caught
+ * there at two looks was let go while it ran, and the next input executed
+ * beside it (test_serial, 1 run in 3). /proc/<tid>/syscall: the number of
+ * the system call it is in, then its arguments in hex. */
+static int waits_for_shim(pid_t proc_tid) {
+  char path[64], buf[128];
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)proc_tid);
+  int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+  real_close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char* args;
+  if (strtol(buf, &args, 10) != SYS_futex) return 0;
+  return strtoull(args, NULL, 16) == (unsigned long long)(uintptr_t)&mu;
+}
+
 /* The thread (its number in /proc) is asleep in the kernel ('S' in its
- * stat): waiting on a lock or a condition, not running and not on the disk
- * ('D'), or gone. Not known (no /proc): taken as awake, and only the
- * holder's LS_SERIAL_EXEC_NS lets the next input in. */
+ * stat): waiting on a lock or a condition (not the shim's: waits_for_shim),
+ * not running and not on the disk ('D'), or gone. Not known (no /proc):
+ * taken as awake, and only the holder's LS_SERIAL_EXEC_NS lets the next
+ * input in. */
 static int thread_sleeps(pid_t proc_tid) {
   if (!proc_tid) return 0;
   char state = thread_state(proc_tid);
-  return state == 'S' || state == 'X';
+  return state == 'X' || (state == 'S' && !waits_for_shim(proc_tid));
 }
 
 /* Another thread of the server than `holder` and the caller is running or
  * runnable ('R'), or in the disk ('D'): the holder, asleep, may be waiting
  * for it (a Python thread for the interpreter's lock, which the running
  * thread gives back within milliseconds), not for a later input, and
- * letting the next input in would run the two at once. Read from /proc with
- * raw getdents64 into the stack (no allocation). 0 without /proc. */
+ * letting the next input in would run the two at once. One that waits for
+ * mu (waits_for_shim) does not count: a server of many threads has one
+ * there at most looks, since each look holds mu, and a holder waiting on a
+ * row lock was then never let go (MariaDB's inputs held 5 s); one the
+ * holder waits for is on the CPU again by the next look. Read from /proc
+ * with raw getdents64 into the stack (no allocation). 0 without /proc. */
 static int another_thread_runs(pid_t holder) {
   int dir =
       (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
