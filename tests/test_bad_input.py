@@ -717,6 +717,33 @@ def _client_copy(cluster, tmp_path, keep):
     return path
 
 
+def test_nobody_proposes_a_raw_input_into_a_cluster_that_runs_a_server(cluster, tmp_path):
+    # A cluster that runs a server takes its inputs from the leader's server
+    # alone. Before, a client's `propose` went into the log as an input, and
+    # the backups' server pipelines replayed it into their servers under a
+    # connection of the leader's that the leader's server never saw (issue
+    # 27, hole 4). Now the daemon refuses it, whoever asks, and says why.
+    from resp import Redis
+    from test_redis import assert_same_data
+
+    cluster.up(app="redis")
+    client = Redis(cluster.client_addr())
+    assert client.call("SET", "before", "1") == "OK"
+    mine = _client_copy(cluster, tmp_path, ["client_secret"])
+    for how in (("--config", mine), ("--dir", cluster.dir)):  # a client, an admin
+        p = run("propose", *how, "*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$1\r\n1\r\n", check=False)
+        assert p.returncode != 0, p.stdout
+        assert "proposing a raw input to a cluster that runs a server" in p.stderr, p.stderr
+    # A membership entry is nobody's either, until membership change exists.
+    s = _authenticated_client(cluster, cluster.leader())
+    s.sendall(_frame(PROPOSE, bytes([4]) + struct.pack("<I", 2) + b"xx"))
+    kind, why = _read_frame(s)
+    assert kind == REFUSED and b"membership change does not exist yet" in why, (kind, why)
+    s.close()
+    assert client.call("SET", "after", "2") == "OK"
+    assert_same_data(cluster)
+
+
 def test_a_client_proposes_and_reads_and_only_an_admin_truncates(cluster, tmp_path):
     # Before: one secret for peers and clients, and any client holding it
     # could truncate the log. Now clients, admins and replicas each prove a

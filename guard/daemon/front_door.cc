@@ -559,9 +559,20 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
     return;
   }
   // Output checks are the leader's own entries (a forged one could start
-  // repairs); membership is the admin's.
+  // repairs). Membership change does not exist yet (issue 15): nothing would
+  // read a config entry.
   if (req.type == EntryType::kOutputCheck && !Permit(c, {}, "proposing an output check")) return;
-  if (req.type == EntryType::kConfig && !Permit(c, {Principal::kAdmin}, "changing the cluster"))
+  if (req.type == EntryType::kConfig &&
+      !Permit(c, {}, "changing the cluster (membership change does not exist yet)"))
+    return;
+  // A cluster that runs a server takes its inputs from the leader's server
+  // alone: a raw input proposed here would be replayed into every backup's
+  // server under a connection of the leader's that the leader's server never
+  // saw (replicas diverge), and forged ACCEPTs would use up replay slots.
+  if (req.type == EntryType::kInput && !cfg_.server.command.empty() &&
+      !Permit(c, {},
+              "proposing a raw input to a cluster that runs a server (clients write through "
+              "the server's own address, client_addr in cluster status)"))
     return;
   std::string error;
   ProposeResult pr;
