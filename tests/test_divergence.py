@@ -121,6 +121,14 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     time.sleep(1)
     assert len(reports(c)) == 1
     assert output_status(c, c.leader())["checks"] > st["checks"]
+    # After the fact: with the cluster stopped, the reports are read from
+    # each replica's directory (a post-mortem is when people read them).
+    run("cluster", "down", "--dir", c.dir, "--quiet")
+    p = run("divergence", "list", "--json", "--dir", c.dir)
+    assert [x["id"] for x in json.loads(p.stdout)] == [r["id"]], p.stdout
+    assert "did not answer" in p.stderr and "read its reports in" in p.stderr, p.stderr
+    shown = run("divergence", "show", r["id"], "--dir", c.dir).stdout
+    assert f"replica {b} diverged" in shown and "rollback" in shown, shown
 
 
 def test_a_backup_that_closes_a_connection_the_leader_keeps_is_detected(redis_cluster):

@@ -25,6 +25,7 @@
 #include "guard/net/client.h"
 #include "guard/net/keys.h"
 #include "guard/net/tls.h"
+#include "guard/output/divergence_report.h"
 #include "guard/output/divergence_view.h"
 #include "guard/server/log_input.h"
 #include "guard/server/server.h"
@@ -596,8 +597,17 @@ int CmdDivergence(int argc, char** argv) {
     std::string json;
     auto client = Client::Connect(c, static_cast<int>(r), 1000, &err);
     if (!client || !client->Divergence(req, &json, &err)) {
-      fprintf(stderr, "lockstep: replica %zu did not answer: %s\n", r, err.c_str());
-      continue;
+      // A stopped cluster's reports are on disk, where people read them after
+      // the fact: read them there when this host holds the replica's dir.
+      std::string reports_dir = c.replicas[r].dir + "/divergences";
+      std::error_code ec;
+      if (!std::filesystem::is_directory(c.replicas[r].dir, ec)) {
+        fprintf(stderr, "lockstep: replica %zu did not answer: %s\n", r, err.c_str());
+        continue;
+      }
+      fprintf(stderr, "lockstep: replica %zu did not answer (%s): read its reports in %s\n", r,
+              err.c_str(), reports_dir.c_str());
+      json = DivergenceAnswer(reports_dir, req);
     }
     answered++;
     if (req.op == DivergenceOp::kShow) {

@@ -186,4 +186,21 @@ std::vector<std::string> ReadReports(const std::string& dir) {
   return out;
 }
 
+std::string DivergenceAnswer(const std::string& dir, const DivergenceRequest& req) {
+  if (req.op == DivergenceOp::kShow) {
+    // A report's id is digits and a dash: nothing that names another file.
+    if (req.id.empty() || req.id.find_first_not_of("0123456789-") != std::string::npos) return "";
+    std::ifstream in(dir + "/" + req.id + ".json");
+    if (!in) return "";
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string s = text.str();
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  std::string out = "[";
+  for (const std::string& r : ReadReports(dir)) out += (out.size() > 1 ? "," : "") + r;
+  return out + "]";
+}
+
 }  // namespace lockstep

@@ -12,6 +12,7 @@
 
 #include "guard/common/conn_key.h"
 #include "guard/common/output_point.h"
+#include "guard/net/wire.h"  // DivergenceRequest
 
 namespace lockstep {
 
@@ -94,5 +95,10 @@ bool WriteReport(const std::string& dir, const DivergenceReport& report, std::st
 uint64_t NextReportNumber(const std::string& dir, int leader);
 // Every report in dir, as JSON texts, oldest first.
 std::vector<std::string> ReadReports(const std::string& dir);
+// The answer to a divergence request from the reports in dir: a daemon's
+// (OutputGuard::Divergence), and the CLI's own read of a replica whose
+// daemon is down (reports are read after the fact, on a stopped cluster).
+// list: a JSON array; show: the report, "" when dir has no such one.
+std::string DivergenceAnswer(const std::string& dir, const DivergenceRequest& req);
 
 }  // namespace lockstep

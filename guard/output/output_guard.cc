@@ -836,23 +836,7 @@ std::string OutputGuard::StatusJson() const {
 }
 
 std::string OutputGuard::Divergence(const DivergenceRequest& req) const {
-  if (req.op == DivergenceOp::kShow) {
-    if (req.id.empty() || req.id.find_first_not_of("0123456789-") != std::string::npos) return "";
-    std::ifstream in(reports_dir_ + "/" + req.id + ".json");
-    if (!in) return "";
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string s = text.str();
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-  std::string out = "[";
-  bool first = true;
-  for (const std::string& r : ReadReports(reports_dir_)) {
-    out += (first ? "" : ",") + r;
-    first = false;
-  }
-  return out + "]";
+  return DivergenceAnswer(reports_dir_, req);
 }
 
 }  // namespace lockstep
