@@ -847,16 +847,13 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
     if (c && c->Status(&json, &err, 1000)) {
       r.role = JsonField(json, "role");
       r.ballot = JsonField(json, "ballot");
-      r.commit_index = std::stoull(JsonField(json, "commit_index"));
-      r.last_index = std::stoull(JsonField(json, "last_index"));
+      r.commit_index = JsonU64(json, "commit_index");
+      r.last_index = JsonU64(json, "last_index");
       r.disk_error = JsonField(json, "disk_error");
-      std::string applied = JsonField(json, "applied_index");
-      r.applied_index = applied.empty() ? 0 : std::stoull(applied);
+      r.applied_index = JsonU64(json, "applied_index");
       r.server_read_all = JsonField(json, "server_read_all") != "false";
-      std::string first = JsonField(json, "first_index");
-      r.first_index = first.empty() ? 0 : std::stoull(first);
-      std::string spid = JsonField(json, "server_pid");
-      r.server_pid = spid.empty() ? 0 : std::stoi(spid);
+      r.first_index = JsonU64(json, "first_index");
+      r.server_pid = static_cast<int>(JsonI64(json, "server_pid"));
       // The daemon's status objects are flat: each from its brace to the next one.
       auto object = [&json](const char* name) {
         size_t at = json.find("\"" + std::string(name) + "\":{");
@@ -868,15 +865,12 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.output_json = object("output");
       r.state_json = object("state_checks");
       if (r.checkpoint_json != "null") {
-        std::string idx = JsonField(r.checkpoint_json, "index");
-        std::string age = JsonField(r.checkpoint_json, "age_s");
-        r.checkpoint_index = idx.empty() ? 0 : std::stoull(idx);
-        r.checkpoint_age_s = age.empty() ? -1 : std::stoll(age);
+        r.checkpoint_index = JsonU64(r.checkpoint_json, "index");
+        r.checkpoint_age_s = JsonI64(r.checkpoint_json, "age_s", -1);
         r.server_state = JsonField(r.checkpoint_json, "server_state");
       }
       if (r.output_json != "null") {
-        std::string reports = JsonField(r.output_json, "reports");
-        r.divergence_reports = reports.empty() ? 0 : std::stoull(reports);
+        r.divergence_reports = JsonU64(r.output_json, "reports");
       }
       if (r.role == "leader") {
         s.leader = r.id;

@@ -1,6 +1,7 @@
 // json.cc — JSON string escaping and flat field lookup (json.h).
 #include "guard/common/json.h"
 
+#include <charconv>
 #include <cstdio>
 
 namespace lockstep {
@@ -44,6 +45,22 @@ std::string JsonField(const std::string& json, const std::string& key) {
   }
   size_t e = json.find_first_of(",}]", p);
   return json.substr(p, e - p);
+}
+
+template <typename T>
+static T JsonNumber(const std::string& json, const std::string& key, T absent) {
+  std::string text = JsonField(json, key);
+  T v{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  return text.empty() || ec != std::errc() || end != text.data() + text.size() ? absent : v;
+}
+
+uint64_t JsonU64(const std::string& json, const std::string& key, uint64_t absent) {
+  return JsonNumber<uint64_t>(json, key, absent);
+}
+
+int64_t JsonI64(const std::string& json, const std::string& key, int64_t absent) {
+  return JsonNumber<int64_t>(json, key, absent);
 }
 
 }  // namespace lockstep

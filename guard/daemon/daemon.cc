@@ -412,8 +412,9 @@ void Daemon::PollPeerCheckpoints() {
         auto c = Client::Connect(cfg_, r, 300, &err, Principal::kReplica, me_.id);
         if (!c || !c->Status(&json, &err, 1000)) continue;
         size_t at = json.find("\"checkpoint\":{");
-        std::string idx = at == std::string::npos ? "" : JsonField(json.substr(at), "index");
-        if (!idx.empty()) peer_checkpoint_[r] = std::stoull(idx);
+        if (at == std::string::npos) continue;
+        uint64_t index = JsonU64(json.substr(at), "index", UINT64_MAX);
+        if (index != UINT64_MAX) peer_checkpoint_[r] = index;
       }
     }
     for (auto t = std::chrono::steady_clock::now() + kPeerCheckpointPoll;

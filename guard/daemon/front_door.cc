@@ -569,7 +569,7 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
   // alone: a raw input proposed here would be replayed into every backup's
   // server under a connection of the leader's that the leader's server never
   // saw (replicas diverge), and forged ACCEPTs would use up replay slots.
-  if (req.type == EntryType::kInput && !cfg_.server.command.empty() &&
+  if (req.type == EntryType::kInput && cfg_.has_server() &&
       !Permit(c, {},
               "proposing a raw input to a cluster that runs a server (clients write through "
               "the server's own address, client_addr in cluster status)"))
