@@ -582,6 +582,29 @@ def _propose_reply(sock):
     return body[0] == 1, body[13 : 13 + n].decode()
 
 
+def test_a_clients_frame_far_beyond_the_largest_proposal_is_refused_at_once(cluster):
+    # A client's largest request is a proposal: with the default 1 MiB ring
+    # at most half of it. A frame announcing 64 MiB was buffered until it
+    # was whole (up to 1 GiB, a replica's limit); now the daemon closes the
+    # connection on reading its header, says why, and serves everyone else.
+    cluster.up()
+    leader = cluster.leader()
+    s = _authenticated_client(cluster, leader)
+    s.sendall(struct.pack("<IB", 64 << 20, PROPOSE) + b"x" * 65536)
+    s.settimeout(10)
+    try:
+        closed = s.recv(1) == b""
+    except ConnectionResetError:
+        closed = True
+    except TimeoutError:
+        closed = False
+    s.close()
+    assert closed, "the daemon waited for the rest of a 64 MiB frame"
+    log = (cluster.dir / f"replica-{leader}.log").read_text()
+    assert re.search(r"closed a client connection from .*: frame of 67108864 bytes exceeds", log)
+    cluster.propose("still-served")
+
+
 def test_proposals_waiting_per_connection_are_bounded(cluster):
     # A client could pipeline proposals without limit, each held in the
     # leader's memory until it commits, which, without a majority keeping

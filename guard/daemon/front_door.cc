@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "consensus/assert.h"
+#include "consensus/region.h"  // MaxRegionPayload
 #include "guard/net/client.h"
 
 namespace lockstep {
@@ -286,10 +287,14 @@ void FrontDoor::OnConnReadable(FrameConn* c) {
   std::string err;
   bool ok = c->ReadFrames([&](FrameKind k, std::string_view body) { OnFrame(c, k, body); }, &err);
   if (!ok) {
-    if (!c->authenticated && c->role != ConnRole::kOutbound)
+    if (!c->authenticated && c->role != ConnRole::kOutbound) {
       DropHandshake(c, err);
-    else
-      CloseConn(c, err);
+      return;
+    }
+    if (err.rfind("frame of ", 0) == 0)  // said whatever the verbosity: a client to fix
+      log_("closed a %s connection from %s: %s", PrincipalName(c->principal),
+           PeerHost(c->fd()).c_str(), err.c_str());
+    CloseConn(c, err);
     return;
   }
   // Closed here, not inside ReadFrames: the callback must not free the
@@ -392,6 +397,14 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
     if (body.size() == expect.size() &&
         CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
       c->authenticated = true;
+      // A client's or an admin's largest request is a proposal (its type and
+      // length, then the payload): a frame far bigger is refused before it is
+      // buffered, not after 1 GiB (kMaxFrame, for replicas' catch-up). Twice
+      // the largest proposal, 4 MiB at least: one a little too big still gets
+      // the core's clear answer.
+      if (c->principal == Principal::kClient || c->principal == Principal::kAdmin)
+        c->frame_limit = static_cast<uint32_t>(std::min<uint64_t>(
+            kMaxFrame, std::max<uint64_t>(4 << 20, 2 * MaxRegionPayload(cfg_.ring_bytes) + 5)));
       c->Queue(FrameKind::kWelcome, "");
       return;
     }

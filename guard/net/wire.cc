@@ -530,8 +530,9 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
   while (in_.size() - off >= 5) {
     uint32_t len;
     memcpy(&len, in_.data() + off, 4);
-    if (len > kMaxFrame) {
-      *error = "frame of " + std::to_string(len) + " bytes exceeds the limit";
+    if (len > frame_limit) {
+      *error = "frame of " + std::to_string(len) + " bytes exceeds the limit of " +
+               std::to_string(frame_limit) + " bytes";
       return false;
     }
     if (!authenticated && len > kMaxHandshakeFrame) {

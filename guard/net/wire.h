@@ -343,6 +343,10 @@ class FrameConn {
   const ConnRole role;
   std::string close_after_read;  // non-empty: close once the frames read are handled
   bool authenticated = false;
+  // The largest frame read from it, once authenticated (before: the
+  // handshake's limit). FrontDoor lowers a client's and an admin's to what
+  // their largest request, a proposal, may be.
+  uint32_t frame_limit = kMaxFrame;
   std::string nonce;
   int peer_id = -1;
   Principal principal = Principal::kClient;  // who its HELLO said it is
