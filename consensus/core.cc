@@ -862,9 +862,17 @@ void Replica::AdvanceCommit() {
 void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const Entry& e,
                        uint64_t record_commit, uint64_t next_pos) {
   if (role_ != Role::kBackup || ballot != promised_ || stream_id != stream_id_) return;
-  LS_ASSERT(e.ballot == ballot || e.index <= record_commit,
-            "record %lu of ballot %s in the stream of %s", (unsigned long)e.index,
-            BallotString(e.ballot).c_str(), BallotString(ballot).c_str());
+  // A record is another process's bytes (the leader's writes into our
+  // region, checksummed by whoever wrote them): never asserted on. One whose
+  // type holds no slot (a promise's or a truncation's, which our recovery
+  // would read as such once on disk), or that carries another ballot above
+  // the commit index it names, is corrupt or forged: dropped, counted, and a
+  // fresh stream asked for.
+  if (!IsSlotType(e.type) || (e.ballot != ballot && e.index > record_commit)) {
+    rejected_records_++;
+    SendJoin(now_us);
+    return;
+  }
   NoteLeaderAlive(now_us, record_commit, /*current=*/false);
   consumed_pos_ = next_pos;
   ack_dirty_ = true;

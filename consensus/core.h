@@ -227,6 +227,8 @@ class Replica {
   int FurthestReadyPeer(const std::vector<int>& among = {}) const;
   // Acks dropped because they claimed more than this leader sent (OnAck).
   uint64_t rejected_acks() const { return rejected_acks_; }
+  // Records dropped because their type or ballot cannot be right (OnRecord).
+  uint64_t rejected_records() const { return rejected_records_; }
   bool may_vote() const { return may_vote_; }
   // Backup: non-zero when the leader said our log is behind its truncation:
   // the lowest checkpoint index that brings us forward.
@@ -300,6 +302,7 @@ class Replica {
   Ballot durable_promised_ = 0;
   uint64_t max_round_seen_ = 0;
   uint64_t rejected_acks_ = 0;
+  uint64_t rejected_records_ = 0;
   bool may_vote_ = true;
   // Pre-vote (as in Raft's PreVote): a replica whose timer fired first asks
   // whether a majority also lost its leader, so one slow or restarted replica

@@ -686,6 +686,27 @@ TEST(Core, AckPastTheLogEndIsRejectedNotAsserted) {
   ASSERT_CLEAN(c);
 }
 
+// A record in a backup's region whose checksum holds but whose type holds
+// no slot (16, a promise's on disk: recovery would have read it as one) or
+// whose ballot is another's above its commit index tripped an assertion, or
+// went to disk as it was. Dropped and counted now; the backup asks for a
+// fresh stream and the cluster goes on.
+TEST(Core, ForgedRegionRecordIsRejectedNotAssertedNorWritten) {
+  SimCluster c(Quiet(3, 22));
+  ASSERT_GT(CommitOnLeader(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  Replica& b = *c.replica((l + 1) % 3);
+  uint64_t end = b.last_index(), commit = b.commit_index();
+  Entry promise{end + 1, b.promised(), static_cast<EntryType>(16), "x"};
+  b.OnRecord(c.now(), b.promised(), b.stream_id(), promise, commit, 1u << 20);
+  Entry foreign{end + 1, MakeBallot(BallotRound(b.promised()) + 5, l), EntryType::kInput, "y"};
+  b.OnRecord(c.now(), b.promised(), b.stream_id(), foreign, commit, 1u << 20);
+  EXPECT_EQ(b.rejected_records(), 2u);
+  EXPECT_EQ(b.last_index(), end);
+  ASSERT_GT(CommitOnLeader(c, "b"), 0u) << Report(c);
+  ASSERT_CLEAN(c);
+}
+
 TEST(Checker, CoreAssertionIsReported) {
   SimCluster c(Quiet(3, 14));
   int l = WaitLeader(c);

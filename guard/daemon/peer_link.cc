@@ -348,7 +348,15 @@ bool PeerLink::PollMemory(uint64_t now) {
     // The reader only moves forward within its stream: a record it accepted
     // is never read twice.
     LS_ASSERT(reader_->pos() > pos, "ring reader stuck at %lu", (unsigned long)pos);
+    uint64_t rejected = core_.rejected_records();
     core_.OnRecord(now, cur.ballot, cur.stream_id, e, rec.header.commit_index, reader_->pos());
+    if (core_.rejected_records() != rejected && rejected < 10)
+      log_(
+          "REJECTED a record from leader %d: entry %lu of type %u and ballot %s in the stream "
+          "of %s, commit %lu (corrupt or forged; asked for a fresh stream)",
+          BallotLeader(cur.ballot), (unsigned long)e.index, (unsigned)rec.header.type,
+          BallotString(e.ballot).c_str(), BallotString(cur.ballot).c_str(),
+          (unsigned long)rec.header.commit_index);
     busy = true;
     if (core_.stream_id() != cur.stream_id) break;  // the core asked for a fresh stream
   }
