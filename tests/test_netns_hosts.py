@@ -51,6 +51,10 @@ def test_replicas_on_namespace_hosts_fail_over_and_heal(cluster):
     assert len(set(hosts)) == 3 and not any(h.startswith("127.") for h in hosts), hosts
     log = (cluster.dir / "replica-0.log").read_text()
     assert f"transport tcp, durability disk, peers on {hosts[0]}:" in log, log[-2000:]
+    # Status names the client namespace, and says how to run a client there.
+    assert cluster.status()["client_netns"] == client_ns
+    shown = run("cluster", "status", "--dir", cluster.dir).stdout
+    assert f"ip netns exec {client_ns} CLIENT ARGS" in shown, shown
 
     # Writes through the leader's address, from the client namespace.
     def incr_n(n):

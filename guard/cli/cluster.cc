@@ -884,6 +884,7 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.lag = leader_commit > r.commit_index ? leader_commit - r.commit_index : 0;
   if (s.leader >= 0) s.client_addr = s.replicas[s.leader].server_addr;
   s.leader_address = config.leader_address;
+  s.client_netns = config.client_netns;
   return s;
 }
 
@@ -894,7 +895,8 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
   std::ostringstream o;
   o << "{\"leader\": " << (s.leader >= 0 ? std::to_string(s.leader) : "null")
     << ", \"client_addr\": " << str_or_null(s.client_addr)
-    << ", \"leader_address\": " << str_or_null(s.leader_address) << ", \"replicas\": [";
+    << ", \"leader_address\": " << str_or_null(s.leader_address)
+    << ", \"client_netns\": " << str_or_null(s.client_netns) << ", \"replicas\": [";
   for (size_t i = 0; i < s.replicas.size(); i++) {
     const auto& r = s.replicas[i];
     o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
@@ -965,6 +967,11 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
   }
   if (!s.leader_address.empty())
     out += "or to " + s.leader_address + ", which follows the leader\n";
+  // Those addresses are inside the cluster's network namespaces: a client
+  // reaches them from the client namespace only.
+  if (!s.client_netns.empty())
+    out += "these addresses are reached from the client namespace: ip netns exec " +
+           s.client_netns + " CLIENT ARGS (the lockstep commands enter it themselves)\n";
   return out;
 }
 

@@ -116,6 +116,7 @@ struct ClusterStatus {
   std::string client_addr;     // the leader's server_addr: where clients connect; "" if none
   std::string leader_address;  // config's leader_address: follows the leader; "" if none
   std::string server_name;     // "redis" (the app) or the command's program name
+  std::string client_netns;    // the namespace clients connect from (--hosts netns); "" if none
   std::vector<ReplicaStatus> replicas;
 };
 
