@@ -385,6 +385,21 @@ static int peer_port_of(int fd, char* text, size_t text_len) {
   return port;
 }
 
+/* fd's peer as an IPv4 address (network order; a v4-mapped IPv6 one too),
+ * 0 for anything else. */
+static uint32_t peer_ipv4(int fd) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  if (getpeername(fd, (struct sockaddr*)&a, &len) != 0) return 0;
+  if (a.ss_family == AF_INET) return ((struct sockaddr_in*)&a)->sin_addr.s_addr;
+  if (a.ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&((struct sockaddr_in6*)&a)->sin6_addr)) {
+    uint32_t v4;
+    memcpy(&v4, ((struct sockaddr_in6*)&a)->sin6_addr.s6_addr + 12, 4);
+    return v4;
+  }
+  return 0;
+}
+
 static int find_replay_slot(int port) {
   for (uint32_t i = 0; i < LS_MAX_REPLAY; i++)
     if (atomic_load(&hdr->replay[i].port) == (uint32_t)port) return (int)i;
@@ -404,6 +419,25 @@ static int after_accept(int lfd, int fd, int flags) {
   out_end(fd, LS_OUT_CLOSED); /* a stale stream under this fd number (closed unseen) */
   if (port > 0 && (atomic_load(&hdr->replay_port_bits[port / 64]) >> (port % 64)) & 1) {
     int slot = find_replay_slot(port);
+    /* The daemon's connection comes from replay_source, from a port it
+     * bound there, once per claim (accepted is cleared with each claim and
+     * reattach). Anything else that names the port (a process on another
+     * address with the same port number, a second connection) would feed
+     * the server bytes of its own as the log's: refused. */
+    uint32_t source = atomic_load(&hdr->replay_source);
+    if (slot >= 0 &&
+        (!source || peer_ipv4(fd) != source || atomic_load(&hdr->replay[slot].accepted))) {
+      static _Atomic(uint64_t) refused;
+      uint64_t n = atomic_fetch_add(&refused, 1) + 1;
+      if (n <= 3 || n % 1000 == 0)
+        shim_log(
+            "refused a connection from %s on replay slot %d's port: not the daemon's "
+            "(%llu such so far)",
+            peer, slot, (unsigned long long)n);
+      real_close(fd);
+      errno = EAGAIN;
+      return -1;
+    }
     if (slot >= 0 && atomic_load(&hdr->replay[slot].reattach)) {
       pthread_mutex_lock(&mu);
       struct conn* restored = by_slot[slot];

@@ -38,8 +38,11 @@
  * that order, so COMMITTED outcomes arrive in increasing seq order.
  *
  * Flow on a backup: the daemon replays committed inputs over real local TCP
- * connections. Before connecting, it marks the connection's local port in
- * `replay_port_bits` and claims a `replay` slot. It writes inputs as they
+ * connections. Before connecting, it binds the connection's local port (on
+ * `replay_source`), marks it in `replay_port_bits` and claims a `replay`
+ * slot; the shim takes a connection for that slot only from that address
+ * and port, and only one per claim (a process elsewhere that picks the same
+ * port number, or a second connection, is refused). It writes inputs as they
  * commit and publishes, in the order ring, the order in which the server may
  * read them (slot, length). The shim takes what the kernel has on those
  * connections into their inboxes and lets the server read them in exactly
@@ -138,7 +141,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 16u
+#define LS_SHIM_VERSION 17u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -360,6 +363,11 @@ struct ls_shim_header {
   LS_ATOMIC(uint32_t) daemon_sleeping;
   LS_ATOMIC(uint32_t) done_futex;     /* bumped after every batch of completions */
   LS_ATOMIC(uint32_t) replay_waiting; /* the daemon waits for the server to read a replay input */
+  /* The IPv4 address (network order) the daemon's replay connections come
+   * from, each from a port it has bound before marking it in
+   * replay_port_bits: the shim admits a replay connection only from there,
+   * once per claim of its slot. 0: none yet (none admitted). */
+  LS_ATOMIC(uint32_t) replay_source;
 
   /* Written by the shim. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) server_sleepers;

@@ -338,3 +338,56 @@ def test_a_client_of_a_backup_or_a_stale_leader_address_is_refused(redis_cluster
         log = (c.dir / f"replica-{r}" / "server.log").read_text(errors="replace")
         assert "this replica does not lead" in log, f"replica {r}'s server.log:\n{log[-2000:]}"
     assert_same_data(c, timeout=30)
+
+
+def test_a_replay_connection_is_taken_only_from_its_daemon(redis_cluster):
+    # A backup's daemon replays each client connection of the leader over a
+    # connection of its own to its server, from a port it bound and marked
+    # for the shim (issue 27, hole 2). The shim took any connection from a
+    # marked port number as that replay connection, whatever its address,
+    # and a second one replaced the first: a process elsewhere that picked
+    # the same port numbers (here 127.0.0.2, another loopback address) fed
+    # the backup's redis its own SET as the log's. Now it is refused, and
+    # the replay goes on.
+    import socket
+    import subprocess
+
+    from test_checkpoint import backups
+    from test_divergence import reports
+    from test_prevention import wait_applied
+
+    c = redis_cluster
+    client = Redis(c.client_addr())
+    assert client.call("SET", "k0", "v0") == "OK"
+    wait_applied(c)
+    b = backups(c)[0]
+    host, port = c.server_addr(b)
+    ss = subprocess.run(
+        ["ss", "-Htn", "state", "established", "dst", f"{host}:{port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ports = [int(line.split()[2].rsplit(":", 1)[1]) for line in ss.splitlines()]
+    assert ports, f"no replay connection to replica {b}'s server: {ss}"
+    attackers = []
+    for p in ports:
+        s = socket.socket()
+        s.bind(("127.0.0.2", p))
+        s.settimeout(5)
+        try:
+            s.connect((host, port))
+            s.sendall(b"*3\r\n$3\r\nSET\r\n$2\r\nk0\r\n$6\r\nforged\r\n")
+        except OSError:
+            pass  # refused at once: as good
+        attackers.append(s)
+    for i in range(1, 21):
+        assert client.call("SET", f"k{i}", "v") == "OK"
+    wait_applied(c)
+    for s in attackers:
+        s.close()
+    assert Redis(c.server_addr(b), inspect=True).call("GET", "k0") == b"v0"
+    assert_same_data(c)
+    assert reports(c) == []
+    log = (c.dir / f"replica-{b}" / "server.log").read_text()
+    assert "refused a connection from 127.0.0.2" in log, log[-2000:]

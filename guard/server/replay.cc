@@ -16,6 +16,13 @@
 
 namespace lockstep {
 
+Replayer::Replayer(ShimChannel* shim, std::string host, int port, WatchFn watch, LogFn log)
+    : shim_(shim), host_(std::move(host)), port_(port), watch_(watch), log_(log) {
+  in_addr source{};
+  inet_pton(AF_INET, host_.c_str(), &source);
+  shim_->SetReplaySource(source.s_addr);
+}
+
 Replayer::~Replayer() {
   for (auto& [k, c] : conns_) {
     if (c.fd >= 0) close(c.fd);

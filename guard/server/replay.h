@@ -30,8 +30,8 @@ class Replayer {
   using WatchFn = std::function<void(int fd, bool add, bool writable)>;
   using LogFn = std::function<void(const std::string&)>;
 
-  Replayer(ShimChannel* shim, std::string host, int port, WatchFn watch, LogFn log)
-      : shim_(shim), host_(std::move(host)), port_(port), watch_(watch), log_(log) {}
+  // Tells the shim where its connections come from (host, an IPv4 address).
+  Replayer(ShimChannel* shim, std::string host, int port, WatchFn watch, LogFn log);
   ~Replayer();
 
   void Accept(ConnKey k);

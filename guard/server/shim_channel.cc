@@ -405,6 +405,10 @@ void ShimChannel::Awake() {
   (void)!read(wake_daemon_fd_, &v, sizeof v);
 }
 
+void ShimChannel::SetReplaySource(uint32_t ipv4) {
+  hdr_->replay_source.store(ipv4);
+}
+
 int ShimChannel::ClaimReplaySlot(int port) {
   ReuseSlots();
   if (free_slots_.empty() || port <= 0 || port > static_cast<int>(kMaxPort)) return -1;

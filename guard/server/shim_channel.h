@@ -132,8 +132,11 @@ class ShimChannel {
   bool PrepareSleep(bool ignore_submissions, bool replay_waiting);
   void Awake();
 
-  // Replay connections (backups): claim a slot for a local port before
-  // connecting, read the server's progress on it, release it after close.
+  // Replay connections (backups): the address they come from (IPv4, network
+  // order: the shim admits them from there only); claim a slot for a local
+  // port before connecting, read the server's progress on it, release it
+  // after close.
+  void SetReplaySource(uint32_t ipv4);
   int ClaimReplaySlot(int port);
   void ReleaseReplaySlot(int slot);
   // After a restore: slot (restored in use) now belongs to a fresh

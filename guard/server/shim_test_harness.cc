@@ -186,6 +186,7 @@ bool Harness::Start(const std::vector<std::string>& argv_template, Options o, st
   polling_ = o.poll;
   port_ = FreePort();
   if (!ch_.Create(1 << 20, error, o.ring)) return false;
+  ch_.SetReplaySource(htonl(INADDR_LOOPBACK));  // where ConnectReplay binds, as the daemon does
   if (o.digests >= 0) ch_.set_output_digests(o.digests != 0);
   ch_.set_unchecked_replies(o.unchecked_replies);
   // A consumer from the start: records published before the pump's first
