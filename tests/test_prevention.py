@@ -448,6 +448,8 @@ def test_without_same_random_spop_is_detected_reported_and_repaired_from_the_lea
         first, last = mine[0], mine[-1]
         assert not first["leader_diverged"] and first["status"] == "repaired", first
         assert any("SPOP" in i for i in first["connection_inputs"]), first["connection_inputs"]
+        # The report names the profile option that prevents it (issue 27).
+        assert "same_random = true" in first["hint"], first
         outs = {o["from_replica"]: o["bytes"] for o in first["outputs"]}
         assert all(p.decode() in outs[leader] for p in popped), (popped, outs)
         assert outs[b] != outs[leader], outs

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -80,7 +81,8 @@ std::string DivergenceReport::ToJson() const {
     << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false") << ",\"how\":\""
     << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/" << key.no
     << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
-    << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\"";
+    << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\",\"hint\":\""
+    << JsonEscape(hint) << "\"";
   o << ",\"agreeing\":[";
   for (size_t i = 0; i < agreeing.size(); i++) o << (i ? "," : "") << agreeing[i];
   snprintf(digest, sizeof digest, "%016llx", (unsigned long long)leader_digest);
@@ -201,6 +203,49 @@ std::string DivergenceAnswer(const std::string& dir, const DivergenceRequest& re
   std::string out = "[";
   for (const std::string& r : ReadReports(dir)) out += (out.size() > 1 ? "," : "") + r;
   return out + "]";
+}
+
+std::string RequestCommand(const std::string& request) {
+  std::string word;
+  if (!request.empty() && request[0] == '*') {  // *N\r\n$LEN\r\nNAME\r\n
+    size_t bulk = request.find("\r\n$");
+    size_t at = bulk == std::string::npos ? bulk : request.find("\r\n", bulk + 3);
+    if (at == std::string::npos) return "";
+    size_t end = request.find("\r\n", at + 2);
+    if (end == std::string::npos) return "";  // cut short
+    word = request.substr(at + 2, end - at - 2);
+  } else {
+    word = request.substr(0, request.find_first_of(" \r\n"));
+  }
+  if (word.empty() || word.size() > 32) return "";
+  for (char& c : word) {
+    if (c <= ' ' || c > '~') return "";
+    c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+  }
+  return word;
+}
+
+std::string DivergenceHint(const ClusterConfig::ServerConfig& server, const std::string& kind,
+                           bool data_in_window, const std::string& last_command) {
+  const std::string again = "if it comes back at the same place after its repair, ";
+  if (kind == "output" && !data_in_window && !server.unchecked_greeting)
+    return again +
+           "what the server sends before a connection's first input differs by nature (a "
+           "greeting's salt or thread id): unchecked_greeting = true in the app profile leaves "
+           "it unchecked";
+  if (!server.same_random)
+    return again +
+           "the server draws random numbers its own way on each replica (redis SPOP, a salt): "
+           "same_random = true in the app profile makes every replica draw the same";
+  if (!server.same_clock)
+    return again +
+           "the server reads the wall clock its own way on each replica: same_clock = true in "
+           "the app profile gives every replica the leader's time of each input";
+  if (kind == "output" && !last_command.empty())
+    return again + "the reply to " + last_command +
+           " differs by nature (a pid, a port, a duration): list " + last_command +
+           " in unchecked_replies in the app profile";
+  return "";
 }
 
 }  // namespace lockstep

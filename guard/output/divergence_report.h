@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "guard/common/config.h"
 #include "guard/common/conn_key.h"
 #include "guard/common/output_point.h"
 #include "guard/net/wire.h"  // DivergenceRequest
@@ -71,6 +72,9 @@ struct DivergenceReport {
   int new_leader = -1;
   double new_leader_ms = 0;
   std::string stack = "not captured";  // the divergent server's stack at the send (StackAt)
+  // The app profile option that would prevent it, if the cause is the
+  // server's own nondeterminism (DivergenceHint); "" when none applies.
+  std::string hint;
 
   std::string ToJson() const;
 };
@@ -87,6 +91,17 @@ std::string StackAt(const OutputExcerpt& x, int64_t at);
 // Bytes as a JSON string that any parser takes: printable ASCII as is,
 // the rest \u00XX (one code point per byte).
 std::string JsonBytes(const std::string& bytes);
+
+// What a report's reader may change when the divergence is the server's own
+// nondeterminism (it comes back at the same place after a repair): the app
+// profile's option that prevents its likely cause, from what is off in
+// `server` and what the connection's inputs in the window were (any DATA at
+// all, and the command of the last one). "" when nothing applies.
+std::string DivergenceHint(const ClusterConfig::ServerConfig& server, const std::string& kind,
+                           bool data_in_window, const std::string& last_command);
+// The command a request starts with: a RESP array's first bulk string, or a
+// text line's first word (printable, at most 32 bytes); "" otherwise.
+std::string RequestCommand(const std::string& request);
 
 // Reports in dir (replica-N/divergences): Write is atomic (a temporary
 // file, fsync, rename). NextNumber: one past the highest report number

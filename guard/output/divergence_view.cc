@@ -128,6 +128,7 @@ void PrintReport(const std::string& r) {
            f("new_leader_ms").c_str());
   printf("  repair      %s: %s%s%s\n", f("how").c_str(), f("action").c_str(),
          f("error").empty() ? "" : "; error: ", f("error").c_str());
+  if (!f("hint").empty()) printf("  hint        %s\n", f("hint").c_str());
   if (f("status") == "repaired" || f("status") == "failed")
     printf("              restored checkpoint %s in %s ms; in sync again after %s ms\n",
            f("restored_index").c_str(), f("restore_ms").c_str(), f("total_ms").c_str());

@@ -418,6 +418,8 @@ void OutputGuard::FillInputs(DivergenceReport* r) const {
   if (to > kWindowScanMax && from < to - kWindowScanMax) from = to - kWindowScanMax;
   from = std::max(from, core_.first_index());
   std::deque<std::string> shown;
+  bool data = false;
+  std::string last_command;
   for (uint64_t i = from; i <= to && i >= from; i++) {
     const Entry* e = core_.At(i);
     if (!e || e->type != EntryType::kInput) continue;
@@ -427,8 +429,15 @@ void OutputGuard::FillInputs(DivergenceReport* r) const {
     if (in.kind == LS_SUB_TICK || in.key != r->key) continue;  // a tick's key names no conn
     shown.push_back("entry " + std::to_string(i) + ": " + DescribeInput(in, kInputBytesShown));
     if (shown.size() > kInputsShown) shown.pop_front();
+    if (in.kind == LS_SUB_DATA) {
+      data = true;
+      last_command = RequestCommand(in.bytes);
+    }
   }
   r->inputs.assign(shown.begin(), shown.end());
+  // A window that begins after the connection's first input has seen data
+  // before it (its first check agreed there).
+  r->hint = DivergenceHint(cfg_.server, r->kind, data || r->agreed_offset > 0, last_command);
 }
 
 uint64_t OutputGuard::StateAgreedIndex(int replica) const {
