@@ -29,6 +29,18 @@ def redis_profile(tmp_path):
     return app_profile(tmp_path, "redis", state_check_every_s=1)
 
 
+def checks_once_quiet(c, timeout):
+    """The leader's state-check status once it stopped changing for 3.5 s
+    (checks every second: the checks ended)."""
+    end, last, still_since = time.monotonic() + timeout, None, time.monotonic()
+    while (st := c.state_checks()) != last or time.monotonic() - still_since < 3.5:
+        assert time.monotonic() < end, f"the checks never stopped: {st}"
+        if st != last:
+            last, still_since = st, time.monotonic()
+        time.sleep(0.2)
+    return st
+
+
 def test_a_flipped_value_no_reply_shows_is_found_by_the_state_check(cluster, tmp_path):
     c = cluster
     c.up(app=redis_profile(tmp_path), extra=("--checkpoint-entries", "50"))
@@ -103,12 +115,7 @@ def test_sliced_checks_go_on_after_the_last_write_until_a_whole_pass_ended(clust
     c.up(app=redis_profile(tmp_path))
     load(Redis(c.client_addr()), 0, 2500)
     at_last_write = c.state_checks().get("checks", 0)
-    end, last, still_since = time.monotonic() + 60, None, time.monotonic()
-    while (st := c.state_checks()) != last or time.monotonic() - still_since < 3.5:
-        assert time.monotonic() < end, f"the checks never stopped: {st}"
-        if st != last:
-            last, still_since = st, time.monotonic()
-        time.sleep(0.2)
+    st = checks_once_quiet(c, 60)
     assert st["checks"] - at_last_write >= 3 and st["passes"] >= 1 and st["failed"] == 0, (
         at_last_write,
         st,
@@ -225,12 +232,7 @@ def test_a_backup_whose_table_an_inspector_rehashed_passes_its_checks(cluster, t
     # A write after it: the checks go on until a pass that began after it ended.
     at_inspection = c.state_checks()
     assert Redis(c.client_addr()).call("SET", "k0", "v0") == "OK"
-    end, last, still_since = time.monotonic() + 90, None, time.monotonic()
-    while (st := c.state_checks()) != last or time.monotonic() - still_since < 3.5:
-        assert time.monotonic() < end, f"the checks never stopped: {st}"
-        if st != last:
-            last, still_since = st, time.monotonic()
-        time.sleep(0.2)
+    st = checks_once_quiet(c, 90)
     # 8200 keys: a pass is 9 slices at most
     assert st["checks"] - at_inspection.get("checks", 0) >= 9, (at_inspection, st)
     assert st["failed"] == 0 and re.fullmatch(r"[0-9a-f]{40} 8200 keys, .*", st["digest"]), st
