@@ -740,6 +740,32 @@ def _client_copy(cluster, tmp_path, keep):
     return path
 
 
+def test_a_flood_on_the_client_port_does_not_evict_a_peer_authenticating(cluster):
+    # Connections still authenticating are bounded (64, the oldest dropped
+    # for a newcomer). The client port and the peer port shared the bound, so
+    # a flood of client connections dropped a peer reconnecting (issue 27,
+    # hole 6). Now each port has its own: a peer-port connection mid-handshake
+    # outlives 128 client connections opened after it.
+    cluster.up()
+    leader = cluster.leader()
+    conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
+    rep = next(r for r in conf["replica"] if r["id"] == leader)
+    client_port = (rep["host"], rep["client_port"])
+    peer = socket.create_connection((rep["host"], rep["peer_port"]))
+    flood = []
+    try:
+        flood = [socket.create_connection(client_port) for _ in range(128)]
+        time.sleep(0.3)  # the daemon accepted them all
+        assert _closed_within(peer, 0.5) is None, "the peer-port connection was dropped"
+        closed = sum(_closed_within(s, 0.2) is not None for s in flood[:32])
+        assert closed == 32, closed  # the client port's own oldest went
+        cluster.propose("still-served")
+    finally:
+        peer.close()
+        for s in flood:
+            s.close()
+
+
 def test_nobody_proposes_a_raw_input_into_a_cluster_that_runs_a_server(cluster, tmp_path):
     # A cluster that runs a server takes its inputs from the leader's server
     # alone. Before, a client's `propose` went into the log as an input, and

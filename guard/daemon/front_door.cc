@@ -172,11 +172,13 @@ bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
     if (fd < 0) return false;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    // At the limit of connections still authenticating, the oldest one goes.
+    // At the limit of connections still authenticating on this port, its
+    // oldest one goes. Each port has a pool of its own: a flood of client
+    // connections must not evict a peer reconnecting on the peer port.
     FrameConn* oldest = nullptr;
     size_t authenticating = 0;
     for (auto& [f, c] : conns_) {
-      if (c->authenticated || c->role == ConnRole::kOutbound) continue;
+      if (c->authenticated || c->role != role) continue;
       authenticating++;
       if (!oldest || c->opened_us < oldest->opened_us) oldest = c.get();
     }

@@ -88,8 +88,9 @@ class FrontDoor {
 
   // Limits before authentication (besides kMaxHandshakeFrame, wire.h): the
   // time a connection has to authenticate, and how many may be at it at
-  // once (the oldest is dropped for a newcomer, so that a flood of idle
-  // connections cannot lock the replica's own clients and peers out).
+  // once on each port (the oldest of that port is dropped for a newcomer, so
+  // that a flood of idle connections cannot lock the replica's own clients
+  // out, nor, on the client port, its peers).
   static constexpr uint64_t kHandshakeUs = 5000000;
   static constexpr size_t kMaxHandshaking = 64;
   // Limits after authentication: proposals of one connection waiting for
