@@ -250,7 +250,8 @@ bool Client::FetchCheckpoint(uint64_t min_index, const std::string& dest_dir, ui
     }
     if (dst.string() != open_path) {
       close_out();
-      out = open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      // O_NOFOLLOW: never through a symlink the peer sent under this name.
+      out = open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
       open_path = dst.string();
       // The sender's mode exactly (not narrowed by our umask).
       if (out < 0 || fchmod(out, part.mode) != 0) {

@@ -126,6 +126,22 @@ TEST(CheckpointFetch, NothingIsWrittenThroughASymlinkThePeerSent) {
   fs::remove_all(tmp);
 }
 
+// The last component too: a symlink part "x" -> a file outside, then a
+// file part "x", wrote through the link (open without O_NOFOLLOW).
+TEST(CheckpointFetch, AFileIsNotWrittenThroughASymlinkOfTheSameName) {
+  fs::path tmp = fs::temp_directory_path() / ("client_test3-" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  { std::ofstream(tmp / "victim") << "intact"; }
+  std::string err =
+      Fetch({{"x", true, 0, (tmp / "victim").string()}, {"x", false, 0, "pwned"}}, tmp / "dest");
+  EXPECT_NE(err.find("cannot create"), std::string::npos) << err;
+  std::ifstream f(tmp / "victim");
+  std::string got((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(got, "intact");
+  fs::remove_all(tmp);
+}
+
 TEST(CheckpointFetch, AbsoluteDotDotAndHugeOffsetsAreRefused) {
   fs::path tmp = fs::temp_directory_path() / ("client_test2-" + std::to_string(getpid()));
   fs::remove_all(tmp);
