@@ -740,6 +740,33 @@ def _client_copy(cluster, tmp_path, keep):
     return path
 
 
+def test_authenticated_client_connections_are_bounded(cluster):
+    # Each authenticated connection holds an fd and buffers of the daemon,
+    # which, out of fds, could accept neither its peers nor its server's
+    # replay connections (issue 27, hole 6: no cap). Now the 257th is
+    # refused, saying why, and one more fits once one closes.
+    cluster.up()
+    leader = cluster.leader()
+    held = []
+    try:
+        while len(held) < 300:
+            s, (kind, why) = _handshake(cluster, leader)
+            if kind != WELCOME:
+                s.close()
+                break
+            held.append(s)
+        assert kind == REFUSED and b"client port are open (the limit)" in why, (kind, why)
+        assert 240 <= len(held) <= 256, len(held)  # the CLI's and peers' own may count too
+        for s in held[:10]:
+            s.close()
+        del held[:10]
+        time.sleep(0.2)
+        cluster.propose("served-again")
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_a_flood_on_the_client_port_does_not_evict_a_peer_authenticating(cluster):
     # Connections still authenticating are bounded (64, the oldest dropped
     # for a newcomer). The client port and the peer port shared the bound, so

@@ -398,6 +398,20 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
     std::string expect = AuthProof(secret, c->nonce, c->principal, c->peer_id);
     if (body.size() == expect.size() &&
         CRYPTO_memcmp(body.data(), expect.data(), expect.size()) == 0) {
+      if (c->role == ConnRole::kClient) {
+        size_t open = 0;
+        for (auto& [f, other] : conns_) open += other->authenticated && other->role == c->role;
+        if (open >= kMaxClientConns) {
+          log_(
+              "refused a %s connection from %s: %zu authenticated connections are open (the "
+              "limit)",
+              PrincipalName(c->principal), PeerHost(c->fd()).c_str(), open);
+          Refuse(c, std::to_string(open) +
+                        " connections to this replica's client port are open (the limit): close "
+                        "one and try again");
+          return;
+        }
+      }
       c->authenticated = true;
       // A client's or an admin's largest request is a proposal (its type and
       // length, then the payload): a frame far bigger is refused before it is

@@ -104,6 +104,10 @@ class FrontDoor {
   // kMaxQueuedReplyBytes of replies pile up unread is disconnected.
   static constexpr uint64_t kMaxReadReplyBytes = 16u << 20;
   static constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
+  // Authenticated connections on the client port at once: each holds an fd
+  // and buffers, and a daemon out of fds can accept neither peers nor its
+  // server's replay connections. A client past it is refused, saying so.
+  static constexpr size_t kMaxClientConns = 256;
 
  private:
   // A client's proposal, answered once its index commits.
