@@ -237,6 +237,7 @@ std::string ReportHtml(const std::string& r) {
       f("how") + ": " + f("action") + (f("error").empty() ? "" : "; error: " + f("error")));
   if (f("status") == "repaired" || f("status") == "failed")
     row("took", "restore " + f("restore_ms") + " ms, in sync again after " + f("total_ms") + " ms");
+  if (!f("hint").empty()) row("hint", f("hint"));
   if (!f("stack").empty())
     o += "<tr><td>stack at the send</td><td><pre>" + Html(f("stack")) + "</pre></td></tr>\n";
   o += "</table>\n<h2>Inputs of the connection in the window</h2>\n<ul class=\"inputs\">\n";
