@@ -119,15 +119,26 @@ static pid_t self_proc_tid(void) {
 /* The state letter of a thread of this process (its number in /proc) from
  * its stat: 'R' running or runnable, 'S' asleep, 'D' in the disk...; 'X'
  * when it is gone (no such task), 0 when its stat could not be read. */
-static char thread_state(pid_t proc_tid) {
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)proc_tid);
+/* Reads /proc/self/task/<tid>/<file> into buf (NUL-terminated, raw
+ * syscalls, no allocation): the bytes read, 0 if none, -1 when the task is
+ * gone. */
+static ssize_t read_task_file(pid_t proc_tid, const char* file, char* buf, size_t size) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)proc_tid, file);
   int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 'X';
-  ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+  if (fd < 0) return -1;
+  ssize_t n = syscall(SYS_read, fd, buf, size - 1);
   real_close(fd);
-  if (n <= 0) return 0;
+  if (n < 0) n = 0;
   buf[n] = 0;
+  return n;
+}
+
+static char thread_state(pid_t proc_tid) {
+  char buf[256];
+  ssize_t n = read_task_file(proc_tid, "stat", buf, sizeof buf);
+  if (n < 0) return 'X';
+  if (n == 0) return 0;
   const char* end = strrchr(buf, ')'); /* after the name, which may hold anything */
   return end && end[1] == ' ' ? end[2] : 0;
 }
@@ -141,14 +152,8 @@ static char thread_state(pid_t proc_tid) {
  * beside it (test_serial, 1 run in 3). /proc/<tid>/syscall: the number of
  * the system call it is in, then its arguments in hex. */
 static int waits_for_shim(pid_t proc_tid) {
-  char path[64], buf[128];
-  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)proc_tid);
-  int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
-  real_close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
+  char buf[128];
+  if (read_task_file(proc_tid, "syscall", buf, sizeof buf) <= 0) return 0;
   char* args;
   if (strtol(buf, &args, 10) != SYS_futex) return 0;
   return strtoull(args, NULL, 16) == (unsigned long long)(uintptr_t)&mu;

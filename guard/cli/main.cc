@@ -643,8 +643,8 @@ int CmdDivergence(int argc, char** argv) {
     return 0;
   }
   std::sort(reports.begin(), reports.end(), [](const std::string& x, const std::string& y) {
-    return std::make_pair(std::stoull(JsonField(x, "time_unix")), JsonField(x, "id")) <
-           std::make_pair(std::stoull(JsonField(y, "time_unix")), JsonField(y, "id"));
+    return std::make_pair(JsonU64(x, "time_unix"), JsonField(x, "id")) <
+           std::make_pair(JsonU64(y, "time_unix"), JsonField(y, "id"));
   });
   if (a.Has("json")) {
     std::string all = "[";
@@ -654,7 +654,7 @@ int CmdDivergence(int argc, char** argv) {
     printf("%-8s %-20s %-8s %-7s %-12s %-10s %-10s %-12s %s\n", "id", "time", "replica", "kind",
            "connection", "offset", "how", "status", "took");
     for (const std::string& r : reports) {
-      time_t t = static_cast<time_t>(std::stoll(JsonField(r, "time_unix")));
+      time_t t = static_cast<time_t>(JsonI64(r, "time_unix"));
       char when[32];
       strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
       std::string who = JsonField(r, "leader_diverged") == "true"
