@@ -841,6 +841,14 @@ void Replica::OnPeerUnreachable(uint64_t now_us, int peer) {
   if (role_ == Role::kLeader) peers_[peer].ready = false;  // it rejoins with a fresh stream
 }
 
+bool Replica::OwnWriteMayCommit() const {
+  if (role_ != Role::kLeader) return true;
+  int ahead = 0;
+  for (int p = 0; p < config_.replicas; p++)
+    if (p != config_.id && peers_[p].match > commit_index_) ahead++;
+  return ahead >= Majority() - 1;
+}
+
 void Replica::AdvanceCommit() {
   if (role_ != Role::kLeader) return;
   std::vector<uint64_t> durable;

@@ -51,7 +51,7 @@ struct CoreConfig {
   int id = 0;        // 0 .. replicas-1
   int replicas = 3;  // 3, 5 or 7
   uint64_t ring_bytes = 16 << 20;
-  uint64_t heartbeat_us = 1000;           // control-word heartbeat period
+  uint64_t heartbeat_us = 5000;           // control-word heartbeat period
   uint64_t message_heartbeat_us = 10000;  // heartbeat message period (rejoin path)
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;
@@ -212,6 +212,12 @@ class Replica {
   Ballot promised() const { return promised_; }
   int leader() const;  // -1 if unknown
   uint64_t commit_index() const { return commit_index_; }
+  // Whether a durable write of this replica's own that completes now can
+  // move anything: always, except on a leader that fewer than a majority
+  // minus one backups have acked past its commit index (its own disk alone
+  // commits nothing then; the ack that will is read with the write's
+  // completion). The daemon's disk thread wakes the loop only when it can.
+  bool OwnWriteMayCommit() const;
   uint64_t durable_index() const { return durable_index_; }
   uint64_t first_index() const { return first_index_; }
   uint64_t last_index() const { return first_index_ + slots_.size() - 1; }

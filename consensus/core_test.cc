@@ -40,6 +40,25 @@ TEST(Core, ElectsOneLeaderAndCommits) {
   ExpectAllAgree(c);
 }
 
+// The daemon's disk thread wakes the loop for a completion only when it can
+// commit something: on a leader, once a backup holds entries past the
+// commit index (three replicas: the leader's disk and that backup's make a
+// majority); a lone replica is its own majority; a backup always acks.
+TEST(Core, OwnWriteMayCommitOnlyWhereAMajorityCouldForm) {
+  SimCluster c(Quiet(3, 11));
+  int l = WaitLeader(c);
+  ASSERT_GE(l, 0);
+  ASSERT_GT(Commit(c, "x"), 0u) << Report(c);
+  c.RunFor(20'000);  // every ack in: nobody holds anything past the commit
+  EXPECT_FALSE(c.replica(l)->OwnWriteMayCommit());
+  for (int b : Others(c, l)) EXPECT_TRUE(c.replica(b)->OwnWriteMayCommit());
+
+  SimCluster one(Quiet(1, 12));
+  int only = WaitLeader(one);
+  ASSERT_EQ(only, 0);
+  EXPECT_TRUE(one.replica(0)->OwnWriteMayCommit());
+}
+
 TEST(Core, ProposalAtBackupIsRefused) {
   SimCluster c(Quiet(3, 2));
   int l = WaitLeader(c);

@@ -248,7 +248,19 @@ class DiskWriter {
     uint64_t writes = 0;   // Appends done so far
     uint64_t records = 0;  // records written so far
   };
-  Completion Poll();  // reads the eventfd (non-blocking) and returns the latest state
+  // The latest state. Called by one thread only (the daemon's loop): it
+  // takes the lock only when the thread published something since the last
+  // call (every pass of the loop polls).
+  Completion Poll();
+  // Whether the loop wants the event fd written for a completion (true at
+  // first). A completion nobody waits for (a leader's own write that commits
+  // nothing by itself) need not wake it: the next pass reads it. Errors are
+  // always signalled. After setting it false, call Published() once more
+  // before sleeping: a completion published in between may have seen the
+  // old value.
+  void SetWakeWanted(bool wanted) { wake_wanted_.store(wanted); }
+  // Whether Poll() would return something new.
+  bool Published() const { return published_.load() != polled_version_; }
 
  private:
   struct Item {
@@ -268,6 +280,10 @@ class DiskWriter {
   bool inline_writing_ = false;  // WriteNow is appending in the caller's thread
   bool thread_busy_ = false;     // the thread holds work (writing, or retrying after an error)
   Completion state_;
+  std::atomic<uint64_t> published_{0};  // bumped under mu_ whenever state_ changes
+  std::atomic<bool> wake_wanted_{true};
+  uint64_t polled_version_ = 0;  // the polling thread's: published_ at its last Poll
+  Completion polled_;            // ... and what it returned
   std::thread thread_;
 };
 

@@ -804,6 +804,48 @@ TEST(DiskWriter, PublishesErrorsAndNeverCompletesAFailedBatch) {
   EXPECT_NE(c.error.find("out of range"), std::string::npos) << c.error;
 }
 
+// The event fd counts the wake-ups the thread gave: a completion the loop
+// said it does not want (a leader's own write that commits nothing alone)
+// gives none, yet Poll sees it; one it wants, or an error, gives one.
+uint64_t Wakeups(int efd) {
+  uint64_t n = 0;
+  return read(efd, &n, sizeof n) == sizeof n ? n : 0;  // the fd is non-blocking
+}
+
+TEST(DiskWriter, WakesTheLoopOnlyForCompletionsItWants) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  DiskWriter w(log.get());
+  auto submit = [&](uint64_t seq, uint64_t index) {
+    std::vector<OwnedRecord> batch;
+    batch.push_back(OwnedRecord{EntryType::kInput, 1, index, 0, Payload(index, 10)});
+    w.Submit(seq, std::move(batch));
+  };
+  submit(1, 1);
+  ASSERT_EQ(WaitFor(&w, 1, nullptr).durable_seq, 1u);
+  EXPECT_EQ(Wakeups(w.EventFd()), 1u);  // wanted by default
+  EXPECT_FALSE(w.Published());
+
+  w.SetWakeWanted(false);
+  submit(2, 2);
+  for (int waits = 0; waits < 20000 && !w.Published(); waits++) usleep(1000);
+  ASSERT_TRUE(w.Published()) << "the completion was never published";
+  EXPECT_EQ(w.Poll().durable_seq, 2u);
+  EXPECT_FALSE(w.Published());
+  EXPECT_EQ(Wakeups(w.EventFd()), 0u) << "woke the loop for a completion it did not want";
+
+  // Errors always wake it: the loop must refuse proposals at once.
+  std::vector<OwnedRecord> bad;
+  bad.push_back(OwnedRecord{EntryType::kInput, 1, 9, 0, "a gap"});
+  w.Submit(3, std::move(bad));
+  EXPECT_FALSE(WaitFor(&w, 3, nullptr, true).error.empty());
+  EXPECT_GE(Wakeups(w.EventFd()), 1u);
+}
+
 // Writes entries 1..n (commit index `commit`) through a DiskWriter, one
 // batch per entry; the batch with seq `truncate_seq` also truncates below
 // `below` (a seq past n: a batch of its own with no records).

@@ -69,6 +69,7 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
     state_.error = err;  // the thread retries it with back-off, ahead of anything later
     queue_.insert(queue_.begin(), Item{seq, std::move(batch), 0});
   }
+  published_++;
   // The thread has work only if something queued meanwhile (or this write
   // failed). The caller needs no wake-up: it is awake and Polls next. (Both
   // were done on every inline write: two syscalls and a wake-up per commit.)
@@ -82,8 +83,11 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
 // sleeping loop once), so it is never drained: that read was a syscall on
 // every pass of the loop.
 DiskWriter::Completion DiskWriter::Poll() {
+  if (published_.load() == polled_version_) return polled_;
   std::lock_guard<std::mutex> l(mu_);
-  return state_;
+  polled_ = state_;
+  polled_version_ = published_.load();
+  return polled_;
 }
 
 void DiskWriter::Run() {
@@ -155,11 +159,17 @@ void DiskWriter::Run() {
         state_.last_batch_records = last_records;
       }
       state_.error = err;
+      published_++;
     }
     work.erase(work.begin(), work.begin() + static_cast<std::ptrdiff_t>(completed));
-    uint64_t one = 1;
-    ssize_t n = write(event_fd_, &one, sizeof one);
-    (void)n;
+    // (published_ is stored before wake_wanted_ is loaded, and the loop
+    // stores wake_wanted_ before it loads published_: one of the two sees
+    // the other, so a loop that wants the wake-up and sleeps gets it.)
+    if (wake_wanted_.load() || !err.empty()) {
+      uint64_t one = 1;
+      ssize_t n = write(event_fd_, &one, sizeof one);
+      (void)n;
+    }
     if (err.empty()) {
       backoff = std::chrono::milliseconds(0);
       last_try = false;

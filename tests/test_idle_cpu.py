@@ -16,7 +16,7 @@ from conftest import run
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE_SECONDS = 3.0
-# Generous: an idle daemon wakes every heartbeat (1 ms) and takes ~5-10% of
+# Generous: an idle daemon wakes every heartbeat (5 ms) and takes a few % of
 # a core here; a spinning one takes ~100%. The VM sometimes pauses.
 MAX_CPU_SHARE = 0.30
 

@@ -55,7 +55,7 @@ class EventLoop {
   };
 
   struct Options {
-    uint64_t heartbeat_us = 1000;  // the longest sleep: a heartbeat may be due then
+    uint64_t heartbeat_us = 5000;  // the longest sleep: a heartbeat may be due then
     uint64_t spin_us = 0;          // keep polling this long after the last activity
     bool verbose = false;          // log loop statistics every second
     // Gaps longer than this are reported to Body::OwnGap; shorter ones are

@@ -46,6 +46,7 @@ namespace {
 
 constexpr uint64_t kTruncateCheckUs = 1000000;
 constexpr auto kPeerCheckpointPoll = std::chrono::seconds(2);
+constexpr int kArmTries = 4;  // arms refused in a row before a sleep gives way to a pass
 
 class Daemon : public EventLoop::Body {
  public:
@@ -449,7 +450,21 @@ FailpointReply Daemon::SetFailpoint(const std::string& text) {
 
 bool Daemon::PrepareSleep() {
   if (!pipeline_->PrepareSleep()) return false;  // work arrived meanwhile
-  if (peer_->Arm()) return true;
+  if (writer_) {
+    // A leader's own write that cannot commit anything by itself wakes
+    // nobody: the ack that commits it comes with a doorbell, and that pass
+    // reads the completion too (one wake-up of the loop per input less).
+    writer_->SetWakeWanted(core_->OwnWriteMayCommit());
+    if (writer_->Published()) return false;  // completed meanwhile: go round
+  }
+  // UCX refuses to arm while it holds an event, and over shm that is often
+  // only the wake-up datagram of a doorbell this pass already progressed
+  // (each refusal pops one). Progressing again and finding nothing, the
+  // loop can arm at once instead of making a whole pass for it.
+  for (int tries = 0; tries < kArmTries; tries++) {
+    if (peer_->Arm()) return true;
+    if (peer_->Progress()) break;  // something came: a pass must see it
+  }
   pipeline_->Awake();  // UCX has events pending: go round again
   return false;
 }

@@ -99,6 +99,7 @@ PeerLink::PeerLink(const Options& options, Transport transport, Replica& core,
   int n = opt_.replicas;
   LS_ASSERT(n >= 1 && n <= static_cast<int>(kMaxReplicas), "replicas=%d", n);
   last_ack_.assign(n, AckWord{});
+  last_rung_ack_.assign(n, AckWord{});
   ucx_peer_.assign(n, -1);
   ucx_peer_addr_.assign(n, "");
   remote_region_.assign(n, RemoteRegion{});
@@ -153,6 +154,7 @@ void PeerLink::OnTransportError(UcxTransport::PeerId pid, const std::string& why
     ucx_peer_addr_[r].clear();
     remote_region_[r] = RemoteRegion{};
     remote_ack_[r] = -1;
+    last_rung_ack_[r] = AckWord{};  // a restarted leader's array is fresh: ring for the next
     core_.OnPeerUnreachable(NowUs(), r);
   }
   // Close the endpoint now (UCX has already failed it, so this does not
@@ -168,6 +170,7 @@ int PeerLink::UcxPeer(int replica, const std::string& worker_address) {
     ucx_->Disconnect(ucx_peer_[replica], 0);
     remote_region_[replica] = RemoteRegion{};
     remote_ack_[replica] = -1;
+    last_rung_ack_[replica] = AckWord{};
   }
   std::string err;
   uint64_t t0 = NowUs();
@@ -386,12 +389,24 @@ void PeerLink::Put(const Ready& rd) {
       continue;
     ucx_->Put(rr.remote, 0, &cop.word, sizeof cop.word, &err);
   }
+  // An ack that only echoes a heartbeat rings no doorbell either: the
+  // leader reads its ack array on every pass, and it passes at least once a
+  // heartbeat. Ringing for echoes woke the leader once per heartbeat per
+  // backup, at idle and between a single client's inputs alike. What the
+  // leader may be waiting for (entries made durable, which commit; ring
+  // space freed, which a full ring waits on; a new ballot or stream) rings.
   for (const auto& a : rd.acks) {
     int remote = remote_ack_[a.to];
     if (remote < 0) continue;
-    if (ucx_->Put(remote, static_cast<size_t>(opt_.id) * kAckSlotBytes, &a.word, sizeof a.word,
-                  &err))
+    if (!ucx_->Put(remote, static_cast<size_t>(opt_.id) * kAckSlotBytes, &a.word, sizeof a.word,
+                   &err))
+      continue;
+    AckWord& rung = last_rung_ack_[a.to];
+    if (a.word.ballot != rung.ballot || a.word.stream_id != rung.stream_id ||
+        a.word.durable_index != rung.durable_index || a.word.consumed_pos != rung.consumed_pos) {
       ring_peer_[a.to] = true;
+      rung = a.word;
+    }
   }
   for (int r = 0; r < opt_.replicas; r++) {
     if (!ring_peer_[r]) continue;

@@ -103,6 +103,7 @@ class PeerLink {
   UcxTransport::LocalRegion* ack_region_;
 
   std::vector<AckWord> last_ack_;            // leader: the last ack seen from each backup
+  std::vector<AckWord> last_rung_ack_;       // backup: the last ack it rang each leader for
   std::vector<int> ucx_peer_;                // by replica: PeerId or -1
   std::vector<std::string> ucx_peer_addr_;   // worker address it was made for
   std::vector<RemoteRegion> remote_region_;  // leader: each backup's region for our stream
