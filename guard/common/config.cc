@@ -84,6 +84,7 @@ std::string Describe(const toml::node& n, const std::string& text) {
                                                     : "a dotted key's table";
     case toml::node_type::array: {
       const toml::array& a = *n.as_array();
+      if (a.empty()) return "an empty array";
       return a.is_homogeneous() ? "an array of " + Describe(a[0], text) + " and the like"
                                 : "an array of mixed values";
     }
@@ -105,8 +106,7 @@ TomlValue MakeValue(const toml::key& k, const toml::node& n, const std::string& 
   } else if (const auto* b = n.as_boolean()) {
     v.kind = TomlValue::kBool;
     v.num = b->get();
-  } else if (const auto* a = n.as_array(); a && a->is_homogeneous<std::string>()) {
-    // (an empty array counts too: an empty list)
+  } else if (const auto* a = n.as_array(); a && (a->empty() || a->is_homogeneous<std::string>())) {
     v.kind = TomlValue::kStringList;
     for (const toml::node& e : *a) {
       v.list.push_back(e.as_string()->get());

@@ -87,6 +87,16 @@ TEST(ParseToml, ListsStillTakeOneStringWithCommas) {
   EXPECT_EQ(replies, "INFO, CLIENT LIST");
 }
 
+TEST(ParseToml, AnEmptyArrayIsAnEmptyList) {
+  TomlTable t = ParseTop("files = []\nunchecked_replies = [ ]\n");
+  std::vector<std::string> files = {"stale"};
+  std::string replies = "stale", error;
+  ASSERT_TRUE(t.TakeFileList("files", &files, &error)) << error;
+  EXPECT_TRUE(files.empty());
+  ASSERT_TRUE(t.TakeUncheckedReplies(&replies, &error)) << error;
+  EXPECT_EQ(replies, "");  // as unchecked_replies = "": every reply compared
+}
+
 TEST(ParseToml, IntegersInEveryTomlForm) {
   TomlTable t = ParseTop("a = 0x1F\nb = 0o17\nc = 0b101\nd = +5\ne = -1_000\n");
   std::string error;
