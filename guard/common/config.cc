@@ -57,6 +57,9 @@ char CharAt(const std::string& text, TomlPos at) {
   return i < line.size() ? line[i] : '\0';
 }
 
+// What a table under a [section.sub] header is, to Describe and NoLeftovers.
+const char kSubsection[] = "a [section] of its own";
+
 // At most `max` characters of s, for quoting it in an error.
 std::string Clip(const std::string& s, size_t max = 40) {
   return s.size() <= max ? s : s.substr(0, max) + "...";
@@ -80,8 +83,7 @@ std::string Describe(const toml::node& n, const std::string& text) {
     case toml::node_type::date_time: return "a date and time";
     case toml::node_type::table:
       if (n.as_table()->is_inline()) return "an inline table { ... }";
-      return CharAt(text, PosOf(n.source())) == '[' ? "a [section] of its own"
-                                                    : "a dotted key's table";
+      return CharAt(text, PosOf(n.source())) == '[' ? kSubsection : "a dotted key's table";
     case toml::node_type::array: {
       const toml::array& a = *n.as_array();
       if (a.empty()) return "an empty array";
@@ -351,6 +353,11 @@ bool TomlTable::NoLeftovers(std::string* error) const {
     for (const std::string& known : asked_)
       hint += (&known == &*asked_.begin() ? "" : ", ") + known;
     hint += ")";
+  }
+  if (first->second.what == kSubsection) {  // [cluster.extra]: name it as it is written
+    std::string outer = header.substr(header.find_first_not_of('['));
+    outer = outer.substr(0, outer.find(']'));
+    return Fail(first->second.pos, "unknown section [" + outer + "." + name + "]" + hint, error);
   }
   return Fail(first->second.key, "unknown field '" + name + "' in " + Name() + hint, error);
 }

@@ -182,6 +182,14 @@ TEST(ParseToml, WhatLockstepDoesNotTakeIsRefusedWithLineAndColumn) {
             "p.toml:2:1: unknown field 'prot' in the top level (did you mean 'port'?)");
   EXPECT_EQ(GetterError("port = 1\nflavour = 'mint'\n", "port"),
             "p.toml:2:1: unknown field 'flavour' in the top level (known fields: port)");
+  std::vector<TomlTable> tables;
+  std::string error;
+  ASSERT_TRUE(
+      ParseToml("[[r]]\nid = 0\n\n[r.sub]\nx = 1\n", "p.toml", {"[[r]]"}, false, &tables, &error));
+  int64_t id = 0;
+  ASSERT_TRUE(tables.at(0).TakeInt("id", &id, true, 0, 6, &error)) << error;
+  EXPECT_FALSE(tables[0].NoLeftovers(&error));
+  EXPECT_EQ(error, "p.toml:4:1: unknown section [r.sub] (known fields: id)");
   EXPECT_EQ(GetterError("port = 1\n[x]\ny = 1\n", "port"),
             "p.toml:2:1: unknown section [x] (this file has no sections)");
   EXPECT_EQ(GetterError("# nothing\n", "port"), "no fields");  // the caller says what is missing
