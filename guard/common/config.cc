@@ -94,14 +94,103 @@ std::string Describe(const toml::node& n, const std::string& text) {
   }
 }
 
-TomlValue MakeValue(const toml::key& k, const toml::node& n, const std::string& text) {
+// toml++ 3.3 (Debian 12's) reaches __builtin_unreachable() when it asks
+// whether one of these non-ASCII code points is whitespace (its generated
+// is_non_ascii_horizontal_whitespace has no case for them; upstream issues
+// 190 and 295): undefined behaviour on a file with, say, "x = 1º". The
+// test mirrors that function's table.
+bool TomlppCannotClassify(char32_t c) {
+  if (c <= 0xA0 || c >= 0xFEFF || c == 0x3000) return false;
+  uint64_t block = (c - 0xA0) / 0x3FA;
+  if ((uint64_t{1} << block) & 0x7FFFFFFFFFFFF75Eull) return false;
+  return block != 5 && block != 7;
+}
+
+// The code point of the 2- or 3-byte UTF-8 sequence at s[i] and its length
+// in *n, else 0 (ASCII, 4 bytes, or not UTF-8: toml++ judges those itself).
+char32_t Utf8At(const std::string& s, size_t i, size_t* n) {
+  auto cont = [&](size_t j) {
+    return j < s.size() && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80;
+  };
+  unsigned char b = static_cast<unsigned char>(s[i]);
+  *n = 1;
+  if ((b & 0xE0) == 0xC0 && cont(i + 1)) {
+    *n = 2;
+    return (char32_t{b & 0x1Fu} << 6) | (s[i + 1] & 0x3F);
+  }
+  if ((b & 0xF0) == 0xE0 && cont(i + 1) && cont(i + 2)) {
+    *n = 3;
+    return (char32_t{b & 0x0Fu} << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+  }
+  return 0;
+}
+
+std::string Utf8(char32_t c) {  // c < 0x10000
+  if (c < 0x800) return {char(0xC0 | (c >> 6)), char(0x80 | (c & 0x3F))};
+  return {char(0xE0 | (c >> 12)), char(0x80 | ((c >> 6) & 0x3F)), char(0x80 | (c & 0x3F))};
+}
+
+// The text toml++ may safely parse: every code point it cannot classify
+// swapped for a private-use one (U+E000.., which it can; columns count
+// code points, so line:column stay right), and what it returns swapped back.
+class SafeForTomlpp {
+ public:
+  explicit SafeForTomlpp(const std::string& text) {
+    // Private-use code points the file holds, or may name as \uXXXX, are no placeholders.
+    std::set<char32_t> used;
+    for (size_t i = 0, n = 1; i < text.size(); i += n) {
+      used.insert(Utf8At(text, i, &n));
+      if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == 'u' || text[i + 1] == 'U'))
+        used.insert(static_cast<char32_t>(
+            strtoul(text.substr(i + 2, text[i + 1] == 'u' ? 4 : 8).c_str(), nullptr, 16)));
+    }
+    char32_t next = 0xE000;
+    for (size_t i = 0, n = 1; i < text.size(); i += n) {
+      char32_t c = Utf8At(text, i, &n);
+      if (!TomlppCannotClassify(c)) {
+        text_.append(text, i, n);
+        continue;
+      }
+      if (!to_.count(c)) {
+        while (used.count(next)) next++;
+        if (next > 0xF8FF) return;  // ok() is false: no placeholder left
+        to_[c] = next;
+        back_[next++] = c;
+      }
+      text_ += Utf8(to_[c]);
+    }
+    ok_ = true;
+  }
+  bool ok() const { return ok_; }
+  const std::string& text() const { return text_; }
+  std::string Restore(const std::string& s) const {
+    if (back_.empty()) return s;
+    std::string out;
+    for (size_t i = 0, n = 1; i < s.size(); i += n) {
+      auto it = back_.find(Utf8At(s, i, &n));
+      if (it == back_.end())
+        out.append(s, i, n);
+      else
+        out += Utf8(it->second);
+    }
+    return out;
+  }
+
+ private:
+  bool ok_ = false;
+  std::string text_;
+  std::map<char32_t, char32_t> to_, back_;
+};
+
+TomlValue MakeValue(const toml::key& k, const toml::node& n, const std::string& text,
+                    const SafeForTomlpp& safe) {
   TomlValue v;
   v.key = PosOf(k.source());
   v.pos = PosOf(n.source());
-  v.what = Describe(n, text);
+  v.what = safe.Restore(Describe(n, text));
   if (const auto* s = n.as_string()) {
     v.kind = TomlValue::kString;
-    v.str = s->get();
+    v.str = safe.Restore(s->get());
   } else if (const auto* i = n.as_integer()) {
     v.kind = TomlValue::kInt;
     v.num = i->get();
@@ -111,7 +200,7 @@ TomlValue MakeValue(const toml::key& k, const toml::node& n, const std::string& 
   } else if (const auto* a = n.as_array(); a && (a->empty() || a->is_homogeneous<std::string>())) {
     v.kind = TomlValue::kStringList;
     for (const toml::node& e : *a) {
-      v.list.push_back(e.as_string()->get());
+      v.list.push_back(safe.Restore(e.as_string()->get()));
       v.list_pos.push_back(PosOf(e.source()));
     }
   } else {
@@ -365,9 +454,14 @@ bool TomlTable::NoLeftovers(std::string* error) const {
 bool ParseToml(const std::string& text, const std::string& path,
                const std::vector<std::string>& headers, bool top_level,
                std::vector<TomlTable>* tables, std::string* error) {
-  toml::parse_result parsed = toml::parse(std::string_view(text), std::string_view(path));
+  SafeForTomlpp safe(text);
+  if (!safe.ok()) {
+    *error = TomlWhere(path, {}) + "too many different non-ASCII characters for toml++ 3.3";
+    return false;
+  }
+  toml::parse_result parsed = toml::parse(std::string_view(safe.text()), std::string_view(path));
   if (!parsed) {
-    *error = SyntaxError(text, path, parsed.error());
+    *error = safe.Restore(SyntaxError(text, path, parsed.error()));
     return false;
   }
   auto allowed = [&](const std::string& h) {
@@ -386,14 +480,15 @@ bool ParseToml(const std::string& text, const std::string& path,
     s.path = path;
     s.header = h;
     s.pos = PosOf(t.source());
-    for (auto&& [k, n] : t) s.fields[std::string(k.str())] = MakeValue(k, n, text);
+    for (auto&& [k, n] : t)
+      s.fields[safe.Restore(std::string(k.str()))] = MakeValue(k, n, text, safe);
     return s;
   };
   std::vector<TomlTable> out;
   TomlTable top;
   top.path = path;
   for (auto&& [k, n] : parsed.table()) {
-    std::string key(k.str());
+    std::string key = safe.Restore(std::string(k.str()));
     const toml::table* t = n.as_table();
     const toml::array* a = n.as_array();
     // [key], or key.field = ... where [key] is a section (TOML takes it for the same)
@@ -420,7 +515,7 @@ bool ParseToml(const std::string& text, const std::string& path,
                "' outside any section (put it under one of " + expected + ")";
       return false;
     }
-    top.fields[key] = MakeValue(k, n, text);
+    top.fields[key] = MakeValue(k, n, text, safe);
   }
   if (!top.fields.empty()) out.push_back(top);
   // toml++ keeps keys sorted; callers want the file's order

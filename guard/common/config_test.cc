@@ -97,6 +97,22 @@ TEST(ParseToml, AnEmptyArrayIsAnEmptyList) {
   EXPECT_EQ(replies, "");  // as unchecked_replies = "": every reply compared
 }
 
+// toml++ 3.3 reaches __builtin_unreachable() asking whether some non-ASCII
+// characters are whitespace (U+00BA after a value, U+00A7 after a line-ending
+// backslash; found by fuzz_config): config.cc hides them from it and gives
+// them back, so they are an ordinary error where TOML forbids them, and
+// themselves inside strings and keys.
+TEST(ParseToml, NonAsciiThatTomlpp33CannotClassify) {
+  std::string e = ParseError("x = 20\xc2\xba\n");
+  EXPECT_TRUE(StartsWith(e, "p.toml:1:7: field 'x': ")) << e;
+  EXPECT_EQ(e.find("\xee"), std::string::npos) << e;  // no placeholder shows
+  TomlTable t =
+      ParseTop("\"k\xc2\xa7\" = \"\"\"\\\n  \xc2\xa7 caf\xc3\xa9 \xef\xb9\xb0 \\uE000\"\"\"\n");
+  std::string v, error;
+  ASSERT_TRUE(t.TakeString("k\xc2\xa7", &v, true, &error)) << error;
+  EXPECT_EQ(v, "\xc2\xa7 caf\xc3\xa9 \xef\xb9\xb0 \xee\x80\x80");
+}
+
 TEST(ParseToml, IntegersInEveryTomlForm) {
   TomlTable t = ParseTop("a = 0x1F\nb = 0o17\nc = 0b101\nd = +5\ne = -1_000\n");
   std::string error;
