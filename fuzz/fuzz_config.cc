@@ -1,6 +1,6 @@
 // fuzz_config.cc — libFuzzer target for guard/common/config.h: ParseClusterConfig on
-// a cluster.toml, and ParseToml with the typed getters on the TOML subset the
-// app profiles (apps/*.toml) share. A config that parses is written out
+// a cluster.toml, and ParseToml (toml++ underneath) with the typed getters
+// the app profiles (apps/*.toml) use. A config that parses is written out
 // again (FormatClusterConfig), and that must parse to the same config.
 #include "fuzz/fuzz_util.h"
 #include "guard/common/config.h"
@@ -50,7 +50,7 @@ void AnyToml(const std::string& text, bool top_level) {
       t.TakeFileList(k, &files, &why);
       for (const std::string& f : files)
         FUZZ_CHECK(!f.empty() && f[0] != '/' && f != ".." && f.rfind("../", 0) != 0);
-      FUZZ_CHECK(t.LineOf(k) >= 1);
+      FUZZ_CHECK(t.At(k).line >= 1 && t.At(k).column >= 1);
     }
     std::string replies, why;
     t.TakeUncheckedReplies(&replies, &why);

@@ -258,6 +258,18 @@ void Config(const std::string& src) {
     if (profile.size() > 4096) profile.resize(4096);
     Put("config", std::string("profile_") + app, Byte(1) + profile);
   }
+  // A profile in the TOML toml++ reads beyond the old subset: multi-line
+  // strings of both kinds, digit separators, lists as arrays over several
+  // lines, and an inline table the getters refuse.
+  Put("config", "profile_toml",
+      Byte(1) +
+          "command = \"srv --port {port}\"  # a comment\n"
+          "description = \"\"\"\ntwo\nlines\"\"\"\n"
+          "bench = '''\nC:\\raw\n'''\n"
+          "ready_timeout_ms = 20_000\n"
+          "files = [\n  \"a.conf\",\n  'sub/b.ndb',\n]\n"
+          "unchecked_replies = [\"INFO\", \"CLIENT LIST\"]\n"
+          "state_probe = { argv = ['probe'] }\n");
 }
 
 void ManifestSeeds() {

@@ -283,4 +283,4 @@ def test_a_bad_same_clock_in_cluster_toml_is_an_error(tmp_path):
     )
     r = run("cluster", "status", "--dir", tmp_path, check=False)
     assert r.returncode != 0
-    assert "cluster.toml:6: field 'same_clock': expected true or false" in r.stderr, r.stderr
+    assert "cluster.toml:6:14: field 'same_clock': expected true or false" in r.stderr, r.stderr

@@ -195,7 +195,7 @@ def test_a_bad_same_random_in_cluster_toml_is_an_error(tmp_path):
     )
     r = run("cluster", "status", "--dir", tmp_path, check=False)
     assert r.returncode != 0
-    assert "cluster.toml:6: field 'same_random': expected true or false" in r.stderr, r.stderr
+    assert "cluster.toml:6:15: field 'same_random': expected true or false" in r.stderr, r.stderr
 
 
 # ------------------------------------------------------------ redis on three replicas

@@ -188,7 +188,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
   std::vector<TomlTable> tables;
   if (!ParseToml(text, p.path, {}, true, &tables, error)) return false;
   if (tables.empty()) {
-    *error = p.path + ":1: field 'command' missing in the top level";
+    *error = TomlWhere(p.path, {}) + "field 'command' missing in the top level (add command = ...)";
     return false;
   }
   TomlTable& t = tables[0];
@@ -216,19 +216,18 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
   if (every) p.state_check_every_s = static_cast<uint64_t>(every);
   if (every && p.state_probe.empty())
-    return t.Fail(t.LineOf("state_check_every_s"),
+    return t.Fail(t.At("state_check_every_s"),
                   "field 'state_check_every_s' needs a state_probe (the command it runs)", error);
   if (p.timers_in_log && !p.same_clock)
-    return t.Fail(t.LineOf("timers_in_log"),
+    return t.Fail(t.At("timers_in_log"),
                   "field 'timers_in_log' needs same_clock = true (a tick moves the clock)", error);
   for (const char* f : {"serial_until_reply", "serial_sleep_keeps_turn"})
     if (t.fields.count(f) && !p.serial_inputs)
-      return t.Fail(t.LineOf(f), std::string("field '") + f + "' needs serial_inputs = true",
-                    error);
+      return t.Fail(t.At(f), std::string("field '") + f + "' needs serial_inputs = true", error);
   std::vector<std::string> argv;
   std::string why;
-  if (!SplitCommand(p.command, &argv, &why)) return t.Fail(t.LineOf("command"), why, error);
-  if (argv.empty()) return t.Fail(t.LineOf("command"), "field 'command' is empty", error);
+  if (!SplitCommand(p.command, &argv, &why)) return t.Fail(t.At("command"), why, error);
+  if (argv.empty()) return t.Fail(t.At("command"), "field 'command' is empty", error);
   *out = p;
   return true;
 }
@@ -729,6 +728,19 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     }
     c.replicas.push_back(r);
   }
+  // What the replicas will read must read back (checked before anything
+  // changes): TOML strings are UTF-8, and a command given after -- need not be.
+  const std::string config_text = FormatClusterConfig(c);
+  {
+    ClusterConfig back;
+    std::string why;
+    if (!ParseClusterConfig(config_text, o.dir + "/cluster.toml", &back, &why)) {
+      *error = "cannot write a cluster.toml that reads back: " + why;
+      if (why.find("utf-8") != std::string::npos)
+        *error += " (the server command and the paths must be UTF-8)";
+      return false;
+    }
+  }
   if (netns && !FirewallReplicas(hosts, c, error)) return false;
   // Fresh data: a new cluster starts with empty logs (what was here holds
   // nothing, or --wipe said to throw it away), an earlier cluster's extra
@@ -749,7 +761,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   {
     std::ofstream f(o.dir + "/cluster.toml");
-    f << FormatClusterConfig(c);
+    f << config_text;
     if (!f) {
       *error = "cannot write " + o.dir + "/cluster.toml";
       return false;

@@ -1,11 +1,16 @@
-// config.cc — a strict parser for the TOML subset cluster.toml and the apps/
-// profiles use, and cluster.toml itself.
+// config.cc — cluster.toml and the TOML reading the apps/ profiles share:
+// toml++ parses, and the typed getters here refuse what lockstep does not
+// take (unknown fields, wrong types, values out of range), naming line and
+// column.
 #include "guard/common/config.h"
 
 #include <arpa/inet.h>
 #include <openssl/evp.h>
+#include <toml++/toml.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -25,260 +30,499 @@ std::string Trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-// Strips a trailing comment that is not inside a string.
-std::string StripComment(const std::string& s) {
-  char quote = 0;  // '"' or '\'' inside a string
-  for (size_t i = 0; i < s.size(); i++) {
-    if (quote == '"' && s[i] == '\\') {
-      i++;  // an escaped character, perhaps a quote
-    } else if (quote) {
-      if (s[i] == quote) quote = 0;
-    } else if (s[i] == '"' || s[i] == '\'') {
-      quote = s[i];
-    } else if (s[i] == '#') {
-      return s.substr(0, i);
-    }
-  }
-  return s;
+TomlPos PosOf(const toml::source_region& r) {
+  return {static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
 }
 
-bool ParseString(const std::string& raw, std::string* out, std::string* why) {
-  char quote = raw[0];
-  std::string s;
-  size_t i = 1;
-  for (; i < raw.size() && raw[i] != quote; i++) {
-    if (quote == '"' && raw[i] == '\\') {
-      if (++i == raw.size()) break;
-      switch (raw[i]) {
-        case '"': s += '"'; break;
-        case '\\': s += '\\'; break;
-        case 'n': s += '\n'; break;
-        case 't': s += '\t'; break;
-        default:
-          *why = std::string("unknown escape \\") + raw[i] + " in " + raw +
-                 " (write \\\\ for a backslash, or use a 'literal string')";
-          return false;
+// The text of line `line` (1-based) of text, without its newline.
+std::string LineText(const std::string& text, int line) {
+  size_t b = 0;
+  for (int i = 1; i < line && b != std::string::npos; i++) {
+    b = text.find('\n', b);
+    if (b != std::string::npos) b++;
+  }
+  if (b == std::string::npos || b > text.size()) return "";
+  size_t e = text.find('\n', b);
+  return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+// The character at `at` (columns count code points, as toml++'s do).
+char CharAt(const std::string& text, TomlPos at) {
+  std::string line = LineText(text, at.line);
+  size_t i = 0;
+  for (int col = 1; col < at.column && i < line.size(); col++) {
+    i++;
+    while (i < line.size() && (static_cast<unsigned char>(line[i]) & 0xC0) == 0x80) i++;
+  }
+  return i < line.size() ? line[i] : '\0';
+}
+
+// What a table under a [section.sub] header is, to Describe and NoLeftovers.
+const char kSubsection[] = "a [section] of its own";
+
+// At most `max` characters of s, for quoting it in an error.
+std::string Clip(const std::string& s, size_t max = 40) {
+  return s.size() <= max ? s : s.substr(0, max) + "...";
+}
+
+// What a node holds, for errors ("an integer (7)"). text tells a table from
+// a [header] apart from one made by a dotted key.
+std::string Describe(const toml::node& n, const std::string& text) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string (" + Clip(TomlQuote(n.as_string()->get())) + ")";
+    case toml::node_type::integer:
+      return "an integer (" + std::to_string(n.as_integer()->get()) + ")";
+    case toml::node_type::boolean: return n.as_boolean()->get() ? "true" : "false";
+    case toml::node_type::floating_point: {
+      char buf[64];
+      snprintf(buf, sizeof buf, "%g", n.as_floating_point()->get());
+      return std::string("a float (") + buf + ")";
+    }
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time of day";
+    case toml::node_type::date_time: return "a date and time";
+    case toml::node_type::table:
+      if (n.as_table()->is_inline()) return "an inline table { ... }";
+      return CharAt(text, PosOf(n.source())) == '[' ? kSubsection : "a dotted key's table";
+    case toml::node_type::array: {
+      const toml::array& a = *n.as_array();
+      if (a.empty()) return "an empty array";
+      return a.is_homogeneous() ? "an array of " + Describe(a[0], text) + " and the like"
+                                : "an array of mixed values";
+    }
+    default: return "an unknown kind of value";
+  }
+}
+
+// toml++ 3.3 (Debian 12's) reaches __builtin_unreachable() when it asks
+// whether one of these non-ASCII code points is whitespace (its generated
+// is_non_ascii_horizontal_whitespace has no case for them; upstream issues
+// 190 and 295): undefined behaviour on a file with, say, "x = 1º". The
+// test mirrors that function's table.
+bool TomlppCannotClassify(char32_t c) {
+  if (c <= 0xA0 || c >= 0xFEFF || c == 0x3000) return false;
+  uint64_t block = (c - 0xA0) / 0x3FA;
+  if ((uint64_t{1} << block) & 0x7FFFFFFFFFFFF75Eull) return false;
+  return block != 5 && block != 7;
+}
+
+// The code point of the 2- or 3-byte UTF-8 sequence at s[i] and its length
+// in *n, else 0 (ASCII, 4 bytes, or not UTF-8: toml++ judges those itself).
+char32_t Utf8At(const std::string& s, size_t i, size_t* n) {
+  auto cont = [&](size_t j) {
+    return j < s.size() && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80;
+  };
+  unsigned char b = static_cast<unsigned char>(s[i]);
+  *n = 1;
+  if ((b & 0xE0) == 0xC0 && cont(i + 1)) {
+    *n = 2;
+    return (char32_t{b & 0x1Fu} << 6) | (s[i + 1] & 0x3F);
+  }
+  if ((b & 0xF0) == 0xE0 && cont(i + 1) && cont(i + 2)) {
+    *n = 3;
+    return (char32_t{b & 0x0Fu} << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+  }
+  return 0;
+}
+
+std::string Utf8(char32_t c) {  // c < 0x10000
+  if (c < 0x800) return {char(0xC0 | (c >> 6)), char(0x80 | (c & 0x3F))};
+  return {char(0xE0 | (c >> 12)), char(0x80 | ((c >> 6) & 0x3F)), char(0x80 | (c & 0x3F))};
+}
+
+// The text toml++ may safely parse: every code point it cannot classify
+// swapped for a private-use one (U+E000.., which it can; columns count
+// code points, so line:column stay right), and what it returns swapped back.
+class SafeForTomlpp {
+ public:
+  explicit SafeForTomlpp(const std::string& text) {
+    // Private-use code points the file holds, or may name as \uXXXX, are no placeholders.
+    std::set<char32_t> used;
+    for (size_t i = 0, n = 1; i < text.size(); i += n) {
+      used.insert(Utf8At(text, i, &n));
+      if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == 'u' || text[i + 1] == 'U'))
+        used.insert(static_cast<char32_t>(
+            strtoul(text.substr(i + 2, text[i + 1] == 'u' ? 4 : 8).c_str(), nullptr, 16)));
+    }
+    char32_t next = 0xE000;
+    for (size_t i = 0, n = 1; i < text.size(); i += n) {
+      char32_t c = Utf8At(text, i, &n);
+      if (!TomlppCannotClassify(c)) {
+        text_.append(text, i, n);
+        continue;
       }
-    } else {
-      s += raw[i];
+      if (!to_.count(c)) {
+        while (used.count(next)) next++;
+        if (next > 0xF8FF) return;  // ok() is false: no placeholder left
+        to_[c] = next;
+        back_[next++] = c;
+      }
+      text_ += Utf8(to_[c]);
+    }
+    ok_ = true;
+  }
+  bool ok() const { return ok_; }
+  const std::string& text() const { return text_; }
+  std::string Restore(const std::string& s) const {
+    if (back_.empty()) return s;
+    std::string out;
+    for (size_t i = 0, n = 1; i < s.size(); i += n) {
+      auto it = back_.find(Utf8At(s, i, &n));
+      if (it == back_.end())
+        out.append(s, i, n);
+      else
+        out += Utf8(it->second);
+    }
+    return out;
+  }
+
+ private:
+  bool ok_ = false;
+  std::string text_;
+  std::map<char32_t, char32_t> to_, back_;
+};
+
+TomlValue MakeValue(const toml::key& k, const toml::node& n, const std::string& text,
+                    const SafeForTomlpp& safe) {
+  TomlValue v;
+  v.key = PosOf(k.source());
+  v.pos = PosOf(n.source());
+  v.what = safe.Restore(Describe(n, text));
+  if (const auto* s = n.as_string()) {
+    v.kind = TomlValue::kString;
+    v.str = safe.Restore(s->get());
+  } else if (const auto* i = n.as_integer()) {
+    v.kind = TomlValue::kInt;
+    v.num = i->get();
+  } else if (const auto* b = n.as_boolean()) {
+    v.kind = TomlValue::kBool;
+    v.num = b->get();
+  } else if (const auto* a = n.as_array(); a && (a->empty() || a->is_homogeneous<std::string>())) {
+    v.kind = TomlValue::kStringList;
+    for (const toml::node& e : *a) {
+      v.list.push_back(safe.Restore(e.as_string()->get()));
+      v.list_pos.push_back(PosOf(e.source()));
+    }
+  } else {
+    v.kind = TomlValue::kOther;
+  }
+  return v;
+}
+
+// toml++'s message for a syntax error, with the field or section of the
+// line it is on and a hint how to fix it.
+std::string SyntaxError(const std::string& text, const std::string& path,
+                        const toml::parse_error& e) {
+  TomlPos at = PosOf(e.source());
+  std::string what(e.description());
+  std::string line = Trim(LineText(text, at.line));
+  std::string context;
+  size_t eq = line.find('=');
+  if (!line.empty() && line[0] == '[') {
+    size_t close = line.rfind(']');
+    context = "section " + (close == std::string::npos ? line : line.substr(0, close + 1)) + ": ";
+  } else if (eq != std::string::npos && eq > 0) {
+    std::string key = Trim(line.substr(0, eq));
+    bool plain = key.find_first_of(" \t\"'#") == std::string::npos;
+    if (plain) context = "field '" + key + "': ";
+  }
+  auto has = [&](const char* s) { return what.find(s) != std::string::npos; };
+  std::string hint;
+  if (has("unknown escape sequence"))
+    hint = "write \\\\ for a backslash in a \"string\", or use a 'literal string'";
+  else if (has("existing table") || has("existing array") || has("as table"))
+    hint = "a [section] may appear only once ([[section]] may repeat): merge the two";
+  else if (has("cannot redefine"))
+    hint = "a field may be set only once in its section: remove one";
+  else if (has("end-of-file"))
+    hint = "is a closing quote, \"\"\" or bracket missing?";
+  else if (has("control characters"))
+    hint =
+        "a string in \" or ' ends on its line: is its closing quote missing? (\"\"\"...\"\"\" "
+        "spans lines)";
+  else if (has("utf-8"))
+    hint = "the file must be UTF-8";
+  else if (has("value type") || has("floating-point") || has("boolean") ||
+           has("expected a comment or whitespace"))
+    hint =
+        "a string needs quotes (\"...\" or '...'), and after a value only a # comment may "
+        "follow";
+  else if (has("expected '='") || has("expected keys") || has("bare keys"))
+    hint = "each line is field = value, a [section] header or a # comment";
+  else if (has("not representable"))
+    hint = "integers are 64 bits";
+  else
+    hint = "see https://toml.io/en/v1.0.0 for TOML's syntax";
+  return TomlWhere(path, at) + context + what + " (" + hint + ")";
+}
+
+// Levenshtein distance, for "did you mean".
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
     }
   }
-  if (i >= raw.size()) {
-    *why = "unterminated string " + raw;
-    return false;
-  }
-  if (i + 1 != raw.size()) {
-    *why = "unexpected text after the string: " + raw.substr(i + 1);
-    return false;
-  }
-  *out = s;
-  return true;
+  return row[b.size()];
 }
 
-bool ParseValue(const std::string& raw, TomlValue* v, std::string* why) {
-  if (raw.empty()) {
-    *why = "missing value";
-    return false;
-  }
-  if (raw[0] == '"' || raw[0] == '\'') {
-    v->kind = TomlValue::kString;
-    return ParseString(raw, &v->str, why);
-  }
-  if (raw == "true" || raw == "false") {
-    v->kind = TomlValue::kBool;
-    v->num = raw == "true";
-    return true;
-  }
-  std::string digits;
-  for (char c : raw)
-    if (c != '_') digits += c;
-  char* end = nullptr;
-  errno = 0;
-  long long n = strtoll(digits.c_str(), &end, 10);
-  if (digits.empty() || *end != '\0' || errno != 0) {
-    *why = "cannot read value " + raw + " (strings need quotes)";
-    return false;
-  }
-  v->kind = TomlValue::kInt;
-  v->num = n;
-  return true;
-}
-
-bool IsBareKey(const std::string& k) {
-  if (k.empty()) return false;
-  for (char c : k)
-    if (!isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
-  return true;
+bool BadRelativePath(const std::string& item) {
+  bool climbs = item == ".." || item.rfind("../", 0) == 0 ||
+                item.find("/../") != std::string::npos ||
+                (item.size() >= 3 && item.compare(item.size() - 3, 3, "/..") == 0);
+  return item.empty() || item[0] == '/' || climbs;
 }
 
 }  // namespace
 
-// ------------------------------------------------------------ the TOML subset
+// ------------------------------------------------------------ TOML files
 
-bool TomlTable::Fail(int at, const std::string& msg, std::string* error) const {
-  *error = path + ":" + std::to_string(at) + ": " + msg;
+std::string TomlWhere(const std::string& path, TomlPos at) {
+  return path + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) + ": ";
+}
+
+bool TomlTable::Fail(TomlPos at, const std::string& msg, std::string* error) const {
+  *error = TomlWhere(path, at) + msg;
   return false;
 }
 
-int TomlTable::LineOf(const std::string& key) const {
+TomlPos TomlTable::At(const std::string& key) const {
   auto it = fields.find(key);
-  return it == fields.end() ? line : it->second.line;
+  return it == fields.end() ? pos : it->second.pos;
+}
+
+const TomlValue* TomlTable::Find(const std::string& key) {
+  asked_.insert(key);
+  auto it = fields.find(key);
+  return it == fields.end() ? nullptr : &it->second;
+}
+
+bool TomlTable::Missing(const std::string& key, bool required, std::string* error) const {
+  if (!required) return true;
+  return Fail(pos, "field '" + key + "' missing in " + Name() + " (add " + key + " = ...)", error);
+}
+
+bool TomlTable::WrongType(const std::string& key, const TomlValue& v, const std::string& expected,
+                          std::string* error) const {
+  return Fail(v.pos, "field '" + key + "': expected " + expected + ", got " + v.what, error);
 }
 
 bool TomlTable::TakeString(const std::string& key, std::string* dst, bool required,
                            std::string* error) {
-  auto it = fields.find(key);
-  if (it == fields.end()) {
-    if (!required) return true;
-    return Fail(line, "field '" + key + "' missing in " + Name(), error);
-  }
-  if (it->second.kind != TomlValue::kString)
-    return Fail(it->second.line, "field '" + key + "': expected a string in double quotes", error);
-  *dst = it->second.str;
+  const TomlValue* v = Find(key);
+  if (!v) return Missing(key, required, error);
+  if (v->kind != TomlValue::kString)
+    return WrongType(key, *v, "a string in quotes (\"...\" or '...')", error);
+  *dst = v->str;
   taken_.insert(key);
   return true;
 }
 
 bool TomlTable::TakeInt(const std::string& key, int64_t* dst, bool required, int64_t lo, int64_t hi,
                         std::string* error) {
-  auto it = fields.find(key);
-  if (it == fields.end()) {
-    if (!required) return true;
-    return Fail(line, "field '" + key + "' missing in " + Name(), error);
-  }
-  if (it->second.kind != TomlValue::kInt)
-    return Fail(it->second.line, "field '" + key + "': expected an integer", error);
-  if (it->second.num < lo || it->second.num > hi)
-    return Fail(it->second.line,
-                "field '" + key + "': " + std::to_string(it->second.num) + " is outside " +
+  const TomlValue* v = Find(key);
+  if (!v) return Missing(key, required, error);
+  if (v->kind != TomlValue::kInt)
+    return WrongType(key, *v, "an integer in " + std::to_string(lo) + ".." + std::to_string(hi),
+                     error);
+  if (v->num < lo || v->num > hi)
+    return Fail(v->pos,
+                "field '" + key + "': " + std::to_string(v->num) + " is out of range " +
                     std::to_string(lo) + ".." + std::to_string(hi),
                 error);
-  *dst = it->second.num;
+  *dst = v->num;
   taken_.insert(key);
   return true;
 }
 
 bool TomlTable::TakeBool(const std::string& key, bool* dst, std::string* error) {
-  auto it = fields.find(key);
-  if (it == fields.end()) return true;
-  if (it->second.kind != TomlValue::kBool)
-    return Fail(it->second.line, "field '" + key + "': expected true or false", error);
-  *dst = it->second.num != 0;
+  const TomlValue* v = Find(key);
+  if (!v) return true;
+  if (v->kind != TomlValue::kBool) return WrongType(key, *v, "true or false", error);
+  *dst = v->num != 0;
   taken_.insert(key);
   return true;
 }
 
 bool TomlTable::TakeUncheckedReplies(std::string* dst, std::string* error) {
+  const std::string key = "unchecked_replies";
+  const TomlValue* v = Find(key);
+  if (!v) return true;
+  const std::string expected =
+      "commands, each one or two words of letters, digits, '_', '-' or '|' (at most " +
+      std::to_string(RESP_LIST) + " of them, words under " + std::to_string(RESP_WORD) +
+      " characters), as one string separated by commas (\"INFO, CLIENT LIST\") or an array "
+      "([\"INFO\", \"CLIENT LIST\"])";
   std::string list;
-  if (!TakeString("unchecked_replies", &list, false, error)) return false;
   resp_list parsed;
+  if (v->kind == TomlValue::kString) {
+    list = v->str;
+  } else if (v->kind == TomlValue::kStringList) {
+    for (size_t i = 0; i < v->list.size(); i++) {
+      // one command each: a comma inside would make it two
+      if (resp_list_parse(&parsed, v->list[i].c_str()) != 0 || parsed.count != 1)
+        return Fail(v->list_pos[i],
+                    "field '" + key + "': " + TomlQuote(v->list[i]) +
+                        " is not one command; expected " + expected,
+                    error);
+      list += (i ? ", " : "") + v->list[i];
+    }
+  } else {
+    return WrongType(key, *v, expected, error);
+  }
   if (resp_list_parse(&parsed, list.c_str()) != 0)
-    return Fail(LineOf("unchecked_replies"),
-                "field 'unchecked_replies': expected commands separated by commas, each one or "
-                "two words of letters, digits, '_', '-' or '|' (at most " +
-                    std::to_string(RESP_LIST) + " of them, words under " +
-                    std::to_string(RESP_WORD) + " characters), e.g. \"INFO, CLIENT LIST\"",
-                error);
+    return Fail(v->pos, "field '" + key + "': expected " + expected, error);
   *dst = list;
+  taken_.insert(key);
   return true;
 }
 
 bool TomlTable::TakeFileList(const std::string& key, std::vector<std::string>* dst,
                              std::string* error) {
-  std::string list;
-  if (!TakeString(key, &list, false, error)) return false;
   dst->clear();
-  if (Trim(list).empty()) return true;
-  std::istringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    item = Trim(item);
-    bool climbs = item == ".." || item.rfind("../", 0) == 0 ||
-                  item.find("/../") != std::string::npos ||
-                  (item.size() >= 3 && item.compare(item.size() - 3, 3, "/..") == 0);
-    if (item.empty() || item[0] == '/' || climbs)
-      return Fail(LineOf(key),
-                  "field '" + key +
-                      "': expected relative file paths separated by commas, none empty, "
-                      "absolute or with '..' (got '" +
-                      list + "')",
+  const TomlValue* v = Find(key);
+  if (!v) return true;
+  std::vector<std::pair<std::string, TomlPos>> items;
+  if (v->kind == TomlValue::kString) {
+    if (!Trim(v->str).empty()) {
+      std::istringstream in(v->str);
+      std::string item;
+      while (std::getline(in, item, ',')) items.push_back({Trim(item), v->pos});
+      if (v->str.back() == ',') items.push_back({"", v->pos});  // getline drops it
+    }
+  } else if (v->kind == TomlValue::kStringList) {
+    for (size_t i = 0; i < v->list.size(); i++) items.push_back({v->list[i], v->list_pos[i]});
+  } else {
+    return WrongType(key, *v,
+                     "relative file paths, as an array of strings ([\"a.conf\", \"sub/b.ndb\"]) or "
+                     "one string separated by commas",
+                     error);
+  }
+  for (const auto& [item, at] : items) {
+    if (BadRelativePath(item)) {
+      dst->clear();
+      return Fail(at,
+                  "field '" + key + "': '" + item +
+                      "' is not a relative file path (none may be empty, absolute or climb out "
+                      "with '..')",
                   error);
+    }
     dst->push_back(item);
   }
+  taken_.insert(key);
   return true;
 }
 
 bool TomlTable::NoLeftovers(std::string* error) const {
   const std::pair<const std::string, TomlValue>* first = nullptr;
+  auto before = [](TomlPos a, TomlPos b) {
+    return a.line < b.line || (a.line == b.line && a.column < b.column);
+  };
   for (const auto& f : fields)
-    if (!taken_.count(f.first) && (!first || f.second.line < first->second.line)) first = &f;
+    if (!taken_.count(f.first) && (!first || before(f.second.key, first->second.key))) first = &f;
   if (!first) return true;
-  return Fail(first->second.line, "unknown field '" + first->first + "' in " + Name(), error);
+  const std::string& name = first->first;
+  std::string hint;
+  size_t best = 3;  // a closer known field is a likely typo of it
+  for (const std::string& known : asked_) {
+    size_t d = EditDistance(name, known);
+    if (d < best) {
+      best = d;
+      hint = " (did you mean '" + known + "'?)";
+    }
+  }
+  if (hint.empty() && !asked_.empty()) {
+    hint = " (known fields: ";
+    for (const std::string& known : asked_)
+      hint += (&known == &*asked_.begin() ? "" : ", ") + known;
+    hint += ")";
+  }
+  if (first->second.what == kSubsection) {  // [cluster.extra]: name it as it is written
+    std::string outer = header.substr(header.find_first_not_of('['));
+    outer = outer.substr(0, outer.find(']'));
+    return Fail(first->second.pos, "unknown section [" + outer + "." + name + "]" + hint, error);
+  }
+  return Fail(first->second.key, "unknown field '" + name + "' in " + Name() + hint, error);
 }
 
 bool ParseToml(const std::string& text, const std::string& path,
                const std::vector<std::string>& headers, bool top_level,
                std::vector<TomlTable>* tables, std::string* error) {
-  std::vector<TomlTable> out;
-  std::map<std::string, int> seen;  // [table] header -> its line
-  TomlTable* current = nullptr;
-  std::istringstream in(text);
-  std::string line;
-  int lineno = 0;
-  auto fail = [&](int at, const std::string& msg) {
-    *error = path + ":" + std::to_string(at) + ": " + msg;
+  SafeForTomlpp safe(text);
+  if (!safe.ok()) {
+    *error = TomlWhere(path, {}) + "too many different non-ASCII characters for toml++ 3.3";
+    return false;
+  }
+  toml::parse_result parsed = toml::parse(std::string_view(safe.text()), std::string_view(path));
+  if (!parsed) {
+    *error = safe.Restore(SyntaxError(text, path, parsed.error()));
+    return false;
+  }
+  auto allowed = [&](const std::string& h) {
+    return std::find(headers.begin(), headers.end(), h) != headers.end();
+  };
+  auto unknown_section = [&](const std::string& h, TomlPos at) {
+    std::string expected;
+    for (size_t i = 0; i < headers.size(); i++)
+      expected += (i ? i + 1 == headers.size() ? " or " : ", " : "") + headers[i];
+    *error = TomlWhere(path, at) + "unknown section " + h +
+             (headers.empty() ? " (this file has no sections)" : " (expected " + expected + ")");
     return false;
   };
-  auto new_table = [&](const std::string& header, int at) {
-    out.emplace_back();
-    out.back().path = path;
-    out.back().header = header;
-    out.back().line = at;
-    current = &out.back();
+  auto section = [&](const std::string& h, const toml::table& t) {
+    TomlTable s;
+    s.path = path;
+    s.header = h;
+    s.pos = PosOf(t.source());
+    for (auto&& [k, n] : t)
+      s.fields[safe.Restore(std::string(k.str()))] = MakeValue(k, n, text, safe);
+    return s;
   };
-  while (std::getline(in, line)) {
-    lineno++;
-    std::string s = Trim(StripComment(line));
-    if (s.empty()) continue;
-    if (s[0] == '[') {
-      bool known = false;
-      for (const auto& h : headers) known |= s == h;
-      if (!known) {
-        std::string expected;
-        for (size_t i = 0; i < headers.size(); i++)
-          expected += (i ? i + 1 == headers.size() ? " or " : ", " : "") + headers[i];
-        return fail(lineno, "unknown section " + s +
-                                (headers.empty() ? " (this file has no sections)"
-                                                 : " (expected " + expected + ")"));
+  std::vector<TomlTable> out;
+  TomlTable top;
+  top.path = path;
+  for (auto&& [k, n] : parsed.table()) {
+    std::string key = safe.Restore(std::string(k.str()));
+    const toml::table* t = n.as_table();
+    const toml::array* a = n.as_array();
+    // [key], or key.field = ... where [key] is a section (TOML takes it for the same)
+    if (t && !t->is_inline()) {
+      std::string h = "[" + key + "]";
+      bool header = CharAt(text, PosOf(n.source())) == '[';
+      if (!allowed(h) && header) return unknown_section(h, PosOf(n.source()));
+      if (allowed(h)) {
+        out.push_back(section(h, *t));
+        continue;
       }
-      if (s.rfind("[[", 0) != 0) {
-        if (seen.count(s))
-          return fail(lineno, s + " appears twice (first at line " + std::to_string(seen[s]) + ")");
-        seen[s] = lineno;
-      }
-      new_table(s, lineno);
+    }
+    // [[key]], once or more: an array of tables that are not inline
+    if (a && a->is_array_of_tables() && !a->empty() && !(*a)[0].as_table()->is_inline()) {
+      std::string h = "[[" + key + "]]";
+      if (!allowed(h)) return unknown_section(h, PosOf(n.source()));
+      for (const toml::node& e : *a) out.push_back(section(h, *e.as_table()));
       continue;
     }
-    size_t eq = s.find('=');
-    if (eq == std::string::npos) return fail(lineno, "expected 'field = value', got: " + s);
-    std::string key = Trim(s.substr(0, eq));
-    if (!IsBareKey(key))
-      return fail(lineno, "bad field name '" + key + "' (letters, digits, _ and - only)");
-    if (!current) {
-      if (!top_level) return fail(lineno, "field '" + key + "' outside any section");
-      new_table("", 1);
+    if (!top_level) {
+      std::string expected;
+      for (const auto& h : headers) expected += (expected.empty() ? "" : ", ") + h;
+      *error = TomlWhere(path, PosOf(k.source())) + "field '" + key +
+               "' outside any section (put it under one of " + expected + ")";
+      return false;
     }
-    TomlValue v;
-    std::string why;
-    if (!ParseValue(Trim(s.substr(eq + 1)), &v, &why))
-      return fail(lineno, "field '" + key + "': " + why);
-    v.line = lineno;
-    auto dup = current->fields.find(key);
-    if (dup != current->fields.end())
-      return fail(lineno, "field '" + key + "' set twice (first at line " +
-                              std::to_string(dup->second.line) + ")");
-    current->fields[key] = v;
+    top.fields[key] = MakeValue(k, n, text, safe);
   }
+  if (!top.fields.empty()) out.push_back(top);
+  // toml++ keeps keys sorted; callers want the file's order
+  std::stable_sort(out.begin(), out.end(), [](const TomlTable& a, const TomlTable& b) {
+    if (a.header.empty() != b.header.empty()) return a.header.empty();
+    return a.pos.line < b.pos.line || (a.pos.line == b.pos.line && a.pos.column < b.pos.column);
+  });
   *tables = std::move(out);
   return true;
 }
@@ -298,13 +542,21 @@ bool ReadTextFile(const std::string& path, std::string* text, std::string* error
 std::string TomlQuote(const std::string& s) {
   std::string q = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    if (c == '\n') {
-      q += "\\n";
-    } else if (c == '\t') {
-      q += "\\t";
-    } else {
-      q += c;
+    unsigned char u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': q += "\\\""; break;
+      case '\\': q += "\\\\"; break;
+      case '\n': q += "\\n"; break;
+      case '\t': q += "\\t"; break;
+      case '\r': q += "\\r"; break;
+      default:
+        if (u < 0x20 || u == 0x7f) {  // TOML allows no other control character in a string
+          char buf[8];
+          snprintf(buf, sizeof buf, "\\u%04X", u);
+          q += buf;
+        } else {
+          q += c;
+        }
     }
   }
   return q + "\"";
@@ -330,12 +582,12 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (t.header == "[checkpoint]") checkpoint = &t;
     if (t.header == "[[replica]]") replicas.push_back(&t);
   }
-  auto fail = [&](int at, const std::string& msg) {
-    *error = path + ":" + std::to_string(at) + ": " + msg;
+  auto fail = [&](TomlPos at, const std::string& msg) {
+    *error = TomlWhere(path, at) + msg;
     return false;
   };
 
-  if (!cluster) return fail(1, "missing [cluster] section");
+  if (!cluster) return fail({}, "missing [cluster] section");
   TomlTable& t = *cluster;
   // A client's copy of cluster.toml may leave out what it must not hold.
   for (auto [name, value] : {std::pair<const char*, std::string*>{"secret", &c.secret},
@@ -343,11 +595,10 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                              {"admin_secret", &c.admin_secret}}) {
     if (!t.TakeString(name, value, false, error)) return false;
     if (t.Has(name) && value->size() < 16)
-      return fail(t.LineOf(name),
-                  std::string("field '") + name + "': must be at least 16 characters");
+      return fail(t.At(name), std::string("field '") + name + "': must be at least 16 characters");
   }
   if (c.secret.empty() && c.client_secret.empty() && c.admin_secret.empty())
-    return fail(1,
+    return fail({},
                 "[cluster] needs 'secret' (the replicas'), or at least 'client_secret' in a "
                 "client's copy");
   if (!c.secret.empty()) {
@@ -356,7 +607,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   }
   if (!t.TakeString("keys", &c.keys, false, error)) return false;
   if (t.Has("keys") && c.keys.empty())
-    return fail(t.LineOf("keys"), "field 'keys': empty (leave it out for \"keys\")");
+    return fail(t.At("keys"), "field 'keys': empty (leave it out for \"keys\")");
   if (!t.TakeString("client_netns", &c.client_netns, false, error)) return false;
   if (!t.TakeBool("failpoints", &c.failpoints, error)) return false;
   if (!t.TakeString("leader_address", &c.leader_address, false, error) ||
@@ -368,18 +619,18 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     int port = colon == std::string::npos ? 0 : atoi(c.leader_address.c_str() + colon + 1);
     if (colon == std::string::npos || port <= 0 || port > 65535 ||
         inet_pton(AF_INET, c.leader_address.substr(0, colon).c_str(), &ignored) != 1)
-      return fail(t.LineOf("leader_address"),
+      return fail(t.At("leader_address"),
                   "field 'leader_address': '" + c.leader_address + "' is not IPV4:PORT");
     c.leader_host = c.leader_address.substr(0, colon);
     c.leader_port = port;
   }
   if (!t.TakeString("transport", &c.transport, false, error)) return false;
   if (c.transport != "shm" && c.transport != "tcp" && c.transport != "auto")
-    return fail(t.LineOf("transport"),
+    return fail(t.At("transport"),
                 "field 'transport': '" + c.transport + "' is not shm, tcp or auto");
   if (!t.TakeString("durability", &c.durability, false, error)) return false;
   if (c.durability != "disk" && c.durability != "memory")
-    return fail(t.LineOf("durability"),
+    return fail(t.At("durability"),
                 "field 'durability': '" + c.durability + "' is not disk or memory");
   int64_t n = 0;
   if (!t.TakeInt("ring_bytes", &n, false, 1 << 16, int64_t{1} << 34, error)) return false;
@@ -400,7 +651,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   if (!t.TakeInt("election_timeout_max_us", &n, false, 1000, 60000000, error)) return false;
   if (n) c.election_timeout_max_us = n;
   if (c.election_timeout_max_us < c.election_timeout_min_us)
-    return fail(t.LineOf("election_timeout_max_us"),
+    return fail(t.At("election_timeout_max_us"),
                 "field 'election_timeout_max_us' is below election_timeout_min_us");
   if (!t.NoLeftovers(error)) return false;
 
@@ -410,8 +661,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     std::vector<std::string> argv;
     std::string why;
     if (!SplitCommand(c.server.command, &argv, &why))
-      return fail(s.LineOf("command"), "field 'command': " + why);
-    if (argv.empty()) return fail(s.LineOf("command"), "field 'command': is empty");
+      return fail(s.At("command"), "field 'command': " + why);
+    if (argv.empty()) return fail(s.At("command"), "field 'command': is empty");
     if (!s.TakeString("app", &c.server.app, false, error)) return false;
     n = 0;
     if (!s.TakeInt("ready_timeout_ms", &n, false, 100, 3600000, error)) return false;
@@ -421,7 +672,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeBool("same_clock", &c.server.same_clock, error)) return false;
     if (!s.TakeBool("timers_in_log", &c.server.timers_in_log, error)) return false;
     if (c.server.timers_in_log && !c.server.same_clock)
-      return fail(s.LineOf("timers_in_log"),
+      return fail(s.At("timers_in_log"),
                   "field 'timers_in_log' needs same_clock = true (a tick moves the clock)");
     if (!s.TakeBool("cloned_start", &c.server.cloned_start, error)) return false;
     if (!s.TakeString("state_probe", &c.server.state_probe, false, error)) return false;
@@ -429,7 +680,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeInt("state_check_every_s", &n, false, 1, 86400, error)) return false;
     if (n) c.server.state_check_every_s = n;
     if (s.Has("state_check_every_s") && c.server.state_probe.empty())
-      return fail(s.LineOf("state_check_every_s"),
+      return fail(s.At("state_check_every_s"),
                   "field 'state_check_every_s' needs a state_probe (the command it runs)");
     if (!s.TakeBool("serial_inputs", &c.server.serial_inputs, error)) return false;
     if (!s.TakeBool("serial_until_reply", &c.server.serial_until_reply, error)) return false;
@@ -437,12 +688,12 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
       return false;
     for (const char* f : {"serial_until_reply", "serial_sleep_keeps_turn"})
       if (s.fields.count(f) && !c.server.serial_inputs)
-        return fail(s.LineOf(f), std::string("field '") + f + "' needs serial_inputs = true");
+        return fail(s.At(f), std::string("field '") + f + "' needs serial_inputs = true");
     if (!s.TakeBool("unchecked_greeting", &c.server.unchecked_greeting, error)) return false;
     if (!s.TakeString("data_template", &c.server.data_template, false, error)) return false;
     if (!s.TakeFileList("rendered_files", &c.server.rendered_files, error)) return false;
     if (!c.server.rendered_files.empty() && c.server.data_template.empty())
-      return fail(s.LineOf("rendered_files"),
+      return fail(s.At("rendered_files"),
                   "field 'rendered_files' names files of the data template, but there is no "
                   "data_template");
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
@@ -474,24 +725,24 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!k.TakeBool("file_locks", &p.file_locks, error)) return false;
     if (!k.NoLeftovers(error)) return false;
     if (!c.has_server() && k.Has("enabled"))
-      return fail(k.line, "[checkpoint] without a [server] section (nothing to checkpoint)");
+      return fail(k.pos, "[checkpoint] without a [server] section (nothing to checkpoint)");
   }
   if (c.server.cloned_start && !c.checkpoint.enabled)
-    return fail(server->LineOf("cloned_start"),
+    return fail(server->At("cloned_start"),
                 "field 'cloned_start' needs [checkpoint] enabled = true (the replicas' servers "
                 "start from a checkpoint of replica 0's)");
 
-  if (replicas.empty()) return fail(1, "no [[replica]] sections");
-  if (replicas.size() > 7) return fail(replicas[7]->line, "at most 7 replicas");
+  if (replicas.empty()) return fail({}, "no [[replica]] sections");
+  if (replicas.size() > 7) return fail(replicas[7]->pos, "at most 7 replicas");
   for (TomlTable* rt : replicas) {
     ReplicaConfig r;
     int64_t id = -1, peer_port = 0, client_port = 0, server_port = 0;
     if (!rt->TakeInt("id", &id, true, 0, 6, error)) return false;
     if (id != static_cast<int64_t>(c.replicas.size()))
-      return fail(rt->LineOf("id"), "field 'id': replicas must be numbered 0.." +
-                                        std::to_string(replicas.size() - 1) +
-                                        " in order; expected " + std::to_string(c.replicas.size()) +
-                                        ", got " + std::to_string(id));
+      return fail(rt->At("id"), "field 'id': replicas must be numbered 0.." +
+                                    std::to_string(replicas.size() - 1) + " in order; expected " +
+                                    std::to_string(c.replicas.size()) + ", got " +
+                                    std::to_string(id));
     r.id = static_cast<int>(id);
     if (!rt->TakeString("host", &r.host, true, error)) return false;
     if (!rt->TakeInt("peer_port", &peer_port, true, 1, 65535, error)) return false;
@@ -499,7 +750,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (server) {
       if (!rt->TakeInt("server_port", &server_port, true, 1, 65535, error)) return false;
     } else if (rt->Has("server_port")) {
-      return fail(rt->LineOf("server_port"),
+      return fail(rt->At("server_port"),
                   "field 'server_port' without a [server] section (no server to run)");
     }
     if (!rt->TakeString("dir", &r.dir, true, error)) return false;
@@ -520,7 +771,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                           : (o.id != r.id && o.server_port == r.server_port) ? "server_port"
                                                                              : "";
       if (!clash.empty())
-        return fail(replicas[i]->LineOf("server_port"),
+        return fail(replicas[i]->At("server_port"),
                     "field 'server_port': " + std::to_string(r.server_port) + " is also replica " +
                         std::to_string(o.id) + "'s " + clash + " on " + r.host);
     }
@@ -601,10 +852,12 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
       o << "# each server starts from a copy of this directory (made by the profile's prepare)\n"
         << "data_template = " << TomlQuote(c.server.data_template) << "\n";
     if (!c.server.rendered_files.empty()) {
+      // an array: a name with a comma in it reads back whole
       std::string list;
-      for (const auto& f : c.server.rendered_files) list += (list.empty() ? "" : ", ") + f;
+      for (const auto& f : c.server.rendered_files)
+        list += (list.empty() ? "" : ", ") + TomlQuote(f);
       o << "# files of the template in which {port} and {dir} become the replica's\n"
-        << "rendered_files = " << TomlQuote(list) << "\n";
+        << "rendered_files = [" << list << "]\n";
     }
     if (!c.server.unchecked_replies.empty())
       o << "# replies not compared between replicas (preload/shim_unchecked.c)\n"

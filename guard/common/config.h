@@ -1,5 +1,5 @@
 // config.h — cluster.toml: the one file every replica of a cluster shares,
-// and the small TOML reader it shares with the server profiles in apps/.
+// and the TOML reading (toml++ underneath) it shares with the server profiles in apps/.
 //
 //   [cluster]
 //   secret = "..."          # the replicas' own: authenticates daemons to each other
@@ -276,25 +276,38 @@ std::string DerivedSecret(const std::string& secret, const std::string& label);
 // environment.
 std::string ServerRandomSeed(const ClusterConfig& c);
 
-// ------------------------------------------------------------ the TOML subset
-// `field = value` lines (values: "string", 'literal string', integer with
-// optional _ separators, true/false), # comments, [table] and [[array]]
-// headers. Used by cluster.toml and by the profiles in apps/.
+// ------------------------------------------------------------ TOML files
+// cluster.toml and the profiles in apps/ are TOML (https://toml.io/en/v1.0.0),
+// read by toml++ (config.cc). lockstep takes strings (basic, literal,
+// multi-line), integers (any TOML form, 20_000) and booleans; a field that
+// takes a list also takes an array of strings. Anything else a field holds
+// (a float, a date, an inline or nested table) is refused by the getters,
+// as is a field nobody asked for, so a typo never passes unnoticed.
+
+// Where something is in the file: 1-based line and column.
+struct TomlPos {
+  int line = 1;
+  int column = 1;
+};
 
 struct TomlValue {
-  enum Kind { kString, kInt, kBool } kind = kString;
-  std::string str;
-  int64_t num = 0;
-  int line = 0;
+  enum Kind { kString, kInt, kBool, kStringList, kOther } kind = kString;
+  std::string str;                // kString
+  int64_t num = 0;                // kInt; kBool: 0 or 1
+  std::vector<std::string> list;  // kStringList
+  std::vector<TomlPos> list_pos;  // where each of list's strings is
+  std::string what;               // what it holds, for errors: "a float (1.5)"
+  TomlPos key;                    // where the field's name is
+  TomlPos pos;                    // where its value begins
 };
 
 // One section: its fields, taken out one by one with typed getters whose
-// errors read "PATH:LINE: field 'x': ...".
+// errors read "PATH:LINE:COLUMN: field 'x': ...".
 class TomlTable {
  public:
   std::string path;    // the file, for errors
   std::string header;  // "[cluster]", "[[replica]]", or "" for fields before any header
-  int line = 1;        // the header's line
+  TomlPos pos;         // the header's; 1:1 for the top level
   std::map<std::string, TomlValue> fields;
 
   // A missing optional field leaves *dst alone and returns true.
@@ -302,33 +315,48 @@ class TomlTable {
   bool TakeInt(const std::string& key, int64_t* dst, bool required, int64_t lo, int64_t hi,
                std::string* error);
   bool TakeBool(const std::string& key, bool* dst, std::string* error);  // optional
-  // Optional `unchecked_replies`: a list of commands preload/resp_scan.h accepts.
+  // Optional `unchecked_replies`: a list of commands preload/resp_scan.h
+  // accepts, as one string ("INFO, CLIENT LIST") or an array of strings
+  // (["INFO", "CLIENT LIST"]); *dst gets the string form, which the shim reads.
   bool TakeUncheckedReplies(std::string* dst, std::string* error);
-  // A list of relative file paths separated by commas ("a.conf, sub/b.ndb"):
-  // none empty, absolute or climbing out with "..".
+  // Relative file paths, as an array of strings (["a.conf", "sub/b.ndb"]) or
+  // one string separated by commas ("a.conf, sub/b.ndb"): none empty,
+  // absolute or climbing out with "..". Missing: an empty list.
   bool TakeFileList(const std::string& key, std::vector<std::string>* dst, std::string* error);
   bool Has(const std::string& key) const { return fields.count(key) > 0; }
-  int LineOf(const std::string& key) const;  // the field's line, else the header's
-  // An error for the first field (in file order) nobody took.
+  TomlPos At(const std::string& key) const;  // the field's value, else the header
+  // An error for the first field (in file order) nobody took, naming the
+  // closest field the getters asked for.
   bool NoLeftovers(std::string* error) const;
-  // "PATH:LINE: msg" in *error; returns false.
-  bool Fail(int at, const std::string& msg, std::string* error) const;
+  // "PATH:LINE:COLUMN: msg" in *error; returns false.
+  bool Fail(TomlPos at, const std::string& msg, std::string* error) const;
   std::string Name() const { return header.empty() ? "the top level" : header; }
 
  private:
+  // The field, or nullptr; remembers that the caller knows the key (for NoLeftovers).
+  const TomlValue* Find(const std::string& key);
+  bool Missing(const std::string& key, bool required, std::string* error) const;
+  bool WrongType(const std::string& key, const TomlValue& v, const std::string& expected,
+                 std::string* error) const;
   std::set<std::string> taken_;
+  std::set<std::string> asked_;
 };
+
+// "PATH:LINE:COLUMN: " — how every error about a TOML file begins.
+std::string TomlWhere(const std::string& path, TomlPos at);
 
 // Parses text into its sections in file order. `headers` lists the allowed
 // section headers ("[cluster]", "[[replica]]"); a [table] may appear once, an
 // [[array]] any number of times. Fields before the first header form a table
-// with header "" when top_level is true and are an error otherwise.
+// with header "" (none if there are none) when top_level is true and are an
+// error otherwise. A syntax error names its line and column.
 bool ParseToml(const std::string& text, const std::string& path,
                const std::vector<std::string>& headers, bool top_level,
                std::vector<TomlTable>* tables, std::string* error);
 // Reads a whole file; false with "PATH: cannot open: ..." in *error.
 bool ReadTextFile(const std::string& path, std::string* text, std::string* error);
-// s as a TOML basic string, quotes included.
+// s as a TOML basic string, quotes included (control characters escaped;
+// s must be UTF-8, as everything toml++ reads is).
 std::string TomlQuote(const std::string& s);
 
 }  // namespace lockstep
