@@ -76,7 +76,12 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   }
   /* The kernel tells us about the socket (level-triggered, tagged with the
    * fd); the server hears from us. ADD and MOD arm afresh: what is ready now
-   * is reported, edge-triggered or not, as the kernel does. */
+   * is reported, edge-triggered or not, as the kernel does. The kernel's
+   * ADD/MOD happens before mu is let go, as the kernel's own is atomic: once
+   * armed here, another thread's wait may be told of the connection at once,
+   * serve it and close it, and a MOD still to come then failed with EBADF in
+   * the thread that re-armed it (mt_epoll_server under EPOLLONESHOT: the
+   * client's EOF taken by a second thread between the re-arm and the MOD). */
   c->epfd = epfd;
   c->events = event->events;
   c->data = event->data;
@@ -90,9 +95,12 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
     errno = saved;
     return 0;
   }
-  pthread_mutex_unlock(&mu);
   errno = saved;
-  return real_epoll_ctl(epfd, op, fd, &ev);
+  int r = real_epoll_ctl(epfd, op, fd, &ev); /* never blocks */
+  int err = errno;
+  pthread_mutex_unlock(&mu);
+  errno = err;
+  return r;
 }
 
 /* Adds (or merges) an event for the server; -1 when out is full. */
