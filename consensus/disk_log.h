@@ -236,8 +236,9 @@ class DiskWriter {
   // Returns true when the batch is durable on return; otherwise it was
   // queued for the thread (busy, or the write failed and will be retried).
   bool WriteNow(uint64_t seq, std::vector<OwnedRecord> batch);
-  // Written each time the thread publishes completions; never drained (so
-  // watch it edge-triggered: each write wakes a sleeper once).
+  // Written when the thread publishes completions the loop wants (see
+  // SetWakeWanted) or an error; never drained (so watch it edge-triggered:
+  // each write wakes a sleeper once).
   int EventFd() const { return event_fd_; }
 
   struct Completion {

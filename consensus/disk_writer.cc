@@ -1,6 +1,7 @@
 // disk_writer.cc — the group-commit disk thread (DiskWriter, declared in
 // disk_log.h): batches submitted while it writes are merged into its next
-// Append, and each completion is published through an eventfd.
+// Append; each completion is published for Poll, and signalled through an
+// eventfd when the loop wants it (SetWakeWanted) or a write failed.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
