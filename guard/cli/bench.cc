@@ -787,9 +787,10 @@ void AddBench(CommandLine& cl) {
       ->capture_default_str();
   failover
       ->add_option("--election-timeout-ms", f->election_timeout,
-                   "a backup that hears no leader for a random time in MIN..MAX ms stands")
+                   "a backup that hears no leader for a random time in MIN..MAX ms stands for "
+                   "election")
       ->type_name("MIN-MAX")
-      ->default_str("cluster.toml's, 50-100");
+      ->default_str("50-100");
   failover->add_option("--dir", f->dir, "the cluster's scratch directory")
       ->type_name("DIR")
       ->capture_default_str();

@@ -243,6 +243,7 @@ void AddCluster(CommandLine& cl) {
   up->add_flag("--wipe", u->o.wipe, "throw away what a stopped cluster left in DIR");
   up->add_option("stray", u->stray)->group("");  // refused: a server command goes after --
   const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(up);
   cl.OnRun(up, [u, app, rest] {
     if (app->count() > 0 && u->o.app.empty()) return Fail("--app needs a profile name or path");
     u->o.replicas = static_cast<int>(u->replicas);
@@ -410,6 +411,7 @@ void AddPropose(CommandLine& cl) {
   AddNumber(cmd, "--replica", &o->replica, "propose at this replica", 0, 1 << 20, "the leader");
   cmd->add_option("VALUE", o->values, "the values, one entry each");
   const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(cmd);
   cl.OnRun(cmd, [o, rest] {
     std::vector<std::string> values = o->values;
     values.insert(values.end(), rest->args.begin(), rest->args.end());
@@ -545,6 +547,7 @@ void AddFailpoint(CommandLine& cl) {
   AddClusterRef(cmd, &o->ref);
   cmd->add_option("SPEC", o->spec, "key=value pairs, or off")->type_name("SPEC|off");
   const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(cmd);
   cl.OnRun(cmd, [o, rest] {
     std::string spec;
     for (const auto& p : o->spec) spec += (spec.empty() ? "" : " ") + p;

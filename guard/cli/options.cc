@@ -127,7 +127,7 @@ class HelpFormatter : public CLI::Formatter {
   // "N" instead of "N=3": the default goes at the end of the description.
   std::string make_option_opts(const CLI::Option* opt) const override {
     std::string out;
-    if (opt->get_type_size() != 0 && !opt->get_type_name().empty())
+    if (opt->get_type_size() != 0 && !opt->get_type_name().empty() && opt->nonpositional())
       out += " " + opt->get_type_name();
     if (opt->get_required() && opt->nonpositional()) out += " " + get_label("REQUIRED");
     return out;
@@ -135,7 +135,8 @@ class HelpFormatter : public CLI::Formatter {
 
   std::string make_option_desc(const CLI::Option* opt) const override {
     std::string desc = opt->get_description();
-    if (opt->get_type_size() != 0 && !opt->get_default_str().empty())
+    if (opt->get_type_size() != 0 && !opt->get_default_str().empty() && !opt->get_required() &&
+        opt->nonpositional())
       desc += " (default " + opt->get_default_str() + ")";
     return Wrap(desc, kHelpWidth - get_column_width());
   }
@@ -162,6 +163,8 @@ CommandLine::CommandLine()
   root_.formatter(formatter_);
   root_.set_help_flag("-h,--help", "print this help (every option, with its default) and exit");
   root_.require_subcommand(1);
+  // An option given twice: the last one counts, as it always did.
+  root_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   root_.footer("lockstep COMMAND --help lists the command's options, with their defaults.");
 }
 
@@ -189,8 +192,14 @@ int CommandLine::Error(const CLI::App* at, const CLI::ParseError& e) {
   std::string what = e.what();
   // A family (or lockstep itself) given no command, or one it lacks: say
   // which there are, in lockstep's words rather than CLI11's.
+  std::vector<std::string> left = root_.remaining(true);
+  if (subs.empty() && !left.empty() && dynamic_cast<const CLI::ExtrasError*>(&e)) {
+    // CLI11 lists them last first; in the order given they read better.
+    what = left.size() == 1 ? "unexpected argument '" + left[0] + "'" : "unexpected arguments:";
+    if (left.size() > 1)
+      for (const auto& a : left) what += " '" + a + "'";
+  }
   if (!subs.empty()) {
-    std::vector<std::string> left = at->remaining();
     if (!left.empty()) {
       what = "unknown command '" + left[0] + "' (" + names + ")";
     } else if (dynamic_cast<const CLI::RequiredError*>(&e) &&
@@ -253,6 +262,14 @@ int CommandLine::Run(int argc, char** argv) {
   if (r == runners_.end()) {  // a family with no runner of its own: CLI11 required one
     fprintf(stderr, "%s: which command?\n", CommandPath(at).c_str());
     return 2;
+  }
+  if (rest_.given && !rest_.args.empty() && !takes_rest_.count(at)) {
+    std::string path = CommandPath(at);
+    fprintf(stderr,
+            "%s: unexpected argument '%s' after -- (only `cluster up`, propose and failpoint "
+            "take arguments there)\n%s",
+            path.c_str(), rest_.args[0].c_str(), formatter_->make_usage(at, path).c_str());
+    return r->second.usage_exit;
   }
   return r->second.run();
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ class CommandLine {
   // missing option, a stray argument) exits usage_exit, a bad value
   // value_exit: the codes the command gave before it was parsed by CLI11.
   void OnRun(CLI::App* command, std::function<int()> run, int value_exit = 1, int usage_exit = 2);
+  // The command reads rest() (the arguments after `--`); any other command
+  // refuses them.
+  void TakesRest(CLI::App* command) { takes_rest_.insert(command); }
 
   // Parses argv, runs the command; returns the process's exit code.
   int Run(int argc, char** argv);
@@ -59,6 +63,7 @@ class CommandLine {
   CLI::App root_;
   std::shared_ptr<HelpFormatter> formatter_;
   std::map<const CLI::App*, Runner> runners_;
+  std::set<const CLI::App*> takes_rest_;
   AfterDashDash rest_;
 };
 
