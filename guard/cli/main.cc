@@ -1,4 +1,5 @@
-// main.cc — the `lockstep` command: one binary, one subcommand per job.
+// main.cc — the `lockstep` command: one binary, one subcommand per job. Each AddX
+// defines a command line (CLI11, options.h) and what it runs once parsed.
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>

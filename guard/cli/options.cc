@@ -210,8 +210,10 @@ int CommandLine::Error(const CLI::App* at, const CLI::ParseError& e) {
   fprintf(stderr, "%s: %s\n%s(`%s --help` lists every option, with its default)\n", path.c_str(),
           what.c_str(), formatter_->make_usage(at, path).c_str(), path.c_str());
   auto r = runners_.find(at);
+  // An option without its value was a bad value before CLI11 too.
   bool bad_value = dynamic_cast<const CLI::ConversionError*>(&e) ||
-                   dynamic_cast<const CLI::ValidationError*>(&e);
+                   dynamic_cast<const CLI::ValidationError*>(&e) ||
+                   dynamic_cast<const CLI::ArgumentMismatch*>(&e);
   if (r == runners_.end()) return 2;
   return bad_value ? r->second.value_exit : r->second.usage_exit;
 }
