@@ -190,15 +190,15 @@ int CommandLine::Error(const CLI::App* at, const CLI::ParseError& e) {
   std::string names;
   for (const CLI::App* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
   std::string what = e.what();
-  // A family (or lockstep itself) given no command, or one it lacks: say
-  // which there are, in lockstep's words rather than CLI11's.
-  std::vector<std::string> left = root_.remaining(true);
+  std::vector<std::string> left = root_.remaining(true);  // what no command took
   if (subs.empty() && !left.empty() && dynamic_cast<const CLI::ExtrasError*>(&e)) {
     // CLI11 lists them last first; in the order given they read better.
     what = left.size() == 1 ? "unexpected argument '" + left[0] + "'" : "unexpected arguments:";
     if (left.size() > 1)
       for (const auto& a : left) what += " '" + a + "'";
   }
+  // A family (or lockstep itself) given no command, or one it lacks: say
+  // which there are, in lockstep's words rather than CLI11's.
   if (!subs.empty()) {
     if (!left.empty()) {
       what = "unknown command '" + left[0] + "' (" + names + ")";
