@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "consensus/disk_log.h"
-#include "guard/cli/args.h"
 #include "guard/cli/cluster.h"
+#include "guard/cli/options.h"
 #include "guard/net/client.h"
 
 namespace lockstep {
@@ -188,22 +188,25 @@ bool MeasureFloor(const std::string& dir, size_t payload, int writers, double* p
   return true;
 }
 
-int BenchConsensus(Args& o) {
-  auto transports = SplitList(o.Get("transport", "shm"));
-  auto durabilities = SplitList(o.Get("durability", "disk"));
-  auto replica_list = SplitList(o.Get("replicas", "3"));
-  auto client_list = SplitList(o.Get("clients", "1,16"));
-  double seconds = atof(o.Get("seconds", "3").c_str());
-  size_t payload = static_cast<size_t>(o.IntOr("payload", 64));
-  std::string dir = o.Get("dir", "/tmp/lockstep-bench");
-  std::string json_path = o.Get("json", "");
-  int base_port = static_cast<int>(o.IntOr("base-port", 7600));
-  long long spin_us = o.IntOr("spin-us", -1);
-  long long segment_bytes = o.IntOr("segment-bytes", 64 << 20);
-  if (!o.error.empty()) {
-    fprintf(stderr, "lockstep bench: %s\n", o.error.c_str());
-    return 2;
-  }
+struct ConsensusArgs {
+  std::string transport = "shm", durability = "disk", replicas = "3", clients = "1,16";
+  double seconds = 3;
+  long long payload = 64, base_port = 7600, spin_us = -1, segment_bytes = 64 << 20;
+  std::string dir = "/tmp/lockstep-bench", json;
+};
+
+int BenchConsensus(const ConsensusArgs& o) {
+  auto transports = SplitList(o.transport);
+  auto durabilities = SplitList(o.durability);
+  auto replica_list = SplitList(o.replicas);
+  auto client_list = SplitList(o.clients);
+  double seconds = o.seconds;
+  size_t payload = static_cast<size_t>(o.payload);
+  std::string dir = o.dir;
+  std::string json_path = o.json;
+  int base_port = static_cast<int>(o.base_port);
+  long long spin_us = o.spin_us;
+  long long segment_bytes = o.segment_bytes;
   if (seconds <= 0 || seconds > 600) {
     fprintf(stderr, "lockstep bench: --seconds must be in (0, 600]\n");
     return 2;
@@ -529,49 +532,32 @@ bool WaitCaughtUp(const ClusterConfig& c, const std::string& dir, int id, int ti
   return false;
 }
 
-int BenchFailover(Args& o) {
-  int kills = static_cast<int>(o.IntOr("kills", 20));
-  int clients = static_cast<int>(o.IntOr("clients", 4));
-  std::string fault_name = o.Get("fault", "kill");
-  if (fault_name != "kill" && fault_name != "freeze") {
-    fprintf(stderr, "lockstep bench failover: --fault is kill or freeze, not '%s'\n",
-            fault_name.c_str());
-    return 2;
-  }
+struct FailoverArgs {
+  long long kills = 20, clients = 4, replicas = 3, base_port = 7700;
+  std::string fault = "kill", dir = "/tmp/lockstep-failover", json, hosts = "loopback", transport,
+              durability = "disk", election_timeout;
+};
+
+int BenchFailover(const FailoverArgs& o) {
+  int kills = static_cast<int>(o.kills);
+  int clients = static_cast<int>(o.clients);
+  std::string fault_name = o.fault;
   LeaderFault fault = fault_name == "kill" ? LeaderFault::kKill : LeaderFault::kFreeze;
-  std::string dir = o.Get("dir", "/tmp/lockstep-failover");
-  std::string json_path = o.Get("json", "");
-  if (!o.error.empty()) {
-    fprintf(stderr, "lockstep bench failover: %s\n", o.error.c_str());
-    return 2;
-  }
-  if (kills < 1 || kills > 1000) {
-    fprintf(stderr, "lockstep bench failover: --kills must be 1..1000\n");
-    return 2;
-  }
+  std::string dir = o.dir;
+  std::string json_path = o.json;
   ClusterUpOptions up;
   up.dir = dir;
   up.wipe = true;  // a scratch directory of the bench's own
-  up.replicas = static_cast<int>(o.IntOr("replicas", 3));
-  up.hosts = o.Get("hosts", "loopback");
-  if (up.hosts != "loopback" && up.hosts != "netns") {
-    fprintf(stderr, "lockstep bench failover: --hosts is loopback or netns, not '%s'\n",
-            up.hosts.c_str());
-    return 2;
-  }
+  up.replicas = static_cast<int>(o.replicas);
+  up.hosts = o.hosts;
   // Namespace hosts talk tcp (see cluster up --hosts); the bench's clients
   // run in the client namespace (ClusterUp moves this process there).
-  up.transport = o.Get("transport", up.hosts == "netns" ? "tcp" : "shm");
-  up.durability = o.Get("durability", "disk");
-  up.base_port = static_cast<int>(o.IntOr("base-port", 7700));
+  up.transport = !o.transport.empty() ? o.transport : up.hosts == "netns" ? "tcp" : "shm";
+  up.durability = o.durability;
+  up.base_port = static_cast<int>(o.base_port);
   std::string err;
-  if (o.Has("election-timeout-ms") &&
-      !ParseElectionTimeout(o.Get("election-timeout-ms"), &up, &err)) {
+  if (!o.election_timeout.empty() && !ParseElectionTimeout(o.election_timeout, &up, &err)) {
     fprintf(stderr, "lockstep bench failover: %s\n", err.c_str());
-    return 2;
-  }
-  if (!o.error.empty()) {
-    fprintf(stderr, "lockstep bench failover: %s\n", o.error.c_str());
     return 2;
   }
   ClusterConfig c;
@@ -646,59 +632,11 @@ int BenchFailover(Args& o) {
   }
 }
 
-}  // namespace
-
-int CmdBench(int argc, char** argv) {
-  std::string which = argc > 2 ? argv[2] : "";
-  Args o = Parse(argc, argv, 3, {"help", "quiet"});
-  if (which.empty() || which == "--help" || o.Has("help")) {
-    printf(
-        "usage:\n"
-        "  lockstep bench consensus [--transport shm,tcp] [--durability disk,memory] [--replicas "
-        "3,5,7]\n"
-        "                           [--clients 1,16] [--seconds S] [--payload BYTES] [--json "
-        "FILE]\n"
-        "  lockstep bench failover [--kills N] [--clients C] [--transport shm|tcp] [--durability "
-        "disk|memory]\n"
-        "                          [--fault kill|freeze] [--election-timeout-ms MIN-MAX] [--json "
-        "FILE]\n"
-        "                          [--hosts loopback|netns]\n\n"
-        "consensus: for every combination, starts a fresh local cluster, measures the disk's own\n"
-        "durable-write latency (the floor) in the same directory, then runs closed-loop clients\n"
-        "against the leader and reports commit latency (split into the leader's durable write and\n"
-        "the wait for the quorum), client round trip and throughput, with ratios to the targets.\n"
-        "failover: SIGKILLs (--fault kill, the default) or SIGSTOPs (--fault freeze: no socket\n"
-        "closes, only the election timeout notices) the leader N times under load, timing until\n"
-        "a new leader commits; a killed leader is restarted, a frozen one continued (it must step\n"
-        "down); then checks that every acknowledged entry is on every replica (one that does not\n"
-        "answer counts as everything lost). --hosts netns: each replica in a network namespace\n"
-        "of its own (cluster up --hosts netns), UCX over tcp.\n");
-    return which.empty() ? 2 : 0;
-  }
-  if (which == "consensus") return BenchConsensus(o);
-  if (which == "failover") return BenchFailover(o);
-  fprintf(stderr, "lockstep bench: unknown benchmark '%s' (consensus, failover)\n", which.c_str());
-  return 2;
-}
-
-int CmdDemo(int argc, char** argv) {
-  Args o = Parse(argc, argv, 2, {"help"});
-  if (o.Has("help")) {
-    printf(
-        "usage: lockstep demo [--dir DIR]\n\n"
-        "Starts 3 replicas here, commits entries, SIGKILLs the leader, shows the new leader and\n"
-        "that nothing committed was lost, prints latency figures, and stops the cluster.\n");
-    return 0;
-  }
-  std::string dir = o.Get("dir", "/tmp/lockstep-demo");
+int Demo(const std::string& dir, long long base_port) {
   ClusterUpOptions up;
   up.dir = dir;
   up.wipe = true;  // a scratch directory of the bench's own
-  up.base_port = static_cast<int>(o.IntOr("base-port", 7800));
-  if (!o.error.empty()) {
-    fprintf(stderr, "lockstep demo: %s\n", o.error.c_str());
-    return 2;
-  }
+  up.base_port = static_cast<int>(base_port);
   ClusterConfig c;
   std::string err;
   mkdir(dir.c_str(), 0755);
@@ -768,6 +706,117 @@ int CmdDemo(int argc, char** argv) {
   ClusterDown(dir, false, &err);
   printf(rc == 0 ? "demo: OK\n" : "demo: FAILED\n");
   return rc;
+}
+
+}  // namespace
+
+void AddBench(CommandLine& cl) {
+  CLI::App* family = cl.Add(&cl.root(), "bench", "measure: bench consensus | bench failover");
+  family->require_subcommand(1);
+
+  auto c = std::make_shared<ConsensusArgs>();
+  CLI::App* consensus = cl.Add(
+      family, "consensus", "commit latency and throughput of the replicated log",
+      "For every combination of the lists, starts a fresh local cluster, measures the disk's own\n"
+      "durable-write latency (the floor) in the same directory, then runs closed-loop clients\n"
+      "against the leader and reports commit latency (split into the leader's durable write and\n"
+      "the wait for the quorum), client round trip and throughput, with ratios to the targets.");
+  consensus->add_option("--transport", c->transport, "transports to measure, comma-separated")
+      ->type_name("shm,tcp,auto")
+      ->check(ListOf({"shm", "tcp", "auto"}))
+      ->capture_default_str();
+  consensus->add_option("--durability", c->durability, "durabilities, comma-separated")
+      ->type_name("disk,memory")
+      ->check(ListOf({"disk", "memory"}))
+      ->capture_default_str();
+  consensus->add_option("--replicas", c->replicas, "cluster sizes, comma-separated")
+      ->type_name("3,5,7")
+      ->check(ListOf({"3", "5", "7"}))
+      ->capture_default_str();
+  consensus->add_option("--clients", c->clients, "closed-loop client counts, comma-separated")
+      ->type_name("N,N")
+      ->check(NumberList(1, 256))
+      ->capture_default_str();
+  consensus->add_option("--seconds", c->seconds, "how long each combination runs")
+      ->type_name("S")
+      ->capture_default_str();
+  AddNumber(consensus, "--payload", &c->payload, "bytes per entry", 1, 1 << 20)->type_name("BYTES");
+  consensus->add_option("--dir", c->dir, "the clusters' scratch directory")
+      ->type_name("DIR")
+      ->capture_default_str();
+  consensus->add_option("--json", c->json, "also write the results as JSON")->type_name("FILE");
+  AddNumber(consensus, "--base-port", &c->base_port, "the clusters' base port", 1, 65535);
+  AddNumber(consensus, "--spin-us", &c->spin_us, "how long a waiting thread spins", -1, 1 << 30,
+            "cluster.toml's");
+  AddNumber(consensus, "--segment-bytes", &c->segment_bytes, "each log segment file", 1 << 16,
+            kNoLimit);
+  cl.OnRun(
+      consensus, [c] { return BenchConsensus(*c); }, 2, 2);
+
+  auto f = std::make_shared<FailoverArgs>();
+  CLI::App* failover = cl.Add(
+      family, "failover", "time to a new leader after the leader fails, under load",
+      "SIGKILLs (--fault kill, the default) or SIGSTOPs (--fault freeze: no socket closes,\n"
+      "only the election timeout notices) the leader N times under load, timing until a new\n"
+      "leader commits; a killed leader is restarted, a frozen one continued (it must step\n"
+      "down); then checks that every acknowledged entry is on every replica (one that does not\n"
+      "answer counts as everything lost). --hosts netns: each replica in a network namespace\n"
+      "of its own (cluster up --hosts netns), UCX over tcp.");
+  AddNumber(failover, "--kills", &f->kills, "how many leaders to fail", 1, 1000);
+  AddNumber(failover, "--clients", &f->clients, "clients committing meanwhile", 1, 256)
+      ->type_name("C");
+  failover->add_option("--fault", f->fault, "SIGKILL or SIGSTOP the leader")
+      ->type_name("kill|freeze")
+      ->check(OneOf({"kill", "freeze"}))
+      ->capture_default_str();
+  failover->add_option("--transport", f->transport, "how the replicas reach each other")
+      ->type_name("shm|tcp|auto")
+      ->check(OneOf({"shm", "tcp", "auto"}))
+      ->default_str("shm; tcp with --hosts netns");
+  failover->add_option("--durability", f->durability, "where an entry must be before it commits")
+      ->type_name("disk|memory")
+      ->check(OneOf({"disk", "memory"}))
+      ->capture_default_str();
+  failover->add_option("--replicas", f->replicas, "how many replicas")
+      ->type_name("3|5|7")
+      ->check(OneOf({"3", "5", "7"}))
+      ->capture_default_str();
+  failover->add_option("--hosts", f->hosts, "replicas on loopback, or each in a network namespace")
+      ->type_name("loopback|netns")
+      ->check(OneOf({"loopback", "netns"}))
+      ->capture_default_str();
+  failover
+      ->add_option("--election-timeout-ms", f->election_timeout,
+                   "a backup that hears no leader for a random time in MIN..MAX ms stands for "
+                   "election")
+      ->type_name("MIN-MAX")
+      ->default_str("50-100");
+  failover->add_option("--dir", f->dir, "the cluster's scratch directory")
+      ->type_name("DIR")
+      ->capture_default_str();
+  failover->add_option("--json", f->json, "also write the results as JSON")->type_name("FILE");
+  AddNumber(failover, "--base-port", &f->base_port, "the cluster's base port", 1, 65535);
+  cl.OnRun(
+      failover, [f] { return BenchFailover(*f); }, 2, 2);
+}
+
+void AddDemo(CommandLine& cl) {
+  struct Options {
+    std::string dir = "/tmp/lockstep-demo";
+    long long base_port = 7800;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(
+      &cl.root(), "demo",
+      "start a 3-replica cluster, commit, kill the leader, show nothing is lost",
+      "Starts 3 replicas here, commits entries, SIGKILLs the leader, shows the new leader and\n"
+      "that nothing committed was lost, prints latency figures, and stops the cluster.");
+  cmd->add_option("--dir", o->dir, "the cluster's scratch directory")
+      ->type_name("DIR")
+      ->capture_default_str();
+  AddNumber(cmd, "--base-port", &o->base_port, "the cluster's base port", 1, 65535);
+  cl.OnRun(
+      cmd, [o] { return Demo(o->dir, o->base_port); }, 2, 2);
 }
 
 }  // namespace lockstep

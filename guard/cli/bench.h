@@ -1,7 +1,10 @@
-// bench.h — `lockstep bench consensus|failover` and `lockstep demo`.
+// bench.h — `lockstep bench consensus|failover` and `lockstep demo`: their
+// command lines, added to lockstep's (main.cc), and what they run.
 #pragma once
 
+#include "guard/cli/options.h"
+
 namespace lockstep {
-int CmdBench(int argc, char** argv);
-int CmdDemo(int argc, char** argv);
+void AddBench(CommandLine& cl);
+void AddDemo(CommandLine& cl);
 }  // namespace lockstep

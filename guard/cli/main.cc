@@ -1,4 +1,5 @@
-// main.cc — the `lockstep` command: one binary, one subcommand per job.
+// main.cc — the `lockstep` command: one binary, one subcommand per job. Each AddX
+// defines a command line (CLI11, options.h) and what it runs once parsed.
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,14 +12,15 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "consensus/sim.h"
-#include "guard/cli/args.h"
 #include "guard/cli/bench.h"
 #include "guard/cli/cluster.h"
+#include "guard/cli/options.h"
 #include "guard/common/config.h"
 #include "guard/daemon/daemon.h"
 #include "guard/daemon/failpoints.h"
@@ -39,484 +41,589 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
-const char* kUsage =
-    "lockstep — replicate an unmodified server through Paxos\n"
-    "\n"
-    "usage: lockstep <command> [options]   (lockstep <command> --help for details)\n"
-    "\n"
-    "commands:\n"
-    "  replica     run one replica daemon (one per host in a real cluster)\n"
-    "  cluster     start, inspect and stop a cluster on this machine (up|status|down|restart),\n"
-    "              with a replicated server: cluster up --app redis (or -- ANY COMMAND)\n"
-    "  propose     agree values through the replicated log\n"
-    "  log         print a replica's committed log\n"
-    "  truncate    drop a replica's committed entries below an index (admin)\n"
-    "  failpoint   inject faults into a running replica (cluster up --failpoints; admin)\n"
-    "  checkpoint  take a checkpoint of a backup's server now, or list the checkpoints\n"
-    "  divergence  list the divergence reports (replicas whose output differed), or show one\n"
-    "  keys        make a cluster's CA and replica certificates (keys init)\n"
-    "  sim         run the protocol core under the deterministic simulator\n"
-    "  bench       measure: bench consensus | bench failover\n"
-    "  demo        start a 3-replica cluster, commit, kill the leader, show nothing is lost\n";
-
-bool WantsHelp(const Args& a) {
-  return a.Has("help") || a.Has("h");
-}
-
 // ------------------------------------------------------------------ replica
 
-int CmdReplica(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help", "verbose", "keep"});
-  if (WantsHelp(a)) {
-    printf(
-        "usage: lockstep replica --config cluster.toml --id N [--verbose] [--keep]\n\n"
-        "Runs replica N of the cluster described in cluster.toml (the same file on every host)\n"
-        "in the foreground until SIGTERM. Its log lives in the replica's `dir`.\n\n"
-        "  --keep   run it as a child, and start it again when it crashes (an abort, a bad\n"
-        "           access; at most 3 times a minute), as `cluster up` does; its pid goes to\n"
-        "           replica-N.pid beside cluster.toml\n");
-    return 0;
-  }
-  if (!a.error.empty()) return Fail(a.error);
-  if (!a.Has("config") || !a.Has("id")) return Fail("replica needs --config FILE and --id N");
-  DaemonOptions o;
-  std::string err;
-  if (!LoadClusterConfig(a.Get("config"), &o.config, &err)) return Fail(err);
-  long long id;
-  if (!a.GetInt("id", 0, &id)) return Fail(a.error);
-  o.id = static_cast<int>(id);
-  o.verbose = a.Has("verbose");
-  if (a.Has("keep")) KeepReplica(a.Get("config"), o.id);
-  return RunReplica(o);
+void AddReplica(CommandLine& cl) {
+  struct Options {
+    std::string config;
+    long long id = 0;
+    bool verbose = false, keep = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(
+      &cl.root(), "replica", "run one replica daemon (one per host in a real cluster)",
+      "Runs replica N of the cluster described in cluster.toml (the same file on every host)\n"
+      "in the foreground until SIGTERM. Its log lives in the replica's `dir`.");
+  cmd->add_option("--config", o->config, "the cluster's cluster.toml")
+      ->type_name("FILE")
+      ->required();
+  AddNumber(cmd, "--id", &o->id, "which replica of it this is", 0, 1 << 20)->required();
+  cmd->add_flag("--verbose", o->verbose, "log in more detail, for debugging");
+  cmd->add_flag("--keep", o->keep,
+                "run it as a child, and start it again when it crashes (an abort, a bad\n"
+                "access; at most 3 times a minute), as `cluster up` does; its pid goes to\n"
+                "replica-N.pid beside cluster.toml");
+  // A missing --config or --id was exit code 1, as a bad one is.
+  cl.OnRun(
+      cmd,
+      [o] {
+        DaemonOptions d;
+        std::string err;
+        if (!LoadClusterConfig(o->config, &d.config, &err)) return Fail(err);
+        d.id = static_cast<int>(o->id);
+        d.verbose = o->verbose;
+        if (o->keep) KeepReplica(o->config, d.id);
+        return RunReplica(d);
+      },
+      1, 1);
 }
 
 // ------------------------------------------------------------------ cluster
 
-int CmdCluster(int argc, char** argv) {
-  std::string sub = argc > 2 ? argv[2] : "";
-  Args a = Parse(argc, argv, 3, {"help", "json", "quiet", "no-checkpoints", "failpoints", "wipe"});
-  if (sub.empty() || sub == "--help" || WantsHelp(a)) {
-    std::string apps;
-    for (const auto& n : ListAppProfiles(AppsDir())) apps += (apps.empty() ? "" : "|") + n;
-    printf(
-        "usage:\n"
-        "  lockstep cluster up [--replicas 3|5|7] [--transport shm|tcp|auto] [--durability "
-        "disk|memory]\n"
-        "                      [--dir DIR] [--base-port P] [--ring-bytes B] [--segment-bytes B]\n"
-        "                      [--app %s | -- SERVER COMMAND...] [--ready-timeout-ms T]\n"
-        "                      [--checkpoint-entries N] [--no-checkpoints] [--backup-grace-s S]\n"
-        "                      [--election-timeout-ms MIN-MAX] [--hosts loopback|netns]\n"
-        "                      [--failpoints] [--wipe]\n"
-        "  lockstep cluster status [--dir DIR] [--json]\n"
-        "  lockstep cluster restart --id N [--dir DIR]   start replica N again (after a crash)\n"
-        "  lockstep cluster down [--dir DIR]   stop every replica; the data stays in DIR\n"
-        "  lockstep cluster start [--dir DIR]  start a stopped cluster again, with its data\n\n"
-        "DIR defaults to $LOCKSTEP_DIR or /tmp/lockstep-cluster. `up` writes DIR/cluster.toml\n"
-        "(with a fresh secret), starts one daemon per replica and waits for a leader. `up`\n"
-        "refuses a DIR that holds a stopped cluster's log or checkpoints, saying what they\n"
-        "hold: `start` brings that cluster back (each replica from its own checkpoints and\n"
-        "log: every acknowledged write, also after a power cut), `up --wipe` throws it away.\n"
-        "durability memory keeps entries in RAM on a majority only: NOT durable, for "
-        "comparison.\n\n"
-        "A server to replicate: --app NAME uses the profile %s/NAME.toml (--app\n"
-        "PATH/NAME.toml: a profile of your own, same fields, apps/README.md); or give any\n"
-        "command after --, where {port} and {dir} become each replica's own server port\n"
-        "(base+200+i) and data directory (DIR/replica-i/server), e.g.\n"
-        "  lockstep cluster up -- redis-server --port {port} --dir {dir} --save ''\n"
-        "(one quoted argument after -- is split like a shell would). Each daemon runs its\n"
-        "copy of the server under the preload shim; clients connect to the leader's, which\n"
-        "`up` prints and `status` shows (client_addr; server_addr per replica in --json).\n"
-        "Backups checkpoint their server with CRIU every N applied entries (default 25000; see\n"
-        "[checkpoint] in cluster.toml); --no-checkpoints turns that off. The leader keeps the\n"
-        "log a backup lacks while it heard from it in the last S seconds (default 60); one\n"
-        "gone longer comes back from a checkpoint, fetched from a peer if need be.\n"
-        "A backup that hears nothing from the leader for a random time between MIN and MAX ms\n"
-        "(default 50-100) stands for election; time it spent not running itself does not\n"
-        "count.\n"
-        "--hosts netns runs each replica (daemon and server) in a network namespace of its own\n"
-        "with its own address, bridged to the others and to a client namespace (UCX over tcp);\n"
-        "the lockstep commands enter the client namespace themselves, other clients run there\n"
-        "(`ip netns exec NAME`, NAME: client_netns in cluster.toml). `down` removes them all.\n"
-        "--failpoints lets an admin inject faults into the replicas (`lockstep failpoint`;\n"
-        "failpoints = true in cluster.toml), for fault campaigns and tests.\n",
-        apps.empty() ? "NAME" : apps.c_str(), AppsDir().c_str());
-    return sub.empty() ? 2 : 0;
-  }
-  if (!a.error.empty()) return Fail(a.error);
-  std::string dir = a.Get("dir", DefaultClusterDir());
+// The cluster's directory: --dir, else $LOCKSTEP_DIR or /tmp/lockstep-cluster.
+std::string ClusterDir(const std::string& dir) {
+  return dir.empty() ? DefaultClusterDir() : dir;
+}
+
+int ClusterUpCommand(ClusterUpOptions o, const std::string& election_timeout,
+                     const std::vector<std::string>& stray, const AfterDashDash& server) {
   std::string err;
-  if (sub == "up") {
-    // The directory is written into cluster.toml and handed to the servers
-    // ({dir}), which run elsewhere than here: a relative one is made
-    // absolute (redis refused "--dir c/replica-0/server" from its own cwd).
-    if (!dir.empty() && dir[0] != '/') {
-      std::error_code ec;
-      std::filesystem::path abs = std::filesystem::absolute(dir, ec);
-      if (ec) return Fail("--dir " + dir + ": " + ec.message());
-      dir = abs.lexically_normal().string();
-      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  // The directory is written into cluster.toml and handed to the servers
+  // ({dir}), which run elsewhere than here: a relative one is made
+  // absolute (redis refused "--dir c/replica-0/server" from its own cwd).
+  std::string dir = ClusterDir(o.dir);
+  if (!dir.empty() && dir[0] != '/') {
+    std::error_code ec;
+    std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+    if (ec) return Fail("--dir " + dir + ": " + ec.message());
+    dir = abs.lexically_normal().string();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  }
+  o.dir = dir;
+  if (!stray.empty())
+    return Fail("unexpected argument '" + stray[0] +
+                "' (a server command goes after --, e.g. `cluster up -- redis-server --port "
+                "{port}`)");
+  if (server.given && server.args.empty()) return Fail("no server command after --");
+  // Namespaces share no shm doorbells nor peer-death detection: tcp between them.
+  if (o.transport.empty()) o.transport = o.hosts == "netns" ? "tcp" : "shm";
+  if (o.hosts == "netns" && o.transport == "shm")
+    return Fail("--hosts netns needs --transport tcp (or auto): shm does not cross namespaces");
+  if (!election_timeout.empty() && !ParseElectionTimeout(election_timeout, &o, &err))
+    return Fail(err);
+  // One argument with spaces is a whole command line; several are argv as the shell split it.
+  const std::vector<std::string>& rest = server.args;
+  if (rest.size() == 1 && rest[0].find_first_of(" \t") != std::string::npos) {
+    o.command = rest[0];
+  } else {
+    o.command = JoinCommand(rest);
+  }
+  ClusterConfig c;
+  if (!ClusterUp(o, &c, &err)) return Fail(err);
+  ClusterStatus s = GetClusterStatus(dir, c);
+  if (c.has_server() && s.leader < 0) {  // a leader was seen in ClusterUp: wait for it again
+    for (int i = 0; i < 300 && s.leader < 0; i++) {
+      usleep(50000);
+      s = GetClusterStatus(dir, c);
     }
+  }
+  printf("cluster of %d replicas up in %s (transport %s, durability %s%s)\n", o.replicas,
+         dir.c_str(), o.transport.c_str(), o.durability.c_str(),
+         o.durability == "memory" ? ": NOT durable, RAM of a majority only" : "");
+  printf("%s", FormatStatusTable(s, "lockstep cluster status --dir " + dir).c_str());
+  return 0;
+}
+
+void AddClusterDir(CLI::App* cmd, std::string* dir) {
+  cmd->add_option("--dir", *dir, "the cluster's directory")
+      ->type_name("DIR")
+      ->default_str(DefaultDirShown());
+}
+
+void AddCluster(CommandLine& cl) {
+  CLI::App* family =
+      cl.Add(&cl.root(), "cluster",
+             "start, inspect and stop a cluster on this machine (up|start|status|restart|down),\n"
+             "with a replicated server: cluster up --app redis (or -- ANY COMMAND)",
+             "DIR defaults to $LOCKSTEP_DIR or /tmp/lockstep-cluster.");
+  family->require_subcommand(1);
+
+  // ---- up
+  struct UpArgs {
     ClusterUpOptions o;
-    long long n, port, ring, segment, ready, every, grace;
-    if (!a.GetInt("replicas", 3, &n) || !a.GetInt("base-port", 7400, &port) ||
-        !a.GetInt("ring-bytes", 1 << 20, &ring) || !a.GetInt("segment-bytes", 64 << 20, &segment) ||
-        !a.GetInt("ready-timeout-ms", 0, &ready) || !a.GetInt("checkpoint-entries", 0, &every) ||
-        !a.GetInt("backup-grace-s", 0, &grace))
-      return Fail(a.error);
-    if (grace < 0) return Fail("--backup-grace-s must be positive");
-    o.lagging_backup_grace_s = static_cast<uint64_t>(grace);
-    if (every < 0) return Fail("--checkpoint-entries must be positive");
-    o.checkpoint_every_entries = static_cast<uint64_t>(every);
-    o.checkpoints = !a.Has("no-checkpoints");
-    o.failpoints = a.Has("failpoints");
-    o.wipe = a.Has("wipe");
-    if (ring < (1 << 16) || segment < (1 << 16))
-      return Fail("--ring-bytes and --segment-bytes must be at least 65536");
-    if (port < 1 || port > 65535) return Fail("--base-port must be in 1..65535");
-    if (ready < 0 || (ready > 0 && ready < 100) || ready > 3600000)
-      return Fail("--ready-timeout-ms must be in 100..3600000");
-    if (a.positional.size() != a.rest.size())
-      return Fail("unexpected argument '" + a.positional[0] +
-                  "' (a server command goes after --, e.g. `cluster up -- redis-server --port "
-                  "{port}`)");
-    if (a.dashdash && a.rest.empty()) return Fail("no server command after --");
-    if (a.Has("app") && a.Get("app").empty()) return Fail("--app needs a profile name or path");
-    o.segment_bytes = static_cast<uint64_t>(segment);
-    o.dir = dir;
-    o.replicas = static_cast<int>(n);
-    o.base_port = static_cast<int>(port);
-    o.ring_bytes = static_cast<uint64_t>(ring);
-    o.hosts = a.Get("hosts", "loopback");
-    if (o.hosts != "loopback" && o.hosts != "netns")
-      return Fail("--hosts must be loopback or netns (got '" + o.hosts + "')");
-    // Namespaces share no shm doorbells nor peer-death detection: tcp between them.
-    o.transport = a.Get("transport", o.hosts == "netns" ? "tcp" : "shm");
-    if (o.hosts == "netns" && o.transport == "shm")
-      return Fail("--hosts netns needs --transport tcp (or auto): shm does not cross namespaces");
-    o.durability = a.Get("durability", "disk");
-    o.app = a.Get("app");
-    o.ready_timeout_ms = static_cast<uint64_t>(ready);
-    if (a.Has("election-timeout-ms") &&
-        !ParseElectionTimeout(a.Get("election-timeout-ms"), &o, &err))
-      return Fail(err);
-    // One argument with spaces is a whole command line; several are argv as the shell split it.
-    if (a.rest.size() == 1 && a.rest[0].find_first_of(" \t") != std::string::npos) {
-      o.command = a.rest[0];
-    } else {
-      o.command = JoinCommand(a.rest);
-    }
-    ClusterConfig c;
-    if (!ClusterUp(o, &c, &err)) return Fail(err);
-    ClusterStatus s = GetClusterStatus(dir, c);
-    if (c.has_server() && s.leader < 0) {  // a leader was seen in ClusterUp: wait for it again
-      for (int i = 0; i < 300 && s.leader < 0; i++) {
-        usleep(50000);
-        s = GetClusterStatus(dir, c);
-      }
-    }
-    printf("cluster of %d replicas up in %s (transport %s, durability %s%s)\n", o.replicas,
-           dir.c_str(), o.transport.c_str(), o.durability.c_str(),
-           o.durability == "memory" ? ": NOT durable, RAM of a majority only" : "");
-    printf("%s", FormatStatusTable(s, "lockstep cluster status --dir " + dir).c_str());
-    return 0;
-  }
-  // down also removes what a crashed `up` left (its namespaces) without a cluster.toml.
-  if (sub == "down") {
-    if (!ClusterDown(dir, a.Has("quiet"), &err)) return Fail(err);
-    if (!a.Has("quiet") && ReadClusterHoldings(dir).HoldsData())
-      printf("the data stays in %s: `lockstep cluster start --dir %s` brings it back\n",
-             dir.c_str(), dir.c_str());
-    return 0;
-  }
-  if (sub == "start") {
+    long long replicas = 3, base_port = 7400, ring_bytes = 1 << 20, segment_bytes = 64 << 20,
+              ready_timeout_ms = 0, checkpoint_entries = 0, backup_grace_s = 0;
+    bool no_checkpoints = false;
+    std::string election_timeout;
+    std::vector<std::string> stray;  // arguments before any --: a mistake
+  };
+  auto u = std::make_shared<UpArgs>();
+  std::string apps;
+  for (const auto& n : ListAppProfiles(AppsDir())) apps += (apps.empty() ? "" : "|") + n;
+  CLI::App* up = cl.Add(
+      family, "up", "start a new cluster and wait for a leader",
+      "`up` writes DIR/cluster.toml (with a fresh secret and keys), starts one daemon per\n"
+      "replica and waits for a leader. `up` refuses a DIR that holds a stopped cluster's log\n"
+      "or checkpoints, saying what they hold: `start` brings that cluster back (each replica\n"
+      "from its own checkpoints and log: every acknowledged write, also after a power cut),\n"
+      "`up --wipe` throws it away. --durability memory keeps entries in RAM on a majority\n"
+      "only: NOT durable, for comparison.\n\n"
+      "A server to replicate: --app NAME uses the profile " +
+          AppsDir() +
+          "/NAME.toml (--app\n"
+          "PATH/NAME.toml: a profile of your own, same fields, apps/README.md); or give any\n"
+          "command after --, where {port} and {dir} become each replica's own server port\n"
+          "(base+200+i) and data directory (DIR/replica-i/server), e.g.\n"
+          "  lockstep cluster up -- redis-server --port {port} --dir {dir} --save ''\n"
+          "(everything after -- is the server's command line, untouched; one quoted argument\n"
+          "after -- is split like a shell would). Each daemon runs its copy of the server under\n"
+          "the preload shim; clients connect to the leader's, which `up` prints and `status`\n"
+          "shows (client_addr; server_addr per replica in --json).\n"
+          "Backups checkpoint their server with CRIU every N applied entries (default 25000; see\n"
+          "[checkpoint] in cluster.toml); --no-checkpoints turns that off. The leader keeps the\n"
+          "log a backup lacks while it heard from it in the last S seconds (default 60); one\n"
+          "gone longer comes back from a checkpoint, fetched from a peer if need be.\n"
+          "A backup that hears nothing from the leader for a random time between MIN and MAX ms\n"
+          "(default 50-100) stands for election; time it spent not running itself does not\n"
+          "count.\n"
+          "--hosts netns runs each replica (daemon and server) in a network namespace of its own\n"
+          "with its own address, bridged to the others and to a client namespace (UCX over tcp);\n"
+          "the lockstep commands enter the client namespace themselves, other clients run there\n"
+          "(`ip netns exec NAME`, NAME: client_netns in cluster.toml). `down` removes them all.\n"
+          "--failpoints lets an admin inject faults into the replicas (`lockstep failpoint`;\n"
+          "failpoints = true in cluster.toml), for fault campaigns and tests.",
+      "[-- SERVER COMMAND...]");
+  up->add_option("--replicas", u->replicas, "how many replicas")
+      ->type_name("3|5|7")
+      ->check(OneOf({"3", "5", "7"}))
+      ->capture_default_str();
+  up->add_option("--transport", u->o.transport, "how the replicas reach each other (UCX)")
+      ->type_name("shm|tcp|auto")
+      ->check(OneOf({"shm", "tcp", "auto"}))
+      ->default_str("shm; tcp with --hosts netns");
+  u->o.transport.clear();  // empty: the default above, which depends on --hosts
+  up->add_option("--durability", u->o.durability,
+                 "where an entry must be before it commits: on disk, or in RAM (NOT durable)")
+      ->type_name("disk|memory")
+      ->check(OneOf({"disk", "memory"}))
+      ->capture_default_str();
+  AddClusterDir(up, &u->o.dir);
+  AddNumber(up, "--base-port", &u->base_port,
+            "peer ports P.., client ports P+100.., server ports P+200..", 1, 65535);
+  AddNumber(up, "--ring-bytes", &u->ring_bytes, "each replica's log region", 1 << 16, kNoLimit);
+  AddNumber(up, "--segment-bytes", &u->segment_bytes, "each log segment file on disk", 1 << 16,
+            kNoLimit);
+  CLI::Option* app = up->add_option("--app", u->o.app,
+                                    "the server to replicate: a profile in apps/, or the path "
+                                    "of one of your own")
+                         ->type_name((apps.empty() ? "NAME" : apps) + "|PATH")
+                         ->default_str("none: the command after --, if any");
+  up->add_option("--ready-timeout-ms", u->ready_timeout_ms,
+                 "how long a replica's server may take to start listening")
+      ->type_name("T")
+      ->check(WholeNumberOr(0, 100, 3600000))
+      ->default_str("the profile's, else 10000");
+  AddNumber(up, "--checkpoint-entries", &u->checkpoint_entries,
+            "a backup checkpoints its server every N applied entries", 0, kNoLimit,
+            "25000, or [checkpoint] in cluster.toml");
+  up->add_flag("--no-checkpoints", u->no_checkpoints, "backups never checkpoint their server");
+  AddNumber(up, "--backup-grace-s", &u->backup_grace_s,
+            "the leader keeps the log a backup lacks while it heard from it in the last S seconds",
+            0, kNoLimit, "60, or [checkpoint] in cluster.toml")
+      ->type_name("S");
+  up->add_option("--election-timeout-ms", u->election_timeout,
+                 "a backup that hears no leader for a random time in MIN..MAX ms stands for "
+                 "election")
+      ->type_name("MIN-MAX")
+      ->default_str("50-100");
+  up->add_option("--hosts", u->o.hosts, "all replicas on loopback, or each in a network namespace")
+      ->type_name("loopback|netns")
+      ->check(OneOf({"loopback", "netns"}))
+      ->capture_default_str();
+  up->add_flag("--failpoints", u->o.failpoints,
+               "let an admin inject faults into the replicas (lockstep failpoint)");
+  up->add_flag("--wipe", u->o.wipe, "throw away what a stopped cluster left in DIR");
+  up->add_option("stray", u->stray)->group("");  // refused: a server command goes after --
+  const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(up);
+  cl.OnRun(up, [u, app, rest] {
+    if (app->count() > 0 && u->o.app.empty()) return Fail("--app needs a profile name or path");
+    u->o.replicas = static_cast<int>(u->replicas);
+    u->o.base_port = static_cast<int>(u->base_port);
+    u->o.ring_bytes = static_cast<uint64_t>(u->ring_bytes);
+    u->o.segment_bytes = static_cast<uint64_t>(u->segment_bytes);
+    u->o.ready_timeout_ms = static_cast<uint64_t>(u->ready_timeout_ms);
+    u->o.checkpoint_every_entries = static_cast<uint64_t>(u->checkpoint_entries);
+    u->o.lagging_backup_grace_s = static_cast<uint64_t>(u->backup_grace_s);
+    u->o.checkpoints = !u->no_checkpoints;
+    return ClusterUpCommand(u->o, u->election_timeout, u->stray, *rest);
+  });
+
+  // ---- start
+  auto start_dir = std::make_shared<std::string>();
+  CLI::App* start = cl.Add(family, "start", "start a stopped cluster again, with its data");
+  AddClusterDir(start, start_dir.get());
+  cl.OnRun(start, [start_dir] {
+    std::string dir = ClusterDir(*start_dir), err;
     ClusterConfig c;
     if (!ClusterStart(dir, &c, &err)) return Fail(err);
     ClusterStatus s = GetClusterStatus(dir, c);
     printf("cluster of %zu replicas started again in %s\n", c.replicas.size(), dir.c_str());
     printf("%s", FormatStatusTable(s, "lockstep cluster status --dir " + dir).c_str());
     return 0;
-  }
-  ClusterConfig c;
-  if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
-  if (sub == "status") {
+  });
+
+  // ---- status
+  struct StatusArgs {
+    std::string dir;
+    bool json = false;
+  };
+  auto st = std::make_shared<StatusArgs>();
+  CLI::App* status = cl.Add(family, "status", "every replica's role, ballot, log and server");
+  AddClusterDir(status, &st->dir);
+  status->add_flag("--json", st->json, "as JSON (server_addr per replica, client_addr)");
+  cl.OnRun(status, [st] {
+    std::string dir = ClusterDir(st->dir), err;
+    ClusterConfig c;
+    if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
     ClusterStatus s = GetClusterStatus(dir, c);
-    if (a.Has("json")) {
+    if (st->json) {
       printf("%s\n", ClusterStatusJson(s).c_str());
     } else {
       printf("%s", FormatStatusTable(s).c_str());
     }
     return 0;
-  }
-  if (sub == "restart") {
-    long long id;
-    if (!a.GetInt("id", -1, &id)) return Fail(a.error);
-    if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
-      return Fail("restart needs --id N with N in 0.." + std::to_string(c.replicas.size() - 1));
-    int pid = 0;
-    if (!RestartReplica(dir, c, static_cast<int>(id), &pid, &err)) return Fail(err);
-    printf("replica %lld running (pid %d)\n", id, pid);
+  });
+
+  // ---- restart
+  struct RestartArgs {
+    std::string dir;
+    long long id = 0;
+  };
+  auto rs = std::make_shared<RestartArgs>();
+  CLI::App* restart = cl.Add(family, "restart", "start replica N again (after a crash)");
+  AddNumber(restart, "--id", &rs->id, "the replica", 0, 1 << 20)->required();
+  AddClusterDir(restart, &rs->dir);
+  cl.OnRun(
+      restart,
+      [rs] {
+        std::string dir = ClusterDir(rs->dir), err;
+        ClusterConfig c;
+        if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
+        if (rs->id >= static_cast<long long>(c.replicas.size()))
+          return Fail("restart needs --id N with N in 0.." + std::to_string(c.replicas.size() - 1));
+        int pid = 0;
+        if (!RestartReplica(dir, c, static_cast<int>(rs->id), &pid, &err)) return Fail(err);
+        printf("replica %lld running (pid %d)\n", rs->id, pid);
+        return 0;
+      },
+      1, 1);
+
+  // ---- down: also removes what a crashed `up` left (its namespaces) without a cluster.toml.
+  struct DownArgs {
+    std::string dir;
+    bool quiet = false;
+  };
+  auto dn = std::make_shared<DownArgs>();
+  CLI::App* down = cl.Add(family, "down", "stop every replica; the data stays in DIR");
+  AddClusterDir(down, &dn->dir);
+  down->add_flag("--quiet", dn->quiet, "say nothing unless something fails");
+  cl.OnRun(down, [dn] {
+    std::string dir = ClusterDir(dn->dir), err;
+    if (!ClusterDown(dir, dn->quiet, &err)) return Fail(err);
+    if (!dn->quiet && ReadClusterHoldings(dir).HoldsData())
+      printf("the data stays in %s: `lockstep cluster start --dir %s` brings it back\n",
+             dir.c_str(), dir.c_str());
     return 0;
-  }
-  return Fail("unknown cluster command '" + sub + "' (up, start, status, restart, down)");
+  });
 }
 
 // ------------------------------------------------------------------ propose / log
 
 // Loads the cluster's configuration and, for a cluster of namespace hosts,
 // moves this process to the clients' side of it.
-bool LoadConfigFromArgs(const Args& a, ClusterConfig* c, std::string* err) {
-  bool ok = a.Has("config") ? LoadClusterConfig(a.Get("config"), c, err)
-                            : LoadClusterDir(a.Get("dir", DefaultClusterDir()), c, err);
+bool LoadConfig(const ClusterRef& ref, ClusterConfig* c, std::string* err) {
+  bool ok = !ref.config.empty() ? LoadClusterConfig(ref.config, c, err)
+                                : LoadClusterDir(ClusterDir(ref.dir), c, err);
   return ok && EnterClientSide(*c, err);
 }
 
 // ------------------------------------------------------------------- keys
 
-int CmdKeys(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help"});
-  if (WantsHelp(a) || a.positional.size() != 1 || a.positional[0] != "init") {
-    printf(
-        "usage: lockstep keys init [--dir DIR | --config FILE] [--replicas N]\n\n"
-        "Makes the cluster's own certificate authority and a certificate for each replica, in\n"
-        "the directory cluster.toml's `keys` names (by default `keys` beside it), every file\n"
-        "0600. The daemons prove themselves to each other with these over TLS; `cluster up`\n"
-        "makes them for the clusters it starts. Without a cluster.toml, --replicas N says how\n"
-        "many (the keys go in DIR/keys). On a real cluster, give each host ca.crt and its own\n"
-        "replica-N.crt and replica-N.key; clients need ca.crt only; keep ca.key elsewhere.\n");
-    return WantsHelp(a) ? 0 : 2;
-  }
-  long long replicas;
-  if (!a.GetInt("replicas", 0, &replicas)) return Fail(a.error);
-  ClusterConfig c;
-  std::string err;
-  std::string dir = a.Get("dir", DefaultClusterDir());
-  bool have_config = a.Has("config") ? LoadClusterConfig(a.Get("config"), &c, &err)
-                                     : LoadClusterDir(dir, &c, &err);
-  if (!have_config && (a.Has("config") || replicas <= 0))
-    return Fail(err + (a.Has("config") ? "" : " (or give --replicas N)"));
-  if (!have_config) c.path = dir + "/cluster.toml";
-  if (have_config && replicas > 0 && replicas != static_cast<long long>(c.replicas.size()))
-    return Fail("--replicas " + std::to_string(replicas) + " but " + c.path + " has " +
-                std::to_string(c.replicas.size()));
-  int n = have_config ? static_cast<int>(c.replicas.size()) : static_cast<int>(replicas);
-  if (n > 64) return Fail("--replicas " + std::to_string(n) + ": at most 64");
-  std::string keys = KeysDir(c);
-  if (!MakeClusterKeys(keys, n, &err)) return Fail(err);
-  printf("made the keys of a %d-replica cluster in %s:\n", n, keys.c_str());
-  printf("  ca.crt               every host and every client\n");
-  printf("  ca.key               nobody: keep it off the replicas (it makes certificates)\n");
-  for (int i = 0; i < n; i++) printf("  replica-%d.crt, .key  replica %d's host only\n", i, i);
-  return 0;
-}
-
-int CmdPropose(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help"});
-  if (WantsHelp(a) || a.positional.empty()) {
-    printf(
-        "usage: lockstep propose [--dir DIR | --config FILE] [--replica N] VALUE...\n\n"
-        "Agrees each VALUE through the replicated log (at the leader unless --replica is given)\n"
-        "and prints its index once a majority holds it durably.\n");
-    return a.positional.empty() && !WantsHelp(a) ? 2 : 0;
-  }
-  ClusterConfig c;
-  std::string err;
-  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
-  long long target;
-  if (!a.GetInt("replica", -1, &target)) return Fail(a.error);
-  int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
-  if (r < 0) return Fail("no leader found (is the cluster up? `lockstep cluster status`)");
-  auto client = Client::Connect(c, r, 1000, &err);
-  if (!client) return Fail(err);
-  int failures = 0;
-  for (const auto& v : a.positional) {
-    ProposeReply rep;
-    if (!client->Propose(EntryType::kInput, v, &rep, &err)) return Fail(err);
-    if (!rep.ok) {
-      fprintf(stderr, "lockstep: '%s' not committed: %s\n", v.c_str(), rep.error.c_str());
-      failures++;
-      continue;
-    }
-    printf("committed index %lu in %.1f us (durable write %.1f us, quorum wait %.1f us)\n",
-           (unsigned long)rep.index, rep.commit_us, rep.durable_us, rep.quorum_us);
-  }
-  return failures ? 1 : 0;
-}
-
-int CmdLog(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help"});
-  if (WantsHelp(a)) {
-    printf(
-        "usage: lockstep log [--dir DIR | --config FILE] [--replica N] [--from I] [--max K]\n\n"
-        "Prints the committed entries of replica N (the leader by default): index, ballot,\n"
-        "type and payload, one a line.\n");
+void AddKeys(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long replicas = 0;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* family = cl.Add(&cl.root(), "keys", "make a cluster's CA and replica certificates");
+  family->require_subcommand(1);
+  CLI::App* init = cl.Add(
+      family, "init", "make the keys",
+      "Makes the cluster's own certificate authority and a certificate for each replica, in\n"
+      "the directory cluster.toml's `keys` names (by default `keys` beside it), every file\n"
+      "0600. The daemons prove themselves to each other with these over TLS; `cluster up`\n"
+      "makes them for the clusters it starts. Without a cluster.toml, --replicas N says how\n"
+      "many (the keys go in DIR/keys). On a real cluster, give each host ca.crt and its own\n"
+      "replica-N.crt and replica-N.key; clients need ca.crt only; keep ca.key elsewhere.");
+  AddClusterRef(init, &o->ref);
+  AddNumber(init, "--replicas", &o->replicas, "how many replicas, without a cluster.toml", 1, 64,
+            "cluster.toml's");
+  cl.OnRun(init, [o] {
+    ClusterConfig c;
+    std::string err;
+    std::string dir = ClusterDir(o->ref.dir);
+    bool given_config = !o->ref.config.empty();
+    long long replicas = o->replicas;
+    bool have_config =
+        given_config ? LoadClusterConfig(o->ref.config, &c, &err) : LoadClusterDir(dir, &c, &err);
+    if (!have_config && (given_config || replicas <= 0))
+      return Fail(err + (given_config ? "" : " (or give --replicas N)"));
+    if (!have_config) c.path = dir + "/cluster.toml";
+    if (have_config && replicas > 0 && replicas != static_cast<long long>(c.replicas.size()))
+      return Fail("--replicas " + std::to_string(replicas) + " but " + c.path + " has " +
+                  std::to_string(c.replicas.size()));
+    int n = have_config ? static_cast<int>(c.replicas.size()) : static_cast<int>(replicas);
+    if (n > 64) return Fail("--replicas " + std::to_string(n) + ": at most 64");
+    std::string keys = KeysDir(c);
+    if (!MakeClusterKeys(keys, n, &err)) return Fail(err);
+    printf("made the keys of a %d-replica cluster in %s:\n", n, keys.c_str());
+    printf("  ca.crt               every host and every client\n");
+    printf("  ca.key               nobody: keep it off the replicas (it makes certificates)\n");
+    for (int i = 0; i < n; i++) printf("  replica-%d.crt, .key  replica %d's host only\n", i, i);
     return 0;
-  }
-  ClusterConfig c;
-  std::string err;
-  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
-  long long target, from, max;
-  if (!a.GetInt("replica", -1, &target) || !a.GetInt("from", 1, &from) ||
-      !a.GetInt("max", 1000000, &max))
-    return Fail(a.error);
-  int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
-  if (r < 0) return Fail("no leader found");
-  auto client = Client::Connect(c, r, 1000, &err);
-  if (!client) return Fail(err);
-  uint64_t next = static_cast<uint64_t>(from), commit = 0;
-  long long printed = 0;
-  for (;;) {
-    std::vector<Entry> es;
-    if (!client->Read(next, 4096, &commit, &es, &err)) return Fail(err);
-    for (const auto& e : es) {
-      // A server's input is shown decoded; anything else (lockstep propose) as it is.
-      Input in;
-      std::string shown = e.type == EntryType::kInput && DecodeInput(e.payload, &in)
-                              ? DescribeInput(in)
-                              : e.payload;
-      printf("%lu\t%s\t%s\t%s\n", (unsigned long)e.index, BallotString(e.ballot).c_str(),
-             EntryTypeName(e.type), shown.c_str());
-      next = e.index + 1;
-      if (++printed >= max) return 0;
-    }
-    if (es.empty() || next > commit) return 0;
-  }
+  });
 }
 
-int CmdTruncate(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help"});
-  if (WantsHelp(a) || !a.Has("below")) {
-    printf(
-        "usage: lockstep truncate --below I [--replica N] [--dir DIR | --config FILE]\n\n"
-        "Drops the committed entries below index I from replica N's log (the leader's by\n"
-        "default). Replicas do this themselves once a checkpoint covers the entries; this is\n"
-        "for an operator, and needs the admin credential (admin_secret in cluster.toml).\n");
-    return WantsHelp(a) ? 0 : 2;
-  }
-  if (!a.error.empty()) return Fail(a.error);
-  ClusterConfig c;
-  std::string err;
-  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
-  long long target, below;
-  if (!a.GetInt("replica", -1, &target) || !a.GetInt("below", 0, &below)) return Fail(a.error);
-  if (below < 1) return Fail("--below needs a log index of 1 or more");
-  int r = target >= 0 ? static_cast<int>(target) : FindLeader(c, 5000);
-  if (r < 0) return Fail("no leader found (is the cluster up? `lockstep cluster status`)");
-  auto client = Client::Connect(c, r, 1000, &err, Principal::kAdmin);
-  if (!client) return Fail(err);
-  uint64_t first = 0;
-  if (!client->Truncate(static_cast<uint64_t>(below), &first, &err))
-    return Fail("replica " + std::to_string(r) + ": " + err);
-  printf("replica %d keeps its log from index %lu\n", r, (unsigned long)first);
-  return 0;
+// ------------------------------------------------------------------ propose / log
+
+void AddPropose(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long replica = -1;
+    std::vector<std::string> values;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(
+      &cl.root(), "propose", "agree values through the replicated log",
+      "Agrees each VALUE through the replicated log (at the leader unless --replica is given)\n"
+      "and prints its index once a majority holds it durably. A VALUE that starts with '-'\n"
+      "goes after --.");
+  AddClusterRef(cmd, &o->ref);
+  AddNumber(cmd, "--replica", &o->replica, "propose at this replica", 0, 1 << 20, "the leader");
+  cmd->add_option("VALUE", o->values, "the values, one entry each");
+  const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(cmd);
+  cl.OnRun(cmd, [o, rest] {
+    std::vector<std::string> values = o->values;
+    values.insert(values.end(), rest->args.begin(), rest->args.end());
+    if (values.empty()) {
+      fprintf(stderr, "lockstep propose: no VALUE to propose (`lockstep propose --help`)\n");
+      return 2;
+    }
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    int r = o->replica >= 0 ? static_cast<int>(o->replica) : FindLeader(c, 5000);
+    if (r < 0) return Fail("no leader found (is the cluster up? `lockstep cluster status`)");
+    auto client = Client::Connect(c, r, 1000, &err);
+    if (!client) return Fail(err);
+    int failures = 0;
+    for (const auto& v : values) {
+      ProposeReply rep;
+      if (!client->Propose(EntryType::kInput, v, &rep, &err)) return Fail(err);
+      if (!rep.ok) {
+        fprintf(stderr, "lockstep: '%s' not committed: %s\n", v.c_str(), rep.error.c_str());
+        failures++;
+        continue;
+      }
+      printf("committed index %lu in %.1f us (durable write %.1f us, quorum wait %.1f us)\n",
+             (unsigned long)rep.index, rep.commit_us, rep.durable_us, rep.quorum_us);
+    }
+    return failures ? 1 : 0;
+  });
+}
+
+void AddLog(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long replica = -1, from = 1, max = 1000000;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(&cl.root(), "log", "print a replica's committed log",
+                         "Prints the committed entries of replica N (the leader by default): "
+                         "index, ballot,\ntype and payload, one a line.");
+  AddClusterRef(cmd, &o->ref);
+  AddNumber(cmd, "--replica", &o->replica, "whose log", 0, 1 << 20, "the leader");
+  AddNumber(cmd, "--from", &o->from, "the first index", 0, kNoLimit);
+  AddNumber(cmd, "--max", &o->max, "at most this many entries", 0, kNoLimit);
+  cl.OnRun(cmd, [o] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    int r = o->replica >= 0 ? static_cast<int>(o->replica) : FindLeader(c, 5000);
+    if (r < 0) return Fail("no leader found");
+    auto client = Client::Connect(c, r, 1000, &err);
+    if (!client) return Fail(err);
+    uint64_t next = static_cast<uint64_t>(o->from), commit = 0;
+    long long printed = 0;
+    for (;;) {
+      std::vector<Entry> es;
+      if (!client->Read(next, 4096, &commit, &es, &err)) return Fail(err);
+      for (const auto& e : es) {
+        // A server's input is shown decoded; anything else (lockstep propose) as it is.
+        Input in;
+        std::string shown = e.type == EntryType::kInput && DecodeInput(e.payload, &in)
+                                ? DescribeInput(in)
+                                : e.payload;
+        printf("%lu\t%s\t%s\t%s\n", (unsigned long)e.index, BallotString(e.ballot).c_str(),
+               EntryTypeName(e.type), shown.c_str());
+        next = e.index + 1;
+        if (++printed >= o->max) return 0;
+      }
+      if (es.empty() || next > commit) return 0;
+    }
+  });
+}
+
+void AddTruncate(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long replica = -1, below = 0;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd =
+      cl.Add(&cl.root(), "truncate", "drop a replica's committed entries below an index (admin)",
+             "Drops the committed entries below index I from replica N's log (the leader's by\n"
+             "default). Replicas do this themselves once a checkpoint covers the entries; this is\n"
+             "for an operator, and needs the admin credential (admin_secret in cluster.toml).");
+  AddNumber(cmd, "--below", &o->below, "keep the log from this index on", 1, kNoLimit)
+      ->type_name("I")
+      ->required();
+  AddNumber(cmd, "--replica", &o->replica, "whose log", 0, 1 << 20, "the leader");
+  AddClusterRef(cmd, &o->ref);
+  cl.OnRun(cmd, [o] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    int r = o->replica >= 0 ? static_cast<int>(o->replica) : FindLeader(c, 5000);
+    if (r < 0) return Fail("no leader found (is the cluster up? `lockstep cluster status`)");
+    auto client = Client::Connect(c, r, 1000, &err, Principal::kAdmin);
+    if (!client) return Fail(err);
+    uint64_t first = 0;
+    if (!client->Truncate(static_cast<uint64_t>(o->below), &first, &err))
+      return Fail("replica " + std::to_string(r) + ": " + err);
+    printf("replica %d keeps its log from index %lu\n", r, (unsigned long)first);
+    return 0;
+  });
 }
 
 // ------------------------------------------------------------------ failpoint
 
-int CmdFailpoint(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help"});
-  std::string spec;
-  for (const auto& p : a.positional) spec += (spec.empty() ? "" : " ") + p;
-  if (WantsHelp(a) || spec.empty() || !a.Has("id")) {
-    printf(
-        "usage: lockstep failpoint --id N [--dir DIR | --config FILE] SPEC|off\n\n"
-        "Injects faults into replica N while it runs, for fault campaigns and tests. Replicas\n"
-        "accept this only with failpoints = true in cluster.toml (cluster up --failpoints) or\n"
-        "LOCKSTEP_FAILPOINTS=1 in their environment, and only from an admin (admin_secret).\n"
-        "SPEC replaces the one before; `off` clears it.\n"
-        "SPEC is key=value pairs:\n"
-        "  drop=P          each message to a peer is lost with probability P (0..1)\n"
-        "  delay_ms=D      each message to a peer leaves D ms late, plus up to\n"
-        "  jitter_ms=J     J ms more (the order to each peer is kept)\n"
-        "  to=ID           only the messages to replica ID (default: every peer)\n"
-        "  disk_delay_ms=D each durable write waits D ms first (a slow disk)\n"
-        "  clock_jump_ms=D the replica's clock jumps D ms ahead, once\n"
-        "  torn_write=1    the next log append stops before the sector holding its last\n"
-        "                  record's canary, and the replica exits at once (status 86)\n"
-        "  seed=S          seed of the random draws (default 1): a run replays from it\n"
-        "Messages are elections and heartbeats; the log's one-sided puts are not touched.\n");
-    return WantsHelp(a) ? 0 : 2;
-  }
-  if (!a.error.empty()) return Fail(a.error);
-  ClusterConfig c;
-  std::string err;
-  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
-  long long id;
-  if (!a.GetInt("id", -1, &id)) return Fail(a.error);
-  if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
-    return Fail("--id " + std::to_string(id) + ": the cluster has replicas 0.." +
-                std::to_string(c.replicas.size() - 1));
-  FailpointSpec parsed;  // refuse a bad spec here, before asking anyone
-  if (!ParseFailpointSpec(spec, &parsed, &err)) return Fail(err);
-  auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
-  if (!client) return Fail(err);
-  FailpointReply reply;
-  if (!client->Failpoint(spec, &reply, &err))
-    return Fail("replica " + std::to_string(id) + ": " + err);
-  if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
-  printf("replica %lld: %s\n", id, reply.text.c_str());
-  return 0;
+void AddFailpoint(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long id = 0;
+    std::vector<std::string> spec;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(
+      &cl.root(), "failpoint",
+      "inject faults into a running replica (cluster up --failpoints; admin)",
+      "Injects faults into replica N while it runs, for fault campaigns and tests. Replicas\n"
+      "accept this only with failpoints = true in cluster.toml (cluster up --failpoints) or\n"
+      "LOCKSTEP_FAILPOINTS=1 in their environment, and only from an admin (admin_secret).\n"
+      "SPEC replaces the one before; `off` clears it.\n"
+      "SPEC is key=value pairs:\n"
+      "  drop=P          each message to a peer is lost with probability P (0..1)\n"
+      "  delay_ms=D      each message to a peer leaves D ms late, plus up to\n"
+      "  jitter_ms=J     J ms more (the order to each peer is kept)\n"
+      "  to=ID           only the messages to replica ID (default: every peer)\n"
+      "  disk_delay_ms=D each durable write waits D ms first (a slow disk)\n"
+      "  clock_jump_ms=D the replica's clock jumps D ms ahead, once\n"
+      "  torn_write=1    the next log append stops before the sector holding its last\n"
+      "                  record's canary, and the replica exits at once (status 86)\n"
+      "  seed=S          seed of the random draws (default 1): a run replays from it\n"
+      "Messages are elections and heartbeats; the log's one-sided puts are not touched.");
+  AddNumber(cmd, "--id", &o->id, "the replica", 0, 1 << 20)->required();
+  AddClusterRef(cmd, &o->ref);
+  cmd->add_option("SPEC", o->spec, "key=value pairs, or off")->type_name("SPEC|off");
+  const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(cmd);
+  cl.OnRun(cmd, [o, rest] {
+    std::string spec;
+    for (const auto& p : o->spec) spec += (spec.empty() ? "" : " ") + p;
+    for (const auto& p : rest->args) spec += (spec.empty() ? "" : " ") + p;
+    if (spec.empty()) {
+      fprintf(stderr, "lockstep failpoint: no SPEC (or off) given (`lockstep failpoint --help`)\n");
+      return 2;
+    }
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    long long id = o->id;
+    if (id >= static_cast<long long>(c.replicas.size()))
+      return Fail("--id " + std::to_string(id) + ": the cluster has replicas 0.." +
+                  std::to_string(c.replicas.size() - 1));
+    FailpointSpec parsed;  // refuse a bad spec here, before asking anyone
+    if (!ParseFailpointSpec(spec, &parsed, &err)) return Fail(err);
+    auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
+    if (!client) return Fail(err);
+    FailpointReply reply;
+    if (!client->Failpoint(spec, &reply, &err))
+      return Fail("replica " + std::to_string(id) + ": " + err);
+    if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
+    printf("replica %lld: %s\n", id, reply.text.c_str());
+    return 0;
+  });
 }
 
 // ------------------------------------------------------------------ checkpoint
 
-int CmdCheckpoint(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help", "json", "wait"});
-  std::string sub = a.positional.empty() ? "" : a.positional[0];
-  if (WantsHelp(a) || (sub != "now" && sub != "list")) {
-    printf(
-        "usage:\n"
-        "  lockstep checkpoint now --id N [--wait] [--dir DIR | --config FILE]\n"
-        "  lockstep checkpoint list [--json] [--dir DIR | --config FILE]\n\n"
-        "`now` asks backup N to checkpoint its server (CRIU) as soon as the server has read every\n"
-        "input it was given; with --wait, returns once the checkpoint is committed. The leader\n"
-        "never pauses its server for one. `list` shows every replica's checkpoints: the log index\n"
-        "each one holds, when it was taken, its size, how long the dump paused the server, and\n"
-        "whether it reads back. Policy: [checkpoint] in cluster.toml.\n");
-    return WantsHelp(a) ? 0 : 2;
-  }
-  if (!a.error.empty()) return Fail(a.error);
+int CheckpointNow(const ClusterRef& ref, long long id, bool wait) {
   ClusterConfig c;
   std::string err;
-  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
-  if (sub == "now") {
-    long long id;
-    if (!a.GetInt("id", -1, &id)) return Fail(a.error);
-    if (id < 0 || id >= static_cast<long long>(c.replicas.size()))
-      return Fail("checkpoint now needs --id N, a replica of 0.." +
-                  std::to_string(c.replicas.size() - 1));
-    auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
-    if (!client) return Fail(err);
-    std::string before_json;
-    if (!client->Status(&before_json, &err)) return Fail(err);
-    CheckpointReply reply;
-    if (!client->Checkpoint(CheckpointOp::kNow, &reply, &err)) return Fail(err);
-    if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
-    if (!a.Has("wait")) {
-      printf("replica %lld will checkpoint its server as soon as it is at rest\n", id);
+  if (!LoadConfig(ref, &c, &err)) return Fail(err);
+  if (id >= static_cast<long long>(c.replicas.size()))
+    return Fail("checkpoint now needs --id N, a replica of 0.." +
+                std::to_string(c.replicas.size() - 1));
+  auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
+  if (!client) return Fail(err);
+  std::string before_json;
+  if (!client->Status(&before_json, &err)) return Fail(err);
+  CheckpointReply reply;
+  if (!client->Checkpoint(CheckpointOp::kNow, &reply, &err)) return Fail(err);
+  if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
+  if (!wait) {
+    printf("replica %lld will checkpoint its server as soon as it is at rest\n", id);
+    return 0;
+  }
+  auto field = [](const std::string& json, const std::string& key) {
+    size_t at = json.find("\"checkpoint\":{");
+    return at == std::string::npos ? std::string() : JsonField(json.substr(at), key);
+  };
+  std::string taken0 = field(before_json, "taken"), failed0 = field(before_json, "failed");
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(c.checkpoint.timeout_ms + 30000);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string json;
+    if (!client->Status(&json, &err)) return Fail(err);
+    if (field(json, "taken") != taken0) {
+      printf("replica %lld: checkpoint %s taken (dump %.0f ms)\n", id, field(json, "index").c_str(),
+             std::stod(field(json, "last_dump_us")) / 1000);
       return 0;
     }
-    auto field = [](const std::string& json, const std::string& key) {
-      size_t at = json.find("\"checkpoint\":{");
-      return at == std::string::npos ? std::string() : JsonField(json.substr(at), key);
-    };
-    std::string taken0 = field(before_json, "taken"), failed0 = field(before_json, "failed");
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::chrono::milliseconds(c.checkpoint.timeout_ms + 30000);
-    while (std::chrono::steady_clock::now() < deadline) {
-      std::string json;
-      if (!client->Status(&json, &err)) return Fail(err);
-      if (field(json, "taken") != taken0) {
-        printf("replica %lld: checkpoint %s taken (dump %.0f ms)\n", id,
-               field(json, "index").c_str(), std::stod(field(json, "last_dump_us")) / 1000);
-        return 0;
-      }
-      if (field(json, "failed") != failed0)
-        return Fail("replica " + std::to_string(id) + ": " + field(json, "error"));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return Fail("replica " + std::to_string(id) + ": no checkpoint within the timeout");
+    if (field(json, "failed") != failed0)
+      return Fail("replica " + std::to_string(id) + ": " + field(json, "error"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // list
+  return Fail("replica " + std::to_string(id) + ": no checkpoint within the timeout");
+}
+
+int CheckpointList(const ClusterRef& ref, bool json) {
+  ClusterConfig c;
+  std::string err;
+  if (!LoadConfig(ref, &c, &err)) return Fail(err);
   std::string all = "[";
   struct Row {
     std::string replica, index, time, bytes, dump_us, ok, path, error;
@@ -544,7 +651,7 @@ int CmdCheckpoint(int argc, char** argv) {
     }
   }
   all += "]";
-  if (a.Has("json")) {
+  if (json) {
     printf("%s\n", all.c_str());
   } else {
     printf("%-8s %-12s %-20s %-10s %-9s %s\n", "replica", "index", "time", "size", "dump", "state");
@@ -563,34 +670,54 @@ int CmdCheckpoint(int argc, char** argv) {
   return answered == static_cast<int>(c.replicas.size()) ? 0 : 1;
 }
 
+void AddCheckpoint(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long id = 0;
+    bool wait = false, json = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* family = cl.Add(&cl.root(), "checkpoint",
+                            "take a checkpoint of a backup's server now, or list the checkpoints",
+                            "Policy: [checkpoint] in cluster.toml.");
+  family->require_subcommand(1);
+  CLI::App* now = cl.Add(
+      family, "now", "checkpoint backup N's server",
+      "`now` asks backup N to checkpoint its server (CRIU) as soon as the server has read every\n"
+      "input it was given; with --wait, returns once the checkpoint is committed. The leader\n"
+      "never pauses its server for one.");
+  AddNumber(now, "--id", &o->id, "the backup", 0, 1 << 20)->required();
+  now->add_flag("--wait", o->wait, "return once the checkpoint is committed");
+  AddClusterRef(now, &o->ref);
+  // A missing --id was exit code 1, as a bad one is.
+  cl.OnRun(
+      now, [o] { return CheckpointNow(o->ref, o->id, o->wait); }, 1, 1);
+  CLI::App* list =
+      cl.Add(family, "list", "every replica's checkpoints",
+             "`list` shows every replica's checkpoints: the log index each one holds, when it was\n"
+             "taken, its size, how long the dump paused the server, and whether it reads back.");
+  list->add_flag("--json", o->json, "as JSON");
+  AddClusterRef(list, &o->ref);
+  cl.OnRun(list, [o] { return CheckpointList(o->ref, o->json); });
+}
+
 // ------------------------------------------------------------------ divergence
 
-int CmdDivergence(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help", "json"});
-  std::string sub = a.positional.empty() ? "" : a.positional[0];
-  if (WantsHelp(a) || (sub != "list" && sub != "show") ||
-      (sub == "show" && a.positional.size() < 2)) {
-    printf(
-        "usage:\n"
-        "  lockstep divergence list [--json] [--dir DIR | --config FILE]\n"
-        "  lockstep divergence show ID [--json | --html FILE] [--dir DIR | --config FILE]\n\n"
-        "The leader compares what every replica's server sent on each connection (hashes of\n"
-        "the output streams). A replica whose output differs has diverged: the leader writes a\n"
-        "report and repairs it (the replica rolls back to a checkpoint and replays the log, or\n"
-        "takes a checkpoint of a replica that agrees). `list` shows every report, `show` one:\n"
-        "the replicas, the connection, the log window, that connection's inputs there, each\n"
-        "replica's output around the first difference, and what the repair did. --html FILE\n"
-        "writes one report as a page of its own (the outputs side by side, the first\n"
-        "different byte marked; FILE - for stdout).\n");
-    return WantsHelp(a) ? 0 : 2;
-  }
-  if (!a.error.empty()) return Fail(a.error);
+struct DivergenceArgs {
+  ClusterRef ref;
+  std::string id;  // show's; empty: list
+  bool json = false;
+  std::string html;
+  bool html_given = false;
+};
+
+int Divergence(const DivergenceArgs& a, bool show) {
   ClusterConfig c;
   std::string err;
-  if (!LoadConfigFromArgs(a, &c, &err)) return Fail(err);
+  if (!LoadConfig(a.ref, &c, &err)) return Fail(err);
   DivergenceRequest req;
-  req.op = sub == "list" ? DivergenceOp::kList : DivergenceOp::kShow;
-  if (sub == "show") req.id = a.positional[1];
+  req.op = show ? DivergenceOp::kShow : DivergenceOp::kList;
+  if (show) req.id = a.id;
   std::vector<std::string> reports;
   int answered = 0;
   for (size_t r = 0; r < c.replicas.size(); r++) {
@@ -622,10 +749,10 @@ int CmdDivergence(int argc, char** argv) {
                   (answered == static_cast<int>(c.replicas.size())
                        ? " (lockstep divergence list shows the reports there are)"
                        : " on the replicas that answered"));
-    if (a.Has("json")) {
+    if (a.json) {
       printf("%s\n", reports[0].c_str());
-    } else if (a.Has("html")) {
-      std::string page = ReportHtml(reports[0]), path = a.Get("html");
+    } else if (a.html_given) {
+      std::string page = ReportHtml(reports[0]), path = a.html;
       if (path.empty()) return Fail("--html needs a file name (- for stdout)");
       if (path == "-") {
         fwrite(page.data(), 1, page.size(), stdout);
@@ -646,7 +773,7 @@ int CmdDivergence(int argc, char** argv) {
     return std::make_pair(JsonU64(x, "time_unix"), JsonField(x, "id")) <
            std::make_pair(JsonU64(y, "time_unix"), JsonField(y, "id"));
   });
-  if (a.Has("json")) {
+  if (a.json) {
     std::string all = "[";
     for (size_t i = 0; i < reports.size(); i++) all += (i ? "," : "") + reports[i];
     printf("%s]\n", all.c_str());
@@ -672,28 +799,42 @@ int CmdDivergence(int argc, char** argv) {
   return answered == static_cast<int>(c.replicas.size()) ? 0 : 1;
 }
 
+void AddDivergence(CommandLine& cl) {
+  auto o = std::make_shared<DivergenceArgs>();
+  CLI::App* family = cl.Add(
+      &cl.root(), "divergence",
+      "list the divergence reports (replicas whose output differed), or show one",
+      "The leader compares what every replica's server sent on each connection (hashes of\n"
+      "the output streams). A replica whose output differs has diverged: the leader writes a\n"
+      "report and repairs it (the replica rolls back to a checkpoint and replays the log, or\n"
+      "takes a checkpoint of a replica that agrees).");
+  family->require_subcommand(1);
+  CLI::App* list = cl.Add(family, "list", "every report: when, which replica, how repaired");
+  list->add_flag("--json", o->json, "as JSON");
+  AddClusterRef(list, &o->ref);
+  cl.OnRun(list, [o] { return Divergence(*o, false); });
+  CLI::App* show = cl.Add(
+      family, "show", "one report",
+      "`show` prints one report: the replicas, the connection, the log window, that\n"
+      "connection's inputs there, each replica's output around the first difference, and\n"
+      "what the repair did. --html FILE writes it as a page of its own (the outputs side by\n"
+      "side, the first different byte marked; FILE - for stdout).");
+  show->add_option("ID", o->id, "the report's id (divergence list shows them)")->required();
+  show->add_flag("--json", o->json, "as JSON");
+  CLI::Option* html =
+      show->add_option("--html", o->html, "write it as an HTML page to FILE (- for stdout)")
+          ->type_name("FILE");
+  AddClusterRef(show, &o->ref);
+  cl.OnRun(show, [o, html] {
+    o->html_given = html->count() > 0;
+    return Divergence(*o, true);
+  });
+}
+
 // ------------------------------------------------------------------ sim
 
-int CmdSim(int argc, char** argv) {
-  Args a = Parse(argc, argv, 2, {"help", "verbose", "digest"});
-  if (WantsHelp(a)) {
-    printf(
-        "usage: lockstep sim [--seeds N] [--first-seed S] [--replicas 3|5|7] [--seed S "
-        "--verbose] [--digest]\n\n"
-        "Runs the protocol core under deterministic random schedules (message loss, delay and\n"
-        "reordering, crashes that lose what was not durable, partitions, a deposed leader paused\n"
-        "and resumed) and checks agreement, durability, one leader per ballot and progress after\n"
-        "every step. --seed S replays one seed (with --verbose: its full trace). --digest\n"
-        "prints every seed's summary and a digest of its final committed logs, to compare two\n"
-        "builds' runs seed by seed.\n");
-    return 0;
-  }
-  long long seeds, first, replicas, one, duration;
-  if (!a.GetInt("seeds", 100, &seeds) || !a.GetInt("first-seed", 1, &first) ||
-      !a.GetInt("replicas", 3, &replicas) || !a.GetInt("seed", -1, &one) ||
-      !a.GetInt("duration-ms", 0, &duration))
-    return Fail(a.error);
-  if (replicas != 3 && replicas != 5 && replicas != 7) return Fail("--replicas must be 3, 5 or 7");
+int Sim(long long seeds, long long first, long long replicas, long long one, long long duration,
+        bool verbose, bool digest) {
   if (one >= 0) {
     first = one;
     seeds = 1;
@@ -703,7 +844,7 @@ int CmdSim(int argc, char** argv) {
     SimOptions o;
     o.replicas = static_cast<int>(replicas);
     o.seed = static_cast<uint64_t>(s);
-    o.verbose = a.Has("verbose");
+    o.verbose = verbose;
     if (duration > 0) o.duration_us = static_cast<uint64_t>(duration) * 1000;
     SimResult r = RunSimulation(o);
     if (!r.ok) {
@@ -713,9 +854,9 @@ int CmdSim(int argc, char** argv) {
           "--verbose\n",
           s, r.violation.c_str(), replicas, s);
     }
-    if (a.Has("digest")) {
+    if (digest) {
       printf("%s, digest %08x\n", r.summary.c_str(), r.digest);
-    } else if (r.ok && (seeds <= 10 || a.Has("verbose"))) {
+    } else if (r.ok && (seeds <= 10 || verbose)) {
       printf("seed %lld: ok (%s)\n", s, r.summary.c_str());
     }
     if (seeds > 10 && (s - first + 1) % 100 == 0)
@@ -725,30 +866,56 @@ int CmdSim(int argc, char** argv) {
   return violations ? 1 : 0;
 }
 
+void AddSim(CommandLine& cl) {
+  struct Options {
+    long long seeds = 100, first = 1, replicas = 3, seed = -1, duration_ms = 0;
+    bool verbose = false, digest = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(
+      &cl.root(), "sim", "run the protocol core under the deterministic simulator",
+      "Runs the protocol core under deterministic random schedules (message loss, delay and\n"
+      "reordering, crashes that lose what was not durable, partitions, a deposed leader paused\n"
+      "and resumed) and checks agreement, durability, one leader per ballot and progress after\n"
+      "every step. --seed S replays one seed (with --verbose: its full trace). --digest\n"
+      "prints every seed's summary and a digest of its final committed logs, to compare two\n"
+      "builds' runs seed by seed.");
+  AddNumber(cmd, "--seeds", &o->seeds, "how many seeds to run", 0, kNoLimit);
+  AddNumber(cmd, "--first-seed", &o->first, "the first of them", 0, kNoLimit)->type_name("S");
+  cmd->add_option("--replicas", o->replicas, "how many replicas")
+      ->type_name("3|5|7")
+      ->check(OneOf({"3", "5", "7"}))
+      ->capture_default_str();
+  AddNumber(cmd, "--seed", &o->seed, "replay this one seed alone", 0, kNoLimit,
+            "none: --seeds from --first-seed")
+      ->type_name("S");
+  AddNumber(cmd, "--duration-ms", &o->duration_ms, "simulated time per seed, in ms", 0, kNoLimit,
+            "2000, the simulator's own");
+  cmd->add_flag("--verbose", o->verbose, "print every seed's result (with --seed: its full trace)");
+  cmd->add_flag("--digest", o->digest, "print every seed's summary and a digest of its logs");
+  cl.OnRun(cmd, [o] {
+    return Sim(o->seeds, o->first, o->replicas, o->seed, o->duration_ms, o->verbose, o->digest);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // A write to a connection its peer closed is an error to handle, not a
   // reason to die (TLS writes through write(2), which has no MSG_NOSIGNAL).
   signal(SIGPIPE, SIG_IGN);
-  std::string cmd = argc > 1 ? argv[1] : "";
-  if (cmd == "replica") return CmdReplica(argc, argv);
-  if (cmd == "cluster") return CmdCluster(argc, argv);
-  if (cmd == "propose") return CmdPropose(argc, argv);
-  if (cmd == "log") return CmdLog(argc, argv);
-  if (cmd == "truncate") return CmdTruncate(argc, argv);
-  if (cmd == "failpoint") return CmdFailpoint(argc, argv);
-  if (cmd == "checkpoint") return CmdCheckpoint(argc, argv);
-  if (cmd == "divergence") return CmdDivergence(argc, argv);
-  if (cmd == "keys") return CmdKeys(argc, argv);
-  if (cmd == "sim") return CmdSim(argc, argv);
-  if (cmd == "bench") return CmdBench(argc, argv);
-  if (cmd == "demo") return CmdDemo(argc, argv);
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-    printf("%s", kUsage);
-    return 0;
-  }
-  fprintf(stderr, "%s", kUsage);
-  if (!cmd.empty()) fprintf(stderr, "\nlockstep: unknown command '%s'\n", cmd.c_str());
-  return 2;
+  CommandLine cl;
+  AddReplica(cl);
+  AddCluster(cl);
+  AddPropose(cl);
+  AddLog(cl);
+  AddTruncate(cl);
+  AddFailpoint(cl);
+  AddCheckpoint(cl);
+  AddDivergence(cl);
+  AddKeys(cl);
+  AddSim(cl);
+  AddBench(cl);
+  AddDemo(cl);
+  return cl.Run(argc, argv);
 }
