@@ -187,16 +187,31 @@ static struct chunk* push_chunk(struct conn* c, uint8_t kind, uint8_t state) {
  * server that reads ahead and starts the next request while a thread still
  * answers the previous one (clamd in IDSESSION: replies tagged by request,
  * in whatever order its threads finish) would otherwise answer a backup's
- * burst of replayed requests in another order than the leader's. An input
- * waits behind a gate for at most LS_REPLY_GATE_MAX_NS (a server whose
- * output differs, or comes from a timer, must not stop its replica: the
- * output comparison judges it), and everything after it waits too. */
+ * burst of replayed requests in another order than the leader's.
+ *
+ * A server whose reply differs from the leader's (redis's SPOP without
+ * same_random: "member-7" here, "member-1234" there) may never send as
+ * much: the output comparison judges that, and the gate must not stop the
+ * replica meanwhile, nor its repair's replay of the same inputs. So a gate
+ * opens early once the server has answered the input before (its output on
+ * the connection moved past where it stood when that input was handed
+ * over) and then sent nothing there for LS_REPLY_GATE_QUIET_TICKS looks at
+ * least LS_REPLY_GATE_TICK_NS apart (counted looks, not elapsed time: a
+ * whole-VM pause mid-reply is one look, not a quiet spell). Without any
+ * answer it waits LS_REPLY_GATE_MAX_NS (a reply that comes only from a
+ * timer). Everything after a closed gate waits too. */
 #define LS_REPLY_GATE_MAX_NS 5000000000ull
-static _Atomic(int) gate_fd = -1;   /* waiting for output on this fd; -2: it came; -1: none */
-static _Atomic(uint64_t) gate_need; /* ... up to this stream offset */
-static uint64_t gate_tail;          /* the order record that waits */
+#define LS_REPLY_GATE_TICK_NS 5000000ull
+#define LS_REPLY_GATE_QUIET_TICKS 20
+static _Atomic(int) gate_fd = -1;    /* waiting for output on this fd; -2: it came; -1: none */
+static _Atomic(uint64_t) gate_need;  /* ... up to this stream offset */
+static _Atomic(uint64_t) gate_sends; /* sends on gate_fd since the gate closed */
+static uint64_t gate_tail;           /* the order record that waits */
 static uint64_t gate_since_ns;
-static uint64_t gates_expired;
+static uint64_t gates_expired, gates_short;
+static uint64_t gate_sends_seen; /* gate_sends at the last quiet look */
+static uint64_t gate_look_ns;    /* when the last quiet look was counted */
+static int gate_quiet_looks;     /* looks without a send since */
 
 int reply_gate_pending(void) {
   return atomic_load(&gate_fd) != -1;
@@ -204,9 +219,28 @@ int reply_gate_pending(void) {
 
 void reply_gate_sent(int fd, uint64_t end) {
   int want = fd;
-  if (atomic_load(&gate_fd) == fd && end >= atomic_load(&gate_need) &&
-      atomic_compare_exchange_strong(&gate_fd, &want, -2))
+  if (atomic_load(&gate_fd) != fd) return;
+  atomic_fetch_add(&gate_sends, 1);
+  if (end >= atomic_load(&gate_need) && atomic_compare_exchange_strong(&gate_fd, &want, -2))
     (void)eventfd_write(wake_server_fd, 1); /* whoever waits drains the order again */
+}
+
+/* 1 when the gated connection's server answered the input before and has
+ * been quiet there since for enough looks (above). */
+static int gate_reply_over(struct conn* c, uint64_t now) {
+  if (out_offset(c->fd) <= c->out_at_order) return 0; /* no answer yet */
+  uint64_t sends = atomic_load(&gate_sends);
+  if (sends != gate_sends_seen) {
+    gate_sends_seen = sends;
+    gate_quiet_looks = 0;
+    gate_look_ns = now;
+    return 0;
+  }
+  if (now - gate_look_ns >= LS_REPLY_GATE_TICK_NS) {
+    gate_look_ns = now;
+    gate_quiet_looks++;
+  }
+  return gate_quiet_looks >= LS_REPLY_GATE_QUIET_TICKS;
 }
 
 /* 1: the order record at `tail` (for c, needing `need`) may be taken. */
@@ -219,12 +253,22 @@ static int gate_open(uint64_t tail, struct conn* c, uint64_t need) {
   if (atomic_load(&gate_fd) == -1 || gate_tail != tail) {
     gate_tail = tail;
     gate_since_ns = now;
+    gate_look_ns = now;
+    gate_quiet_looks = 0;
+    atomic_store(&gate_sends, 0);
+    gate_sends_seen = 0;
     atomic_store(&gate_need, need);
     atomic_store(&gate_fd, c->fd);
     if (out_offset(c->fd) < need) return 0; /* else its reply came meanwhile */
   } else if (now - gate_since_ns < LS_REPLY_GATE_MAX_NS) {
     if (atomic_load(&gate_fd) == -2) atomic_store(&gate_fd, c->fd); /* not enough yet */
-    if (out_offset(c->fd) < need) return 0;
+    if (out_offset(c->fd) >= need) goto open;
+    if (!gate_reply_over(c, now)) return 0;
+    if (gates_short++ < 10)
+      shim_log(
+          "reply gate: connection %u's reply ended at byte %llu, short of the leader's %llu (a "
+          "reply that differs: the output check judges it); its next input delivered",
+          c->no, (unsigned long long)out_offset(c->fd), (unsigned long long)need);
   } else if (gates_expired++ < 10) {
     shim_log(
         "reply gate: connection %u waited %.1f s for the server's output to reach byte %llu "
@@ -232,6 +276,7 @@ static int gate_open(uint64_t tail, struct conn* c, uint64_t need) {
         c->no, (double)(now - gate_since_ns) / 1e9, (unsigned long long)need,
         (unsigned long long)out_offset(c->fd));
   }
+open:
   atomic_store(&gate_fd, -1);
   return 1;
 }
@@ -276,6 +321,7 @@ static void drain_order(void) {
     if (!c && (port == 0 || slot_closed_claim[r->slot] == claim)) continue;
     if (!c) break; /* not accepted yet: it and all after it wait */
     if (!gate_open(tail, c, r->out_before)) break;
+    if (c->fd >= 0) c->out_at_order = out_offset(c->fd);
     if (r->kind == LS_ORDER_DATA) {
       c->committed_end += r->len;
       push_chunk(c, LS_SUB_DATA, CH_COMMITTED)->clock_ns = r->clock_ns;

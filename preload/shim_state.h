@@ -78,6 +78,10 @@ struct conn {
   uint64_t committed_end; /* stream bytes agreed (contiguous) */
   uint64_t consumed;      /* stream bytes the server has read */
   uint64_t chunked_end;   /* stream offset where the next DATA chunk starts */
+  /* Output on fd when its last agreed input was handed to the server
+   * (drain_order): past it, the server has begun to answer that input (the
+   * reply gate's "a shorter reply is over", shim_rings.c). */
+  uint64_t out_at_order;
   /* The server's epoll registration (one epoll set per connection). */
   int epfd;
   uint32_t events;

@@ -100,5 +100,32 @@ TEST(ShimReplay, SlotClaimedAgainBeforeTheServerClosedGetsItsInput) {
   close(idle.fd);
 }
 
+// The reply gate with a reply that differs: the leader's server had sent 60
+// bytes on the connection when GET came (its SPOP popped a longer member,
+// say), this backup's sends "+OK\r\n" to the input before. The gate waits
+// for output the server never sends; it used to hold GET for its whole
+// 5 s, and every later input behind it (a divergent backup crawled, and the
+// replay of its repair did too). It opens once the server has answered the
+// input before and stays quiet there: ~0.1 s.
+TEST(ShimReplay, AShorterReplyOpensTheReplyGateWithoutWaitingItsFiveSeconds) {
+  Harness h;
+  std::string err;
+  ASSERT_TRUE(h.Start(kRedis, {.leader = false}, &err)) << err;
+  Harness::Replay r = h.ConnectReplay();
+  h.ReplayInput(r, Resp({"SET", "a", "1"}));
+  Clock::time_point start = Clock::now();
+  h.ReplayInput(r, Resp({"GET", "a"}), 60);
+  std::string got;
+  EXPECT_TRUE(ReadUntil(r.fd, &got, [](const std::string& b) { return RespReplies(b) == 2; }))
+      << got;
+  double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(got, "+OK\r\n$1\r\n1\r\n");
+  // Far below the 5 s a gate waits for a server that never answered (a VM
+  // pause of up to a second fits in between).
+  EXPECT_LT(waited, 3.0) << "GET waited behind the reply gate";
+  EXPECT_EQ(h.channel_error(), "");
+  close(r.fd);
+}
+
 }  // namespace
 }  // namespace lockstep::shim_test

@@ -288,10 +288,10 @@ void Harness::ReleaseReplay(Replay* r) {
   r->fd = -1;
 }
 
-void Harness::ReplayInput(const Replay& r, std::string_view bytes) {
+void Harness::ReplayInput(const Replay& r, std::string_view bytes, uint64_t out_before) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    ASSERT_TRUE(ch_.PushOrder(r.slot, LS_ORDER_DATA, bytes.size()));
+    ASSERT_TRUE(ch_.PushOrder(r.slot, LS_ORDER_DATA, bytes.size(), 0, out_before));
     ch_.Flush();
   }
   SendAll(r.fd, bytes);

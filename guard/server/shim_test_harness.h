@@ -99,7 +99,9 @@ class Harness {
   // The daemon's side of a replay connection the server closed.
   void ReleaseReplay(Replay* r);
   // Replays bytes as one input (its order first, as guard/server/replay.cc does).
-  void ReplayInput(const Replay& r, std::string_view bytes);
+  // out_before: the reply gate's mark (how much the leader's server had sent
+  // there when the input came; 0: none).
+  void ReplayInput(const Replay& r, std::string_view bytes, uint64_t out_before = 0);
 
   // With hold_data: waits until at least n DATA submissions were held (all
   // held so far, oldest first, in *held); Complete gives one its outcome.
