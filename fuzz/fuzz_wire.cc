@@ -146,7 +146,8 @@ void OutputReport_(std::string_view in) {
 void RepairOrder_(std::string_view in) {
   RepairOrder o, o2;
   if (!DecodeRepairOrder(in, &o)) return;
-  FUZZ_CHECK(o.how == RepairHow::kRollback || o.how == RepairHow::kTransfer);
+  FUZZ_CHECK(o.how == RepairHow::kRollback || o.how == RepairHow::kTransfer ||
+             o.how == RepairHow::kDescribe);
   FUZZ_CHECK(o.agreeing.size() <= static_cast<size_t>(kMaxReplicas));
   for (int r : o.agreeing) FUZZ_CHECK(r >= 0 && r < kMaxReplicas);
   std::string again = EncodeRepairOrder(o);

@@ -114,7 +114,7 @@ void EventLoop::Run(Body& body) {
       timespec ts{0, static_cast<long>(opt_.heartbeat_us * 1000)};
       uint64_t t0 = NowUs();
       n = epoll_pwait2(epfd_, evs, kMaxEvents, &ts, nullptr);
-      if (NowUs() - t0 > kSlowStepUs)
+      if (NowUs() - t0 > opt_.heartbeat_us + kSlowStepUs)  // overslept: the host stalled
         log_("slept %lu us (asked for %lu)", (unsigned long)(NowUs() - t0),
              (unsigned long)opt_.heartbeat_us);
       body.Awake();

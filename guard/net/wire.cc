@@ -379,7 +379,12 @@ bool DecodeOutputReport(std::string_view in, OutputReport* report) {
 }
 
 const char* RepairHowName(RepairHow how) {
-  return how == RepairHow::kTransfer ? "transfer" : "rollback";
+  switch (how) {
+    case RepairHow::kRollback: return "rollback";
+    case RepairHow::kTransfer: return "transfer";
+    case RepairHow::kDescribe: return "describe";
+  }
+  return "unknown";
 }
 
 std::string EncodeRepairOrder(const RepairOrder& order) {
@@ -405,7 +410,8 @@ bool DecodeRepairOrder(std::string_view in, RepairOrder* order) {
       n > static_cast<uint32_t>(kMaxReplicas))
     return false;
   if (how != static_cast<uint8_t>(RepairHow::kRollback) &&
-      how != static_cast<uint8_t>(RepairHow::kTransfer))
+      how != static_cast<uint8_t>(RepairHow::kTransfer) &&
+      how != static_cast<uint8_t>(RepairHow::kDescribe))
     return false;
   order->how = static_cast<RepairHow>(how);
   order->agreeing.clear();

@@ -267,8 +267,11 @@ bool DecodeOutputReport(std::string_view in, OutputReport* report);
 enum class RepairHow : uint8_t {
   kRollback = 1,  // restore the newest own checkpoint at or below max_index, replay
   kTransfer = 2,  // fetch a checkpoint from a peer that agrees, replay
+  // Change nothing: answer with the output around the place (a divergence
+  // that recurs where no repair can mend it: the report shows both sides).
+  kDescribe = 3,
 };
-const char* RepairHowName(RepairHow how);  // "rollback", "transfer"
+const char* RepairHowName(RepairHow how);  // "rollback", "transfer", "describe"
 struct RepairOrder {
   Ballot ballot = 0;
   std::string id;  // the divergence report's id

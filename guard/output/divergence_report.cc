@@ -82,7 +82,8 @@ std::string DivergenceReport::ToJson() const {
     << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/" << key.no
     << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
     << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\",\"hint\":\""
-    << JsonEscape(hint) << "\"";
+    << JsonEscape(hint) << "\",\"recurrences\":" << recurrences
+    << ",\"recurred_unix_ms\":" << recurred_unix_ms;
   o << ",\"agreeing\":[";
   for (size_t i = 0; i < agreeing.size(); i++) o << (i ? "," : "") << agreeing[i];
   snprintf(digest, sizeof digest, "%016llx", (unsigned long long)leader_digest);
@@ -233,6 +234,12 @@ std::string DivergenceHint(const ClusterConfig::ServerConfig& server, const std:
            "what the server sends before a connection's first input differs by nature (a "
            "greeting's salt or thread id): unchecked_greeting = true in the app profile leaves "
            "it unchecked";
+  if (!server.same_random && !server.same_clock)
+    return again +
+           "the server draws random numbers (redis SPOP, a salt) or reads the wall clock (redis "
+           "TIME) its own way on each replica: same_random = true and same_clock = true in the "
+           "app profile make every replica draw the same and read the leader's time of each "
+           "input";
   if (!server.same_random)
     return again +
            "the server draws random numbers its own way on each replica (redis SPOP, a salt): "

@@ -60,7 +60,10 @@ struct DivergenceReport {
   int64_t first_difference = -1;
   // The repair.
   // repairing | repaired | failed | not repaired | interrupted (the leader that
-  // ordered the repair stopped leading before its result came)
+  // ordered the repair stopped leading before its result came) | recurring
+  // (it came back soon after its repairs, with a likely cause the hint
+  // names: the server's own nondeterminism, which no repair mends; none is
+  // ordered any more)
   std::string status = "repairing";
   std::string how;     // rollback | transfer | step down | none
   std::string action;  // what was done, for people
@@ -75,6 +78,10 @@ struct DivergenceReport {
   // The app profile option that would prevent it, if the cause is the
   // server's own nondeterminism (DivergenceHint); "" when none applies.
   std::string hint;
+  // Status "recurring": how often it was found again since this report
+  // (each time its replica's checks resumed), and when last.
+  uint64_t recurrences = 0;
+  uint64_t recurred_unix_ms = 0;
 
   std::string ToJson() const;
 };

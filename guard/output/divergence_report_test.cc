@@ -19,8 +19,13 @@ TEST(DivergenceHint, NamesTheOptionThatIsOff) {
   ClusterConfig::ServerConfig s;
   EXPECT_NE(DivergenceHint(s, "output", false, "").find("unchecked_greeting = true"),
             std::string::npos);
+  std::string both = DivergenceHint(s, "output", true, "TIME");
+  EXPECT_NE(both.find("same_random = true"), std::string::npos);
+  EXPECT_NE(both.find("same_clock = true"), std::string::npos);
+  s.same_clock = true;
   EXPECT_NE(DivergenceHint(s, "output", true, "SPOP").find("same_random = true"),
             std::string::npos);
+  s.same_clock = false;
   s.same_random = true;
   EXPECT_NE(DivergenceHint(s, "state", true, "").find("same_clock = true"), std::string::npos);
   s.same_clock = true;

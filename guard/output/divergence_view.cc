@@ -2,7 +2,9 @@
 #include "guard/output/divergence_view.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,20 @@ std::string StateAgreed(const std::string& index) {
              : "last agreed with the reference's at entry " + index + " (an earlier check)";
 }
 
+// A time in ms since the epoch, local as `divergence list` shows it ("?"
+// when malformed).
+static std::string UnixMsText(const std::string& ms) {
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(ms.data(), ms.data() + ms.size(), v);
+  if (ec != std::errc() || end != ms.data() + ms.size() || v == 0) return "?";
+  time_t secs = static_cast<time_t>(v / 1000);
+  struct tm t;
+  localtime_r(&secs, &t);
+  char out[40];
+  strftime(out, sizeof out, "%Y-%m-%d %H:%M:%S", &t);
+  return out;
+}
+
 void PrintReport(const std::string& r) {
   auto f = [&](const char* k) { return JsonField(r, k); };
   printf("divergence %s: %s\n", f("id").c_str(), f("status").c_str());
@@ -129,6 +145,9 @@ void PrintReport(const std::string& r) {
   printf("  repair      %s: %s%s%s\n", f("how").c_str(), f("action").c_str(),
          f("error").empty() ? "" : "; error: ", f("error").c_str());
   if (!f("hint").empty()) printf("  hint        %s\n", f("hint").c_str());
+  if (f("status") == "recurring")
+    printf("  recurring   found %s time(s), the last at %s\n", f("recurrences").c_str(),
+           UnixMsText(f("recurred_unix_ms")).c_str());
   if (f("status") == "repaired" || f("status") == "failed")
     printf("              restored checkpoint %s in %s ms; in sync again after %s ms\n",
            f("restored_index").c_str(), f("restore_ms").c_str(), f("total_ms").c_str());
@@ -238,6 +257,9 @@ std::string ReportHtml(const std::string& r) {
   if (f("status") == "repaired" || f("status") == "failed")
     row("took", "restore " + f("restore_ms") + " ms, in sync again after " + f("total_ms") + " ms");
   if (!f("hint").empty()) row("hint", f("hint"));
+  if (f("status") == "recurring")
+    row("recurring",
+        "found " + f("recurrences") + " time(s), the last at " + UnixMsText(f("recurred_unix_ms")));
   if (!f("stack").empty())
     o += "<tr><td>stack at the send</td><td><pre>" + Html(f("stack")) + "</pre></td></tr>\n";
   o += "</table>\n<h2>Inputs of the connection in the window</h2>\n<ul class=\"inputs\">\n";

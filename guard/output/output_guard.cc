@@ -53,6 +53,7 @@ void OutputGuard::Step(uint64_t now) {
     // "repairing" for good); the new leader checks the output afresh and
     // reports again what still differs.
     for (auto& [id, repair] : repairs_) {
+      if (repair.how == RepairHow::kDescribe) continue;  // no repair: it stays "recurring"
       DivergenceReport& r = repair.report;
       r.status = "interrupted";
       r.error = "this replica stopped leading before replica " + std::to_string(r.replica) +
@@ -64,6 +65,8 @@ void OutputGuard::Step(uint64_t now) {
     leading_ = leading;
     checker_.reset();
     repairs_.clear();
+    repairs_done_.clear();
+    recurring_.clear();
     closed_.clear();
     state_agreed_.clear();
     conns_.clear();
@@ -104,6 +107,10 @@ void OutputGuard::OnPeerFrame(int from, FrameKind kind, std::string_view body, u
             ++it;
             continue;
           }
+          if (it->second.how == RepairHow::kDescribe) {  // no repair under way: no verdict
+            it = repairs_.erase(it);
+            continue;
+          }
           DivergenceReport& r = it->second.report;
           r.status = "failed";
           r.error = "replica " + std::to_string(from) + " restarted during the repair";
@@ -113,6 +120,17 @@ void OutputGuard::OnPeerFrame(int from, FrameKind kind, std::string_view body, u
           checker_->Resume(from);
           last_repair_.erase(from);
           it = repairs_.erase(it);
+        }
+      }
+      if (seen && seen != report.daemon_pid) {
+        // A restarted replica is checked and repaired afresh, a recurring
+        // divergence too (its profile may have been fixed meanwhile).
+        repairs_done_.erase(from);
+        if (auto rec = recurring_.find(from); rec != recurring_.end()) {
+          log_("replica %d restarted: its recurring divergence %s is checked afresh", from,
+               rec->second.report.id.c_str());
+          recurring_.erase(rec);
+          checker_->Resume(from);
         }
       }
       seen = report.daemon_pid;
@@ -229,6 +247,21 @@ void OutputGuard::OnRepairOrder(int from, const RepairOrder& order, uint64_t now
          from, BallotString(core_.promised()).c_str());
     return;
   }
+  if (order.how == RepairHow::kDescribe) {
+    // Nothing to change: the leader wants this server's side of a
+    // divergence that recurs, for its report.
+    RepairResult described;
+    described.id = order.id;
+    described.ok = true;
+    described.action = "its server was left as it is";
+    FillWindow(order.key, &described);
+    log_(
+        "DIVERGENCE %s: the leader finds this replica's output on connection %s different at "
+        "byte %lu again, where repairs do not hold; no repair (the report shows its output)",
+        order.id.c_str(), ConnName(order.key).c_str(), (unsigned long)order.offset);
+    send_(from, FrameKind::kRepairResult, EncodeRepairResult(described));
+    return;
+  }
   if (repair_) {
     RepairResult busy;
     busy.id = order.id;
@@ -242,14 +275,7 @@ void OutputGuard::OnRepairOrder(int from, const RepairOrder& order, uint64_t now
   rep.started_us = now;
   rep.target = core_.commit_index();
   rep.result.id = order.id;
-  // Its own output at the place, before the repair replaces the server.
-  ShimChannel::OutputWindow w;
-  if (pipeline_.RecentOutput(order.key, &w)) {
-    rep.result.have_window = true;
-    rep.result.window_start = w.start;
-    rep.result.window = w.bytes;
-    rep.result.sends = pipeline_.DescribeSends(w);
-  }
+  FillWindow(order.key, &rep.result);  // before the repair replaces the server
   log_(
       "REPAIR %s: the leader found this replica's output on connection %s different at byte %lu: "
       "%s",
@@ -263,6 +289,16 @@ void OutputGuard::OnRepairOrder(int from, const RepairOrder& order, uint64_t now
   core_.HoldCandidacy(now + kRepairTimeoutUs);
   repair_hold_ = true;
   StartRepair(std::move(rep), now);
+}
+
+// Its server's own output at the place, for the leader's report.
+void OutputGuard::FillWindow(const ConnKey& key, RepairResult* result) const {
+  ShimChannel::OutputWindow w;
+  if (!pipeline_.RecentOutput(key, &w)) return;
+  result->have_window = true;
+  result->window_start = w.start;
+  result->window = w.bytes;
+  result->sends = pipeline_.DescribeSends(w);
 }
 
 void OutputGuard::StartRepair(Repair rep, uint64_t now) {
@@ -380,9 +416,27 @@ void OutputGuard::LeaderStep(uint64_t now) {
     closed_.pop_front();
   }
   for (const lockstep::Divergence& d : checker_->Poll(now)) OnDivergence(d, now);
+  for (auto& [replica, rec] : recurring_) {
+    if (now < rec.resume_us || !checker_->suspended(replica)) continue;
+    bool asked = false;  // its describe order is still out
+    for (const auto& [id, repair] : repairs_) asked |= repair.report.replica == replica;
+    if (asked) continue;
+    rec.resume_us = UINT64_MAX;
+    checker_->Resume(replica);
+    log_(
+        "checks of replica %d resume after %.0f s (divergence %s recurs there: found again, it "
+        "is counted in that report)",
+        replica, rec.pause_us / 1e6, rec.report.id.c_str());
+  }
   for (auto it = repairs_.begin(); it != repairs_.end();) {
     if (now - it->second.ordered_us < kRepairTimeoutUs + 10000000) {
       ++it;
+      continue;
+    }
+    if (it->second.how == RepairHow::kDescribe) {  // the report goes without that side
+      log_("divergence %s: replica %d never described its output", it->first.c_str(),
+           it->second.report.replica);
+      it = repairs_.erase(it);
       continue;
     }
     DivergenceReport& r = it->second.report;
@@ -498,6 +552,14 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
     HandOverDivergent(d, std::move(r), now);
     return;
   }
+  if (recurring_.count(d.replica)) {
+    OnRecurrence(d, std::move(r), nullptr, now);
+    return;
+  }
+  if (const RepairDone* last = Recurs(d, r, now)) {
+    OnRecurrence(d, std::move(r), last, now);
+    return;
+  }
   // Diverging again at or before the place of the last repair: the cause
   // is in this replica's checkpoint (or the replica itself), not in what
   // followed it.
@@ -550,17 +612,12 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   // difference already, so the state of a replica that agrees is taken.
   if (r.kind == "state" && !r.state_agreed_index && !d.agreeing.empty()) how = RepairHow::kTransfer;
   last_repair_[d.replica] = LastRepair{d.key, d.offset, how};
-  RepairOrder order;
-  order.ballot = ballot_;
-  order.id = r.id;
-  order.how = how;
+  RepairOrder order = OrderFor(r, how);
   order.max_index = d.agreed_applied       ? d.agreed_applied
                     : d.differ_applied > 0 ? d.differ_applied - 1
                                            : 0;
   if (r.state_agreed_index && r.state_agreed_index < order.max_index)
     order.max_index = r.state_agreed_index;  // the state is known right there
-  order.key = d.key;
-  order.offset = d.offset;
   order.agreeing = d.agreeing;
   // A rollback that fails falls back to a transfer too (StartRepair).
   order.min_index = d.differ_applied;
@@ -577,6 +634,16 @@ void OutputGuard::OnDivergence(const lockstep::Divergence& d, uint64_t now) {
   SendRepairOrder(std::move(r), order, now);
 }
 
+RepairOrder OutputGuard::OrderFor(const DivergenceReport& r, RepairHow how) const {
+  RepairOrder order;
+  order.ballot = ballot_;
+  order.id = r.id;
+  order.how = how;
+  order.key = r.key;
+  order.offset = r.offset;
+  return order;
+}
+
 void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now,
                                   std::string leader_action) {
   if (!send_(r.replica, FrameKind::kRepairOrder, EncodeRepairOrder(order))) {
@@ -591,6 +658,82 @@ void OutputGuard::SendRepairOrder(DivergenceReport r, const RepairOrder& order, 
   Save(r);
   std::string id = r.id;  // (the right side of = is evaluated first: r is moved from)
   repairs_[id] = LeaderRepair{std::move(r), order.how, now, std::move(leader_action)};
+}
+
+// ---------------------------------------------------------------- a divergence that recurs
+
+// A replica repaired well that differs again soon after is not suffering
+// faults one by one: its server does something a replay does not repeat
+// (TIME without same_clock, a salt), and every repair would be followed by
+// the next difference, each one closing the leader's clients' connections
+// when it takes the leader's checkpoint. Judged so after a transfer (the
+// strongest repair: an agreeing replica's or the leader's own state) or
+// after kRepairsBeforeRecurring repairs, within kRecurWithinUs, when the
+// report names a likely cause of that kind (its hint: a prevention the
+// profile leaves off, a reply that may differ by nature). Not by the hint's
+// equality: the same cause gets another hint when the window holds no
+// input of the connection (a new connection's first reply reads as a
+// greeting).
+const OutputGuard::RepairDone* OutputGuard::Recurs(const lockstep::Divergence& d,
+                                                   const DivergenceReport& r, uint64_t now) {
+  auto it = repairs_done_.find(d.replica);
+  if (it == repairs_done_.end() || r.hint.empty()) return nullptr;
+  std::deque<RepairDone>& done = it->second;
+  while (!done.empty() && now - done.front().done_us > kRecurWithinUs) done.pop_front();
+  bool transfer = false;
+  for (const RepairDone& x : done) transfer |= x.how == RepairHow::kTransfer;
+  if (!transfer && done.size() < kRepairsBeforeRecurring) return nullptr;
+  return &done.back();
+}
+
+// One report for a recurring divergence (status "recurring"), with the
+// replica's side asked for (a describe order changes nothing there); the
+// replica's checks pause, then resume, and each later difference is counted
+// in that report, with longer pauses. No repair is ordered: the leader's
+// clients are served on while the report says what to change.
+void OutputGuard::OnRecurrence(const lockstep::Divergence& d, DivergenceReport r,
+                               const RepairDone* last, uint64_t now) {
+  recurrences_++;
+  auto known = recurring_.find(d.replica);
+  if (known != recurring_.end()) {
+    Recurring& rec = known->second;
+    rec.report.recurrences++;
+    rec.report.recurred_unix_ms = r.found_unix_ms;
+    Save(rec.report);
+    rec.pause_us = std::min(rec.pause_us * 2, kRecurLongestPauseUs);
+    rec.resume_us = now + rec.pause_us;
+    log_(
+        "DIVERGENCE %s recurs: replica %d's output on connection %s differs at byte %lu "
+        "(%lu times now); its checks pause %.0f s",
+        rec.report.id.c_str(), d.replica, ConnName(d.key).c_str(), (unsigned long)d.offset,
+        (unsigned long)rec.report.recurrences, rec.pause_us / 1e6);
+    return;
+  }
+  char after[64];
+  snprintf(after, sizeof after, "%.1f", (now - last->done_us) / 1e6);
+  r.status = "recurring";
+  r.how = "none";
+  r.recurrences = 1;
+  r.recurred_unix_ms = r.found_unix_ms;
+  r.action = std::string("found again ") + after + " s after its repair " + last->id + " (" +
+             RepairHowName(last->how) +
+             "): the likely cause is the server's own nondeterminism (see the hint), or a fault of "
+             "this replica, that repairs do not cure. Repairs of replica " +
+             std::to_string(d.replica) + " stop: its server is left as it is, checked again " +
+             std::to_string(kRecurFirstPauseUs / 1000000) +
+             " s on, and each time it differs it is counted here. Change the app profile as the "
+             "hint says, then restart the replica to have it repaired and checked as before";
+  log_(
+      "DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu again, %s s after "
+      "its repair %s: recurring, no more repairs of it (%s)",
+      r.id.c_str(), d.replica, ConnName(d.key).c_str(), (unsigned long)d.offset, after,
+      last->id.c_str(), r.hint.c_str());
+  RepairOrder order = OrderFor(r, RepairHow::kDescribe);
+  Save(r);
+  recurring_[d.replica] = Recurring{r, now + kRecurFirstPauseUs, kRecurFirstPauseUs};
+  std::string id = r.id;
+  if (send_(d.replica, FrameKind::kRepairOrder, EncodeRepairOrder(order)))
+    repairs_[id] = LeaderRepair{std::move(r), RepairHow::kDescribe, now, ""};
 }
 
 // ---------------------------------------------------------------- from the leader's own server
@@ -613,12 +756,7 @@ void OutputGuard::RepairFromLeader(DivergenceReport r, const std::string& why, u
       "DIVERGENCE %s: replica %d's output on connection %s differs at byte %lu (%s), and no "
       "replica agrees with this leader there: it takes a checkpoint of this leader's server",
       r.id.c_str(), r.replica, ConnName(r.key).c_str(), (unsigned long)r.offset, why.c_str());
-  RepairOrder order;
-  order.ballot = ballot_;
-  order.id = r.id;
-  order.how = RepairHow::kTransfer;
-  order.key = r.key;
-  order.offset = r.offset;
+  RepairOrder order = OrderFor(r, RepairHow::kTransfer);
   order.agreeing = {id_};
   order.min_index = r.window_to;  // the leader's checkpoint of now, not an older one it keeps
   std::string leader_action = r.action;
@@ -762,20 +900,34 @@ void OutputGuard::FinishSelfRepair(const RepairResult& result, uint64_t now) {
        result.ok ? "; it may stand for election again" : ": ", result.ok ? "" : r.error.c_str());
 }
 
-void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t now) {
-  auto it = repairs_.find(result.id);
-  if (it == repairs_.end() || it->second.report.replica != from) return;
-  DivergenceReport& r = it->second.report;
+void OutputGuard::AddExcerpt(DivergenceReport* r, int from, const RepairResult& result,
+                             const char* taken) {
   OutputExcerpt x;
   x.replica = from;
   x.have = result.have_window;
   x.start = result.window_start;
   x.bytes = result.window;
   x.sends = result.sends;
-  x.note = x.have ? "taken when the repair order arrived" : "no longer kept";
-  r.outputs.push_back(x);
-  r.first_difference = FirstDifference(r.outputs.front(), x, r.agreed_offset, r.offset);
-  r.stack = StackAt(x, r.first_difference);
+  x.note = x.have ? taken : "no longer kept";
+  r->outputs.push_back(x);
+  r->first_difference = FirstDifference(r->outputs.front(), x, r->agreed_offset, r->offset);
+  r->stack = StackAt(x, r->first_difference);
+}
+
+void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t now) {
+  auto it = repairs_.find(result.id);
+  if (it == repairs_.end() || it->second.report.replica != from) return;
+  DivergenceReport& r = it->second.report;
+  if (it->second.how == RepairHow::kDescribe) {
+    auto rec = recurring_.find(from);
+    if (rec != recurring_.end() && rec->second.report.id == r.id) {
+      AddExcerpt(&rec->second.report, from, result, "taken when the leader asked for it");
+      Save(rec->second.report);
+    }
+    repairs_.erase(it);
+    return;
+  }
+  AddExcerpt(&r, from, result, "taken when the repair order arrived");
   // A rollback that could not be made (no checkpoint of its own old enough),
   // where no backup agrees with the leader to give one: only the leader's
   // own server can.
@@ -799,6 +951,7 @@ void OutputGuard::OnRepairResult(int from, const RepairResult& result, uint64_t 
        r.error.c_str());
   if (result.ok) {
     repairs_ok_++;
+    repairs_done_[from].push_back(RepairDone{now, it->second.how, r.id});
   } else {
     repairs_failed_++;
   }
@@ -833,7 +986,11 @@ std::string OutputGuard::StatusJson() const {
     << ",\"unnamed\":" << pipeline_.unnamed_outputs() << ",\"points_sent\":" << points_sent_
     << ",\"divergences\":" << divergences_ << ",\"reports\":" << reports
     << ",\"repairs\":" << repairs_ok_ << ",\"repairs_failed\":" << repairs_failed_
-    << ",\"repairing\":" << (repair_ || !repairs_.empty() ? "true" : "false") << ",\"suspended\":[";
+    << ",\"recurrences\":" << recurrences_ << ",\"recurring\":[";
+  for (auto it = recurring_.begin(); it != recurring_.end(); ++it)
+    o << (it == recurring_.begin() ? "" : ",") << it->first;
+  o << "],\"repairing\":" << (repair_ || !repairs_.empty() ? "true" : "false")
+    << ",\"suspended\":[";
   bool first = true;
   for (int r = 0; r < n_; r++) {
     if (!checker_ || !checker_->suspended(r)) continue;

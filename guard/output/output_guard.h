@@ -65,6 +65,15 @@ class OutputGuard {
   // A leader that handed over stands for no election until repaired, at
   // most this long (the others elect one of themselves meanwhile).
   static constexpr uint64_t kSelfRepairHoldUs = kRepairTimeoutUs + 10000000;
+  // A divergence found within this long after its replica's repairs is
+  // their not holding (OnDivergence: Recurs): the server's own
+  // nondeterminism.
+  static constexpr uint64_t kRecurWithinUs = 60000000;
+  static constexpr size_t kRepairsBeforeRecurring = 3;  // ... or after a transfer, 1
+  // A recurring replica's checks resume after this, doubled at each
+  // recurrence up to the last: each recurrence is counted in its report.
+  static constexpr uint64_t kRecurFirstPauseUs = 30000000;
+  static constexpr uint64_t kRecurLongestPauseUs = 1800000000;
   // How long a repaired former leader waits for its server to send again
   // what it sent differently (for its report).
   static constexpr uint64_t kExcerptWaitUs = 5000000;
@@ -113,6 +122,19 @@ class OutputGuard {
     uint64_t offset = 0;
     RepairHow how = RepairHow::kRollback;
   };
+  struct RepairDone {  // a repair of a backup that ended well, for Recurs
+    uint64_t done_us = 0;
+    RepairHow how = RepairHow::kRollback;
+    std::string id;
+  };
+  // A backup whose divergence recurs: one report, counted up; its checks
+  // pause, no repair is ordered (until its daemon restarts or another
+  // replica leads).
+  struct Recurring {
+    DivergenceReport report;
+    uint64_t resume_us = 0;  // its checks resume then (UINT64_MAX: they run)
+    uint64_t pause_us = 0;   // the last pause
+  };
   struct ClosedConn {
     uint64_t when_us;
     ConnKey key;
@@ -120,11 +142,18 @@ class OutputGuard {
   };
   void LeaderStep(uint64_t now);
   void OnDivergence(const lockstep::Divergence& d, uint64_t now);
+  // An order for the report's place (agreeing and the index bounds are the caller's).
+  RepairOrder OrderFor(const DivergenceReport& r, RepairHow how) const;
   void SendRepairOrder(DivergenceReport r, const RepairOrder& order, uint64_t now,
                        std::string leader_action = "");
   // No backup agrees with the leader where one diverged and a rollback
   // cannot mend it: it takes a checkpoint of the leader's own server.
   void RepairFromLeader(DivergenceReport r, const std::string& why, uint64_t now);
+  // The divergence comes back where repairs do not hold (above): the repair
+  // that did not hold, or nullptr.
+  const RepairDone* Recurs(const lockstep::Divergence& d, const DivergenceReport& r, uint64_t now);
+  void OnRecurrence(const lockstep::Divergence& d, DivergenceReport r, const RepairDone* last,
+                    uint64_t now);
 
   // ---- this replica as the divergent leader: it hands over, then repairs
   // itself as a backup. Kept across the change of role.
@@ -145,6 +174,9 @@ class OutputGuard {
   void SelfRepairStep(uint64_t now);
   void FinishSelfRepair(const RepairResult& result, uint64_t now);
   void OnRepairResult(int from, const RepairResult& result, uint64_t now);
+  // The replica's side of the place, from its answer, into the report.
+  void AddExcerpt(DivergenceReport* r, int from, const RepairResult& result, const char* taken);
+  void FillWindow(const ConnKey& key, RepairResult* result) const;
   void FillInputs(DivergenceReport* r) const;
   uint64_t StateAgreedIndex(int replica) const;
   OutputExcerpt OwnExcerpt(const ConnKey& key) const;
@@ -180,13 +212,15 @@ class OutputGuard {
   // end), from the probes forgotten so far; StateAgreedIndex adds those
   // still held.
   std::map<int, uint64_t> state_agreed_;
-  std::map<std::string, LeaderRepair> repairs_;  // by report id, until answered
-  std::map<int, LastRepair> last_repair_;        // by replica
-  std::map<int, uint64_t> reporter_pid_;         // each backup's daemon, as it reports
+  std::map<std::string, LeaderRepair> repairs_;         // by report id, until answered
+  std::map<int, LastRepair> last_repair_;               // by replica
+  std::map<int, std::deque<RepairDone>> repairs_done_;  // by replica, the last kRecurWithinUs
+  std::map<int, Recurring> recurring_;                  // by replica
+  std::map<int, uint64_t> reporter_pid_;                // each backup's daemon, as it reports
   uint64_t next_report_ = 1;
 
   // counts since start
-  uint64_t divergences_ = 0, repairs_ok_ = 0, repairs_failed_ = 0;
+  uint64_t divergences_ = 0, repairs_ok_ = 0, repairs_failed_ = 0, recurrences_ = 0;
 };
 
 }  // namespace lockstep
