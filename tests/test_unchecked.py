@@ -155,5 +155,7 @@ def test_a_bad_list_is_a_clear_error(tmp_path):
         )
         r = run("cluster", "status", "--dir", tmp_path, check=False)
         assert r.returncode != 0, (bad, r)
-        want = "cluster.toml:6:21: field 'unchecked_replies': expected commands, each one or two words"
+        want = (
+            "cluster.toml:6:21: field 'unchecked_replies': expected commands, each one or two words"
+        )
         assert want in r.stderr, (bad, r.stderr)
