@@ -70,6 +70,7 @@ FrontDoor::FrontDoor(const ClusterConfig& config, int id, bool verbose, EventLoo
 
 FrontDoor::~FrontDoor() {
   StopConnector();
+  acceptor_.reset();  // its thread stops before the listening sockets close
   for (int fd : {peer_listen_, client_listen_, connected_efd_})
     if (fd >= 0) close(fd);
 }
@@ -92,9 +93,17 @@ bool FrontDoor::Listen() {
     return false;
   }
   connected_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  loop_.Add(peer_listen_, [this](uint32_t) { return AcceptOn(peer_listen_, ConnRole::kPeer); });
-  loop_.Add(client_listen_,
-            [this](uint32_t) { return AcceptOn(client_listen_, ConnRole::kClient); });
+  // The TLS handshakes run on a thread of their own (tls_acceptor.h): the
+  // peer port is its listener 0, the client port 1 (OnAccepted).
+  acceptor_ = std::make_unique<TlsAcceptor>(
+      tls_, std::vector<int>{peer_listen_, client_listen_},
+      std::vector<std::string>{ConnRoleName(ConnRole::kPeer), ConnRoleName(ConnRole::kClient)},
+      kMaxHandshaking, kHandshakeUs, [this](const std::string& m) { log_("%s", m.c_str()); });
+  if (!acceptor_->Start(&err)) {
+    log_("%s", err.c_str());
+    return false;
+  }
+  loop_.Add(acceptor_->ready_fd(), [this](uint32_t) { return OnAccepted(); });
   loop_.Add(connected_efd_, [this](uint32_t) { return OnOutboundConnected(); });
   return true;
 }
@@ -163,18 +172,11 @@ bool FrontDoor::OnOutboundConnected() {
   return false;
 }
 
-bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
-  for (;;) {
-    sockaddr_storage a;
-    socklen_t len = sizeof a;
-    int fd =
-        accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return false;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    // At the limit of connections still authenticating on this port, its
-    // oldest one goes. Each port has a pool of its own: a flood of client
-    // connections must not evict a peer reconnecting on the peer port.
+// Connections whose TLS the acceptor's thread brought up: their HELLO is
+// read here. The pool of each port counts again while they authenticate.
+bool FrontDoor::OnAccepted() {
+  for (TlsAcceptor::Accepted& a : acceptor_->Take()) {
+    ConnRole role = a.listener == 0 ? ConnRole::kPeer : ConnRole::kClient;
     FrameConn* oldest = nullptr;
     size_t authenticating = 0;
     for (auto& [f, c] : conns_) {
@@ -185,19 +187,13 @@ bool FrontDoor::AcceptOn(int listen_fd, ConnRole role) {
     if (authenticating >= kMaxHandshaking && oldest)
       DropHandshake(oldest, "more than " + std::to_string(kMaxHandshaking) +
                                 " connections authenticating at once; the oldest is dropped");
-    AddConn(
-        std::make_unique<FrameConn>(std::make_unique<Stream>(fd, tls_, /*accepting=*/true), role));
+    int fd = a.stream->fd();
+    AddConn(std::make_unique<FrameConn>(std::move(a.stream), role));
+    // TLS may hold the HELLO already (read ahead in the handshake), and the
+    // socket then says nothing more.
+    OnConnEvent(fd, EPOLLIN);
   }
-}
-
-// The IPv4 address at the other end of fd, for the log ("?" if none).
-static std::string PeerHost(int fd) {
-  sockaddr_storage a;
-  socklen_t len = sizeof a;
-  char host[64] = "?";
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.ss_family == AF_INET)
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
-  return host;
+  return false;
 }
 
 void FrontDoor::DropHandshake(FrameConn* c, const std::string& why) {

@@ -22,6 +22,7 @@
 #include "guard/common/config.h"
 #include "guard/common/event_loop.h"
 #include "guard/common/replica_log.h"
+#include "guard/net/tls_acceptor.h"
 #include "guard/net/wire.h"
 
 namespace lockstep {
@@ -120,7 +121,7 @@ class FrontDoor {
   };
   void ConnectorThread();
   bool OnOutboundConnected();
-  bool AcceptOn(int listen_fd, ConnRole role);
+  bool OnAccepted();
   void AddConn(std::unique_ptr<FrameConn> c);
   bool OnConnEvent(int fd, uint32_t events);
   void OnConnReadable(FrameConn* c);
@@ -143,6 +144,7 @@ class FrontDoor {
 
   std::shared_ptr<TlsContext> tls_;  // this replica's certificate and the cluster's CA
   int peer_listen_ = -1, client_listen_ = -1;
+  std::unique_ptr<TlsAcceptor> acceptor_;            // accepts on both, brings their TLS up
   std::map<int, std::unique_ptr<FrameConn>> conns_;  // by fd
   uint64_t next_handshake_sweep_us_ = 0;
   uint64_t handshakes_dropped_ = 0;  // closed before authenticating (logged sparingly)

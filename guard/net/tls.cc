@@ -288,20 +288,25 @@ bool Stream::has_buffered() const {
   return ssl_ && SSL_has_pending(ssl_);
 }
 
+int Stream::HandshakeStep() {
+  if (!ssl_) return tls_ ? -1 : 1;
+  ERR_clear_error();
+  errno = 0;
+  int r = SSL_do_handshake(ssl_);
+  if (r == 1) return 1;
+  ssize_t f = Fail(r, "handshake");
+  if (f == 0) {
+    error_ = "connection closed during the TLS handshake";
+    return -1;
+  }
+  return errno == EAGAIN ? 0 : -1;
+}
+
 bool Stream::Handshake(int timeout_ms) {
-  if (!ssl_) return !tls_;
   int64_t deadline = NowMs() + timeout_ms;
   for (;;) {
-    ERR_clear_error();
-    errno = 0;
-    int r = SSL_do_handshake(ssl_);
-    if (r == 1) return true;
-    ssize_t f = Fail(r, "handshake");
-    if (f == 0) {
-      error_ = "connection closed during the TLS handshake";
-      return false;
-    }
-    if (errno != EAGAIN) return false;
+    int step = HandshakeStep();
+    if (step != 0) return step == 1;
     int64_t left = deadline - NowMs();
     if (left <= 0) {
       error_ = "timed out in the TLS handshake";

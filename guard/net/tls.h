@@ -83,6 +83,9 @@ class Stream {
   bool wants_write() const { return wants_write_; }
   // Completes the handshake, polling, within timeout_ms (false: error()).
   bool Handshake(int timeout_ms);
+  // One step of the handshake, without blocking: 1 done, 0 to go on once
+  // the socket is readable (writable if wants_write()), -1 failed (error()).
+  int HandshakeStep();
   // The replica whose certificate the other end presented and the CA
   // verified; -1 when it presented none (or the stream is plain).
   int peer_replica() const;
