@@ -25,6 +25,7 @@
 #include "consensus/disk_log.h"
 #include "guard/cli/cluster.h"
 #include "guard/cli/options.h"
+#include "guard/common/json.h"
 #include "guard/net/client.h"
 
 namespace lockstep {

@@ -22,6 +22,7 @@
 #include "guard/cli/cluster.h"
 #include "guard/cli/options.h"
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 #include "guard/daemon/daemon.h"
 #include "guard/daemon/failpoints.h"
 #include "guard/net/client.h"

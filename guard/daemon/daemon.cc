@@ -29,6 +29,7 @@
 #include "consensus/core.h"
 #include "consensus/disk_log.h"
 #include "guard/common/event_loop.h"
+#include "guard/common/json.h"
 #include "guard/common/replica_log.h"
 #include "guard/daemon/failpoints.h"
 #include "guard/daemon/front_door.h"

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "consensus/assert.h"
 #include "consensus/region.h"  // MaxRegionPayload

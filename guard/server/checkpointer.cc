@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <sstream>
 
 #include "checkpoint/spawn.h"
 #include "guard/common/json.h"

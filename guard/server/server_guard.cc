@@ -15,7 +15,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <sstream>
 
 #include "checkpoint/relocate.h"
 #include "checkpoint/spawn.h"

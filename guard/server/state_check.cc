@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <sstream>
 
 #include "checkpoint/spawn.h"
 #include "guard/common/command_line.h"
