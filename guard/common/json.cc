@@ -2,6 +2,7 @@
 #include "guard/common/json.h"
 
 #include <limits>
+#include <stdexcept>
 
 namespace lockstep {
 
@@ -10,11 +11,19 @@ std::string JsonText(const Json& j, int indent) {
 }
 
 bool ParseJson(std::string_view text, Json* out, std::string* error) {
-  try {
-    *out = Json::parse(text);
+  // nlohmann parses any depth without recursing, but copying, comparing and
+  // dump() recurse: 60000 nested arrays in a report file overflowed the
+  // stack in dump() (fuzz_json). What lockstep writes is 3 levels deep.
+  auto limit = [](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth)
+      throw std::length_error("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     return true;
-  } catch (const Json::exception& e) {
-    // e.what() names the byte and what was expected there.
+  };
+  try {
+    *out = Json::parse(text, limit);
+    return true;
+  } catch (const std::exception& e) {
+    // A parse error's what() names the byte and what was expected there.
     if (error) *error = e.what();
     *out = Json();
     return false;

@@ -22,7 +22,9 @@ using Json = nlohmann::ordered_json;
 std::string JsonText(const Json& j, int indent = -1);
 
 // Text from another process or from disk, parsed: false (and *error says
-// where and why) when it is not JSON. Never throws.
+// where and why) when it is not JSON, or nests deeper than kMaxJsonDepth
+// arrays and objects. Never throws.
+constexpr int kMaxJsonDepth = 32;
 bool ParseJson(std::string_view text, Json* out, std::string* error);
 
 // Fields of an object; `absent` when j is not an object, the field is

@@ -53,6 +53,18 @@ TEST(JsonParse, NotJsonIsAnErrorThatSaysWhere) {
   }
 }
 
+TEST(JsonParse, DeepNestingIsRefusedNotAStackOverflow) {
+  // dump() and copies recurse: a report file of 60000 nested arrays
+  // overflowed the stack (fuzz_json).
+  Json j;
+  std::string error;
+  std::string deep = "{\"a\":" + std::string(60000, '[') + std::string(60000, ']') + "}";
+  EXPECT_FALSE(ParseJson(deep, &j, &error));
+  EXPECT_NE(error.find("nested deeper than"), std::string::npos) << error;
+  std::string ok = std::string(kMaxJsonDepth - 1, '[') + std::string(kMaxJsonDepth - 1, ']');
+  EXPECT_TRUE(ParseJson(ok, &j, &error)) << error;
+}
+
 TEST(JsonText, TextThatIsNotUtf8IsWrittenNotThrown) {
   // An error text or a path can hold any bytes: dump() would throw on them.
   Json j = {{"error", std::string("bad \xff\xfe byte \x01 \"q\" \\")}, {"n", 3}};
