@@ -14,7 +14,9 @@
 #include "consensus/log_format.h"
 #include "consensus/region.h"
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 #include "guard/net/wire.h"
+#include "guard/output/divergence_report.h"
 #include "guard/server/log_input.h"
 #include "guard/server/restore_point.h"
 #include "preload/shim_abi.h"
@@ -361,6 +363,80 @@ void RespScan() {
       std::string("INFO, CLIENT LIST, MEMORY") + Byte(0) + Byte(3) + Byte(5) + len + req + rep);
 }
 
+// fuzz_json: the first byte picks the reader (0 status, 1 checkpoint list,
+// 2 report file, 3 list answer, 4 bytes).
+void JsonSeeds() {
+  // A daemon's status, in FrontDoor::StatusJson's shape.
+  Json status = {{"id", 1},
+                 {"pid", 4242},
+                 {"role", "backup"},
+                 {"ballot", "3.0"},
+                 {"leader", 0},
+                 {"commit_index", 120},
+                 {"durable_index", 120},
+                 {"last_index", 121},
+                 {"first_index", 1},
+                 {"transport", "shm"},
+                 {"durability", "disk"},
+                 {"may_vote", true},
+                 {"disk_error", ""},
+                 {"applied_index", 119},
+                 {"server_read_all", true},
+                 {"server_pid", 4300},
+                 {"server_port", 7101},
+                 {"replay_connections", 2},
+                 {"checkpoint",
+                  {{"index", 100},
+                   {"age_s", 3},
+                   {"kept", 2},
+                   {"taken", 2},
+                   {"failed", 0},
+                   {"server_state", "running"},
+                   {"crashes", 0},
+                   {"restored_from", 0}}},
+                 {"output",
+                  {{"role", "reporter"},
+                   {"checks", 40},
+                   {"ends_settled", {0, 3, 3}},
+                   {"reports", 1},
+                   {"suspended", Json::array()}}},
+                 {"state_checks", nullptr},
+                 {"peers", {{{"id", 0}, {"match", 121}, {"stream", true}}}}};
+  Put("json", "status", Byte(0) + JsonText(status));
+  Json list = {{{"replica", 1},
+                {"index", 100},
+                {"time_unix", 1764633600},
+                {"bytes", 3000000},
+                {"dump_us", 210000},
+                {"ok", true},
+                {"path", "/tmp/c/replica-1/checkpoints/100"},
+                {"error", ""}}};
+  Put("json", "checkpoint_list", Byte(1) + JsonText(list));
+  // A report from the real encoder, with bytes that are not text.
+  DivergenceReport r;
+  r.id = "0-1";
+  r.time_unix = 1764633600;
+  r.leader = 0;
+  r.replica = 2;
+  r.agreeing = {1};
+  r.key = ConnKey{MakeBallot(3, 0), 7};
+  r.offset = 64;
+  r.window_from = 10;
+  r.window_to = 14;
+  r.inputs = {"DATA 23 bytes: *2\\r\\n$3\\r\\nGET\\r\\n$2\\r\\nfk\\r\\n"};
+  r.inputs_in_window = 3;
+  r.outputs = {{0, true, 0, "$8\r\nflipme-A\r\n", "leader", {}},
+               {2, true, 0, std::string("$8\r\nflipme-\xe9\x00\r\n", 15), "backup", {}}};
+  r.first_difference = 11;
+  r.status = "repaired";
+  r.how = "rollback";
+  r.total_ms = 812.5;
+  r.stack = "#0 write\n#1 _writeToClient+0x1f";
+  Put("json", "report", Byte(2) + r.ToJson());
+  Put("json", "list", Byte(3) + "[" + r.ToJson() + "]");
+  Put("json", "bytes", Byte(4) + std::string("\x00\x7f\x80\xff text", 9));
+}
+
 }  // namespace
 }  // namespace lockstep
 
@@ -377,5 +453,6 @@ int main(int argc, char** argv) {
   lockstep::ManifestSeeds();
   lockstep::ShimRing();
   lockstep::RespScan();
+  lockstep::JsonSeeds();
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include "consensus/disk_log.h"
 #include "guard/cli/cluster.h"
 #include "guard/cli/options.h"
+#include "guard/common/json.h"
 #include "guard/net/client.h"
 
 namespace lockstep {
@@ -143,20 +145,31 @@ bool RunLoad(const ClusterConfig& c, int leader, int clients, double seconds, si
   return true;
 }
 
-std::string RunJson(const RunResult& r) {
-  char b[1024];
-  snprintf(b, sizeof b,
-           "{\"transport\": \"%s\", \"durability\": \"%s\", \"replicas\": %d, \"clients\": %d, "
-           "\"payload_bytes\": %zu, \"floor_p50_us\": %.2f, \"floor_p99_us\": %.2f, "
-           "\"shared_floor_p50_us\": %.2f, \"shared_floor_p99_us\": %.2f, "
-           "\"commit_p50_us\": %.2f, \"commit_p99_us\": %.2f, \"client_rtt_p50_us\": %.2f, "
-           "\"client_rtt_p99_us\": %.2f, \"durable_write_us\": %.2f, \"quorum_wait_us\": %.2f, "
-           "\"throughput_ops\": %.1f, \"ops\": %lu, \"errors\": %lu}",
-           r.transport.c_str(), r.durability.c_str(), r.replicas, r.clients, r.payload, r.floor_p50,
-           r.floor_p99, r.shared_floor_p50, r.shared_floor_p99, r.commit_p50, r.commit_p99,
-           r.rtt_p50, r.rtt_p99, r.durable_p50, r.quorum_p50, r.throughput, (unsigned long)r.ops,
-           (unsigned long)r.errors);
-  return b;
+// v to `places` decimals: the JSON holds what was measured, not float noise.
+double Rounded(double v, int places) {
+  double scale = std::pow(10.0, places);
+  return std::round(v * scale) / scale;
+}
+
+Json RunJson(const RunResult& r) {
+  return Json{{"transport", r.transport},
+              {"durability", r.durability},
+              {"replicas", r.replicas},
+              {"clients", r.clients},
+              {"payload_bytes", r.payload},
+              {"floor_p50_us", Rounded(r.floor_p50, 2)},
+              {"floor_p99_us", Rounded(r.floor_p99, 2)},
+              {"shared_floor_p50_us", Rounded(r.shared_floor_p50, 2)},
+              {"shared_floor_p99_us", Rounded(r.shared_floor_p99, 2)},
+              {"commit_p50_us", Rounded(r.commit_p50, 2)},
+              {"commit_p99_us", Rounded(r.commit_p99, 2)},
+              {"client_rtt_p50_us", Rounded(r.rtt_p50, 2)},
+              {"client_rtt_p99_us", Rounded(r.rtt_p99, 2)},
+              {"durable_write_us", Rounded(r.durable_p50, 2)},
+              {"quorum_wait_us", Rounded(r.quorum_p50, 2)},
+              {"throughput_ops", Rounded(r.throughput, 1)},
+              {"ops", r.ops},
+              {"errors", r.errors}};
 }
 
 // The floor: durable writes of the size a single-entry batch makes (one
@@ -323,10 +336,10 @@ int BenchConsensus(const ConsensusArgs& o) {
     }
   }
   if (!json_path.empty()) {
+    Json runs = Json::array();
+    for (const RunResult& r : results) runs.push_back(RunJson(r));
     std::ofstream f(json_path);
-    f << "{\"runs\": [";
-    for (size_t i = 0; i < results.size(); i++) f << (i ? ",\n  " : "\n  ") << RunJson(results[i]);
-    f << "\n]}\n";
+    f << JsonText(Json{{"runs", std::move(runs)}}, 2) << "\n";
     if (!f) {
       fprintf(stderr, "lockstep bench: cannot write %s\n", json_path.c_str());
       return 1;
@@ -502,9 +515,10 @@ double FailLeaderAndTime(const ClusterConfig& c, const std::string& dir, LeaderF
   for (int attempt = 0; Clock::now() - t0 < std::chrono::seconds(10); attempt++) {
     for (size_t r = 0; r < c.replicas.size(); r++) {
       if (static_cast<int>(r) == leader) continue;
-      std::string err, json;
+      std::string err;
+      DaemonStatus st;
       auto cl = Client::Connect(c, static_cast<int>(r), 100, &err);
-      if (!cl || !cl->Status(&json, &err, 200) || JsonField(json, "role") != "leader") continue;
+      if (!cl || !cl->Status(&st, &err, 200) || st.role != "leader") continue;
       ProposeReply rep;
       if (cl->Propose(EntryType::kInput, "failover-probe", &rep, &err, 2000) && rep.ok)
         return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -616,16 +630,24 @@ int BenchFailover(const FailoverArgs& o) {
         (unsigned long)(c.election_timeout_max_us / 1000), p50, p99, target_ms,
         p50 <= target_ms ? "MET" : "not met", failed, (unsigned long)lost, report.c_str());
     if (!json_path.empty()) {
+      Json failover_ms = Json::array();
+      for (double t : times) failover_ms.push_back(Rounded(t, 3));
       std::ofstream f(json_path);
-      f << "{\"kills\": " << kills << ", \"fault\": \"" << fault_name
-        << "\", \"election_timeout_ms\": [" << c.election_timeout_min_us / 1000 << ", "
-        << c.election_timeout_max_us / 1000 << "], \"target_p50_ms\": " << target_ms
-        << ", \"failover_p50_ms\": " << p50 << ", \"failover_p99_ms\": " << p99
-        << ", \"lost_acknowledged\": " << lost << ", \"failed_kills\": " << failed
-        << ", \"acknowledged\": " << load.acked().size() << ", \"transport\": \"" << up.transport
-        << "\", \"durability\": \"" << up.durability << "\", \"failover_ms\": [";
-      for (size_t i = 0; i < times.size(); i++) f << (i ? ", " : "") << times[i];
-      f << "]}\n";
+      f << JsonText(Json{{"kills", kills},
+                         {"fault", fault_name},
+                         {"election_timeout_ms",
+                          {c.election_timeout_min_us / 1000, c.election_timeout_max_us / 1000}},
+                         {"target_p50_ms", target_ms},
+                         {"failover_p50_ms", Rounded(p50, 3)},
+                         {"failover_p99_ms", Rounded(p99, 3)},
+                         {"lost_acknowledged", lost},
+                         {"failed_kills", failed},
+                         {"acknowledged", load.acked().size()},
+                         {"transport", up.transport},
+                         {"durability", up.durability},
+                         {"failover_ms", std::move(failover_ms)}},
+                    2)
+        << "\n";
     }
     ClusterDown(dir, true, &err);
     return lost == 0 && failed == 0 ? 0 : 1;

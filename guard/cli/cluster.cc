@@ -392,9 +392,10 @@ bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id,
   // command line can miss a process in the middle of its exec.
   int gone_looks = 0;
   for (int i = 0; i < 100; i++) {
-    std::string err, json;
+    std::string err;
+    DaemonStatus st;
     auto c = Client::Connect(config, id, 300, &err);
-    if (c && c->Status(&json, &err, 1000)) {
+    if (c && c->Status(&st, &err, 1000)) {
       if (int p = ReplicaPid(dir, id)) *pid = p;
       return true;
     }
@@ -854,36 +855,26 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.server_addr =
           config.replicas[i].host + ":" + std::to_string(config.replicas[i].server_port);
     r.pid = ReplicaPid(dir, r.id);
-    std::string err, json;
+    std::string err;
+    DaemonStatus st;
     auto c = r.pid ? Client::Connect(config, r.id, 300, &err) : nullptr;
-    if (c && c->Status(&json, &err, 1000)) {
-      r.role = JsonField(json, "role");
-      r.ballot = JsonField(json, "ballot");
-      r.commit_index = JsonU64(json, "commit_index");
-      r.last_index = JsonU64(json, "last_index");
-      r.disk_error = JsonField(json, "disk_error");
-      r.applied_index = JsonU64(json, "applied_index");
-      r.server_read_all = JsonField(json, "server_read_all") != "false";
-      r.first_index = JsonU64(json, "first_index");
-      r.server_pid = static_cast<int>(JsonI64(json, "server_pid"));
-      // The daemon's status objects are flat: each from its brace to the next one.
-      auto object = [&json](const char* name) {
-        size_t at = json.find("\"" + std::string(name) + "\":{");
-        if (at == std::string::npos) return std::string("null");
-        size_t open = json.find('{', at);
-        return json.substr(open, json.find('}', open) - open + 1);
-      };
-      r.checkpoint_json = object("checkpoint");
-      r.output_json = object("output");
-      r.state_json = object("state_checks");
-      if (r.checkpoint_json != "null") {
-        r.checkpoint_index = JsonU64(r.checkpoint_json, "index");
-        r.checkpoint_age_s = JsonI64(r.checkpoint_json, "age_s", -1);
-        r.server_state = JsonField(r.checkpoint_json, "server_state");
-      }
-      if (r.output_json != "null") {
-        r.divergence_reports = JsonU64(r.output_json, "reports");
-      }
+    if (c && c->Status(&st, &err, 1000)) {
+      r.role = st.role;
+      r.ballot = st.ballot;
+      r.commit_index = st.commit_index;
+      r.last_index = st.last_index;
+      r.disk_error = st.disk_error;
+      r.applied_index = st.applied_index;
+      r.server_read_all = st.server_read_all;
+      r.first_index = st.first_index;
+      r.server_pid = st.server_pid;
+      r.checkpoint_json = st.checkpoint;
+      r.output_json = st.output;
+      r.state_json = st.state_checks;
+      r.checkpoint_index = JsonU64(st.checkpoint, "index");
+      r.checkpoint_age_s = JsonI64(st.checkpoint, "age_s", -1);
+      r.server_state = JsonStr(st.checkpoint, "server_state");
+      r.divergence_reports = JsonU64(st.output, "reports");
       if (r.role == "leader") {
         s.leader = r.id;
         leader_commit = r.commit_index;
@@ -901,29 +892,30 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
 }
 
 std::string ClusterStatusJson(const ClusterStatus& s) {
-  auto str_or_null = [](const std::string& v) {
-    return v.empty() ? std::string("null") : "\"" + JsonEscape(v) + "\"";
-  };
-  std::ostringstream o;
-  o << "{\"leader\": " << (s.leader >= 0 ? std::to_string(s.leader) : "null")
-    << ", \"client_addr\": " << str_or_null(s.client_addr)
-    << ", \"leader_address\": " << str_or_null(s.leader_address)
-    << ", \"client_netns\": " << str_or_null(s.client_netns) << ", \"replicas\": [";
-  for (size_t i = 0; i < s.replicas.size(); i++) {
-    const auto& r = s.replicas[i];
-    o << (i ? ", " : "") << "{\"id\": " << r.id << ", \"role\": \"" << r.role
-      << "\", \"ballot\": \"" << r.ballot << "\", \"commit_index\": " << r.commit_index
-      << ", \"last_index\": " << r.last_index << ", \"applied_index\": " << r.applied_index
-      << ", \"server_read_all\": " << (r.server_read_all ? "true" : "false")
-      << ", \"pid\": " << (r.pid ? std::to_string(r.pid) : "null") << ", \"lag\": " << r.lag
-      << ", \"disk_error\": \"" << JsonEscape(r.disk_error)
-      << "\", \"server_addr\": " << str_or_null(r.server_addr)
-      << ", \"first_index\": " << r.first_index << ", \"server_pid\": " << r.server_pid
-      << ", \"checkpoint\": " << r.checkpoint_json << ", \"output\": " << r.output_json
-      << ", \"state_checks\": " << r.state_json << "}";
-  }
-  o << "]}";
-  return o.str();
+  auto str_or_null = [](const std::string& v) { return v.empty() ? Json() : Json(v); };
+  Json replicas = Json::array();
+  for (const ReplicaStatus& r : s.replicas)
+    replicas.push_back({{"id", r.id},
+                        {"role", r.role},
+                        {"ballot", r.ballot},
+                        {"commit_index", r.commit_index},
+                        {"last_index", r.last_index},
+                        {"applied_index", r.applied_index},
+                        {"server_read_all", r.server_read_all},
+                        {"pid", r.pid ? Json(r.pid) : Json()},
+                        {"lag", r.lag},
+                        {"disk_error", r.disk_error},
+                        {"server_addr", str_or_null(r.server_addr)},
+                        {"first_index", r.first_index},
+                        {"server_pid", r.server_pid},
+                        {"checkpoint", r.checkpoint_json},
+                        {"output", r.output_json},
+                        {"state_checks", r.state_json}});
+  return JsonText(Json{{"leader", s.leader >= 0 ? Json(s.leader) : Json()},
+                       {"client_addr", str_or_null(s.client_addr)},
+                       {"leader_address", str_or_null(s.leader_address)},
+                       {"client_netns", str_or_null(s.client_netns)},
+                       {"replicas", std::move(replicas)}});
 }
 
 std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_hint) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 
 namespace lockstep {
 
@@ -95,19 +96,19 @@ struct ReplicaStatus {
   std::string server_addr;   // host:server_port, "" without a server
   uint64_t first_index = 0;  // the log's first entry (entries below were truncated)
   int server_pid = 0;
-  // The daemon's "checkpoint" status object as is ("null": none or down),
+  // The daemon's "checkpoint" status object as is (null: none or down),
   // and from it: the newest checkpoint's index and age (-1: none) and the
   // server's state ("running", or why it is not run).
-  std::string checkpoint_json = "null";
+  Json checkpoint_json;
   uint64_t checkpoint_index = 0;
   int64_t checkpoint_age_s = -1;
   std::string server_state;
-  // The daemon's "output" status object (output checking) as is ("null":
+  // The daemon's "output" status object (output checking) as is (null:
   // none), and from it the divergence reports this replica holds.
-  std::string output_json = "null";
+  Json output_json;
   uint64_t divergence_reports = 0;
   // The daemon's "state_checks" object (guard/server/state_check.h), as is.
-  std::string state_json = "null";
+  Json state_json;
 };
 
 struct ClusterStatus {

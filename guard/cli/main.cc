@@ -22,6 +22,7 @@
 #include "guard/cli/cluster.h"
 #include "guard/cli/options.h"
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 #include "guard/daemon/daemon.h"
 #include "guard/daemon/failpoints.h"
 #include "guard/net/client.h"
@@ -589,8 +590,8 @@ int CheckpointNow(const ClusterRef& ref, long long id, bool wait) {
                 std::to_string(c.replicas.size() - 1));
   auto client = Client::Connect(c, static_cast<int>(id), 1000, &err, Principal::kAdmin);
   if (!client) return Fail(err);
-  std::string before_json;
-  if (!client->Status(&before_json, &err)) return Fail(err);
+  DaemonStatus before;
+  if (!client->Status(&before, &err)) return Fail(err);
   CheckpointReply reply;
   if (!client->Checkpoint(CheckpointOp::kNow, &reply, &err)) return Fail(err);
   if (!reply.ok) return Fail("replica " + std::to_string(id) + ": " + reply.text);
@@ -598,23 +599,21 @@ int CheckpointNow(const ClusterRef& ref, long long id, bool wait) {
     printf("replica %lld will checkpoint its server as soon as it is at rest\n", id);
     return 0;
   }
-  auto field = [](const std::string& json, const std::string& key) {
-    size_t at = json.find("\"checkpoint\":{");
-    return at == std::string::npos ? std::string() : JsonField(json.substr(at), key);
-  };
-  std::string taken0 = field(before_json, "taken"), failed0 = field(before_json, "failed");
+  uint64_t taken0 = JsonU64(before.checkpoint, "taken"),
+           failed0 = JsonU64(before.checkpoint, "failed");
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(c.checkpoint.timeout_ms + 30000);
   while (std::chrono::steady_clock::now() < deadline) {
-    std::string json;
-    if (!client->Status(&json, &err)) return Fail(err);
-    if (field(json, "taken") != taken0) {
-      printf("replica %lld: checkpoint %s taken (dump %.0f ms)\n", id, field(json, "index").c_str(),
-             std::stod(field(json, "last_dump_us")) / 1000);
+    DaemonStatus now;
+    if (!client->Status(&now, &err)) return Fail(err);
+    if (JsonU64(now.checkpoint, "taken") != taken0) {
+      printf("replica %lld: checkpoint %llu taken (dump %.0f ms)\n", id,
+             static_cast<unsigned long long>(JsonU64(now.checkpoint, "index")),
+             static_cast<double>(JsonI64(now.checkpoint, "last_dump_us")) / 1000);
       return 0;
     }
-    if (field(json, "failed") != failed0)
-      return Fail("replica " + std::to_string(id) + ": " + field(json, "error"));
+    if (JsonU64(now.checkpoint, "failed") != failed0)
+      return Fail("replica " + std::to_string(id) + ": " + JsonStr(now.checkpoint, "error"));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return Fail("replica " + std::to_string(id) + ": no checkpoint within the timeout");
@@ -624,11 +623,7 @@ int CheckpointList(const ClusterRef& ref, bool json) {
   ClusterConfig c;
   std::string err;
   if (!LoadConfig(ref, &c, &err)) return Fail(err);
-  std::string all = "[";
-  struct Row {
-    std::string replica, index, time, bytes, dump_us, ok, path, error;
-  };
-  std::vector<Row> rows;
+  std::vector<CheckpointListItem> rows;
   int answered = 0;
   for (size_t r = 0; r < c.replicas.size(); r++) {
     auto client = Client::Connect(c, static_cast<int>(r), 1000, &err);
@@ -637,33 +632,29 @@ int CheckpointList(const ClusterRef& ref, bool json) {
       fprintf(stderr, "lockstep: replica %zu did not answer: %s\n", r, err.c_str());
       continue;
     }
-    answered++;
-    std::string body = reply.text.substr(1, reply.text.size() - 2);
-    if (!body.empty()) all += (all.size() > 1 ? "," : "") + body;
-    // Each element is a flat object.
-    for (size_t p = 0; (p = reply.text.find('{', p)) != std::string::npos;) {
-      size_t e = reply.text.find('}', p);
-      std::string o = reply.text.substr(p, e - p + 1);
-      rows.push_back(Row{JsonField(o, "replica"), JsonField(o, "index"), JsonField(o, "time_unix"),
-                         JsonField(o, "bytes"), JsonField(o, "dump_us"), JsonField(o, "ok"),
-                         JsonField(o, "path"), JsonField(o, "error")});
-      p = e;
+    if (!ParseCheckpointList(reply.text, &rows, &err)) {
+      fprintf(stderr, "lockstep: replica %zu answered a list that is not readable: %s\n", r,
+              err.c_str());
+      continue;
     }
+    answered++;
   }
-  all += "]";
   if (json) {
-    printf("%s\n", all.c_str());
+    Json all = Json::array();
+    for (const CheckpointListItem& row : rows) all.push_back(row.json);
+    printf("%s\n", JsonText(all).c_str());
   } else {
     printf("%-8s %-12s %-20s %-10s %-9s %s\n", "replica", "index", "time", "size", "dump", "state");
-    for (const Row& row : rows) {
-      time_t t = static_cast<time_t>(std::stoll(row.time));
+    for (const CheckpointListItem& row : rows) {
+      time_t t = static_cast<time_t>(row.time_unix);
       char when[32];
       strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
       char size[32], dump[32];
-      snprintf(size, sizeof size, "%.1f MB", std::stod(row.bytes) / 1e6);
-      snprintf(dump, sizeof dump, "%.0f ms", std::stod(row.dump_us) / 1000);
-      printf("%-8s %-12s %-20s %-10s %-9s %s\n", row.replica.c_str(), row.index.c_str(), when, size,
-             dump, row.ok == "true" ? "ok" : ("DAMAGED: " + row.error).c_str());
+      snprintf(size, sizeof size, "%.1f MB", static_cast<double>(row.bytes) / 1e6);
+      snprintf(dump, sizeof dump, "%.0f ms", static_cast<double>(row.dump_us) / 1000);
+      printf("%-8d %-12llu %-20s %-10s %-9s %s\n", row.replica,
+             static_cast<unsigned long long>(row.index), when, size, dump,
+             row.ok ? "ok" : ("DAMAGED: " + row.error).c_str());
     }
     if (rows.empty()) printf("(no checkpoints yet)\n");
   }
@@ -718,7 +709,7 @@ int Divergence(const DivergenceArgs& a, bool show) {
   DivergenceRequest req;
   req.op = show ? DivergenceOp::kShow : DivergenceOp::kList;
   if (show) req.id = a.id;
-  std::vector<std::string> reports;
+  std::vector<Json> reports;
   int answered = 0;
   for (size_t r = 0; r < c.replicas.size(); r++) {
     std::string json;
@@ -736,11 +727,25 @@ int Divergence(const DivergenceArgs& a, bool show) {
               err.c_str(), reports_dir.c_str());
       json = DivergenceAnswer(reports_dir, req);
     }
+    if (req.op == DivergenceOp::kShow && json.empty()) {  // it has no such report
+      answered++;
+      continue;
+    }
+    // A report is an object; a list, an array of them.
+    bool show = req.op == DivergenceOp::kShow;
+    Json answer;
+    std::string why = "not a JSON " + std::string(show ? "object" : "array");
+    if (!ParseJson(json, &answer, &why) || (show ? !answer.is_object() : !answer.is_array())) {
+      fprintf(stderr, "lockstep: replica %zu answered what is not a readable %s: %s\n", r,
+              show ? "report" : "list of reports", why.c_str());
+      continue;
+    }
     answered++;
-    if (req.op == DivergenceOp::kShow) {
-      if (!json.empty()) reports.push_back(json);
+    if (answer.is_object()) {
+      reports.push_back(std::move(answer));
     } else {
-      for (std::string& item : JsonItems(json, 0)) reports.push_back(std::move(item));
+      for (Json& item : answer)
+        if (item.is_object()) reports.push_back(std::move(item));
     }
   }
   if (req.op == DivergenceOp::kShow) {
@@ -750,7 +755,7 @@ int Divergence(const DivergenceArgs& a, bool show) {
                        ? " (lockstep divergence list shows the reports there are)"
                        : " on the replicas that answered"));
     if (a.json) {
-      printf("%s\n", reports[0].c_str());
+      printf("%s\n", JsonText(reports[0]).c_str());
     } else if (a.html_given) {
       std::string page = ReportHtml(reports[0]), path = a.html;
       if (path.empty()) return Fail("--html needs a file name (- for stdout)");
@@ -765,34 +770,30 @@ int Divergence(const DivergenceArgs& a, bool show) {
         fprintf(stderr, "wrote %s\n", path.c_str());
       }
     } else {
-      PrintReport(reports[0]);
+      fputs(ReportText(reports[0]).c_str(), stdout);
     }
     return 0;
   }
-  std::sort(reports.begin(), reports.end(), [](const std::string& x, const std::string& y) {
-    return std::make_pair(JsonU64(x, "time_unix"), JsonField(x, "id")) <
-           std::make_pair(JsonU64(y, "time_unix"), JsonField(y, "id"));
+  std::sort(reports.begin(), reports.end(), [](const Json& x, const Json& y) {
+    return std::make_pair(JsonU64(x, "time_unix"), JsonStr(x, "id")) <
+           std::make_pair(JsonU64(y, "time_unix"), JsonStr(y, "id"));
   });
   if (a.json) {
-    std::string all = "[";
-    for (size_t i = 0; i < reports.size(); i++) all += (i ? "," : "") + reports[i];
-    printf("%s]\n", all.c_str());
+    printf("%s\n", JsonText(Json(reports)).c_str());
   } else {
     printf("%-8s %-20s %-8s %-7s %-12s %-10s %-10s %-12s %s\n", "id", "time", "replica", "kind",
            "connection", "offset", "how", "status", "took");
-    for (const std::string& r : reports) {
+    for (const Json& r : reports) {
       time_t t = static_cast<time_t>(JsonI64(r, "time_unix"));
       char when[32];
       strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
-      std::string who = JsonField(r, "leader_diverged") == "true"
-                            ? JsonField(r, "replica") + " (leader)"
-                            : JsonField(r, "replica");
-      std::string kind = JsonField(r, "kind");
-      printf("%-8s %-20s %-8s %-7s %-12s %-10s %-10s %-12s %s ms\n", JsonField(r, "id").c_str(),
-             when, who.c_str(), kind.empty() ? "output" : kind.c_str(),
-             JsonField(r, "connection").c_str(), JsonField(r, "offset").c_str(),
-             JsonField(r, "how").c_str(), JsonField(r, "status").c_str(),
-             JsonField(r, "total_ms").c_str());
+      std::string replica = std::to_string(JsonI64(r, "replica", -1));
+      std::string who = JsonBool(r, "leader_diverged") ? replica + " (leader)" : replica;
+      std::string kind = JsonStr(r, "kind", "output");
+      printf("%-8s %-20s %-8s %-7s %-12s %-10llu %-10s %-12s %.1f ms\n", JsonStr(r, "id").c_str(),
+             when, who.c_str(), kind.c_str(), JsonStr(r, "connection").c_str(),
+             static_cast<unsigned long long>(JsonU64(r, "offset")), JsonStr(r, "how").c_str(),
+             JsonStr(r, "status").c_str(), JsonDouble(r, "total_ms"));
     }
     if (reports.empty()) printf("(no divergence found)\n");
   }

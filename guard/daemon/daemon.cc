@@ -29,6 +29,7 @@
 #include "consensus/core.h"
 #include "consensus/disk_log.h"
 #include "guard/common/event_loop.h"
+#include "guard/common/json.h"
 #include "guard/common/replica_log.h"
 #include "guard/daemon/failpoints.h"
 #include "guard/daemon/front_door.h"
@@ -247,8 +248,8 @@ bool Daemon::Init() {
                         pipeline_->server_pid(),
                         pipeline_->replay_connections(),
                         pipeline_->CheckpointStatusJson(NowUs()),
-                        output_ ? output_->StatusJson() : "null",
-                        state_ ? state_->StatusJson() : "null"};
+                        output_ ? output_->StatusJson() : Json(),
+                        state_ ? state_->StatusJson() : Json()};
   };
   hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {
     if (output_) output_->OnPeerFrame(from, kind, body, NowUs());
@@ -409,12 +410,11 @@ void Daemon::PollPeerCheckpoints() {
     if (leading_.load() && cfg_.has_server()) {
       for (int r = 0; r < n_ && !stop_poll_.load(); r++) {
         if (r == me_.id) continue;
-        std::string err, json;
+        std::string err;
+        DaemonStatus st;
         auto c = Client::Connect(cfg_, r, 300, &err, Principal::kReplica, me_.id);
-        if (!c || !c->Status(&json, &err, 1000)) continue;
-        size_t at = json.find("\"checkpoint\":{");
-        if (at == std::string::npos) continue;
-        uint64_t index = JsonU64(json.substr(at), "index", UINT64_MAX);
+        if (!c || !c->Status(&st, &err, 1000)) continue;
+        uint64_t index = JsonU64(st.checkpoint, "index", UINT64_MAX);
         if (index != UINT64_MAX) peer_checkpoint_[r] = index;
       }
     }

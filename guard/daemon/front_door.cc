@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "consensus/assert.h"
 #include "consensus/region.h"  // MaxRegionPayload
@@ -626,27 +625,31 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
 
 std::string FrontDoor::StatusJson() {
   ServerStatus server = hooks_.server_status();
-  std::ostringstream o;
-  o << "{\"id\":" << me_.id << ",\"pid\":" << getpid() << ",\"role\":\"" << RoleName(core_.role())
-    << "\",\"ballot\":\"" << BallotString(core_.promised()) << "\",\"leader\":" << core_.leader()
-    << ",\"commit_index\":" << core_.commit_index()
-    << ",\"durable_index\":" << core_.durable_index() << ",\"last_index\":" << core_.last_index()
-    << ",\"first_index\":" << core_.first_index() << ",\"transport\":\"" << cfg_.transport
-    << "\",\"durability\":\"" << cfg_.durability
-    << "\",\"may_vote\":" << (core_.may_vote() ? "true" : "false") << ",\"disk_error\":\""
-    << JsonEscape(disk_error_) << "\",\"applied_index\":" << server.applied_index
-    << ",\"server_read_all\":" << (server.server_read_all ? "true" : "false")
-    << ",\"server_pid\":" << server.server_pid << ",\"server_port\":" << me_.server_port
-    << ",\"replay_connections\":" << server.replay_connections
-    << ",\"checkpoint\":" << server.checkpoint_json << ",\"output\":" << server.output_json
-    << ",\"state_checks\":" << server.state_json << ",\"peers\":[";
-  for (int r = 0; r < n_; r++) {
-    if (r) o << ",";
-    o << "{\"id\":" << r << ",\"match\":" << core_.PeerMatch(r)
-      << ",\"stream\":" << (core_.PeerReady(r) ? "true" : "false") << "}";
-  }
-  o << "]}";
-  return o.str();
+  Json peers = Json::array();
+  for (int r = 0; r < n_; r++)
+    peers.push_back({{"id", r}, {"match", core_.PeerMatch(r)}, {"stream", core_.PeerReady(r)}});
+  return JsonText(Json{{"id", me_.id},
+                       {"pid", getpid()},
+                       {"role", RoleName(core_.role())},
+                       {"ballot", BallotString(core_.promised())},
+                       {"leader", core_.leader()},
+                       {"commit_index", core_.commit_index()},
+                       {"durable_index", core_.durable_index()},
+                       {"last_index", core_.last_index()},
+                       {"first_index", core_.first_index()},
+                       {"transport", cfg_.transport},
+                       {"durability", cfg_.durability},
+                       {"may_vote", core_.may_vote()},
+                       {"disk_error", disk_error_},
+                       {"applied_index", server.applied_index},
+                       {"server_read_all", server.server_read_all},
+                       {"server_pid", server.server_pid},
+                       {"server_port", me_.server_port},
+                       {"replay_connections", server.replay_connections},
+                       {"checkpoint", server.checkpoint_json},
+                       {"output", server.output_json},
+                       {"state_checks", server.state_json},
+                       {"peers", std::move(peers)}});
 }
 
 // Proposals in flight get an answer now: their outcome is unknown (they may

@@ -21,6 +21,7 @@
 #include "consensus/core.h"
 #include "guard/common/config.h"
 #include "guard/common/event_loop.h"
+#include "guard/common/json.h"
 #include "guard/common/replica_log.h"
 #include "guard/net/tls_acceptor.h"
 #include "guard/net/wire.h"
@@ -33,9 +34,9 @@ struct ServerStatus {
   bool server_read_all = true;  // its server has read every input handed to it
   int server_pid = 0;
   size_t replay_connections = 0;
-  std::string checkpoint_json = "null";  // ServerPipeline::CheckpointStatusJson
-  std::string output_json = "null";      // OutputGuard::StatusJson
-  std::string state_json = "null";       // StateChecker::StatusJson
+  Json checkpoint_json;  // ServerPipeline::CheckpointStatusJson (null: none)
+  Json output_json;      // OutputGuard::StatusJson
+  Json state_json;       // StateChecker::StatusJson
 };
 
 class FrontDoor {

@@ -99,8 +99,14 @@ bool Client::Propose(EntryType type, std::string_view payload, ProposeReply* rep
   return SendPropose(type, payload, error) && ReadProposeReply(reply, error, timeout_ms);
 }
 
-bool Client::Status(std::string* json, std::string* error, int timeout_ms) {
-  return Ask(FrameKind::kStatus, "", FrameKind::kStatusResult, json, timeout_ms, error);
+bool Client::Status(DaemonStatus* status, std::string* error, int timeout_ms) {
+  std::string json, why;
+  if (!Ask(FrameKind::kStatus, "", FrameKind::kStatusResult, &json, timeout_ms, error))
+    return false;
+  if (ParseDaemonStatus(json, status, &why)) return true;
+  *error =
+      "replica " + std::to_string(replica_) + " answered a status that is not readable: " + why;
+  return false;
 }
 
 bool Client::Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
@@ -274,10 +280,10 @@ int FindLeader(const ClusterConfig& config, int timeout_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   do {
     for (size_t r = 0; r < config.replicas.size(); r++) {
-      std::string err, json;
+      std::string err;
+      DaemonStatus st;
       auto c = Client::Connect(config, static_cast<int>(r), 200, &err);
-      if (c && c->Status(&json, &err, 500) && JsonField(json, "role") == "leader")
-        return static_cast<int>(r);
+      if (c && c->Status(&st, &err, 500) && st.role == "leader") return static_cast<int>(r);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   } while (std::chrono::steady_clock::now() < deadline);

@@ -12,7 +12,7 @@
 
 #include "consensus/log_format.h"
 #include "guard/common/config.h"
-#include "guard/common/json.h"  // JsonField, JsonEscape: for the replies
+#include "guard/net/answers.h"  // DaemonStatus
 #include "guard/net/wire.h"
 
 namespace lockstep {
@@ -32,7 +32,9 @@ class Client {
   // Pipelining: send now, collect replies in order later.
   bool SendPropose(EntryType type, std::string_view payload, std::string* error);
   bool ReadProposeReply(ProposeReply* reply, std::string* error, int timeout_ms = 10000);
-  bool Status(std::string* json, std::string* error, int timeout_ms = 2000);
+  // The daemon's status, parsed; false when it did not answer or its answer
+  // is not a JSON object (*error says which).
+  bool Status(DaemonStatus* status, std::string* error, int timeout_ms = 2000);
   bool Read(uint64_t from, uint32_t max, uint64_t* commit_index, std::vector<Entry>* entries,
             std::string* error, int timeout_ms = 10000);
   bool Truncate(uint64_t below, uint64_t* first_index, std::string* error);

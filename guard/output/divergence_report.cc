@@ -13,34 +13,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "consensus/core.h"     // BallotString
-#include "guard/common/json.h"  // JsonEscape, JsonField
+#include "consensus/core.h"  // BallotString
+#include "guard/common/json.h"
 
 namespace lockstep {
 
 namespace fs = std::filesystem;
-
-std::string JsonBytes(const std::string& bytes) {
-  std::string o;
-  o.reserve(bytes.size() + 16);
-  for (unsigned char c : bytes) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c == '\n') {
-      o += "\\n";
-    } else if (c == '\r') {
-      o += "\\r";
-    } else if (c < 0x20 || c >= 0x7f) {
-      char b[8];
-      snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o;
-}
 
 int64_t FirstDifference(const OutputExcerpt& a, const OutputExcerpt& b, uint64_t from,
                         uint64_t to) {
@@ -70,43 +48,53 @@ std::string StackAt(const OutputExcerpt& x, int64_t at) {
 }
 
 std::string DivergenceReport::ToJson() const {
-  char digest[64];
-  std::ostringstream o;
-  // Summary fields first (`divergence list` reads them with JsonField, which
-  // takes the first occurrence of a key).
-  o << "{\"id\":\"" << JsonEscape(id) << "\",\"time_unix\":" << time_unix
-    << ",\"found_unix_ms\":" << found_unix_ms << ",\"done_unix_ms\":" << done_unix_ms
-    << ",\"status\":\"" << JsonEscape(status) << "\",\"kind\":\"" << JsonEscape(kind)
-    << "\",\"replica\":" << replica << ",\"leader\":" << leader
-    << ",\"leader_diverged\":" << (leader_diverged ? "true" : "false") << ",\"how\":\""
-    << JsonEscape(how) << "\",\"connection\":\"" << BallotString(key.ballot) << "/" << key.no
-    << "\",\"offset\":" << offset << ",\"total_ms\":" << total_ms << ",\"action\":\""
-    << JsonEscape(action) << "\",\"error\":\"" << JsonEscape(error) << "\",\"hint\":\""
-    << JsonEscape(hint) << "\",\"recurrences\":" << recurrences
-    << ",\"recurred_unix_ms\":" << recurred_unix_ms;
-  o << ",\"agreeing\":[";
-  for (size_t i = 0; i < agreeing.size(); i++) o << (i ? "," : "") << agreeing[i];
-  snprintf(digest, sizeof digest, "%016llx", (unsigned long long)leader_digest);
-  o << "],\"agreed_offset\":" << agreed_offset << ",\"reference_digest\":\"" << digest << "\"";
-  snprintf(digest, sizeof digest, "%016llx", (unsigned long long)replica_digest);
-  o << ",\"divergent_digest\":\"" << digest << "\"";
-  o << ",\"state_agreed_index\":" << state_agreed_index;
-  o << ",\"log_window\":{\"from\":" << window_from << ",\"to\":" << window_to
-    << ",\"inputs\":" << inputs_in_window << "},\"connection_inputs\":[";
-  for (size_t i = 0; i < inputs.size(); i++)
-    o << (i ? "," : "") << "\"" << JsonBytes(inputs[i]) << "\"";
-  o << "],\"first_difference\":" << first_difference << ",\"outputs\":[";
-  for (size_t i = 0; i < outputs.size(); i++) {
-    const OutputExcerpt& x = outputs[i];
-    o << (i ? "," : "") << "{\"from_replica\":" << x.replica
-      << ",\"kept\":" << (x.have ? "true" : "false") << ",\"start\":" << x.start
-      << ",\"length\":" << x.bytes.size() << ",\"bytes\":\"" << JsonBytes(x.bytes)
-      << "\",\"note\":\"" << JsonEscape(x.note) << "\"}";
-  }
-  o << "],\"restored_index\":" << restored_index << ",\"restore_ms\":" << restore_ms
-    << ",\"new_leader\":" << new_leader << ",\"new_leader_ms\":" << new_leader_ms << ",\"stack\":\""
-    << JsonEscape(stack) << "\"}";
-  return o.str();
+  char reference[32], divergent[32];
+  snprintf(reference, sizeof reference, "%016llx", (unsigned long long)leader_digest);
+  snprintf(divergent, sizeof divergent, "%016llx", (unsigned long long)replica_digest);
+  // Inputs and outputs are bytes, not text: one code point per byte.
+  Json connection_inputs = Json::array(), excerpts = Json::array();
+  for (const std::string& in : inputs) connection_inputs.push_back(JsonFromBytes(in));
+  for (const OutputExcerpt& x : outputs)
+    excerpts.push_back({{"from_replica", x.replica},
+                        {"kept", x.have},
+                        {"start", x.start},
+                        {"length", x.bytes.size()},
+                        {"bytes", JsonFromBytes(x.bytes)},
+                        {"note", x.note}});
+  // Summary fields first: a person reading the file sees them at its top.
+  return JsonText(
+      Json{{"id", id},
+           {"time_unix", time_unix},
+           {"found_unix_ms", found_unix_ms},
+           {"done_unix_ms", done_unix_ms},
+           {"status", status},
+           {"kind", kind},
+           {"replica", replica},
+           {"leader", leader},
+           {"leader_diverged", leader_diverged},
+           {"how", how},
+           {"connection", BallotString(key.ballot) + "/" + std::to_string(key.no)},
+           {"offset", offset},
+           {"total_ms", total_ms},
+           {"action", action},
+           {"error", error},
+           {"hint", hint},
+           {"recurrences", recurrences},
+           {"recurred_unix_ms", recurred_unix_ms},
+           {"agreeing", agreeing},
+           {"agreed_offset", agreed_offset},
+           {"reference_digest", reference},
+           {"divergent_digest", divergent},
+           {"state_agreed_index", state_agreed_index},
+           {"log_window", {{"from", window_from}, {"to", window_to}, {"inputs", inputs_in_window}}},
+           {"connection_inputs", std::move(connection_inputs)},
+           {"first_difference", first_difference},
+           {"outputs", std::move(excerpts)},
+           {"restored_index", restored_index},
+           {"restore_ms", restore_ms},
+           {"new_leader", new_leader},
+           {"new_leader_ms", new_leader_ms},
+           {"stack", stack}});
 }
 
 bool WriteReport(const std::string& dir, const DivergenceReport& report, std::string* error) {
@@ -168,23 +156,40 @@ uint64_t NextReportNumber(const std::string& dir, int leader) {
   return next;
 }
 
-std::vector<std::string> ReadReports(const std::string& dir) {
-  std::vector<std::pair<std::pair<uint64_t, std::string>, std::string>> reports;
+Json ReportFromText(std::string_view text, const std::string& id) {
+  Json report;
+  std::string why;
+  if (ParseJson(text, &report, &why) && report.is_object()) return report;
+  if (why.empty()) why = "not a JSON object";
+  return Json{
+      {"id", id}, {"status", "unreadable"}, {"error", "the report file is damaged: " + why}};
+}
+
+namespace {
+bool ReadText(const fs::path& path, std::string* text) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream s;
+  s << in.rdbuf();
+  *text = s.str();
+  return true;
+}
+}  // namespace
+
+std::vector<Json> ReadReports(const std::string& dir) {
+  std::vector<std::pair<std::pair<uint64_t, std::string>, Json>> reports;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().extension() != ".json") continue;
-    std::ifstream in(e.path());
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string s = text.str();
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    if (s.empty()) continue;
-    std::string t = JsonField(s, "time_unix");
-    uint64_t when = t.empty() ? 0 : std::strtoull(t.c_str(), nullptr, 10);
-    reports.push_back({{when, JsonField(s, "id")}, std::move(s)});
+    std::string text;
+    if (!ReadText(e.path(), &text) || text.find_first_not_of(" \n") == std::string::npos) continue;
+    Json r = ReportFromText(text, e.path().stem().string());
+    std::pair<uint64_t, std::string> when{JsonU64(r, "time_unix"), JsonStr(r, "id")};
+    reports.push_back({std::move(when), std::move(r)});
   }
-  std::sort(reports.begin(), reports.end());
-  std::vector<std::string> out;
+  std::sort(reports.begin(), reports.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<Json> out;
   for (auto& r : reports) out.push_back(std::move(r.second));
   return out;
 }
@@ -193,17 +198,11 @@ std::string DivergenceAnswer(const std::string& dir, const DivergenceRequest& re
   if (req.op == DivergenceOp::kShow) {
     // A report's id is digits and a dash: nothing that names another file.
     if (req.id.empty() || req.id.find_first_not_of("0123456789-") != std::string::npos) return "";
-    std::ifstream in(dir + "/" + req.id + ".json");
-    if (!in) return "";
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string s = text.str();
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
+    std::string text;
+    if (!ReadText(dir + "/" + req.id + ".json", &text)) return "";
+    return JsonText(ReportFromText(text, req.id));
   }
-  std::string out = "[";
-  for (const std::string& r : ReadReports(dir)) out += (out.size() > 1 ? "," : "") + r;
-  return out + "]";
+  return JsonText(Json(ReadReports(dir)));
 }
 
 std::string RequestCommand(const std::string& request) {

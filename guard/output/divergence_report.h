@@ -12,6 +12,7 @@
 
 #include "guard/common/config.h"
 #include "guard/common/conn_key.h"
+#include "guard/common/json.h"
 #include "guard/common/output_point.h"
 #include "guard/net/wire.h"  // DivergenceRequest
 
@@ -95,10 +96,6 @@ int64_t FirstDifference(const OutputExcerpt& a, const OutputExcerpt& b, uint64_t
 // or why there is none.
 std::string StackAt(const OutputExcerpt& x, int64_t at);
 
-// Bytes as a JSON string that any parser takes: printable ASCII as is,
-// the rest \u00XX (one code point per byte).
-std::string JsonBytes(const std::string& bytes);
-
 // What a report's reader may change when the divergence is the server's own
 // nondeterminism (it comes back at the same place after a repair): the app
 // profile's option that prevents its likely cause, from what is off in
@@ -115,8 +112,11 @@ std::string RequestCommand(const std::string& request);
 // for leader `leader` in dir.
 bool WriteReport(const std::string& dir, const DivergenceReport& report, std::string* error);
 uint64_t NextReportNumber(const std::string& dir, int leader);
-// Every report in dir, as JSON texts, oldest first.
-std::vector<std::string> ReadReports(const std::string& dir);
+// A report file's text as JSON; a damaged one (not a JSON object) as a
+// stand-in that says so: {"id": id, "status": "unreadable", "error": why}.
+Json ReportFromText(std::string_view text, const std::string& id);
+// Every report in dir, oldest first.
+std::vector<Json> ReadReports(const std::string& dir);
 // The answer to a divergence request from the reports in dir: a daemon's
 // (OutputGuard::Divergence), and the CLI's own read of a replica whose
 // daemon is down (reports are read after the fact, on a stopped cluster).

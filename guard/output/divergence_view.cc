@@ -2,98 +2,85 @@
 #include "guard/output/divergence_view.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <ctime>
 #include <string>
 #include <vector>
 
-#include "guard/common/json.h"       // JsonField
 #include "guard/server/log_input.h"  // EscapeBytes
 
 namespace lockstep {
 
-// The top-level items of a JSON array (objects or strings), as texts.
-std::vector<std::string> JsonItems(const std::string& json, size_t open) {
-  std::vector<std::string> items;
-  if (open >= json.size() || json[open] != '[') return items;
-  int depth = 0;
-  bool in_string = false;
-  size_t start = open + 1;
-  for (size_t i = open + 1; i < json.size(); i++) {
-    char c = json[i];
-    if (in_string) {
-      if (c == '\\')
-        i++;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '{' || c == '[')
-      depth++;
-    else if ((c == '}' || c == ']') && depth > 0)
-      depth--;
-    else if ((c == ',' || c == ']') && depth == 0) {
-      std::string item = json.substr(start, i - start);
-      if (item.find_first_not_of(" \n") != std::string::npos) items.push_back(item);
-      start = i + 1;
-      if (c == ']') break;
-    }
+namespace {
+
+// A value for people: a string as is, a number as digits (a fraction to one
+// decimal), "" when missing.
+std::string Shown(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    char b[64];
+    snprintf(b, sizeof b, "%.1f", v.get<double>());
+    return b;
   }
-  return items;
+  if (v.is_number() || v.is_boolean()) return v.dump();
+  return "";
 }
 
-std::vector<std::string> JsonArrayField(const std::string& json, const std::string& key) {
-  size_t at = json.find("\"" + key + "\":[");
-  return at == std::string::npos ? std::vector<std::string>{}
-                                 : JsonItems(json, at + key.size() + 3);
+std::string Field(const Json& r, const char* key) {
+  return Shown(JsonAt(r, key));
 }
 
-// A JSON string literal (quotes included) as bytes: \u00XX is one byte.
-std::string JsonStringBytes(const std::string& lit) {
-  std::string out;
-  for (size_t i = 1; i + 1 < lit.size(); i++) {
-    char c = lit[i];
-    if (c != '\\' || i + 2 >= lit.size()) {
-      out += c;
-      continue;
-    }
-    char e = lit[++i];
-    if (e == 'n')
-      out += '\n';
-    else if (e == 'r')
-      out += '\r';
-    else if (e == 't')
-      out += '\t';
-    else if (e == 'u' && i + 4 < lit.size()) {
-      out += static_cast<char>(std::stoi(lit.substr(i + 1, 4), nullptr, 16));
-      i += 4;
-    } else
-      out += e;
-  }
+// The items of an array field, each as Field would show it.
+std::vector<std::string> Items(const Json& r, const char* key) {
+  std::vector<std::string> out;
+  const Json& v = JsonAt(r, key);
+  if (!v.is_array()) return out;
+  for (const Json& x : v) out.push_back(Shown(x));
   return out;
 }
 
-std::vector<ReportOutput> ReportOutputs(const std::string& report) {
+// The log window's fields: "from..to (N inputs of all connections)".
+std::string Window(const Json& r) {
+  const Json& w = JsonAt(r, "log_window");
+  return Field(w, "from") + ".." + Field(w, "to") + " (" + Field(w, "inputs") +
+         " inputs of all connections)";
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& a : items) out += (out.empty() ? "" : ", ") + a;
+  return out;
+}
+
+}  // namespace
+
+std::vector<ReportOutput> ReportOutputs(const Json& report) {
   std::vector<ReportOutput> outs;
-  for (const auto& x : JsonArrayField(report, "outputs")) {
+  const Json& list = JsonAt(report, "outputs");
+  if (!list.is_array()) return outs;
+  for (const Json& x : list) {
     ReportOutput o;
-    size_t b = x.find("\"bytes\":\"");
-    if (b != std::string::npos) {
-      size_t e = b + 9;
-      while (e < x.size() && x[e] != '"') e += x[e] == '\\' ? 2 : 1;
-      o.bytes = JsonStringBytes(x.substr(b + 8, e - b - 7));
-    }
-    std::string start = JsonField(x, "start"), replica = JsonField(x, "from_replica");
-    o.start = start.empty() ? 0 : std::stoull(start);
-    o.replica = replica.empty() ? -1 : std::stoi(replica);
-    o.note = JsonStringBytes("\"" + JsonField(x, "note") + "\"");
-    o.kept = JsonField(x, "kept") == "true";
+    o.bytes = BytesFromJson(JsonStr(x, "bytes"));
+    o.start = JsonU64(x, "start");
+    int64_t replica = JsonI64(x, "from_replica", -1);
+    o.replica = replica >= 0 && replica <= INT32_MAX ? static_cast<int>(replica) : -1;
+    o.note = JsonStr(x, "note");
+    o.kept = JsonBool(x, "kept");
     outs.push_back(std::move(o));
   }
   return outs;
+}
+
+// A time in ms since the epoch, local as `divergence list` shows it ("?"
+// when absent).
+static std::string UnixMsText(uint64_t ms) {
+  if (ms == 0) return "?";
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm t;
+  localtime_r(&secs, &t);
+  char out[40];
+  strftime(out, sizeof out, "%Y-%m-%d %H:%M:%S", &t);
+  return out;
 }
 
 // A state report's state_agreed_index, for people.
@@ -103,79 +90,65 @@ std::string StateAgreed(const std::string& index) {
              : "last agreed with the reference's at entry " + index + " (an earlier check)";
 }
 
-// A time in ms since the epoch, local as `divergence list` shows it ("?"
-// when malformed).
-static std::string UnixMsText(const std::string& ms) {
-  uint64_t v = 0;
-  auto [end, ec] = std::from_chars(ms.data(), ms.data() + ms.size(), v);
-  if (ec != std::errc() || end != ms.data() + ms.size() || v == 0) return "?";
-  time_t secs = static_cast<time_t>(v / 1000);
-  struct tm t;
-  localtime_r(&secs, &t);
-  char out[40];
-  strftime(out, sizeof out, "%Y-%m-%d %H:%M:%S", &t);
-  return out;
-}
-
-void PrintReport(const std::string& r) {
-  auto f = [&](const char* k) { return JsonField(r, k); };
-  printf("divergence %s: %s\n", f("id").c_str(), f("status").c_str());
-  printf("  kind        %s\n", f("kind") == "state"
-                                   ? "state: the answers to a state check's probe differed"
-                                   : "output: the replies to a client differed");
-  printf("  found by    leader %s, %s\n", f("leader").c_str(),
-         f("leader_diverged") == "true" ? "which is itself the divergent replica"
-                                        : ("replica " + f("replica") + " diverged").c_str());
-  std::vector<std::string> agreeing = JsonArrayField(r, "agreeing");
-  std::string ag;
-  for (const auto& a : agreeing) ag += (ag.empty() ? "" : ", ") + a;
-  printf("  agreeing    %s\n", ag.empty() ? "(no other replica had reported there)" : ag.c_str());
-  printf("  connection  %s, output differs at or before byte %s (last agreeing check: byte %s)\n",
-         f("connection").c_str(), f("offset").c_str(), f("agreed_offset").c_str());
-  size_t lw = r.find("\"log_window\":{");
-  std::string window = lw == std::string::npos ? "" : r.substr(lw, r.find('}', lw) - lw + 1);
-  printf("  log window  entries %s..%s (%s inputs of all connections)\n",
-         JsonField(window, "from").c_str(), JsonField(window, "to").c_str(),
-         JsonField(window, "inputs").c_str());
-  if (f("kind") == "state")
-    printf("  state       %s\n", StateAgreed(f("state_agreed_index")).c_str());
-  if (f("leader_diverged") == "true" && f("new_leader") != "-1" && !f("new_leader").empty())
-    printf("  new leader  replica %s, %s ms after the verdict\n", f("new_leader").c_str(),
-           f("new_leader_ms").c_str());
-  printf("  repair      %s: %s%s%s\n", f("how").c_str(), f("action").c_str(),
-         f("error").empty() ? "" : "; error: ", f("error").c_str());
-  if (!f("hint").empty()) printf("  hint        %s\n", f("hint").c_str());
+std::string ReportText(const Json& r) {
+  std::string o;
+  auto f = [&](const char* k) { return Field(r, k); };
+  auto line = [&o](const std::string& name, const std::string& text) {
+    o += "  " + name + std::string(name.size() < 12 ? 12 - name.size() : 1, ' ') + text + "\n";
+  };
+  bool state = f("kind") == "state", leader_diverged = JsonBool(r, "leader_diverged");
+  o += "divergence " + f("id") + ": " + f("status") + "\n";
+  line("kind", state ? "state: the answers to a state check's probe differed"
+                     : "output: the replies to a client differed");
+  line("found by", "leader " + f("leader") + ", " +
+                       (leader_diverged ? "which is itself the divergent replica"
+                                        : "replica " + f("replica") + " diverged"));
+  std::string agreeing = Join(Items(r, "agreeing"));
+  line("agreeing", agreeing.empty() ? "(no other replica had reported there)" : agreeing);
+  line("connection", f("connection") + ", output differs at or before byte " + f("offset") +
+                         " (last agreeing check: byte " + f("agreed_offset") + ")");
+  line("log window", "entries " + Window(r));
+  if (state) line("state", StateAgreed(f("state_agreed_index")));
+  if (leader_diverged && JsonI64(r, "new_leader", -1) >= 0)
+    line("new leader",
+         "replica " + f("new_leader") + ", " + f("new_leader_ms") + " ms after the verdict");
+  line("repair",
+       f("how") + ": " + f("action") + (f("error").empty() ? "" : "; error: ") + f("error"));
+  if (!f("hint").empty()) line("hint", f("hint"));
   if (f("status") == "recurring")
-    printf("  recurring   found %s time(s), the last at %s\n", f("recurrences").c_str(),
-           UnixMsText(f("recurred_unix_ms")).c_str());
+    line("recurring", "found " + f("recurrences") + " time(s), the last at " +
+                          UnixMsText(JsonU64(r, "recurred_unix_ms")));
   if (f("status") == "repaired" || f("status") == "failed")
-    printf("              restored checkpoint %s in %s ms; in sync again after %s ms\n",
-           f("restored_index").c_str(), f("restore_ms").c_str(), f("total_ms").c_str());
-  printf("  inputs of the connection in the window (the last ones):\n");
-  std::vector<std::string> inputs = JsonArrayField(r, "connection_inputs");
-  if (inputs.empty()) printf("    (none in the log window)\n");
-  for (const auto& in : inputs) printf("    %s\n", JsonStringBytes(in).c_str());  // described
-  long long diff = std::stoll(f("first_difference").empty() ? "-1" : f("first_difference"));
-  printf("  outputs%s:\n",
-         diff >= 0 ? (" (first different byte: " + std::to_string(diff) + ", marked >>)").c_str()
-                   : "");
-  for (const ReportOutput& o : ReportOutputs(r)) {
-    printf("    replica %d (%s):\n", o.replica, o.note.c_str());
-    if (!o.kept) continue;
-    // Around the difference: 160 bytes before, 160 after.
-    uint64_t end = o.start + o.bytes.size();
-    uint64_t at = diff >= 0 ? static_cast<uint64_t>(diff) : end;
-    uint64_t lo = at > o.start + 160 ? at - 160 : o.start;
-    uint64_t hi = std::min<uint64_t>(end, at + 160);
-    std::string before = lo < at && at <= end ? o.bytes.substr(lo - o.start, at - lo) : "";
-    std::string after = at < hi ? o.bytes.substr(at - o.start, hi - at) : "";
-    printf("      [byte %llu] %s%s%s\n", static_cast<unsigned long long>(lo),
-           EscapeBytes(before).c_str(), diff >= 0 ? " >>" : "", EscapeBytes(after).c_str());
+    o += "              restored checkpoint " + f("restored_index") + " in " + f("restore_ms") +
+         " ms; in sync again after " + f("total_ms") + " ms\n";
+  o += "  inputs of the connection in the window (the last ones):\n";
+  std::vector<std::string> inputs = Items(r, "connection_inputs");
+  if (inputs.empty()) o += "    (none in the log window)\n";
+  for (const auto& in : inputs) o += "    " + BytesFromJson(in) + "\n";  // described
+  int64_t diff = JsonI64(r, "first_difference", -1);
+  o += "  outputs" +
+       (diff >= 0 ? " (first different byte: " + std::to_string(diff) + ", marked >>)"
+                  : std::string()) +
+       ":\n";
+  for (const ReportOutput& x : ReportOutputs(r)) {
+    o += "    replica " + std::to_string(x.replica) + " (" + x.note + "):\n";
+    if (!x.kept) continue;
+    // Around the difference: 160 bytes before, 160 after; a difference
+    // outside the excerpt (or a report that says so) marks its end.
+    uint64_t end = x.start + std::min<uint64_t>(x.bytes.size(), UINT64_MAX - x.start);
+    uint64_t at = diff >= 0 ? std::clamp(static_cast<uint64_t>(diff), x.start, end) : end;
+    uint64_t lo = at - x.start > 160 ? at - 160 : x.start;
+    uint64_t hi = end - at > 160 ? at + 160 : end;
+    o += "      [byte " + std::to_string(lo) + "] " +
+         EscapeBytes(std::string_view(x.bytes).substr(lo - x.start, at - lo)) +
+         (diff >= 0 ? " >>" : "") +
+         EscapeBytes(std::string_view(x.bytes).substr(at - x.start, hi - at)) + "\n";
   }
-  std::string stack = JsonStringBytes("\"" + f("stack") + "\""), indented;
-  for (char c : stack)
+  std::string indented;
+  for (char c : f("stack"))
     indented += c == '\n' ? std::string("\n                ") : std::string(1, c);
-  printf("  stack       %s\n", indented.c_str());
+  line("stack", indented);
+  return o;
 }
 
 namespace {
@@ -207,10 +180,11 @@ std::string HtmlBytes(const std::string& bytes) {
 
 }  // namespace
 
-std::string ReportHtml(const std::string& r) {
-  auto f = [&](const char* k) { return JsonStringBytes("\"" + JsonField(r, k) + "\""); };
+std::string ReportHtml(const Json& r) {
+  auto f = [&](const char* k) { return Field(r, k); };
   std::string id = f("id");
-  long long diff = f("first_difference").empty() ? -1 : std::stoll(f("first_difference"));
+  int64_t diff = JsonI64(r, "first_difference", -1);
+  bool leader_diverged = JsonBool(r, "leader_diverged");
   std::string o;
   o += "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lockstep divergence " +
        Html(id) + "</title>\n<style>\n";
@@ -230,13 +204,10 @@ std::string ReportHtml(const std::string& r) {
   auto row = [&](const std::string& k, const std::string& v) {
     o += "<tr><td>" + Html(k) + "</td><td>" + Html(v) + "</td></tr>\n";
   };
-  std::string agreeing;
-  for (const auto& a : JsonArrayField(r, "agreeing"))
-    agreeing += (agreeing.empty() ? "" : ", ") + a;
+  std::string agreeing = Join(Items(r, "agreeing"));
   row("divergent replica",
-      f("leader_diverged") == "true"
-          ? "the leader, replica " + f("replica")
-          : "replica " + f("replica") + " (leader: replica " + f("leader") + ")");
+      leader_diverged ? "the leader, replica " + f("replica")
+                      : "replica " + f("replica") + " (leader: replica " + f("leader") + ")");
   row("agreeing with the reference",
       agreeing.empty() ? "no other replica had reported there" : "replicas " + agreeing);
   row("kind", f("kind") == "state" ? "state (the answers to a state check's probe)"
@@ -244,12 +215,9 @@ std::string ReportHtml(const std::string& r) {
   row("connection", f("connection"));
   row("first different byte", diff >= 0 ? std::to_string(diff) : "not in the kept outputs");
   row("checked", "equal up to byte " + f("agreed_offset") + ", different at byte " + f("offset"));
-  size_t lw = r.find("\"log_window\":{");
-  std::string window = lw == std::string::npos ? "" : r.substr(lw, r.find('}', lw) - lw + 1);
-  row("log window", "entries " + JsonField(window, "from") + ".." + JsonField(window, "to") + " (" +
-                        JsonField(window, "inputs") + " inputs of all connections)");
+  row("log window", "entries " + Window(r));
   if (f("kind") == "state") row("state", StateAgreed(f("state_agreed_index")));
-  if (f("leader_diverged") == "true" && f("new_leader") != "-1" && !f("new_leader").empty())
+  if (leader_diverged && JsonI64(r, "new_leader", -1) >= 0)
     row("new leader",
         "replica " + f("new_leader") + ", " + f("new_leader_ms") + " ms after the verdict");
   row("repair",
@@ -258,13 +226,13 @@ std::string ReportHtml(const std::string& r) {
     row("took", "restore " + f("restore_ms") + " ms, in sync again after " + f("total_ms") + " ms");
   if (!f("hint").empty()) row("hint", f("hint"));
   if (f("status") == "recurring")
-    row("recurring",
-        "found " + f("recurrences") + " time(s), the last at " + UnixMsText(f("recurred_unix_ms")));
+    row("recurring", "found " + f("recurrences") + " time(s), the last at " +
+                         UnixMsText(JsonU64(r, "recurred_unix_ms")));
   if (!f("stack").empty())
     o += "<tr><td>stack at the send</td><td><pre>" + Html(f("stack")) + "</pre></td></tr>\n";
   o += "</table>\n<h2>Inputs of the connection in the window</h2>\n<ul class=\"inputs\">\n";
-  for (const auto& in : JsonArrayField(r, "connection_inputs"))
-    o += "<li>" + Html(JsonStringBytes(in)) + "</li>\n";
+  for (const auto& in : Items(r, "connection_inputs"))
+    o += "<li>" + Html(BytesFromJson(in)) + "</li>\n";
   o += "</ul>\n<h2>Outputs";
   if (diff >= 0) o += " (the first different byte is marked)";
   o += "</h2>\n<div class=\"outs\">\n";
@@ -274,9 +242,8 @@ std::string ReportHtml(const std::string& r) {
     o += "<div class=\"out " + cls + "\"><h3>replica " + std::to_string(out.replica) +
          (cls == "ref" ? " (leader)" : "") + ": " + Html(out.note) + "</h3>\n<pre>";
     if (out.kept) {
-      uint64_t end = out.start + out.bytes.size();
       if (diff >= 0 && static_cast<uint64_t>(diff) >= out.start &&
-          static_cast<uint64_t>(diff) < end) {
+          static_cast<uint64_t>(diff) - out.start < out.bytes.size()) {
         size_t at = static_cast<size_t>(diff - out.start);
         o += "<span title=\"from byte " + std::to_string(out.start) + "\">" +
              HtmlBytes(out.bytes.substr(0, at)) + "</span><mark>" +

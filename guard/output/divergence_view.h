@@ -2,22 +2,18 @@
 // JSON the replicas answer `lockstep divergence` with) for people: the
 // terminal text of `divergence show` and a self-contained HTML page
 // (`divergence show ID --html FILE`: the replicas' outputs side by side, the
-// first different byte marked). Also the few JSON readers the CLI uses on
-// those answers (they come from our own encoder: flat, known fields).
+// first different byte marked). The report comes from another process or
+// from disk: a field that is missing or of another type shows as empty,
+// never a throw (fuzz/fuzz_json feeds these arbitrary JSON).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace lockstep {
+#include "guard/common/json.h"
 
-// The top-level items of the JSON array that opens at json[open], as texts.
-std::vector<std::string> JsonItems(const std::string& json, size_t open);
-// The items of the array field `key` (the first one in the text).
-std::vector<std::string> JsonArrayField(const std::string& json, const std::string& key);
-// A JSON string literal (quotes included) as bytes: \u00XX is one byte.
-std::string JsonStringBytes(const std::string& lit);
+namespace lockstep {
 
 // One replica's output around the difference, as the report keeps it.
 struct ReportOutput {
@@ -27,9 +23,9 @@ struct ReportOutput {
   uint64_t start = 0;  // stream offset of bytes[0]
   std::string bytes;
 };
-std::vector<ReportOutput> ReportOutputs(const std::string& report);
+std::vector<ReportOutput> ReportOutputs(const Json& report);
 
-void PrintReport(const std::string& report);  // to stdout
-std::string ReportHtml(const std::string& report);
+std::string ReportText(const Json& report);  // `divergence show`
+std::string ReportHtml(const Json& report);  // `divergence show --html`
 
 }  // namespace lockstep

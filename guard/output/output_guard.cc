@@ -8,7 +8,6 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "consensus/assert.h"
 #include "guard/common/json.h"
@@ -968,37 +967,37 @@ uint64_t OutputGuard::LogNeededFrom() const {
 
 // ---------------------------------------------------------------- status
 
-std::string OutputGuard::StatusJson() const {
+Json OutputGuard::StatusJson() const {
   size_t reports = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(reports_dir_, ec))
     if (e.path().extension() == ".json") reports++;
-  std::ostringstream o;
-  o << "{\"role\":\"" << (leading_ ? "judge" : "reporter")
-    << "\",\"checks\":" << (checker_ ? checker_->checks() : 0)
-    << ",\"unchecked\":" << (checker_ ? checker_->unchecked() : 0)
-    << ",\"past_cut\":" << (checker_ ? checker_->past_cut() : 0)
-    << ",\"open\":" << (checker_ ? checker_->open() : 0) << ",\"ends_settled\":[";
-  for (int r = 0; r < n_; r++) o << (r ? "," : "") << (checker_ ? checker_->ends_settled(r) : 0);
-  o << "],\"state_agreed\":[";  // by replica: where its state last agreed (0: not known)
-  for (int r = 0; r < n_; r++) o << (r ? "," : "") << (checker_ ? StateAgreedIndex(r) : 0);
-  o << "]"
-    << ",\"unnamed\":" << pipeline_.unnamed_outputs() << ",\"points_sent\":" << points_sent_
-    << ",\"divergences\":" << divergences_ << ",\"reports\":" << reports
-    << ",\"repairs\":" << repairs_ok_ << ",\"repairs_failed\":" << repairs_failed_
-    << ",\"recurrences\":" << recurrences_ << ",\"recurring\":[";
-  for (auto it = recurring_.begin(); it != recurring_.end(); ++it)
-    o << (it == recurring_.begin() ? "" : ",") << it->first;
-  o << "],\"repairing\":" << (repair_ || !repairs_.empty() ? "true" : "false")
-    << ",\"suspended\":[";
-  bool first = true;
+  Json ends_settled = Json::array(), state_agreed = Json::array(), suspended = Json::array();
+  Json recurring = Json::array();
+  for (const auto& [replica, rec] : recurring_) recurring.push_back(replica);
   for (int r = 0; r < n_; r++) {
-    if (!checker_ || !checker_->suspended(r)) continue;
-    o << (first ? "" : ",") << r;
-    first = false;
+    ends_settled.push_back(checker_ ? checker_->ends_settled(r) : 0);
+    // By replica: where its state last agreed (0: not known).
+    state_agreed.push_back(checker_ ? StateAgreedIndex(r) : 0);
+    if (checker_ && checker_->suspended(r)) suspended.push_back(r);
   }
-  o << "]}";
-  return o.str();
+  return Json{{"role", leading_ ? "judge" : "reporter"},
+              {"checks", checker_ ? checker_->checks() : 0},
+              {"unchecked", checker_ ? checker_->unchecked() : 0},
+              {"past_cut", checker_ ? checker_->past_cut() : 0},
+              {"open", checker_ ? checker_->open() : 0},
+              {"ends_settled", std::move(ends_settled)},
+              {"state_agreed", std::move(state_agreed)},
+              {"unnamed", pipeline_.unnamed_outputs()},
+              {"points_sent", points_sent_},
+              {"divergences", divergences_},
+              {"reports", reports},
+              {"repairs", repairs_ok_},
+              {"repairs_failed", repairs_failed_},
+              {"recurrences", recurrences_},
+              {"recurring", std::move(recurring)},
+              {"repairing", repair_ || !repairs_.empty()},
+              {"suspended", std::move(suspended)}};
 }
 
 std::string OutputGuard::Divergence(const DivergenceRequest& req) const {

@@ -33,6 +33,7 @@
 
 #include "consensus/core.h"
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 #include "guard/common/replica_log.h"
 #include "guard/net/wire.h"
 #include "guard/output/divergence_report.h"
@@ -54,7 +55,7 @@ class OutputGuard {
   // in a report (the daemon truncates no further); 0: none.
   uint64_t LogNeededFrom() const;
   // Status JSON object: checks, divergences, repairs.
-  std::string StatusJson() const;
+  Json StatusJson() const;
   // `lockstep divergence`: the list (a JSON array of the reports held here)
   // or one report ("" when not here).
   std::string Divergence(const DivergenceRequest& req) const;

@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <sstream>
 
 #include "checkpoint/spawn.h"
 #include "guard/common/json.h"
@@ -240,18 +239,20 @@ std::optional<CheckpointInfo> Checkpointer::NewestGood(uint64_t max_index) {
   return cp;
 }
 
-std::string Checkpointer::StatusJson(uint64_t now_us) const {
+Json Checkpointer::StatusJson(uint64_t now_us) const {
   (void)now_us;
-  std::ostringstream o;
   uint64_t newest = newest_index_.load();
-  o << "{\"index\":" << newest
-    << ",\"age_s\":" << (newest ? static_cast<int64_t>(time(nullptr)) - newest_time_unix_ : -1)
-    << ",\"kept\":" << kept_ << ",\"taken\":" << taken_ << ",\"failed\":" << failed_
-    << ",\"restores\":" << restores_ << ",\"fetched\":" << fetched_
-    << ",\"last_dump_us\":" << last_dump_us_ << ",\"dumping\":" << (dumping() ? "true" : "false")
-    << ",\"enabled\":" << (policy_.enabled && broken_.empty() ? "true" : "false") << ",\"error\":\""
-    << JsonEscape(last_error_) << "\"}";
-  return o.str();
+  return Json{{"index", newest},
+              {"age_s", newest ? static_cast<int64_t>(time(nullptr)) - newest_time_unix_ : -1},
+              {"kept", kept_},
+              {"taken", taken_},
+              {"failed", failed_},
+              {"restores", restores_},
+              {"fetched", fetched_},
+              {"last_dump_us", last_dump_us_},
+              {"dumping", dumping()},
+              {"enabled", policy_.enabled && broken_.empty()},
+              {"error", last_error_}};
 }
 
 }  // namespace lockstep

@@ -24,6 +24,7 @@
 #include "checkpoint/criu.h"
 #include "checkpoint/store.h"
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 
 namespace lockstep {
 
@@ -95,7 +96,7 @@ class Checkpointer {
   // Every checkpoint of this replica, newest first (as CheckpointStore::List).
   std::vector<CheckpointInfo> List() const { return store_.List(); }
   // Status JSON object: newest index and age, counts, the last error.
-  std::string StatusJson(uint64_t now_us) const;
+  Json StatusJson(uint64_t now_us) const;
   void NoteRestore() { restores_++; }
   // A checkpoint was fetched from a peer into the store.
   void NoteFetched() {

@@ -15,7 +15,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <sstream>
 
 #include "checkpoint/relocate.h"
 #include "checkpoint/spawn.h"
@@ -134,36 +133,29 @@ std::string ServerPipeline::RequestCheckpoint() {
   return "";
 }
 
-std::string ServerPipeline::CheckpointStatusJson(uint64_t now) const {
-  std::ostringstream o;
-  if (checkpointer_) {
-    std::string s = checkpointer_->StatusJson(now);
-    o << s.substr(0, s.size() - 1);  // without the closing brace
-  } else {
-    o << "{\"index\":0,\"age_s\":-1,\"enabled\":false";
-  }
-  o << ",\"server_state\":\"" << JsonEscape(server_state()) << "\",\"crashes\":" << crashes_
-    << ",\"restored_from\":" << restored_index_ << "}";
-  return o.str();
+Json ServerPipeline::CheckpointStatusJson(uint64_t now) const {
+  Json o = checkpointer_ ? checkpointer_->StatusJson(now)
+                         : Json{{"index", 0}, {"age_s", -1}, {"enabled", false}};
+  o["server_state"] = server_state();
+  o["crashes"] = crashes_;
+  o["restored_from"] = restored_index_;
+  return o;
 }
 
 std::string ServerPipeline::CheckpointListJson() const {
-  std::ostringstream o;
-  o << "[";
+  Json list = Json::array();
   if (checkpointer_) {
-    bool first = true;
-    for (const CheckpointInfo& cp : checkpointer_->List()) {
-      if (!first) o << ",";
-      first = false;
-      o << "{\"replica\":" << me_.id << ",\"index\":" << cp.index
-        << ",\"time_unix\":" << cp.meta.time_unix << ",\"bytes\":" << cp.bytes
-        << ",\"dump_us\":" << cp.meta.dump_us << ",\"ok\":" << (cp.ok ? "true" : "false")
-        << ",\"path\":\"" << JsonEscape(cp.path) << "\",\"error\":\"" << JsonEscape(cp.error)
-        << "\"}";
-    }
+    for (const CheckpointInfo& cp : checkpointer_->List())
+      list.push_back({{"replica", me_.id},
+                      {"index", cp.index},
+                      {"time_unix", cp.meta.time_unix},
+                      {"bytes", cp.bytes},
+                      {"dump_us", cp.meta.dump_us},
+                      {"ok", cp.ok},
+                      {"path", cp.path},
+                      {"error", cp.error}});
   }
-  o << "]";
-  return o.str();
+  return JsonText(list);
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -743,16 +735,15 @@ bool ServerPipeline::IsCloneOrigin(std::string* why_not) {
   // cluster's start they all come up at once.
   for (int r = 0; r < static_cast<int>(cfg_.replicas.size()); r++) {
     if (r == me_.id) continue;
-    std::string err, json;
+    std::string err;
+    DaemonStatus st;
     auto c = Client::Connect(cfg_, r, kClonePeerTimeoutMs, &err, Principal::kReplica, me_.id);
-    if (!c || !c->Status(&json, &err, 4 * kClonePeerTimeoutMs)) continue;
-    std::string commit = JsonField(json, "commit_index");
-    size_t at = json.find("\"checkpoint\":{");
-    std::string kept = at == std::string::npos ? "" : JsonField(json.substr(at), "kept");
-    if ((!commit.empty() && commit != "0") || (!kept.empty() && kept != "0")) {
+    if (!c || !c->Status(&st, &err, 4 * kClonePeerTimeoutMs)) continue;
+    uint64_t kept = JsonU64(st.checkpoint, "kept");
+    if (st.commit_index != 0 || kept != 0) {
       *why_not = "cloned_start: replica " + std::to_string(r) +
-                 " has this cluster's state (commit index " + commit + ", " +
-                 (kept.empty() ? "0" : kept) + " checkpoints) and this replica has none";
+                 " has this cluster's state (commit index " + std::to_string(st.commit_index) +
+                 ", " + std::to_string(kept) + " checkpoints) and this replica has none";
       return false;
     }
   }

@@ -28,6 +28,7 @@
 #include "consensus/core.h"
 #include "guard/common/config.h"
 #include "guard/common/event_loop.h"
+#include "guard/common/json.h"
 #include "guard/common/output_point.h"  // OutputPoint, SendStack
 #include "guard/common/replica_log.h"
 #include "guard/server/checkpoint_transfer.h"
@@ -100,9 +101,9 @@ class ServerPipeline {
   // `lockstep checkpoint now`: "" when one will be taken, else why not.
   std::string RequestCheckpoint();
   // Status: {"index":..,"age_s":..,...} of Checkpointer::StatusJson, plus
-  // the server's state; "null" without a server.
-  std::string CheckpointStatusJson(uint64_t now) const;
-  // This replica's checkpoints as a JSON array (lockstep checkpoint list).
+  // the server's state.
+  Json CheckpointStatusJson(uint64_t now) const;
+  // This replica's checkpoints as JSON array text (lockstep checkpoint list).
   std::string CheckpointListJson() const;
   // "running", or why the server is not run any more.
   std::string server_state() const;

@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <sstream>
 
 #include "checkpoint/spawn.h"
 #include "guard/common/command_line.h"
@@ -254,13 +253,15 @@ void StateChecker::Run(std::vector<std::string> argv) {
   finish(true, "");
 }
 
-std::string StateChecker::StatusJson() const {
-  std::ostringstream o;
-  o << "{\"every_s\":" << cfg_.server.state_check_every_s << ",\"checks\":" << checks_
-    << ",\"passes\":" << passes_ << ",\"failed\":" << failed_ << ",\"digest\":\""
-    << JsonEscape(digest_) << "\",\"ms\":" << last_ms_ << ",\"error\":\"" << JsonEscape(error_)
-    << "\",\"last_failure\":\"" << JsonEscape(last_failure_) << "\"}";
-  return o.str();
+Json StateChecker::StatusJson() const {
+  return Json{{"every_s", cfg_.server.state_check_every_s},
+              {"checks", checks_},
+              {"passes", passes_},
+              {"failed", failed_},
+              {"digest", digest_},
+              {"ms", last_ms_},
+              {"error", error_},
+              {"last_failure", last_failure_}};
 }
 
 }  // namespace lockstep

@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "guard/common/config.h"
+#include "guard/common/json.h"
 
 namespace lockstep {
 
@@ -62,7 +63,7 @@ class StateChecker {
   // {"every_s":..,"checks":..,"passes":..,"failed":..,"digest":"..","ms":..,"error":"..",
   //  "last_failure":".."}: error, the last probe's failure (empty once one succeeded);
   //  last_failure, the latest failure's reason, kept.
-  std::string StatusJson() const;
+  Json StatusJson() const;
   // The local port of the probe's connection to the server (0: none yet):
   // an ACCEPT from it is the probe's, not a client's.
   uint16_t probe_port() const { return probe_port_.load(); }
