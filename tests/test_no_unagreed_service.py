@@ -19,7 +19,7 @@ import threading
 import time
 
 import pytest
-from conftest import run
+from conftest import run, writable_redis_profile
 from resp import Redis, RespError
 from test_redis import assert_same_data, digests
 
@@ -106,8 +106,10 @@ def new_leader(cluster, old):
 
 
 @pytest.fixture
-def redis_cluster(cluster):
-    cluster.up(app="redis")
+def redis_cluster(cluster, tmp_path):
+    # Inspections pass every byte (no inspect_commands): what these tests
+    # show is the shim's own rule, not the relay's read-only filter.
+    cluster.up(app=writable_redis_profile(tmp_path))
     return cluster
 
 
@@ -248,8 +250,9 @@ def test_acknowledged_writes_survive_leader_changes(redis_cluster):
 
 
 @pytest.fixture
-def checkpoint_cluster(cluster):
-    cluster.up(app="redis", extra=("--checkpoint-entries", "50"))
+def checkpoint_cluster(cluster, tmp_path):
+    # Inspections pass every byte, as redis_cluster's.
+    cluster.up(app=writable_redis_profile(tmp_path), extra=("--checkpoint-entries", "50"))
     return cluster
 
 
