@@ -332,10 +332,6 @@ struct ls_replay_slot {
   LS_ATOMIC(uint32_t) claim;
 };
 
-/* The highest source port an inspection connection may come from, until
- * the daemon's inspections (ls_inspect_slot below) replace it. */
-#define LS_INSPECT_PORT_MAX 1023
-
 /* An inspection connection the daemon is about to open to its own server
  * (`lockstep inspect`, guard/server/inspection.h), the only connection a
  * replica that does not lead serves besides its replay connections: the
@@ -345,8 +341,11 @@ struct ls_replay_slot {
  * writes the port here, and connects. While this replica does not lead, the
  * shim serves a connection its server accepts only if it comes from
  * inspect_source and a port of a slot whose `accepted` it can turn from 0
- * to 1: one connection per claim. Slots are claimed round-robin (a claim
- * whose connection never came is overwritten 64 claims later). */
+ * to 1: one connection per claim. Once the inspection ends the daemon
+ * clears `port` before its socket lets go of the address and port, so a
+ * claim the shim never took (this replica led then: the connection was a
+ * client's through the log; or the connect failed) cannot serve whoever
+ * binds that port later. Slots are claimed round-robin. */
 struct ls_inspect_slot {
   LS_ATOMIC(uint32_t) port;     /* the daemon's bound local port; 0: none */
   LS_ATOMIC(uint32_t) accepted; /* the shim took the connection from `port` */

@@ -88,9 +88,7 @@ static int claimed_by_daemon(int port, uint32_t peer_ip) {
 }
 
 int inspect_admit(int fd, int port, uint32_t peer_ip, const char* peer) {
-  /* Until eval/inspector.py and the tests use `lockstep inspect`, a
-   * privileged source port still is an inspector (LS_INSPECT_PORT_MAX). */
-  if (!claimed_by_daemon(port, peer_ip) && (port <= 0 || port > LS_INSPECT_PORT_MAX)) {
+  if (!claimed_by_daemon(port, peer_ip)) {
     refused_on_backup(peer);
     return 0;
   }

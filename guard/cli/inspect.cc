@@ -78,7 +78,8 @@ int Relay(std::unique_ptr<Stream> stream, int in_fd, int out_fd) {
       err = std::string("poll: ") + strerror(errno);
       break;
     }
-    if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+    // (poll says POLLHUP of a pipe at its end even when not asked.)
+    if (!in_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       ssize_t n = read(in_fd, buf, sizeof buf);
       if (n > 0) {
         conn.Queue(FrameKind::kInspectData, std::string_view(buf, n));

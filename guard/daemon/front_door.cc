@@ -572,8 +572,9 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
         c->close_after_read = "malformed inspect request";
         return;
       }
-      // The relay does blocking-free but long-lived I/O of its own: the
-      // connection goes to a relay thread, and leaves this loop (CloseConn).
+      // An inspection lasts as long as the inspector likes and carries any
+      // amount of bytes: the connection goes to a relay thread of its own,
+      // and leaves this loop (CloseConn).
       c->inspect = true;
       c->inspect_program = req.program.substr(0, 200);
       c->close_after_read = "handed to an inspection relay";

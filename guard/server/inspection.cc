@@ -216,29 +216,34 @@ Inspections::Inspections(const ClusterConfig& config, const ReplicaConfig& me,
 
 Inspections::~Inspections() {
   stop_ = true;
-  for (auto& r : relays_)
+  for (auto& r : relays_) {
     if (r->thread.joinable()) r->thread.join();
+    if (r->server_fd >= 0) close(r->server_fd);
+  }
 }
 
-void Inspections::Reap() {
+void Inspections::Reap(ShimChannel* shim) {
   for (auto it = relays_.begin(); it != relays_.end();) {
-    if ((*it)->done) {
-      (*it)->thread.join();
-      it = relays_.erase(it);
-    } else {
+    Relay& r = **it;
+    if (!r.done) {
       ++it;
+      continue;
     }
+    r.thread.join();
+    if (shim && r.port) shim->RevokeInspectSlot(r.port);
+    if (r.server_fd >= 0) close(r.server_fd);
+    it = relays_.erase(it);
   }
 }
 
 void Inspections::Serve(std::unique_ptr<Stream> client, const std::string& who,
                         const std::string& peer, const std::string& program, ShimChannel* shim,
                         bool leading) {
-  Reap();
+  Reap(shim);
   int no = next_no_++;
   std::string about = who + " from " + peer + (program.empty() ? "" : " running '" + program + "'");
   std::string failed;
-  int fd = -1;
+  int fd = -1, port = 0;
   if (!shim) {
     failed = "replica " + std::to_string(me_.id) + " runs no server now";
   } else if (relays_.size() >= kMaxRelays) {
@@ -258,20 +263,21 @@ void Inspections::Serve(std::unique_ptr<Stream> client, const std::string& who,
       if (fd >= 0) close(fd);
       fd = -1;
     } else {
-      shim->ClaimInspectSlot(local.sin_addr.s_addr, ntohs(local.sin_port));
+      port = ntohs(local.sin_port);
+      shim->ClaimInspectSlot(local.sin_addr.s_addr, port);
       sockaddr_in to = local;
       to.sin_port = htons(static_cast<uint16_t>(me_.server_port));
-      if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 && errno != EINPROGRESS) {
+      if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 && errno != EINPROGRESS)
         failed = std::string("cannot connect to the server: ") + strerror(errno);
-        close(fd);
-        fd = -1;
-      }
+      // (fd stays open, failed or not, until Reap has revoked the claim.)
     }
   }
   std::string where = leading ? "a client of the leader's server: its requests go through the log"
                               : "outside the log: this replica is a backup (the inspection ends "
                                 "if it comes to lead)";
   auto relay = std::make_unique<Relay>();
+  relay->server_fd = fd;
+  relay->port = port;
   Relay* self = relay.get();
   relay->thread =
       std::thread([this, no, c = std::move(client), fd, failed, about, where, self]() mutable {
@@ -290,7 +296,7 @@ void Inspections::Run(int no, std::unique_ptr<Stream> stream, int server_fd, std
   RespFilter filter(list);
   std::string err;
   auto finish = [&](const std::string& how) {
-    if (server_fd >= 0) close(server_fd);
+    if (server_fd >= 0) shutdown(server_fd, SHUT_RDWR);  // the server sees the end now
     log_("inspection %d by %s: %s", no, about.c_str(), how.c_str());
     self->done = true;
   };
@@ -310,7 +316,7 @@ void Inspections::Run(int no, std::unique_ptr<Stream> stream, int server_fd, std
     }
     return std::string("the server did not accept the connection in time");
   };
-  if (failed.empty()) failed = wait_connected();
+  if (failed.empty() && server_fd >= 0) failed = wait_connected();
   InspectReply reply;
   reply.ok = failed.empty();
   reply.text = reply.ok ? std::string(filtered ? "read-only: the profile's inspect_commands pass"
@@ -426,7 +432,8 @@ void Inspections::Run(int no, std::unique_ptr<Stream> stream, int server_fd, std
       shutdown(server_fd, SHUT_WR);
       server_shut = true;
     }
-    if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+    // (poll says POLLHUP at the end even when not asked.)
+    if (!server_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       ssize_t n = read(server_fd, buf, sizeof buf);
       if (n > 0) {
         bytes_out += n;

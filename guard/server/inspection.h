@@ -84,16 +84,23 @@ class Inspections {
   // leads now (said in the reply and the log).
   void Serve(std::unique_ptr<Stream> client, const std::string& who, const std::string& peer,
              const std::string& program, ShimChannel* shim, bool leading);
+  // On the loop, every pass: joins the relays that ended, revokes their
+  // claims in the shim that runs now (if any) and only then closes their
+  // server sockets. Until then each socket holds its address and port, so
+  // a claim whose connection the shim never took (this replica led, or the
+  // connect failed) cannot be used by anyone who binds the port after.
+  void Reap(ShimChannel* shim);
 
  private:
   struct Relay {
     std::thread thread;
     std::atomic<bool> done{false};
+    int server_fd = -1;  // closed by Reap, after the claim is revoked
+    int port = 0;        // the claim's
   };
   // about: who, from where, running what; where: on a leader or a backup.
   void Run(int no, std::unique_ptr<Stream> client, int server_fd, std::string failed,
            std::string about, std::string where, Relay* self);
-  void Reap();
 
   const ClusterConfig& cfg_;
   const ReplicaConfig& me_;

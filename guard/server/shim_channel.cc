@@ -417,6 +417,13 @@ void ShimChannel::ClaimInspectSlot(uint32_t ipv4, int port) {
   s.port.store(static_cast<uint32_t>(port));
 }
 
+void ShimChannel::RevokeInspectSlot(int port) {
+  for (ls_inspect_slot& s : hdr_->inspect) {
+    uint32_t p = static_cast<uint32_t>(port);
+    s.port.compare_exchange_strong(p, 0);
+  }
+}
+
 int ShimChannel::ClaimReplaySlot(int port) {
   ReuseSlots();
   if (free_slots_.empty() || port <= 0 || port > static_cast<int>(kMaxPort)) return -1;

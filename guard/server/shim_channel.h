@@ -141,6 +141,9 @@ class ShimChannel {
   // ipv4 (network order) and `port`, bound there: the shim serves one
   // connection from there while this replica does not lead.
   void ClaimInspectSlot(uint32_t ipv4, int port);
+  // That claim is over (its socket is still bound): no connection from
+  // `port` is served any more.
+  void RevokeInspectSlot(int port);
   int ClaimReplaySlot(int port);
   void ReleaseReplaySlot(int slot);
   // After a restore: slot (restored in use) now belongs to a fresh
