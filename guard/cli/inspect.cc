@@ -73,7 +73,11 @@ int Relay(std::unique_ptr<Stream> stream, int in_fd, int out_fd) {
     pollfd p[2] = {{conn.fd(), POLLIN, 0}, {in_fd, 0, 0}};
     if (conn.WantsWrite()) p[0].events |= POLLOUT;
     if (!in_eof && conn.queued_bytes() < (4u << 20)) p[1].events = POLLIN;
-    if (poll(p, 2, -1) < 0) {
+    // TLS may hold bytes it took from the socket already (the server's
+    // first data can come in the record of kInspectResult): no poll of the
+    // socket would say so.
+    bool buffered = conn.stream() && conn.stream()->has_buffered();
+    if (poll(p, 2, buffered ? 0 : -1) < 0) {
       if (errno == EINTR) continue;
       err = std::string("poll: ") + strerror(errno);
       break;
@@ -89,7 +93,7 @@ int Relay(std::unique_ptr<Stream> stream, int in_fd, int out_fd) {
       }
     }
     bool ended = false;
-    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+    if (buffered || (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
       bool read_ok = conn.ReadFrames(
           [&](FrameKind kind, std::string_view body) {
             if (kind != FrameKind::kInspectData || body.empty()) {

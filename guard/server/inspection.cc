@@ -392,11 +392,13 @@ void Inspections::Run(int no, std::unique_ptr<Stream> stream, int server_fd, std
     if (client.WantsWrite()) p[0].events |= POLLOUT;
     if (!server_eof && client.queued_bytes() < kHighWater) p[1].events |= POLLIN;
     if (!to_server.empty()) p[1].events |= POLLOUT;
-    if (poll(p, 2, 200) < 0 && errno != EINTR) {
+    // TLS may hold bytes it took from the socket already: no poll says so.
+    bool buffered = (p[0].events & POLLIN) && client.stream() && client.stream()->has_buffered();
+    if (poll(p, 2, buffered ? 0 : 200) < 0 && errno != EINTR) {
       end = std::string("ended: poll: ") + strerror(errno);
       break;
     }
-    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+    if (buffered || (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
       bool ok = true;
       bool read_ok = client.ReadFrames(
           [&](FrameKind kind, std::string_view body) {
