@@ -295,7 +295,7 @@ def compare_tarantool(d, ids, leader):
     addrs = {r["id"]: apps.split_addr(r["server_addr"]) for r in st["replicas"]}
     seen = {}
     for i in ids:
-        with inspector.Relay(addrs[i]) as local:  # a backup's server: privileged ports only
+        with inspector.Relay(addrs[i]) as local:  # a backup's server: inspections only
             c = tarantool.Connection(*local, connection_timeout=10, reconnect_max_attempts=0)
             try:
                 rows = repr([list(map(list, c.select(sp))) for sp in ("docs", "kv")]).encode()

@@ -141,7 +141,7 @@ def split_addr(addr):
 
 def redis_call(addr, *args, timeout=5.0, inspect=False):
     """Sends one command on a fresh connection; returns the reply (raises on an error reply).
-    inspect=True: from a privileged port, as a backup's own server requires (inspector.py)."""
+    inspect=True: through `lockstep inspect`, as a backup's own server requires (inspector.py)."""
     c = Redis(split_addr(addr), timeout=timeout, inspect=inspect)
     try:
         return c.call(*args)

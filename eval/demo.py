@@ -51,7 +51,7 @@ def benchmark(addr, conns, requests):
 
 def redis_cli(addr, *args):
     """redis-cli against a replica's own server (through an inspector.Relay:
-    a backup's server answers only privileged source ports)."""
+    a backup's server serves only its daemon's inspections)."""
     with inspector.Relay(apps.split_addr(addr)) as (host, port):
         return _redis_cli(host, port, *args)
 

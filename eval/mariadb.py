@@ -170,7 +170,7 @@ def wait_sql(addr, proc=None, timeout=60.0):
 
 def inspect_sql(addr, statement, timeout=60):
     """sql() on a replica's own server, through an inspector.Relay (a backup's
-    server answers only privileged source ports)."""
+    server serves only its daemon's inspections)."""
     with inspector.Relay(apps.split_addr(addr)) as (host, port):
         return sql(f"{host}:{port}", statement, timeout)
 

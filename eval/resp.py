@@ -14,15 +14,16 @@ class RespError(Exception):
 
 
 class _Connection:
-    """A TCP connection with a receive buffer. inspect=True connects from a
-    privileged source port, as a backup's server requires (inspector.py)."""
+    """A TCP connection with a receive buffer. inspect=True connects through
+    `lockstep inspect`, as a backup's server requires (inspector.py)."""
 
     def __init__(self, addr, timeout=10.0, inspect=False):
         if inspect:
             self.sock = inspector.connect(addr, timeout=timeout)
         else:
             self.sock = socket.create_connection(addr, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.sock.family != socket.AF_UNIX:  # an inspection is a socket pair
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
 
     def close(self):

@@ -204,6 +204,21 @@ void FailpointReply_(std::string_view in) {
   FUZZ_CHECK(r2.ok == r.ok && r2.text == r.text);
 }
 
+void InspectRequest_(std::string_view in) {
+  InspectRequest r, r2;
+  if (!DecodeInspectRequest(in, &r)) return;
+  std::string again = EncodeInspectRequest(r);
+  FUZZ_CHECK(again == in);
+  FUZZ_CHECK(DecodeInspectRequest(again, &r2) && r2.program == r.program);
+}
+
+void InspectReply_(std::string_view in) {
+  InspectReply r, r2;
+  if (!DecodeInspectReply(in, &r)) return;
+  FUZZ_CHECK(DecodeInspectReply(EncodeInspectReply(r), &r2));
+  FUZZ_CHECK(r2.ok == r.ok && r2.text == r.text);
+}
+
 using Decoder = void (*)(std::string_view);
 constexpr Decoder kDecoders[] = {Message_,
                                  Hello_,
@@ -223,7 +238,9 @@ constexpr Decoder kDecoders[] = {Message_,
                                  RepairResult_,
                                  DivergenceRequest_,
                                  FailpointRequest_,
-                                 FailpointReply_};
+                                 FailpointReply_,
+                                 InspectRequest_,
+                                 InspectReply_};
 constexpr size_t kNumDecoders = sizeof kDecoders / sizeof kDecoders[0];
 
 // The decoder the daemon or the client runs on a frame of this kind.
@@ -246,6 +263,8 @@ void DecodeFrame(FrameKind kind, std::string_view body) {
     case FrameKind::kRepairOrder: return RepairOrder_(body);
     case FrameKind::kFailpoint: return FailpointRequest_(body);
     case FrameKind::kFailpointResult: return FailpointReply_(body);
+    case FrameKind::kInspect: return InspectRequest_(body);
+    case FrameKind::kInspectResult: return InspectReply_(body);
     case FrameKind::kRepairResult: return RepairResult_(body);
     case FrameKind::kDivergence: return DivergenceRequest_(body);
     default: return;

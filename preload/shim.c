@@ -475,7 +475,7 @@ static int after_accept(int lfd, int fd, int flags) {
     }
   }
   if (atomic_load(&hdr->mode) != LS_MODE_LEADER) {
-    if (inspect_admit(fd, port, peer)) return fd; /* an inspector (shim_inspect.c) */
+    if (inspect_admit(fd, port, peer_ipv4(fd), peer)) return fd; /* shim_inspect.c */
     /* A client, not an inspector: most likely one whose leader address
      * went stale. Served here, its writes would be acknowledged and never
      * agreed; closed, it asks for the leader again. */

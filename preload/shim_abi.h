@@ -141,7 +141,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 17u
+#define LS_SHIM_VERSION 18u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -155,25 +155,17 @@
 #define LS_SEND_STACKS 8u             /* recent sends whose stacks a window keeps */
 #define LS_STACK_DEPTH 14u            /* return addresses kept per send */
 #define LS_OUT_SAMPLE_US 20000u       /* a backup samples its connections' outputs this often */
+#define LS_MAX_INSPECT 64u            /* inspection connections claimed and not yet accepted */
 
 /* Daemon -> shim: what a newly accepted client connection is. */
 enum ls_mode {
-  LS_MODE_PASSTHROUGH = 0, /* not the leader: new connections are inspection-only */
+  LS_MODE_PASSTHROUGH = 0, /* not the leader: only the daemon's inspections are served */
   LS_MODE_LEADER = 1,      /* the leader: new connections' inputs are agreed first */
   /* The daemon is stopping its server (SIGTERM): as PASSTHROUGH, and its
    * timers are its own again: no tick will come, and a server that acts on
    * SIGTERM from its timer (redis's cron) would otherwise never do so. */
   LS_MODE_STOPPING = 2
 };
-
-/* The highest source port an inspection connection may come from. A client
- * connection a replica accepts while it does not lead is served only when
- * its peer's port is at most this (a privileged port: only root on the
- * inspecting machine can bind one, and the kernel never picks one as an
- * ephemeral port); any other is closed unread. Otherwise a client holding a
- * stale leader address would be answered by a backup's server, its writes
- * acknowledged and never agreed (eval/inspector.py connects from such ports). */
-#define LS_INSPECT_PORT_MAX 1023
 
 /* LOCKSTEP_SHIM_SERIAL (daemon -> shim, environment): serial_inputs and how
  * an input's turn ends (preload/shim_serial.c), a sum of these. */
@@ -340,6 +332,25 @@ struct ls_replay_slot {
   LS_ATOMIC(uint32_t) claim;
 };
 
+/* An inspection connection the daemon is about to open to its own server
+ * (`lockstep inspect`, guard/server/inspection.h), the only connection a
+ * replica that does not lead serves besides its replay connections: the
+ * daemon binds a local
+ * port on `inspect_source` (never with SO_REUSEADDR or SO_REUSEPORT, so no
+ * other socket can hold that address and port while its socket does),
+ * writes the port here, and connects. While this replica does not lead, the
+ * shim serves a connection its server accepts only if it comes from
+ * inspect_source and a port of a slot whose `accepted` it can turn from 0
+ * to 1: one connection per claim. Once the inspection ends the daemon
+ * clears `port` before its socket lets go of the address and port, so a
+ * claim the shim never took (this replica led then: the connection was a
+ * client's through the log; or the connect failed) cannot serve whoever
+ * binds that port later. Slots are claimed round-robin. */
+struct ls_inspect_slot {
+  LS_ATOMIC(uint32_t) port;     /* the daemon's bound local port; 0: none */
+  LS_ATOMIC(uint32_t) accepted; /* the shim took the connection from `port` */
+};
+
 struct ls_shim_header {
   uint32_t magic;
   uint32_t version;
@@ -368,6 +379,9 @@ struct ls_shim_header {
    * replay_port_bits: the shim admits a replay connection only from there,
    * once per claim of its slot. 0: none yet (none admitted). */
   LS_ATOMIC(uint32_t) replay_source;
+  /* The IPv4 address (network order) of the daemon's inspection
+   * connections (ls_inspect_slot). 0: none yet. */
+  LS_ATOMIC(uint32_t) inspect_source;
 
   /* Written by the shim. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) server_sleepers;
@@ -399,6 +413,7 @@ struct ls_shim_header {
 
   LS_ALIGN64 LS_ATOMIC(uint64_t) replay_port_bits[65536 / 64];
   struct ls_replay_slot replay[LS_MAX_REPLAY];
+  struct ls_inspect_slot inspect[LS_MAX_INSPECT];
 };
 
 static inline uint64_t ls_shim_region_bytes(void) {

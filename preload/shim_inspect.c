@@ -1,8 +1,9 @@
 /* shim_inspect.c — inspection connections: the client connections a
- * replica's server accepts while the replica does not lead. Only an
- * inspector's are served (its source port is privileged, at most
- * LS_INSPECT_PORT_MAX: preload/shim_abi.h), and only until the replica
- * leads; any other is refused (shim.c closes it), since a backup's server
+ * replica's server accepts while the replica does not lead. Only the
+ * daemon's own are served (`lockstep inspect`: it claimed the connection's
+ * address and port in an inspection slot before connecting, shim_abi.h
+ * ls_inspect_slot), once per claim and only until the replica leads; any
+ * other is refused (shim.c closes it) and logged, since a backup's server
  * would acknowledge writes that are never agreed. */
 #include "preload/shim_inspect.h"
 
@@ -67,13 +68,27 @@ static void refused_on_backup(const char* peer) {
   uint64_t before = atomic_exchange(&said_count, n);
   shim_log(
       "closed %llu client connection(s) (latest from %s): this replica does not lead; "
-      "clients must connect to the leader (cluster status), inspectors from a source "
-      "port <= %d",
-      (unsigned long long)(n - before), peer, LS_INSPECT_PORT_MAX);
+      "clients must connect to the leader (cluster status), inspectors use `lockstep "
+      "inspect`",
+      (unsigned long long)(n - before), peer);
 }
 
-int inspect_admit(int fd, int port, const char* peer) {
-  if (port <= 0 || port > LS_INSPECT_PORT_MAX) {
+/* 1 when the connection from peer_ip:port is the one the daemon claimed an
+ * inspection slot for, and the first from there (the slot is used up). */
+static int claimed_by_daemon(int port, uint32_t peer_ip) {
+  uint32_t source = atomic_load(&hdr->inspect_source);
+  if (!source || peer_ip != source || port <= 0) return 0;
+  for (uint32_t i = 0; i < LS_MAX_INSPECT; i++) {
+    struct ls_inspect_slot* s = &hdr->inspect[i];
+    if (atomic_load(&s->port) != (uint32_t)port) continue;
+    uint32_t fresh = 0;
+    if (atomic_compare_exchange_strong(&s->accepted, &fresh, 1)) return 1;
+  }
+  return 0;
+}
+
+int inspect_admit(int fd, int port, uint32_t peer_ip, const char* peer) {
+  if (!claimed_by_daemon(port, peer_ip)) {
     refused_on_backup(peer);
     return 0;
   }

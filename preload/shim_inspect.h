@@ -8,8 +8,9 @@
 
 #include "preload/shim_state.h"
 
-/* 1: fd (accepted, from peer's port) is an inspector's, served; 0: refuse it. */
-LS_HIDDEN int inspect_admit(int fd, int port, const char* peer);
+/* 1: fd (accepted from peer_ip, network order, and port; peer: both as
+ * text) is an inspection connection, served; 0: refuse it. */
+LS_HIDDEN int inspect_admit(int fd, int port, uint32_t peer_ip, const char* peer);
 /* 1 when fd is an inspection connection and this replica has led since: its
  * reads must return EOF. */
 LS_HIDDEN int inspection_closed(int fd);

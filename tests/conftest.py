@@ -128,6 +128,19 @@ def kill_leader_during(cluster, load, started, timeout=300):
     return old
 
 
+def writable_redis_profile(tmp_path):
+    """apps/redis.toml without its inspect_commands, in tmp_path: `lockstep
+    inspect` then passes every byte, so that a test can change a backup's
+    data behind the log's back (a divergence to find and repair)."""
+    text = (ROOT / "apps" / "redis.toml").read_text()
+    start = text.index("inspect_commands = [")
+    end = text.index("]\n", start) + 2
+    shutil.copytree(ROOT / "apps" / "redis", tmp_path / "redis")
+    profile = tmp_path / "redis.toml"
+    profile.write_text(text[:start] + text[end:])
+    return str(profile)
+
+
 class Cluster:
     def __init__(self, directory: Path, base_port: int):
         self.dir = directory

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import run
+from conftest import run, writable_redis_profile
 from resp import Memcached, Redis
 from test_checkpoint import backups, load, wait_checkpoint
 from test_redis import assert_same_data
@@ -170,13 +170,15 @@ def test_a_backup_that_closes_a_connection_the_leader_keeps_is_detected(redis_cl
 
 
 @pytest.mark.parametrize("checkpoints", ["none taken yet", "off"])
-def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(cluster, checkpoints):
+def test_a_divergent_backup_without_a_checkpoint_replays_the_whole_log(
+    cluster, checkpoints, tmp_path
+):
     # Before: a divergence found before any checkpoint was taken (or with
     # checkpoints off) could not be repaired ("no good checkpoint"), though
     # the backup held the whole log: the empty server it started as is the
     # oldest checkpoint of all.
     extra = ["--no-checkpoints"] if checkpoints == "off" else []
-    cluster.up(app="redis", extra=extra)
+    cluster.up(app=writable_redis_profile(tmp_path), extra=extra)
     client = Redis(cluster.client_addr())
     for i in range(20):
         assert client.call("INCR", "n") == i + 1

@@ -78,7 +78,7 @@ LIMIT = 1 << 20
 
 
 def _exchange(host, port, raw, how="read", timeout=15.0, inspect=False):
-    if inspect:  # a backup's own server: from a privileged port (eval/inspector.py)
+    if inspect:  # a backup's own server: through `lockstep inspect` (eval/inspector.py)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
         import inspector
 

@@ -32,7 +32,7 @@ def config(cluster):
 
 def redis_on(addr, *cmd, inspect=False):
     """One command on a fresh connection to addr, from the current thread
-    (inspect=True: a backup's own server, from a privileged port)."""
+    (inspect=True: a backup's own server, through `lockstep inspect`)."""
     c = Redis(addr, timeout=5, inspect=inspect)
     try:
         return c.call(*cmd)

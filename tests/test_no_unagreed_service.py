@@ -9,17 +9,22 @@ connected to a backup (or to a leader address that went stale) had its
 SETs executed and acknowledged at unreplicated speed, in no log and on no
 other replica. The shim now gives such a connection EOF once its replica
 leads. A client connection a backup accepts is now closed unread unless
-it comes from a privileged source port (an inspector: eval/inspector.py),
-so a client holding a stale leader address is refused, not served.
+it is its daemon's inspection (`lockstep inspect`, eval/inspector.py), so
+a client holding a stale leader address is refused, not served, and so is
+one from a privileged source port (issue 27, hole 1: that was the
+inspectors' rule before, and anyone who could bind one wrote outside the
+log).
 """
 
 import os
 import signal
+import socket
+import struct
 import threading
 import time
 
 import pytest
-from conftest import run
+from conftest import run, writable_redis_profile
 from resp import Redis, RespError
 from test_redis import assert_same_data, digests
 
@@ -106,8 +111,10 @@ def new_leader(cluster, old):
 
 
 @pytest.fixture
-def redis_cluster(cluster):
-    cluster.up(app="redis")
+def redis_cluster(cluster, tmp_path):
+    # Inspections pass every byte (no inspect_commands): what these tests
+    # show is the shim's own rule, not the relay's read-only filter.
+    cluster.up(app=writable_redis_profile(tmp_path))
     return cluster
 
 
@@ -248,8 +255,9 @@ def test_acknowledged_writes_survive_leader_changes(redis_cluster):
 
 
 @pytest.fixture
-def checkpoint_cluster(cluster):
-    cluster.up(app="redis", extra=("--checkpoint-entries", "50"))
+def checkpoint_cluster(cluster, tmp_path):
+    # Inspections pass every byte, as redis_cluster's.
+    cluster.up(app=writable_redis_profile(tmp_path), extra=("--checkpoint-entries", "50"))
     return cluster
 
 
@@ -303,8 +311,8 @@ def test_a_client_of_a_backup_or_a_stale_leader_address_is_refused(redis_cluster
     """A client (an ordinary source port) that reaches a replica's server
     while that replica does not lead is closed unread, whether it picked a
     backup or holds the address of a leader that has since lost its place;
-    the write lands nowhere, and the server's log says why. An inspector
-    (a privileged source port) is still answered."""
+    the write lands nowhere, and the server's log says why. An inspection
+    (`lockstep inspect`) is still answered."""
     c = redis_cluster
     leader = wait_serving(c)
     b = next(r for r in range(3) if r != leader)
@@ -391,3 +399,138 @@ def test_a_replay_connection_is_taken_only_from_its_daemon(redis_cluster):
     assert reports(c) == []
     log = (c.dir / f"replica-{b}" / "server.log").read_text()
     assert "refused a connection from 127.0.0.2" in log, log[-2000:]
+
+
+def privileged_connection(addr):
+    """A connection to addr from a source port below 1024 (the harness runs
+    as root), or None when the server refused it at once."""
+    for port in range(600, 1024):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.settimeout(3)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            s.close()
+            continue
+        try:
+            s.connect(addr)
+        except OSError:
+            s.close()
+            return None
+        conn = Redis.__new__(Redis)
+        conn.sock, conn.buf = s, b""
+        return conn
+    raise AssertionError("no privileged port free")
+
+
+def test_a_privileged_source_port_is_no_inspector(cluster):
+    """Issue 27, hole 1: a backup's server used to serve, unreplicated, any
+    connection from a source port below 1024, so that whoever could bind one
+    wrote outside the log (SET pwn 1 to every replica's server_addr, then
+    GET pwn through client_addr said 1). Now only its daemon's inspections
+    are served there: such a connection is closed unread, before and after
+    a failover, and the server's log says so."""
+    c = cluster
+    c.up(app="redis")
+    leader = wait_serving(c)
+
+    def attack_backups(leader):
+        for r in range(3):
+            if r == leader:
+                continue  # its server_addr is client_addr: a client, through the log
+            conn = privileged_connection(c.server_addr(r))
+            assert conn is None or refused(conn, "SET", "pwn", "1"), f"replica {r} served it"
+            if conn:
+                conn.close()
+
+    attack_backups(leader)
+    client = Redis(c.client_addr())
+    assert client.call("GET", "pwn") is None
+    client.close()
+    kill_daemon(c, leader)
+    now = new_leader(c, leader)
+    wait_serving(c)
+    client = Redis(c.client_addr())
+    assert client.call("GET", "pwn") is None  # the new leader was a backup attacked above
+    client.close()
+    run("cluster", "restart", "--dir", c.dir, "--id", leader)
+    c.wait(lambda s: s["replicas"][leader]["role"] == "backup", 30, f"replica {leader} back")
+    wait_serving(c)
+    attack_backups(now)
+    client = Redis(c.client_addr())
+    assert client.call("GET", "pwn") is None
+    client.close()
+    assert on_no_replica(c, "pwn")
+    for r in range(3):
+        if r != now:
+            log = (c.dir / f"replica-{r}" / "server.log").read_text(errors="replace")
+            assert "this replica does not lead" in log, f"replica {r}'s server.log:\n{log[-2000:]}"
+    assert_same_data(c, timeout=30)
+
+
+def inspect(c, r, *args, config=None, input=None):
+    ref = ("--config", config) if config else ("--dir", c.dir)
+    return run("inspect", *ref, "--id", r, *args, check=False, input=input)
+
+
+def test_lockstep_inspect_reads_a_backup_read_only_and_logs_it(cluster, tmp_path):
+    c = cluster
+    c.up(app="redis")
+    client = Redis(c.client_addr())
+    assert client.pipeline([("SET", f"k{i}", i) for i in range(7)]) == ["OK"] * 7
+    client.close()
+    leader = c.leader()
+    b = next(r for r in range(3) if r != leader)
+    c.wait(lambda s: s["replicas"][b]["applied_index"] >= 7, 10, "the backup applied")
+    p = inspect(c, b, "--", "redis-cli", "-p", "{port}", "DBSIZE")
+    assert p.returncode == 0 and p.stdout.strip() == "7", (p.stdout, p.stderr)
+    # stdin/stdout, like nc: a write is answered with an error, not executed
+    p = inspect(c, b, input="GET k3\r\nSET pwn 1\r\nDBSIZE\r\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[:4] == [
+        "$1",
+        "3",
+        (
+            "-ERR lockstep inspect: 'SET' is not among this profile's inspect_commands "
+            "(inspection is read-only)"
+        ),
+        ":7",
+    ], p.stdout
+    p = inspect(c, b, "--", "redis-cli", "-p", "{port}", "SET", "pwn", "1")
+    assert "not among this profile's inspect_commands" in p.stdout, (p.stdout, p.stderr)
+    assert on_no_replica(c, "pwn")
+    # The leader: a client of its server, through the log.
+    p = inspect(c, leader, "--", "redis-cli", "-p", "{port}", "GET", "k6")
+    assert p.returncode == 0 and p.stdout.strip() == "6", (p.stdout, p.stderr)
+    # Without the admin credential: a client's copy of cluster.toml, or a
+    # wrong admin secret, is refused.
+    blog = c.dir / f"replica-{b}.log"
+    opened_before = blog.read_text(errors="replace").count(": opened, ")
+    text = (c.dir / "cluster.toml").read_text()
+    client_copy = c.dir / "client.toml"  # beside keys/, as a client machine has it
+    client_copy.write_text(
+        "\n".join(line for line in text.splitlines() if "admin_secret" not in line)
+    )
+    p = inspect(c, b, "--", "redis-cli", "-p", "{port}", "DBSIZE", config=client_copy)
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    assert "admin credential" in p.stderr or "wrong admin secret" in p.stderr, p.stderr
+    wrong = c.dir / "wrong.toml"
+    wrong.write_text(
+        "\n".join(
+            'admin_secret = "00000000000000000000000000000000"' if "admin_secret" in line else line
+            for line in text.splitlines()
+        )
+    )
+    p = inspect(c, b, "--", "redis-cli", "-p", "{port}", "DBSIZE", config=wrong)
+    assert p.returncode != 0 and "wrong admin secret" in p.stderr, (p.stdout, p.stderr)
+    # Logged: who, what it ran, the commands and the refusals.
+    log = blog.read_text(errors="replace")
+    assert "running 'redis-cli -p {port} DBSIZE'" in log, log[-3000:]
+    assert "commands: DBSIZE x1" in log, log[-3000:]
+    assert "refused: SET x1" in log, log[-3000:]
+    assert "by admin from 127.0.0.1" in log, log[-3000:]
+    assert "refused an unauthenticated admin connection" in log, log[-3000:]
+    assert log.count(": opened, ") == opened_before, log[-3000:]  # none without the credential
+    assert_same_data(c, timeout=30)

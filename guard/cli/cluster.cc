@@ -108,6 +108,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     for (const std::string& f : p.files)
       server->profile_files.push_back(std::filesystem::path(p.path).parent_path() / f);
     server->unchecked_replies = p.unchecked_replies;
+    server->inspect_commands = p.inspect_commands;
   } else if (!o.command.empty()) {
     server->command = o.command;
   } else {
@@ -211,7 +212,9 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeBool("unchecked_greeting", &p.unchecked_greeting, error) ||
       !t.TakeString("prepare", &p.prepare, false, error) ||
       !t.TakeFileList("files", &p.files, error) ||
-      !t.TakeUncheckedReplies(&p.unchecked_replies, error) || !t.NoLeftovers(error))
+      !t.TakeUncheckedReplies(&p.unchecked_replies, error) ||
+      !t.TakeCommandList("inspect_commands", false, &p.inspect_commands, error) ||
+      !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
   if (every) p.state_check_every_s = static_cast<uint64_t>(every);

@@ -74,6 +74,7 @@ struct AppProfile {
   // the data template; {port} and {dir} in them become each replica's.
   std::vector<std::string> files;
   std::string unchecked_replies;  // commands whose replies are not compared (config.h)
+  std::string inspect_commands;   // what `lockstep inspect` lets through (config.h)
   std::string description;        // one line for people
   std::string bench;              // how to benchmark it (free text)
   std::string path;

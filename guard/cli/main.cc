@@ -20,6 +20,7 @@
 #include "consensus/sim.h"
 #include "guard/cli/bench.h"
 #include "guard/cli/cluster.h"
+#include "guard/cli/inspect.h"
 #include "guard/cli/options.h"
 #include "guard/common/config.h"
 #include "guard/common/json.h"
@@ -579,6 +580,46 @@ void AddFailpoint(CommandLine& cl) {
   });
 }
 
+// ------------------------------------------------------------------ inspect
+
+void AddInspect(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long id = 0;
+    long long listen = -1;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = cl.Add(
+      &cl.root(), "inspect", "read a replica's own server, through its daemon (admin)",
+      "Connects to replica N's own server through N's daemon (TLS, admin_secret): the\n"
+      "only connection a replica's server serves outside the log. On a backup it is not\n"
+      "replicated and ends once that replica leads; on the leader it is a client like any\n"
+      "other, through the log. A profile with inspect_commands (redis's) makes it read-only:\n"
+      "other commands are answered with an error. The replica logs every inspection.\n"
+      "  lockstep inspect --id 1                     stdin/stdout to the server (as nc)\n"
+      "  lockstep inspect --id 1 -- redis-cli -p {port} DBSIZE\n"
+      "                                              PROGRAM connects to 127.0.0.1:{port};\n"
+      "                                              exits with PROGRAM's status\n"
+      "  lockstep inspect --id 1 --listen 0          relays every connection to a local port\n"
+      "                                              (printed) until killed");
+  AddNumber(cmd, "--id", &o->id, "the replica", 0, 1 << 20)->required();
+  AddClusterRef(cmd, &o->ref);
+  AddNumber(cmd, "--listen", &o->listen, "serve this local port (0: any) until killed", 0, 65535,
+            "none");
+  const AfterDashDash* rest = &cl.rest();
+  cl.TakesRest(cmd);
+  cl.OnRun(cmd, [o, rest] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    InspectOptions io;
+    io.id = static_cast<int>(o->id);
+    io.listen_port = static_cast<int>(o->listen);
+    io.program = rest->args;
+    return RunInspect(c, io);
+  });
+}
+
 // ------------------------------------------------------------------ checkpoint
 
 int CheckpointNow(const ClusterRef& ref, long long id, bool wait) {
@@ -912,6 +953,7 @@ int main(int argc, char** argv) {
   AddLog(cl);
   AddTruncate(cl);
   AddFailpoint(cl);
+  AddInspect(cl);
   AddCheckpoint(cl);
   AddDivergence(cl);
   AddKeys(cl);

@@ -351,12 +351,17 @@ bool TomlTable::TakeBool(const std::string& key, bool* dst, std::string* error) 
 }
 
 bool TomlTable::TakeUncheckedReplies(std::string* dst, std::string* error) {
-  const std::string key = "unchecked_replies";
+  return TakeCommandList("unchecked_replies", true, dst, error);
+}
+
+bool TomlTable::TakeCommandList(const std::string& key, bool bounded, std::string* dst,
+                                std::string* error) {
   const TomlValue* v = Find(key);
   if (!v) return true;
   const std::string expected =
-      "commands, each one or two words of letters, digits, '_', '-' or '|' (at most " +
-      std::to_string(RESP_LIST) + " of them, words under " + std::to_string(RESP_WORD) +
+      "commands, each one or two words of letters, digits, '_', '-' or '|' (" +
+      (bounded ? "at most " + std::to_string(RESP_LIST) + " of them, " : std::string()) +
+      "words under " + std::to_string(RESP_WORD) +
       " characters), as one string separated by commas (\"INFO, CLIENT LIST\") or an array "
       "([\"INFO\", \"CLIENT LIST\"])";
   std::string list;
@@ -376,8 +381,22 @@ bool TomlTable::TakeUncheckedReplies(std::string* dst, std::string* error) {
   } else {
     return WrongType(key, *v, expected, error);
   }
-  if (resp_list_parse(&parsed, list.c_str()) != 0)
-    return Fail(v->pos, "field '" + key + "': expected " + expected, error);
+  // Unbounded: each entry on its own (resp_list holds RESP_LIST at most); an
+  // empty list is refused (it would read as no list: everything passes).
+  bool bad = false;
+  if (bounded) {
+    bad = resp_list_parse(&parsed, list.c_str()) != 0;
+  } else {
+    size_t start = 0;
+    while (!bad && start <= list.size()) {
+      size_t comma = list.find(',', start);
+      if (comma == std::string::npos) comma = list.size();
+      std::string one = list.substr(start, comma - start);
+      bad = resp_list_parse(&parsed, one.c_str()) != 0 || parsed.count != 1;
+      start = comma + 1;
+    }
+  }
+  if (bad) return Fail(v->pos, "field '" + key + "': expected " + expected, error);
   *dst = list;
   taken_.insert(key);
   return true;
@@ -697,6 +716,8 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                   "field 'rendered_files' names files of the data template, but there is no "
                   "data_template");
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
+    if (!s.TakeCommandList("inspect_commands", false, &c.server.inspect_commands, error))
+      return false;
     if (!s.NoLeftovers(error)) return false;
   }
 
@@ -862,6 +883,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (!c.server.unchecked_replies.empty())
       o << "# replies not compared between replicas (preload/shim_unchecked.c)\n"
         << "unchecked_replies = " << TomlQuote(c.server.unchecked_replies) << "\n";
+    if (!c.server.inspect_commands.empty())
+      o << "# what `lockstep inspect` lets through (guard/server/inspection.h)\n"
+        << "inspect_commands = " << TomlQuote(c.server.inspect_commands) << "\n";
     const CheckpointPolicy& p = c.checkpoint;
     o << "\n# CRIU checkpoints of each backup's server (checkpoint/README.md): after\n"
       << "# every_entries applied entries, every_log_bytes of log or every_seconds,\n"

@@ -40,6 +40,9 @@
 //                           # (stdout and stderr) holds this text
 //   unchecked_replies = "INFO, CLIENT LIST"  # optional: redis-protocol commands whose
 //                           # replies are not compared between replicas (shim_unchecked.c)
+//   inspect_commands = "GET, DBSIZE, DEBUG DIGEST"  # optional: `lockstep inspect` is
+//                           # read-only, redis's protocol: other requests are refused
+//                           # (guard/server/inspection.h); unset: every byte passes
 //   same_random = true      # optional (false): the server's randomness is the same on every
 //                           # replica (preload/shim_random.c), seeded from the secret
 //   same_clock = true       # optional (false): the server's wall clock reads, on every
@@ -253,6 +256,11 @@ struct ClusterConfig {
     // between replicas by nature (pids, ports, uptimes, memory figures):
     // preload/shim_unchecked.c. From the app profile's `unchecked_replies`.
     std::string unchecked_replies;
+    // What `lockstep inspect` lets through to the server, for a server
+    // speaking redis's protocol ("GET, DBSIZE, DEBUG DIGEST": one word allows
+    // every subcommand); any other request is refused. Empty: every byte
+    // passes. From the app profile's `inspect_commands`.
+    std::string inspect_commands;
   } server;
   bool has_server() const { return !server.command.empty(); }
   CheckpointPolicy checkpoint;
@@ -319,6 +327,9 @@ class TomlTable {
   // accepts, as one string ("INFO, CLIENT LIST") or an array of strings
   // (["INFO", "CLIENT LIST"]); *dst gets the string form, which the shim reads.
   bool TakeUncheckedReplies(std::string* dst, std::string* error);
+  // The same for any such list (inspect_commands); bounded: at most
+  // RESP_LIST commands, as the shim's resp_list holds.
+  bool TakeCommandList(const std::string& key, bool bounded, std::string* dst, std::string* error);
   // Relative file paths, as an array of strings (["a.conf", "sub/b.ndb"]) or
   // one string separated by commas ("a.conf, sub/b.ndb"): none empty,
   // absolute or climbing out with "..". Missing: an empty list.

@@ -158,6 +158,7 @@ std::string GetterError(const std::string& text, const std::string& key) {
   if (key == "flag") t.TakeBool(key, &b, &error);
   if (key == "files") t.TakeFileList(key, &files, &error);
   if (key == "unchecked_replies") t.TakeUncheckedReplies(&s, &error);
+  if (key == "inspect_commands") t.TakeCommandList(key, false, &s, &error);
   if (error.empty()) t.NoLeftovers(&error);
   return error;
 }
@@ -193,6 +194,15 @@ TEST(ParseToml, WhatLockstepDoesNotTakeIsRefusedWithLineAndColumn) {
       "one command"));
   EXPECT_TRUE(StartsWith(GetterError("unchecked_replies = 'INFO,'\n", "unchecked_replies"),
                          "p.toml:1:21: field 'unchecked_replies': expected commands"));
+  // inspect_commands: as unchecked_replies, but any number of them; an
+  // empty list would read as none (every byte passes), so it is refused
+  std::string many = "inspect_commands = [";
+  for (int i = 0; i < 40; i++) many += "'C" + std::to_string(i) + "', ";
+  EXPECT_EQ(GetterError(many + "'DEBUG DIGEST']\n", "inspect_commands"), "");
+  EXPECT_TRUE(StartsWith(GetterError("inspect_commands = []\n", "inspect_commands"),
+                         "p.toml:1:20: field 'inspect_commands': expected commands"));
+  EXPECT_TRUE(StartsWith(GetterError("inspect_commands = 'GET,,SET'\n", "inspect_commands"),
+                         "p.toml:1:20: field 'inspect_commands': expected commands"));
   // unknown fields: the nearest known one, else the list of them
   EXPECT_EQ(GetterError("port = 1\nprot = 2\n", "port"),
             "p.toml:2:1: unknown field 'prot' in the top level (did you mean 'port'?)");

@@ -262,6 +262,10 @@ bool Daemon::Init() {
   hooks.serve_checkpoint = [this](std::unique_ptr<Stream> to, uint64_t min_index) {
     pipeline_->ServeCheckpoint(std::move(to), min_index);
   };
+  hooks.serve_inspection = [this](std::unique_ptr<Stream> to, const std::string& who,
+                                  const std::string& peer, const std::string& program) {
+    pipeline_->ServeInspection(std::move(to), who, peer, program);
+  };
   hooks.checkpoint = [this](CheckpointOp op) {
     if (op == CheckpointOp::kList) return CheckpointReply{true, pipeline_->CheckpointListJson()};
     std::string why = pipeline_->RequestCheckpoint();

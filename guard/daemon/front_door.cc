@@ -275,9 +275,15 @@ void FrontDoor::CloseConn(FrameConn* c, const std::string& why) {
   // A checkpoint fetch leaves the loop here, its TLS session with it.
   std::unique_ptr<Stream> handed;
   int64_t from = c->checkpoint_from;
-  if (from >= 0) handed = c->ReleaseStream();
+  bool inspect = c->inspect && hooks_.serve_inspection;
+  std::string who = PrincipalName(c->principal), peer = inspect ? PeerHost(fd) : "";
+  std::string program = c->inspect_program;
+  if (from >= 0 || inspect) handed = c->ReleaseStream();
   conns_.erase(fd);
-  if (handed) hooks_.serve_checkpoint(std::move(handed), static_cast<uint64_t>(from));
+  if (handed && inspect)
+    hooks_.serve_inspection(std::move(handed), who, peer, program);
+  else if (handed)
+    hooks_.serve_checkpoint(std::move(handed), static_cast<uint64_t>(from));
 }
 
 void FrontDoor::OnConnReadable(FrameConn* c) {
@@ -551,6 +557,22 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       // connection goes to a sender thread, and leaves this loop (CloseConn).
       c->checkpoint_from = static_cast<int64_t>(req.min_index);
       c->close_after_read = "handed to the checkpoint sender";
+      return;
+    }
+    case FrameKind::kInspect: {
+      // Outside the log on a backup: the admin's alone (inspection.h).
+      if (!Permit(c, {Principal::kAdmin}, "inspecting the server")) return;
+      InspectRequest req;
+      if (!DecodeInspectRequest(body, &req)) {
+        c->close_after_read = "malformed inspect request";
+        return;
+      }
+      // An inspection lasts as long as the inspector likes and carries any
+      // amount of bytes: the connection goes to a relay thread of its own,
+      // and leaves this loop (CloseConn).
+      c->inspect = true;
+      c->inspect_program = req.program.substr(0, 200);
+      c->close_after_read = "handed to an inspection relay";
       return;
     }
     case FrameKind::kDivergence: {

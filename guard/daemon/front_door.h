@@ -56,6 +56,11 @@ class FrontDoor {
     std::function<void(int from, FrameKind kind, std::string_view body)> on_peer_frame;
     // kDivergence: the reply's JSON ("" when a report asked for is not here).
     std::function<std::string(const DivergenceRequest&)> divergence;
+    // Takes a connection (an admin's, its kInspect read) and relays it to
+    // this replica's server (guard/server/inspection.h): who, from where.
+    std::function<void(std::unique_ptr<Stream>, const std::string& who, const std::string& peer,
+                       const std::string& program)>
+        serve_inspection;
     // kFailpoint (an admin's): sets the spec; the reply says what is in force.
     std::function<FailpointReply(const std::string& spec)> failpoint;
   };

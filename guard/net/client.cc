@@ -154,6 +154,19 @@ bool Client::Failpoint(const std::string& spec, FailpointReply* reply, std::stri
   return true;
 }
 
+bool Client::Inspect(const std::string& program, InspectReply* reply, std::string* error) {
+  std::string body;
+  // The daemon connects to its server first (5 s at most).
+  if (!Ask(FrameKind::kInspect, EncodeInspectRequest(InspectRequest{program}),
+           FrameKind::kInspectResult, &body, 10000, error))
+    return false;
+  if (!DecodeInspectReply(body, reply)) {
+    *error = "malformed inspect reply (a daemon of another version?)";
+    return false;
+  }
+  return true;
+}
+
 bool Client::Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error) {
   std::string body;
   if (!Ask(FrameKind::kCheckpoint, EncodeCheckpointRequest(CheckpointRequest{op}),

@@ -45,6 +45,13 @@ class Client {
   bool Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error);
   // `lockstep divergence list|show`: the daemon's JSON; false only when it did not answer.
   bool Divergence(const DivergenceRequest& req, std::string* json, std::string* error);
+  // `lockstep inspect` (admin): asks for a relay to the replica's own
+  // server (guard/server/inspection.h); program: what the inspector runs,
+  // for the replica's log. False only when the daemon did not answer (or
+  // refused the request: *error says why). When reply->ok, the connection
+  // carries kInspectData frames from here on: TakeStream has it.
+  bool Inspect(const std::string& program, InspectReply* reply, std::string* error);
+  std::unique_ptr<Stream> TakeStream() { return std::move(stream_); }
   // State transfer: receives the replica's newest checkpoint with index >=
   // min_index into dest_dir (which must not exist): its files as they are
   // on the replica's disk, MANIFEST included, unverified. The connection is

@@ -292,6 +292,32 @@ bool DecodeFailpointReply(std::string_view in, FailpointReply* reply) {
   return true;
 }
 
+std::string EncodeInspectRequest(const InspectRequest& req) {
+  ByteWriter w;
+  w.bytes(req.program);
+  return std::move(w.str());
+}
+
+bool DecodeInspectRequest(std::string_view in, InspectRequest* req) {
+  ByteReader r(in);
+  return r.bytes(&req->program) && r.done();
+}
+
+std::string EncodeInspectReply(const InspectReply& reply) {
+  ByteWriter w;
+  w.u8(reply.ok ? 1 : 0);
+  w.bytes(reply.text);
+  return std::move(w.str());
+}
+
+bool DecodeInspectReply(std::string_view in, InspectReply* reply) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  if (!r.u8(&ok) || !r.bytes(&reply->text) || !r.done()) return false;
+  reply->ok = ok != 0;
+  return true;
+}
+
 std::string EncodeCheckpointPart(const CheckpointPart& part) {
   ByteWriter w;
   w.bytes(part.path);

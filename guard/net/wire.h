@@ -56,6 +56,12 @@ enum class FrameKind : uint8_t {
   // admin -> daemon: a failpoint spec (guard/daemon/failpoints.h); reply: ok, text.
   kFailpoint = 38,
   kFailpointResult = 39,
+  // admin -> daemon: relay me to your own server (`lockstep inspect`,
+  // guard/server/inspection.h); reply: ok, text. Then both ways
+  // kInspectData frames: bytes of the connection, an empty one its end.
+  kInspect = 40,
+  kInspectResult = 41,
+  kInspectData = 42,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
 // Before a connection has authenticated: HELLO and AUTH are a few dozen
@@ -190,6 +196,21 @@ struct FailpointReply {
 };
 std::string EncodeFailpointReply(const FailpointReply& reply);
 bool DecodeFailpointReply(std::string_view in, FailpointReply* reply);
+
+// kInspect: what the inspector runs (its command line, for the daemon's log
+// of who inspected what); kInspectResult: whether the relay is open, and
+// what it lets through (or why not).
+struct InspectRequest {
+  std::string program;  // "" for a plain byte relay (stdin/stdout)
+};
+std::string EncodeInspectRequest(const InspectRequest& req);
+bool DecodeInspectRequest(std::string_view in, InspectRequest* req);
+struct InspectReply {
+  bool ok = false;
+  std::string text;
+};
+std::string EncodeInspectReply(const InspectReply& reply);
+bool DecodeInspectReply(std::string_view in, InspectReply* reply);
 
 struct FetchCheckpointRequest {
   uint64_t min_index = 0;  // the checkpoint must hold at least the log up to here
@@ -356,6 +377,8 @@ class FrameConn {
   uint64_t opened_us = 0;                    // when it was accepted (handshake deadline)
   uint32_t proposals_waiting = 0;            // its proposals not yet answered (FrontDoor)
   int64_t checkpoint_from = -1;  // >= 0: handed to a checkpoint sender on close (that index on)
+  bool inspect = false;          // handed to an inspection relay on close (FrontDoor)
+  std::string inspect_program;   // what the inspector runs (InspectRequest)
 
  private:
   int fd_;

@@ -106,6 +106,14 @@ void ServerPipeline::ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_in
   }
 }
 
+void ServerPipeline::ServeInspection(std::unique_ptr<Stream> to, const std::string& who,
+                                     const std::string& peer, const std::string& program) {
+  if (!inspections_) inspections_ = std::make_unique<Inspections>(cfg_, me_, log_);
+  bool running = server_ && shim_ && server_failed_.empty();
+  inspections_->Serve(std::move(to), who, peer, program, running ? shim_.get() : nullptr,
+                      core_.role() == Role::kLeader);
+}
+
 uint64_t ServerPipeline::log_needed_from() const {
   if (!checkpointer_) return 0;
   // The oldest kept checkpoint, not the newest: if the newest is found

@@ -233,6 +233,7 @@ bool ServerPipeline::server_read_all() const {
 
 bool ServerPipeline::Healthy(uint64_t now) {
   TransferStep(now);
+  if (inspections_) inspections_->Reap(shim_.get());
   if (checkpointer_ && !checkpoint_wanted_ && !checkpointer_->dumping())
     checkpointer_->Poll(me_.dir + "/server", now);  // collects a commit that finished
   if (shim_ && !shim_->error().empty()) {

@@ -33,6 +33,7 @@
 #include "guard/common/replica_log.h"
 #include "guard/server/checkpoint_transfer.h"
 #include "guard/server/checkpointer.h"
+#include "guard/server/inspection.h"
 #include "guard/server/replay.h"
 #include "guard/server/server.h"
 #include "guard/server/shim_channel.h"
@@ -110,6 +111,10 @@ class ServerPipeline {
   // A peer asks for a checkpoint (state transfer) on `to`, the connection
   // its request came on; sent by a thread, then closed.
   void ServeCheckpoint(std::unique_ptr<Stream> to, uint64_t min_index);
+  // An admin's `lockstep inspect` on `to` (inspection.h): relayed to the
+  // server by a thread, which logs who and what.
+  void ServeInspection(std::unique_ptr<Stream> to, const std::string& who, const std::string& peer,
+                       const std::string& program);
 
   // ---- What the server sent (server_output.cc; output_guard.h judges it).
   // The next digest of the server's output, its connection named as the
@@ -291,6 +296,7 @@ class ServerPipeline {
   bool close_all_open_ = false;       // a restored leader closes every connection, its own too
 
   std::unique_ptr<CheckpointSenders> senders_;
+  std::unique_ptr<Inspections> inspections_;  // made at the first inspection
   std::unique_ptr<CheckpointFetcher> fetcher_;
   // kNoServer: the server is down (it died, or the replica restarted) and
   // nothing here rebuilds it: the log starts past every local checkpoint.

@@ -409,6 +409,21 @@ void ShimChannel::SetReplaySource(uint32_t ipv4) {
   hdr_->replay_source.store(ipv4);
 }
 
+void ShimChannel::ClaimInspectSlot(uint32_t ipv4, int port) {
+  hdr_->inspect_source.store(ipv4);
+  ls_inspect_slot& s = hdr_->inspect[next_inspect_slot_++ % LS_MAX_INSPECT];
+  s.port.store(0);  // no half-made claim is ever matched
+  s.accepted.store(0);
+  s.port.store(static_cast<uint32_t>(port));
+}
+
+void ShimChannel::RevokeInspectSlot(int port) {
+  for (ls_inspect_slot& s : hdr_->inspect) {
+    uint32_t p = static_cast<uint32_t>(port);
+    s.port.compare_exchange_strong(p, 0);
+  }
+}
+
 int ShimChannel::ClaimReplaySlot(int port) {
   ReuseSlots();
   if (free_slots_.empty() || port <= 0 || port > static_cast<int>(kMaxPort)) return -1;

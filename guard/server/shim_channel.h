@@ -137,6 +137,13 @@ class ShimChannel {
   // port before connecting, read the server's progress on it, release it
   // after close.
   void SetReplaySource(uint32_t ipv4);
+  // An inspection connection (guard/server/inspection.h) about to come from
+  // ipv4 (network order) and `port`, bound there: the shim serves one
+  // connection from there while this replica does not lead.
+  void ClaimInspectSlot(uint32_t ipv4, int port);
+  // That claim is over (its socket is still bound): no connection from
+  // `port` is served any more.
+  void RevokeInspectSlot(int port);
   int ClaimReplaySlot(int port);
   void ReleaseReplaySlot(int slot);
   // After a restore: slot (restored in use) now belongs to a fresh
@@ -223,7 +230,8 @@ class ShimChannel {
  private:
   void Fail(const std::string& why);
   void ReuseSlots();
-  uint32_t NextClaim();  // a fresh ls_replay_slot::claim
+  uint32_t NextClaim();             // a fresh ls_replay_slot::claim
+  uint32_t next_inspect_slot_ = 0;  // round-robin (shim_abi.h ls_inspect_slot)
   void UseRings();
   bool TakeOutputHead(uint64_t* head);
 
