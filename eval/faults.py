@@ -23,6 +23,11 @@ on a backup as the run's seed says, each held for a random while and then healed
                 record's canary and the replica exits, as a crash would; healed by
                 `cluster restart` (its recovery must drop the torn tail)
   clock-jump    the replica's clock jumps 0.5-3 s ahead (as if it alone had paused)
+  attacker      a hostile process in the client namespace (eval/attacker.py): SETs of its
+                own to the backups' server ports from privileged and ordinary source ports,
+                and recorded TLS bytes replayed to the daemons' client ports; any reply a
+                backup's server gives it is a problem of the run, and its keys must be on
+                no replica (the replicas must still hold the same)
 
 The failpoint kinds need a cluster made with `cluster up --failpoints`, as the runner's
 are; their random draws are seeded from the run's seed too.
@@ -71,6 +76,7 @@ import tomllib
 from pathlib import Path
 
 import history  # eval/history.py: the client workload and the lincheck call
+from attacker import Attacker
 from netns import run_in_netns
 from resp import Redis
 
@@ -93,6 +99,7 @@ KINDS = [
     "slow-disk",
     "torn-write",
     "clock-jump",
+    "attacker",
 ]
 # Porcupine checks each key's history on its own, and its search grows fast with the
 # writes of unknown outcome a key collects (a leader's server killed mid-op leaves
@@ -185,6 +192,7 @@ class Run:
         self.events: list[dict] = []
         self.heals: list = []  # what is still to be undone, in order
         self.problems: list[str] = []
+        self.attacks: dict = {"privileged": 0, "scan": 0, "replay": 0, "served": 0}
 
     # ------------------------------------------------------------- cluster
     def status(self):
@@ -277,6 +285,8 @@ class Run:
             return r, lambda: sh(
                 "ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "lockstep_faults"
             )
+        if kind == "attacker":
+            return self.attack(s)
         if kind in ("msg-loss", "slow-disk", "torn-write", "clock-jump"):
             seed = self.rng.randrange(1 << 32)
             spec = {
@@ -294,6 +304,28 @@ class Run:
                 return r, lambda: self.failpoint(r, "off")
             return r, lambda: self.heal_torn(r)
         raise ValueError(f"unknown fault kind {kind}")
+
+    def attack(self, s):
+        """Starts an attacker against the backups of now (eval/attacker.py); its heal stops
+        it and counts what it tried and what a backup's server answered it."""
+        lead = s["leader"]
+        backups = [(p["id"], p["host"], p["server_port"]) for p in self.replicas if p["id"] != lead]
+        daemons = [(p["host"], p["client_port"]) for p in self.replicas]
+        a = Attacker(backups, daemons, self.rng.getrandbits(32))
+        run_in_netns(self.client_ns, a.start)
+
+        def heal():
+            a.stop()
+            for kind, n in a.tries.items():
+                self.attacks[kind] += n
+            # A backup that came to lead meanwhile serves clients, the attacker among them,
+            # through the log: that is no hole.
+            led = {lead, self.status()["leader"]}
+            served = [what for replica, what in a.served if replica not in led]
+            self.attacks["served"] += len(served)
+            self.problems += served
+
+        return (lead if lead is not None else 0), heal
 
     def failpoint(self, r, *spec):
         lockstep("failpoint", "--dir", self.dir, "--id", r, *spec)
@@ -508,6 +540,7 @@ class Run:
             "daemon_crashes": crashes,
             "events": self.events,
             "problems": self.problems,
+            "attacks": self.attacks if self.kind == "attacker" else None,
             "seconds": round(time.monotonic() - t_start, 1),
         }
 

@@ -1,8 +1,8 @@
 """The fault runner (eval/faults.py, scripts/faults) in short: a few randomized runs
 against redis on namespace hosts, each checked for linearizability (porcupine), lost
 acknowledged writes and identical replicas. The full campaign is `scripts/faults --runs
-100`; here four kinds of fault (a process killed, a link cut, a torn write, lost and late
-messages), one run each, that must come out clean, and the runner must fail a run whose
+100`; here five kinds of fault (a process killed, a link cut, a torn write, lost and late
+messages, an attacker on the clients' network), one run each, that must come out clean, and the runner must fail a run whose
 checks fail."""
 
 import json
@@ -27,16 +27,21 @@ def faults(tmp_path, *args):
 
 
 def test_a_short_fault_campaign_is_clean(tmp_path):
-    kinds = "kill-daemon,partition,torn-write,msg-loss"
-    p = faults(tmp_path, "--runs", 4, "--seconds", 5, "--seed", 7, "--kinds", kinds)
+    kinds = "kill-daemon,partition,torn-write,msg-loss,attacker"
+    p = faults(tmp_path, "--runs", 5, "--seconds", 5, "--seed", 7, "--kinds", kinds)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert s["failed_runs"] == 0 and len(s["results"]) == 4, s["results"]
+    assert s["failed_runs"] == 0 and len(s["results"]) == 5, s["results"]
     for r in s["results"]:
         assert r["faults"] >= 1 and r["known_ops"] > 100, r
         assert r["linearizable"] and r["lost_acknowledged"] == 0 and r["replicas_identical"], r
         assert all(e["unavailable_ms"] is not None for e in r["events"]), r["events"]
         assert all(e["new_client_unserved_ms"] is not None for e in r["events"]), r["events"]
+    # The attacker (eval/attacker.py) tried each of its ways, and no backup's server
+    # answered it.
+    attacked = next(r for r in s["results"] if r["kind"] == "attacker")["attacks"]
+    assert all(attacked[k] > 0 for k in ("privileged", "scan", "replay")), attacked
+    assert attacked["served"] == 0, attacked
     summary = (tmp_path / "out" / "summary.md").read_text()
     for kind in kinds.split(","):
         assert f"| {kind} |" in summary, summary
