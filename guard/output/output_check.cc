@@ -316,6 +316,23 @@ void OutputChecker::Resume(int replica) {
   // A repaired server sends from its checkpoint's offsets again.
   for (auto it = newest_.begin(); it != newest_.end();)
     it = it->first.first == replica ? newest_.erase(it) : std::next(it);
+  // What it reported before its repair, still open (a place whose verdict
+  // waited for the other backups, a point the leader had not reached), was
+  // the replaced server's: judged now, it made a second report of a
+  // repaired replica (CI under ASan: 500 ms after the first verdict, the
+  // repair done in between).
+  for (auto it = disputes_.begin(); it != disputes_.end();) {
+    it->second.digests.erase(replica);
+    it = it->second.digests.empty() ? disputes_.erase(it) : std::next(it);
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->replica != replica) {
+      ++it;
+      continue;
+    }
+    if (it->p.ended) ends_settled_[replica]++;
+    it = pending_.erase(it);
+  }
 }
 
 }  // namespace lockstep

@@ -76,6 +76,28 @@ TEST(OutputCheck, TheBackupThatDiffersAloneDiverged) {
   EXPECT_TRUE(c.Poll(7).empty());
 }
 
+// A place still open when a replica was judged divergent elsewhere (its
+// verdict waits for the other backup's word) holds the replaced server's
+// digest: once the replica is repaired and resumed, that digest is not
+// judged (it made a second report of a repaired replica).
+TEST(OutputCheck, WhatARepairedReplicaReportedBeforeItsRepairIsNotJudged) {
+  OutputChecker c(3, kLeader);
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnLeaderPoint(Pt(250, 0xbb, 14));
+  c.OnBackupPoint(2, Pt(100, 0xcc), 0);
+  c.OnBackupPoint(1, Pt(100, 0xaa), 0);
+  c.OnBackupPoint(2, Pt(250, 0xdd), 1);  // backup 1 has not spoken at 250 yet
+  c.OnBackupPoint(2, Pt(400, 0xee), 1);  // nor the leader at 400
+  std::vector<Divergence> v = c.Poll(2);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].offset, 100u);
+  c.Resume(2);  // repaired
+  EXPECT_TRUE(c.Poll(2 + OutputChecker::kVerdictWaitUs).empty());
+  c.OnLeaderPoint(Pt(400, 0xff, 16));
+  EXPECT_TRUE(c.Poll(3 + OutputChecker::kPendingUs).empty());
+  EXPECT_EQ(c.open(), 0u);
+}
+
 // What a test waits for before it asserts that nothing diverged: each
 // backup's end of the stream settled, and no question open.
 TEST(OutputCheck, EndsSettledAndOpenQuestionsAreCounted) {
