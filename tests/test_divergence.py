@@ -7,6 +7,7 @@ one with a byte flipped while its own server executes it as sent
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -102,7 +103,10 @@ def test_a_flipped_input_is_detected_reported_and_rolled_back(redis_cluster):
     # The divergent server's stack at the send of that byte, named.
     # (Debian's redis-server is a link to redis-check-rdb: the file mapped.)
     assert r["stack"].startswith(f"replica {b}'s server, at the send of bytes"), r["stack"]
-    assert "\n#1 _writeToClient+0x" in r["stack"] and "aeMain+0x" in r["stack"], r["stack"]
+    # (Under ASan an unnamed frame may come between its write interceptor and
+    # _writeToClient: seen once in a sanitized run.)
+    assert re.search(r"\n#[12] _writeToClient\+0x", r["stack"]), r["stack"]
+    assert "aeMain+0x" in r["stack"], r["stack"]
     # Repaired: every replica holds the same data, the backup's fk is right.
     assert_same_data(c)
     assert Redis(c.server_addr(b), inspect=True).call("GET", "fk") == b"flipme-A"
