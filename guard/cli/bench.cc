@@ -41,15 +41,6 @@ double Pct(std::vector<double> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 struct RunResult {
   std::string transport, durability;
   int replicas = 3, clients = 1;
@@ -209,10 +200,10 @@ struct ConsensusArgs {
 };
 
 int BenchConsensus(const ConsensusArgs& o) {
-  auto transports = SplitList(o.transport);
-  auto durabilities = SplitList(o.durability);
-  auto replica_list = SplitList(o.replicas);
-  auto client_list = SplitList(o.clients);
+  auto transports = SplitCommas(o.transport);
+  auto durabilities = SplitCommas(o.durability);
+  auto replica_list = SplitCommas(o.replicas);
+  auto client_list = SplitCommas(o.clients);
   double seconds = o.seconds;
   size_t payload = static_cast<size_t>(o.payload);
   std::string dir = o.dir;

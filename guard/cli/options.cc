@@ -20,15 +20,6 @@ bool ParseWhole(const std::string& s, long long* v) {
   return *end == 0 && errno == 0;
 }
 
-std::vector<std::string> SplitCommas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // "a, b or c"
 std::string Alternatives(const std::vector<std::string>& allowed) {
   std::string out;
@@ -74,6 +65,15 @@ std::string Wrap(const std::string& text, size_t width) {
 constexpr size_t kHelpWidth = 100;
 
 }  // namespace
+
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
 
 // The help of every command: its description, a usage line, every option
 // with its default, the prose of the footer; a family (`cluster`, `bench`)

@@ -95,4 +95,7 @@ CLI::Option* AddNumber(CLI::App* app, const std::string& name, long long* value,
 void AddClusterRef(CLI::App* app, ClusterRef* ref);
 std::string DefaultDirShown();  // "$LOCKSTEP_DIR or /tmp/lockstep-cluster"
 
+// The non-empty items of a comma-separated list ("a,,b": a and b).
+std::vector<std::string> SplitCommas(const std::string& s);
+
 }  // namespace lockstep
