@@ -15,9 +15,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -116,11 +119,37 @@ int Relay(std::unique_ptr<Stream> stream, int in_fd, int out_fd) {
   return 1;
 }
 
-// One local connection: its own inspection, relayed until either side ends.
-void ServeOne(const ClusterConfig& c, const InspectOptions& o, int fd) {
-  if (auto s = Open(c, o)) Relay(std::move(s), fd, fd);
-  close(fd);
-}
+// The relays of local connections, each on a thread of its own. The
+// command returns only once they have ended (or after a grace period): a
+// relay still running would read the caller's config after it is gone, and
+// its buffers would be left behind (LeakSanitizer counts them).
+struct Relays {
+  std::mutex mu;
+  std::condition_variable ended;
+  int running = 0;
+
+  // One local connection: its own inspection, relayed until either side ends.
+  void Start(const ClusterConfig& c, const InspectOptions& o, int fd) {
+    std::lock_guard lock(mu);
+    ++running;
+    std::thread([this, &c, &o, fd] {
+      if (auto s = Open(c, o)) Relay(std::move(s), fd, fd);
+      close(fd);
+      std::lock_guard lock(mu);
+      --running;
+      ended.notify_all();
+    }).detach();
+  }
+
+  // After the program exited its sockets are closed, so each relay ends once
+  // the daemon has said the server's side is done too: a short wait.
+  void WaitAll() {
+    std::unique_lock lock(mu);
+    if (!ended.wait_for(lock, std::chrono::seconds(5), [&] { return running == 0; }))
+      fprintf(stderr, "lockstep inspect: %d relay(s) still open after 5 s; leaving them\n",
+              running);
+  }
+};
 
 std::string Substitute(std::string arg, const std::string& what, const std::string& with) {
   for (size_t at = arg.find(what); at != std::string::npos; at = arg.find(what, at + with.size()))
@@ -178,6 +207,8 @@ int RunInspect(const ClusterConfig& c, const InspectOptions& o) {
     printf("listening on 127.0.0.1:%s\n", port.c_str());
     fflush(stdout);
   }
+  // Static: a relay left running past the grace period must not outlive it.
+  static Relays relays;
   for (;;) {
     pollfd p[2] = {{lfd, POLLIN, 0}, {pidfd, POLLIN, 0}};
     // Without a pidfd (an old kernel) the child is looked at twice a second.
@@ -185,12 +216,14 @@ int RunInspect(const ClusterConfig& c, const InspectOptions& o) {
     if (n < 0 && errno != EINTR) break;
     if (child > 0) {
       int status = 0;
-      if (waitpid(child, &status, WNOHANG) == child)
+      if (waitpid(child, &status, WNOHANG) == child) {
+        relays.WaitAll();
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
     }
     if (n > 0 && (p[0].revents & POLLIN)) {
       int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) std::thread([&c, &o, fd] { ServeOne(c, o, fd); }).detach();
+      if (fd >= 0) relays.Start(c, o, fd);
     }
   }
   fprintf(stderr, "lockstep inspect: %s\n", strerror(errno));
