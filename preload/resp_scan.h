@@ -193,7 +193,7 @@ static inline int resp_request_done(const struct resp_list* l, struct resp_in* i
       resp_word_is(in, 0, "MONITOR") ||
       (resp_word_is(in, 0, "CLIENT") && in->argc > 1 && resp_word_is(in, 1, "REPLY")))
     return -1;
-  int unchecked = resp_listed(l, in);
+  int unchecked = l ? resp_listed(l, in) : 1; /* NULL: every request (a lease read's) */
   /* In a transaction the command's reply is "+QUEUED" and its real reply
    * is an element of EXEC's: EXEC's whole reply is then left unchecked. */
   if (resp_word_is(in, 0, "MULTI")) {
@@ -263,7 +263,8 @@ static inline size_t resp_whole_request(struct resp_in* in, const unsigned char*
   return i;
 }
 
-/* Scans n request bytes. For each unchecked request, push(ctx, number);
+/* Scans n request bytes. For each unchecked request (every one when l is
+ * NULL), push(ctx, number);
  * push returns 0 when its queue is full (skipping then ends). Once skipping
  * ends the scanner reads nothing more. */
 static inline void resp_scan_requests(const struct resp_list* l, struct resp_in* in,

@@ -242,9 +242,12 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
   for (;;) {
     drain_done();
     if (readable(c) > 0) {
+      uint64_t from = c->consumed;
       size_t n = take(c, iov, iovcnt, peek);
       if (!peek) note_replay_read(c, n);
-      if (!peek && n) out_input(c->fd, iov, iovcnt, n);
+      /* The first lease_n bytes read are a lease read's (shim_rings.c). */
+      size_t lease_n = c->lease_end > from ? (size_t)(c->lease_end - from) : 0;
+      if (!peek && n) out_input(c->fd, iov, iovcnt, n, lease_n < n ? lease_n : n);
       wake_watch_leave();
       pthread_mutex_unlock(&mu);
       return (ssize_t)n;

@@ -141,7 +141,7 @@
 #endif
 
 #define LS_SHIM_MAGIC 0x4c53484du /* "LSHM" */
-#define LS_SHIM_VERSION 18u
+#define LS_SHIM_VERSION 19u
 
 #define LS_SUB_RING_BYTES (16u << 20) /* submissions: records of up to max_chunk bytes */
 #define LS_DONE_RING_SLOTS (1u << 16) /* completions: fixed 24-byte slots */
@@ -382,6 +382,13 @@ struct ls_shim_header {
   /* The IPv4 address (network order) of the daemon's inspection
    * connections (ls_inspect_slot). 0: none yet. */
   LS_ATOMIC(uint32_t) inspect_source;
+  /* Lease reads (LOCKSTEP_SHIM_LEASE_READS_RESP): until this CLOCK_MONOTONIC
+   * time no other replica can lead (consensus/core.h LeaseUntil), so a
+   * read-only request may be served by this server without the log. 0: no
+   * lease (not leading, not serving yet, no lease configured). Written by
+   * the daemon before it sends anything after a change that ends it (a
+   * hand-over's kTakeOver, a promise to another ballot). */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) lease_until_ns;
 
   /* Written by the shim. */
   LS_ALIGN64 LS_ATOMIC(uint32_t) server_sleepers;
@@ -410,6 +417,10 @@ struct ls_shim_header {
   LS_ATOMIC(uint64_t) out_dropped_busy;            /* records dropped: producer lock busy */
   LS_ATOMIC(uint64_t) out_unhashed;  /* output calls whose bytes could not be hashed */
   LS_ATOMIC(uint64_t) out_unslotted; /* tracked connections that got no output slot */
+  /* Lease reads (shim; monotonic): requests served under the lease, and the
+   * read-only ones that went through the log for want of one. */
+  LS_ALIGN64 LS_ATOMIC(uint64_t) lease_reads;
+  LS_ATOMIC(uint64_t) lease_misses;
 
   LS_ALIGN64 LS_ATOMIC(uint64_t) replay_port_bits[65536 / 64];
   struct ls_replay_slot replay[LS_MAX_REPLAY];

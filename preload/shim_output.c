@@ -159,6 +159,7 @@ void out_init(char* base) {
           atomic_store(&out_win[i].state, LS_OUT_GONE);
   }
   if (out_on) unck_init();
+  lease_init(out_on);
   atomic_store(&hdr->out_enabled, (uint32_t)out_on);
 }
 
@@ -166,6 +167,10 @@ void out_init(char* base) {
 static inline int out_slot_of(int fd) {
   if (!out_on || fd < 0 || fd >= LS_MAX_FD) return -1;
   return (int)atomic_load_explicit(&out_of_fd[fd], memory_order_acquire) - 1;
+}
+
+int out_slot(int fd) {
+  return out_slot_of(fd);
 }
 
 /* Sends in progress per output slot: the kernel may have taken (and the
@@ -625,10 +630,10 @@ static ssize_t as_sent(int fd, ssize_t n, size_t meant) {
   return (ssize_t)meant;
 }
 
-void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n) {
+void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n, size_t lease_n) {
   int slot = out_slot_of(fd);
   if (slot >= 0 && n > 0) atomic_store_explicit(&out_st[slot].greeting, 0, memory_order_relaxed);
-  if (slot >= 0 && unck_on) unck_input(slot, iov, iovcnt, n);
+  if (slot >= 0 && unck_on) unck_input(slot, iov, iovcnt, n, lease_n);
 }
 
 /* The kernel took n bytes of a send (n <= 0: none, or an error): hash

@@ -22,12 +22,15 @@ LS_HIDDEN void out_open(int fd, uint32_t conn, int replay_slot);
 LS_HIDDEN void out_end(int fd, uint32_t flag);
 /* In a forked child: nothing is hashed any more. */
 LS_HIDDEN void out_after_fork(void);
+/* fd's output slot, or -1 when its output is not hashed. */
+LS_HIDDEN int out_slot(int fd);
 /* fd's output stream offset (bytes compared so far); UINT64_MAX when not hashed. */
 LS_HIDDEN uint64_t out_offset(int fd);
 /* The leader's client on fd is gone: its stream is cut where it stands
  * (LS_OUT_CUT, once). Not the leader: nothing. Keeps errno. */
 LS_HIDDEN void out_cut(int fd);
-/* The server read n (> 0) bytes of iov from the tracked connection fd. */
-LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n);
+/* The server read n (> 0) bytes of iov from the tracked connection fd, the
+ * first lease_n of them a lease read's (shim_rings.c lease_serve). */
+LS_HIDDEN void out_input(int fd, const struct iovec* iov, int iovcnt, size_t n, size_t lease_n);
 
 #endif

@@ -30,6 +30,7 @@
 #include "preload/shim_order.h"
 #include "preload/shim_output.h"
 #include "preload/shim_state.h"
+#include "preload/shim_unchecked.h"
 
 #define LS_TICK_RETRY_NS 10000000ull /* a dropped tick is asked for again after 10 ms */
 
@@ -516,6 +517,35 @@ void reattach(struct conn* c, int fresh) {
   if (atomic_load(&hdr->replay_waiting)) wake_daemon();
 }
 
+/* A lease read (issue 26, LOCKSTEP_SHIM_LEASE_READS_RESP): the n bytes a
+ * client just sent on c (the last n of its inbox) are served by this server
+ * without the log when they are whole read-only requests (shim_unchecked.c
+ * unck_lease_requests), everything c sent before has been read by the
+ * server, and the daemon's lease holds now. While it holds no other replica
+ * can lead, so nothing can have been committed that this server will not
+ * have executed before it reads them: they go into the delivery FIFO as
+ * agreed, behind every input taken before them, ahead of every one taken
+ * after. Their replies are left out of the hashed stream (the backups never
+ * see them). 1: served so; 0: they go through the log. Called with mu held. */
+static int lease_serve(struct conn* c, const char* p, size_t n) {
+  uint64_t before = c->received - n;
+  if (c->consumed != before || c->committed_end != before || c->chunked_end != before ||
+      c->broken || fifo_count >= LS_FIFO_SLOTS)
+    return 0;
+  int requests = unck_lease_requests(out_slot(c->fd), p, n);
+  if (requests == 0) return 0;
+  uint64_t until = atomic_load_explicit(&hdr->lease_until_ns, memory_order_acquire);
+  if (until == 0 || now_ns() >= until) {
+    atomic_fetch_add_explicit(&hdr->lease_misses, (uint64_t)requests, memory_order_relaxed);
+    return 0;
+  }
+  c->committed_end = c->received;
+  c->lease_end = c->received;
+  push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
+  atomic_fetch_add_explicit(&hdr->lease_reads, (uint64_t)requests, memory_order_relaxed);
+  return 1;
+}
+
 /* Moves what the kernel holds for a client connection into its inbox and
  * hands it to the daemon. Called with mu held. */
 void ingest(struct conn* c) {
@@ -556,7 +586,7 @@ void ingest(struct conn* c) {
         continue;
       }
       c->received += (uint64_t)n;
-      submit(c, LS_SUB_DATA, tail, (uint32_t)n);
+      if (!lease_on || !lease_serve(c, tail, (size_t)n)) submit(c, LS_SUB_DATA, tail, (uint32_t)n);
       if ((uint64_t)n < max_chunk) return;
       continue;
     }

@@ -78,6 +78,9 @@ struct conn {
   uint64_t committed_end; /* stream bytes agreed (contiguous) */
   uint64_t consumed;      /* stream bytes the server has read */
   uint64_t chunked_end;   /* stream offset where the next DATA chunk starts */
+  /* Bytes up to here that the server has not read yet are a lease read's
+   * (shim_rings.c lease_serve): their replies are left out of the stream. */
+  uint64_t lease_end;
   /* Output on fd when its last agreed input was handed to the server
    * (drain_order): past it, the server has begun to answer that input (the
    * reply gate's "a shorter reply is over", shim_rings.c). */

@@ -64,13 +64,64 @@ static int unck_push(void* ctx, uint64_t number) {
   return 1;
 }
 
-void unck_input(int slot, const struct iovec* iov, int iovcnt, size_t n) {
+void unck_input(int slot, const struct iovec* iov, int iovcnt, size_t n, size_t lease_n) {
   struct unck_conn* u = &unck_st[slot];
   for (int i = 0; i < iovcnt && n > 0; i++) {
+    const unsigned char* p = iov[i].iov_base;
     size_t k = iov[i].iov_len < n ? iov[i].iov_len : n;
-    resp_scan_requests(&unck_list, &u->in, iov[i].iov_base, k, unck_push, u);
     n -= k;
+    if (lease_n > 0) { /* whole requests (unck_lease_requests): every reply left out */
+      size_t l = k < lease_n ? k : lease_n;
+      resp_scan_requests(NULL, &u->in, p, l, unck_push, u);
+      lease_n -= l;
+      p += l;
+      k -= l;
+    }
+    resp_scan_requests(&unck_list, &u->in, p, k, unck_push, u);
   }
+}
+
+/* ------------------------------------------------------------ lease reads */
+
+int lease_on;
+static struct resp_list lease_list;
+
+void lease_init(int hashed) {
+  const char* list = getenv("LOCKSTEP_SHIM_LEASE_READS_RESP");
+  if (!list || !*list) return;
+  if (resp_list_parse(&lease_list, list) != 0) {
+    shim_log(
+        "LOCKSTEP_SHIM_LEASE_READS_RESP is not a list of commands: every read goes "
+        "through the log");
+    return;
+  }
+  lease_on = 1;
+  if (hashed) unck_on = 1; /* its replies must be found to be left out */
+}
+
+int unck_lease_requests(int slot, const char* p, size_t n) {
+  if (slot >= 0 && unck_on) {
+    const struct unck_conn* u = &unck_st[slot];
+    if (u->in.state != RESP_IN_START || u->in.in_multi) return 0;
+  }
+  struct resp_in in;
+  memset(&in, 0, sizeof in);
+  const unsigned char* at = (const unsigned char*)p;
+  int requests = 0;
+  while (n > 0) {
+    size_t whole = resp_whole_request(&in, at, n);
+    if (whole == 0 || !resp_listed(&lease_list, &in)) return 0;
+    at += whole;
+    n -= whole;
+    requests++;
+  }
+  if (slot >= 0 && unck_on) {
+    const struct unck_conn* u = &unck_st[slot];
+    uint64_t queued = atomic_load_explicit(&u->tail, memory_order_relaxed) -
+                      atomic_load_explicit(&u->head, memory_order_acquire);
+    if (queued + (uint64_t)requests > RESP_QUEUE) return 0;
+  }
+  return requests;
 }
 
 size_t unck_output(int slot, const struct iovec* iov, size_t iovcnt, size_t n, int count_only,

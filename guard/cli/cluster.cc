@@ -110,6 +110,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
       server->profile_files.push_back(std::filesystem::path(p.path).parent_path() / f);
     server->unchecked_replies = p.unchecked_replies;
     server->inspect_commands = p.inspect_commands;
+    server->lease_reads = p.lease_reads;
   } else if (!o.command.empty()) {
     server->command = o.command;
   } else {
@@ -215,7 +216,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeFileList("files", &p.files, error) ||
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) ||
       !t.TakeCommandList("inspect_commands", false, &p.inspect_commands, error) ||
-      !t.NoLeftovers(error))
+      !t.TakeCommandList("lease_reads", true, &p.lease_reads, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
   if (every) p.state_check_every_s = static_cast<uint64_t>(every);
@@ -888,6 +889,8 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.first_index = st.first_index;
       r.lease_left_us = st.lease_left_us;
       r.lease_guard_left_us = st.lease_guard_left_us;
+      r.lease_reads = st.lease_reads;
+      r.lease_misses = st.lease_misses;
       r.server_pid = st.server_pid;
       r.checkpoint_json = st.checkpoint;
       r.output_json = st.output;
@@ -930,6 +933,8 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
                         {"first_index", r.first_index},
                         {"lease_left_us", r.lease_left_us},
                         {"lease_guard_left_us", r.lease_guard_left_us},
+                        {"lease_reads", r.lease_reads},
+                        {"lease_misses", r.lease_misses},
                         {"server_pid", r.server_pid},
                         {"checkpoint", r.checkpoint_json},
                         {"output", r.output_json},

@@ -76,6 +76,7 @@ struct AppProfile {
   std::vector<std::string> files;
   std::string unchecked_replies;  // commands whose replies are not compared (config.h)
   std::string inspect_commands;   // what `lockstep inspect` lets through (config.h)
+  std::string lease_reads;        // read-only commands served under the lease (config.h)
   std::string description;        // one line for people
   std::string bench;              // how to benchmark it (free text)
   std::string path;
@@ -98,6 +99,7 @@ struct ReplicaStatus {
   std::string server_addr;   // host:server_port, "" without a server
   uint64_t first_index = 0;  // the log's first entry (entries below were truncated)
   uint64_t lease_left_us = 0, lease_guard_left_us = 0;  // DaemonStatus's
+  uint64_t lease_reads = 0, lease_misses = 0;           // DaemonStatus's
   int server_pid = 0;
   // The daemon's "checkpoint" status object as is (null: none or down),
   // and from it: the newest checkpoint's index and age (-1: none) and the

@@ -734,6 +734,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
     if (!s.TakeCommandList("inspect_commands", false, &c.server.inspect_commands, error))
       return false;
+    if (!s.TakeCommandList("lease_reads", true, &c.server.lease_reads, error)) return false;
     if (!s.NoLeftovers(error)) return false;
   }
 
@@ -900,6 +901,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (!c.server.unchecked_replies.empty())
       o << "# replies not compared between replicas (preload/shim_unchecked.c)\n"
         << "unchecked_replies = " << TomlQuote(c.server.unchecked_replies) << "\n";
+    if (!c.server.lease_reads.empty())
+      o << "# read-only commands the leader answers without the log under its lease\n"
+        << "lease_reads = " << TomlQuote(c.server.lease_reads) << "\n";
     if (!c.server.inspect_commands.empty())
       o << "# what `lockstep inspect` lets through (guard/server/inspection.h)\n"
         << "inspect_commands = " << TomlQuote(c.server.inspect_commands) << "\n";

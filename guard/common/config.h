@@ -41,6 +41,8 @@
 //                           # (stdout and stderr) holds this text
 //   unchecked_replies = "INFO, CLIENT LIST"  # optional: redis-protocol commands whose
 //                           # replies are not compared between replicas (shim_unchecked.c)
+//   lease_reads = "GET, MGET"  # optional: read-only redis-protocol commands the leader
+//                           # answers without the log while it holds its lease (lease_us)
 //   inspect_commands = "GET, DBSIZE, DEBUG DIGEST"  # optional: `lockstep inspect` is
 //                           # read-only, redis's protocol: other requests are refused
 //                           # (guard/server/inspection.h); unset: every byte passes
@@ -270,6 +272,11 @@ struct ClusterConfig {
     // every subcommand); any other request is refused. Empty: every byte
     // passes. From the app profile's `inspect_commands`.
     std::string inspect_commands;
+    // Redis-protocol commands that only read: with the cluster's lease_us,
+    // the leader's shim answers a client's request made of these alone
+    // from its own server, without the log, while it holds the lease
+    // (preload/shim_lease.c). From the app profile's `lease_reads`.
+    std::string lease_reads;
   } server;
   bool has_server() const { return !server.command.empty(); }
   CheckpointPolicy checkpoint;

@@ -250,7 +250,9 @@ bool Daemon::Init() {
                         pipeline_->replay_connections(),
                         pipeline_->CheckpointStatusJson(NowUs()),
                         output_ ? output_->StatusJson() : Json(),
-                        state_ ? state_->StatusJson() : Json()};
+                        state_ ? state_->StatusJson() : Json(),
+                        pipeline_->lease_reads(),
+                        pipeline_->lease_misses()};
   };
   hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {
     if (output_) output_->OnPeerFrame(from, kind, body, NowUs());
@@ -525,6 +527,9 @@ bool Daemon::Drain(uint64_t now) {
 
 bool Daemon::DrainOnce(uint64_t now) {
   Ready rd = core_->TakeReady();
+  // Before anything the step produced leaves: a lease it ended (a promise
+  // to another ballot, a hand-over) must stop the shim's reads first.
+  pipeline_->PublishLease(core_->LeaseUntil());
   peer_->EnsureRegion();
   bool busy = !rd.empty();
   peer_->Put(rd);

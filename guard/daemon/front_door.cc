@@ -663,6 +663,8 @@ std::string FrontDoor::StatusJson() {
                        {"first_index", core_.first_index()},
                        {"lease_left_us", lease_until > now ? lease_until - now : 0},
                        {"lease_guard_left_us", guard_until > now ? guard_until - now : 0},
+                       {"lease_reads", server.lease_reads},
+                       {"lease_misses", server.lease_misses},
                        {"transport", cfg_.transport},
                        {"durability", cfg_.durability},
                        {"may_vote", core_.may_vote()},

@@ -34,9 +34,10 @@ struct ServerStatus {
   bool server_read_all = true;  // its server has read every input handed to it
   int server_pid = 0;
   size_t replay_connections = 0;
-  Json checkpoint_json;  // ServerPipeline::CheckpointStatusJson (null: none)
-  Json output_json;      // OutputGuard::StatusJson
-  Json state_json;       // StateChecker::StatusJson
+  Json checkpoint_json;                        // ServerPipeline::CheckpointStatusJson (null: none)
+  Json output_json;                            // OutputGuard::StatusJson
+  Json state_json;                             // StateChecker::StatusJson
+  uint64_t lease_reads = 0, lease_misses = 0;  // ServerPipeline's
 };
 
 class FrontDoor {

@@ -20,6 +20,8 @@ bool ParseDaemonStatus(std::string_view text, DaemonStatus* s, std::string* erro
   s->applied_index = JsonU64(j, "applied_index");
   s->lease_left_us = JsonU64(j, "lease_left_us");
   s->lease_guard_left_us = JsonU64(j, "lease_guard_left_us");
+  s->lease_reads = JsonU64(j, "lease_reads");
+  s->lease_misses = JsonU64(j, "lease_misses");
   s->server_read_all = JsonBool(j, "server_read_all", true);
   int64_t pid = JsonI64(j, "server_pid");
   s->server_pid = pid > 0 && pid <= INT32_MAX ? static_cast<int>(pid) : 0;

@@ -23,6 +23,9 @@ struct DaemonStatus {
   uint64_t commit_index = 0, last_index = 0, first_index = 0, applied_index = 0;
   // How much longer the leader's lease holds, and a backup guards one (0: none).
   uint64_t lease_left_us = 0, lease_guard_left_us = 0;
+  // Reads the leader's shim served under its lease, and read-only requests
+  // it sent through the log for want of one.
+  uint64_t lease_reads = 0, lease_misses = 0;
   bool server_read_all = true;
   int server_pid = 0;
   // The nested status objects as sent ("checkpoint": ServerPipeline's

@@ -133,6 +133,8 @@ bool ServerPipeline::LaunchServer(std::string* error) {
                               (sv.serial_sleep_keeps_turn ? LS_SERIAL_SLEEP_KEEPS : 0));
   shim_->set_unchecked_greeting(cfg_.server.unchecked_greeting);
   shim_->set_unchecked_replies(cfg_.server.unchecked_replies);
+  // Reads without the log need the lease: without one configured, none.
+  shim_->set_lease_reads(cfg_.lease_us ? cfg_.server.lease_reads : "");
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
                       server_fds_, error)) {
     *error = "cannot start the server: " + *error;
@@ -297,6 +299,20 @@ bool ServerPipeline::ReadyToServe() {
   serving_ballot_ = core_.promised();
   log_("serving clients: the server has executed the log up to index %lu", (unsigned long)applied_);
   return true;
+}
+
+void ServerPipeline::PublishLease(uint64_t lease_until_us) {
+  if (!shim_) return;
+  bool resting =
+      leader_cp_ == LeaderCheckpoint::kPreparing || leader_cp_ == LeaderCheckpoint::kDumping;
+  bool serving = core_.role() == Role::kLeader && serving_ballot_ == core_.promised() &&
+                 disk_error_.empty() && !resting;
+  // The shim reads the real monotonic clock; NowUs() is ahead of it by the
+  // clock jumps a failpoint made (only ever forward, so the lease it
+  // measured from an earlier heartbeat's put ends no later in real time).
+  uint64_t jump = clock_jump_us.load(std::memory_order_relaxed);
+  uint64_t until_ns = serving && lease_until_us > jump ? (lease_until_us - jump) * 1000 : 0;
+  shim_->SetLease(until_ns);
 }
 
 // Hands the shim's inputs to the log (leader), or refuses them.

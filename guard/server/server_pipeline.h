@@ -60,6 +60,16 @@ class ServerPipeline {
   bool ApplyCommitted(uint64_t now);
   // The core's role or ballot changed.
   void OnRoleChange();
+  // Tells the shim until when (the core's clock, NowUs) it may serve reads
+  // without the log (0: not): only while this replica leads and serves,
+  // with its server at work (not resting for a leader checkpoint). Called
+  // after every step of the core, before anything it produced is sent: a
+  // hand-over's kTakeOver leaves only once the shim has stopped.
+  void PublishLease(uint64_t lease_until_us);
+  // Reads the shim served under the lease, and read-only requests it sent
+  // through the log for want of one.
+  uint64_t lease_reads() const { return shim_ ? shim_->lease_reads() : 0; }
+  uint64_t lease_misses() const { return shim_ ? shim_->lease_misses() : 0; }
   // Checked now and then: false when the replica must stop (the server
   // exited, or its shim broke the channel), said in the log.
   bool Healthy(uint64_t now);

@@ -194,7 +194,8 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_CLONED", cloned_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_SERIAL", std::to_string(serial_inputs_)},
       {"LOCKSTEP_SHIM_UNCHECKED_GREETING", unchecked_greeting_ ? "1" : "0"},
-      {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_}};
+      {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_},
+      {"LOCKSTEP_SHIM_LEASE_READS_RESP", lease_reads_env_}};
   if (!output_digests_env_.empty())
     env.push_back({"LOCKSTEP_SHIM_OUTPUT_DIGESTS", output_digests_env_});
   return env;
@@ -210,6 +211,19 @@ bool ShimChannel::shim_attached() const {
 
 void ShimChannel::SetLeader(bool leader) {
   hdr_->mode.store(leader ? LS_MODE_LEADER : LS_MODE_PASSTHROUGH);
+}
+
+void ShimChannel::SetLease(uint64_t until_ns) {
+  if (hdr_ && hdr_->lease_until_ns.load(std::memory_order_relaxed) != until_ns)
+    hdr_->lease_until_ns.store(until_ns, std::memory_order_release);
+}
+
+uint64_t ShimChannel::lease_reads() const {
+  return hdr_ ? hdr_->lease_reads.load(std::memory_order_relaxed) : 0;
+}
+
+uint64_t ShimChannel::lease_misses() const {
+  return hdr_ ? hdr_->lease_misses.load(std::memory_order_relaxed) : 0;
 }
 
 void ShimChannel::SetStopping() {

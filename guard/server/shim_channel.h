@@ -72,6 +72,15 @@ class ShimChannel {
   // its shim leaves out of the hashed output (preload/shim_unchecked.c), or
   // "": none. Always set, like the seed.
   void set_unchecked_replies(const std::string& list) { unchecked_replies_env_ = list; }
+  // LOCKSTEP_SHIM_LEASE_READS_RESP: the read-only commands the leader's shim
+  // may serve under the lease (preload/shim_lease.c), or "": none.
+  void set_lease_reads(const std::string& list) { lease_reads_env_ = list; }
+  // The lease the shim may serve reads under (CLOCK_MONOTONIC ns; 0: none).
+  void SetLease(uint64_t until_ns);
+  // Requests the shim served under the lease, and read-only ones it sent
+  // through the log for want of a lease.
+  uint64_t lease_reads() const;
+  uint64_t lease_misses() const;
   std::vector<int> ServerFds() const { return {region_fd_, wake_server_fd_, wake_daemon_fd_}; }
   int wake_daemon_fd() const { return wake_daemon_fd_; }
   bool shim_attached() const;
@@ -261,6 +270,7 @@ class ShimChannel {
   int serial_inputs_ = 0;
   bool unchecked_greeting_ = false;
   std::string unchecked_replies_env_;
+  std::string lease_reads_env_;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned
