@@ -104,7 +104,8 @@ def mode_unreplicated(ctx):
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx):
-        with apps.lockstep_cluster(ctx, APP, durability, base_port=netns.BASE_PORT) as (d, st):
+        profile = netns.gerbera_profile(ctx.work)  # --ip 10.77.0.1 for its {host}
+        with apps.lockstep_cluster(ctx, profile, durability, base_port=netns.BASE_PORT) as (d, st):
             port = apps.split_addr(st["client_addr"])[1]
             addr = f"{netns.ADDR}:{port}"
             apps.wait_ready(APP, addr)
