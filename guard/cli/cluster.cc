@@ -872,7 +872,11 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
     r.pid = ReplicaPid(dir, r.id);
     std::string err;
     DaemonStatus st;
-    auto c = r.pid ? Client::Connect(config, r.id, 300, &err) : nullptr;
+    // A replica this directory started has a pid file here, and one whose
+    // process is gone is down without asking. One that runs on another host
+    // (a real cluster: this is a client's or an admin's copy) has none: ask.
+    bool started_here = access(PidPath(dir, r.id).c_str(), F_OK) == 0;
+    auto c = r.pid || !started_here ? Client::Connect(config, r.id, 300, &err) : nullptr;
     if (c && c->Status(&st, &err, 1000)) {
       r.role = st.role;
       r.ballot = st.ballot;
