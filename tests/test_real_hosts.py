@@ -166,6 +166,9 @@ def test_the_readme_takes_three_machines_to_a_running_cluster(tmp_path, machines
             rf'(?m)^{name} = "[0-9a-f]+"', f'{name} = "{secrets.token_hex(16)}"', toml
         )
         assert n == 1, name
+    # The state probe (the installed profile's script) checked every second, not 10.
+    toml, n = re.subn(r"(?m)^(state_probe = .*)$", r"\1\nstate_check_every_s = 1", toml)
+    assert n == 1, "the README's [server] has no state_probe"
     admin = tmp_path / "admin"
     admin.mkdir()
     (admin / "cluster.toml").write_text(toml)
@@ -249,6 +252,18 @@ def test_the_readme_takes_three_machines_to_a_running_cluster(tmp_path, machines
 
         assert redis(st, "SET", "k", "v1") == "OK"
         assert redis(st, "GET", "k") == "v1"
+        # The leader's state probe runs (from the installed profile's files)
+        # and digests the key.
+        st = wait(
+            lambda s: (
+                s["leader"] is not None
+                and " 1 keys" in s["replicas"][s["leader"]]["state_checks"]["digest"]
+            ),
+            "state check that saw the key",
+            timeout=30,
+        )
+        checks = st["replicas"][st["leader"]]["state_checks"]
+        assert checks["failed"] == 0 and not checks["error"], checks
 
         # ... and nothing but the client and server ports answers a stranger.
         def reaches(port):
