@@ -3,7 +3,7 @@
 one write and one read through the leader with that server's own client, in
 the client namespace, and the same read on every backup's own server
 (through `lockstep inspect`, eval/inspector.py's Relay) once it applied the
-whole log.
+whole log; a profile's state probe, run every second, passes.
 
 The profiles are found in apps/ (every NAME.toml), so a new profile is run
 here too, and fails until CLIENTS below knows how to write to and read from
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from clamd_client import TEST_SIGNATURE, Clamd
-from conftest import ROOT, run
+from conftest import ROOT, app_profile, run
 from inspector import Relay  # eval/inspector.py
 from netns import run_in_netns  # eval/netns.py
 from resp import Memcached, Redis
@@ -246,7 +246,7 @@ def retried(read, addr, expected, timeout=60):
 
 
 @pytest.mark.parametrize("app", APPS)
-def test_profile_serves_on_netns_hosts(cluster, app):
+def test_profile_serves_on_netns_hosts(cluster, app, tmp_path):
     assert app in CLIENTS, (
         f"apps/{app}.toml has no client in {Path(__file__).name}: add its write and read "
         "to CLIENTS, so that it is checked on netns hosts like every other profile"
@@ -256,9 +256,14 @@ def test_profile_serves_on_netns_hosts(cluster, app):
     server = re.search(r'(?m)^command = ["\'](\S+)', command).group(1)
     assert shutil.which(server), f"{server} (apps/{app}.toml) is not installed: scripts/setup"
 
+    # A profile's state probe connects to its server at {host} too: checked
+    # every second here (a copy of the profile in tmp_path), it must pass.
+    probes = "\nstate_probe = " in command
+    profile = app_profile(tmp_path, app, state_check_every_s=1) if probes else app
+
     started = time.monotonic()
     cluster.base_port = BASE_PORT
-    cluster.up(app=app, transport="tcp", extra=["--hosts", "netns"])
+    cluster.up(app=profile, transport="tcp", extra=["--hosts", "netns"])
     up_s = time.monotonic() - started
     st = cluster.status()
     client_ns = st["client_netns"]
@@ -288,6 +293,15 @@ def test_profile_serves_on_netns_hosts(cluster, app):
 
         got = run_in_netns(client_ns, on_backup, timeout=180)
         assert got == expected, f"{app}: backup {r}'s own server gave {got!r}"
+    if probes:
+
+        def probed(s):
+            checks = s["replicas"][s["leader"]]["state_checks"] if s["leader"] is not None else {}
+            return checks.get("passes", 0) >= 1 or checks.get("failed", 0) >= 1
+
+        st = cluster.wait(probed, 30, "a state check by the leader")
+        checks = st["replicas"][st["leader"]]["state_checks"]
+        assert checks["failed"] == 0 and not checks["error"], f"{app}'s state probe: {checks}"
     reports = run("divergence", "list", "--json", "--dir", cluster.dir).stdout.strip()
     assert reports == "[]", f"{app}: {reports}"
     down_started = time.monotonic()
