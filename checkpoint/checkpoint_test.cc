@@ -4,6 +4,7 @@
 //
 // Needs root and CRIU (scripts/setup): without them the CRIU tests fail and
 // say so rather than skip, because a skipped test would hide a broken setup.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -387,8 +388,12 @@ TEST(CheckpointEndToEnd, RelocatedImagesRestoreUnderAnotherDirAndPort) {
   int my_port = ntohs(a.sin_port);
   close(probe);
 
-  Relocation r{tmp / "peer", tmp / "me", static_cast<uint32_t>(server.port()),
-               static_cast<uint32_t>(my_port)};
+  Relocation r{tmp / "peer",
+               tmp / "me",
+               static_cast<uint32_t>(server.port()),
+               static_cast<uint32_t>(my_port),
+               "127.0.0.1",
+               "127.0.0.1"};
   WriteFile(tmp / "me/port.held", "");
   ASSERT_TRUE(BuildRelocatedView(tmp / "img", tmp / "view", r, &error)) << error;
   EXPECT_TRUE(fs::is_symlink(tmp / "view/inventory.img"));
@@ -434,6 +439,60 @@ TEST(CheckpointEndToEnd, RelocatedImagesRestoreUnderAnotherDirAndPort) {
   }
   moved_server.Kill();
   server.Kill();
+}
+
+// A peer on a host of its own (netns hosts, real machines): its server
+// listened on its own address, which a restore here must not try to bind.
+// A files.img made by hand (criu/images/fdinfo.proto, sk-inet.proto): the
+// listening socket on the peer's address and port, another listening on
+// 0.0.0.0:the peer's port, and a connected one from the peer's address.
+TEST(CheckpointRelocate, AListenersAddressBecomesOurHost) {
+  auto varint = [](uint32_t field, uint64_t v) {
+    std::string out(1, static_cast<char>(field << 3));
+    do {
+      uint8_t b = v & 0x7f;
+      v >>= 7;
+      out.push_back(static_cast<char>(v ? b | 0x80 : b));
+    } while (v);
+    return out;
+  };
+  auto len = [](uint32_t field, const std::string& data) {
+    return std::string(1, static_cast<char>(field << 3 | 2)) +
+           std::string(1, static_cast<char>(data.size())) + data;
+  };
+  auto addr = [](const char* text) {
+    in_addr a{};
+    EXPECT_EQ(inet_pton(AF_INET, text, &a), 1);
+    return static_cast<uint64_t>(a.s_addr);
+  };
+  auto isk = [&](uint32_t state, uint32_t port, uint64_t src) {
+    std::string sk = varint(1, 7) + varint(6, state) + varint(7, port) + varint(11, src);
+    return varint(1, 2) + varint(2, 7) + len(4, sk);  // file_entry: type INETSK, id, isk
+  };
+  auto image = [](const std::vector<std::string>& entries) {
+    std::string out;
+    for (uint32_t magic : {0x54564319u, 0x56303138u})
+      out.append(reinterpret_cast<char*>(&magic), 4);
+    for (const auto& e : entries) {
+      uint32_t n = static_cast<uint32_t>(e.size());
+      out.append(reinterpret_cast<char*>(&n), 4);
+      out += e;
+    }
+    return out;
+  };
+  const uint64_t peer = addr("10.201.7.10"), me = addr("10.201.7.11");
+  std::string in = image({isk(10, 49152, peer), isk(10, 49152, 0), isk(1, 40000, peer)});
+  Relocation r{"/peer", "/me", 49152, 49153, "10.201.7.10", "10.201.7.11"};
+  std::string out, error;
+  int changed = 0;
+  ASSERT_TRUE(RelocateFilesImage(in, r, &out, &changed, &error)) << error;
+  EXPECT_EQ(changed, 2) << "both listeners; not the connected socket";
+  EXPECT_EQ(out, image({isk(10, 49153, me), isk(10, 49153, 0), isk(1, 40000, peer)}));
+
+  r.from_host = r.to_host = "127.0.0.1";  // one host's loopback: the port alone moves
+  ASSERT_TRUE(
+      RelocateFilesImage(image({isk(10, 49152, addr("127.0.0.1"))}), r, &out, &changed, &error));
+  EXPECT_EQ(out, image({isk(10, 49153, addr("127.0.0.1"))}));
 }
 
 TEST(CheckpointCriuJob, DumpOfAPidThatDoesNotExistFailsClearly) {

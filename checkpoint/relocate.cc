@@ -1,6 +1,8 @@
 // relocate.cc — see relocate.h.
 #include "checkpoint/relocate.h"
 
+#include <arpa/inet.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +29,7 @@ constexpr uint32_t kRegName = 6;
 constexpr uint32_t kUskName = 11;  // unix_sk_entry.name: a bound socket's path (bytes)
 constexpr uint32_t kIskState = 6;
 constexpr uint32_t kIskSrcPort = 7;
+constexpr uint32_t kIskSrcAddr = 11;  // repeated uint32: one for IPv4, the in_addr as stored
 
 enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLen = 2, kFixed32 = 5 };
 
@@ -168,12 +171,20 @@ std::optional<std::string> RelocateIsk(std::string_view isk, const Relocation& r
     return std::nullopt;
   }
   if (state != kTcpListen || port != r.from_port) return std::nullopt;
+  // Its address moves when the peer's host is not ours: criu stores an IPv4
+  // address as the one uint32 of the in_addr's bytes (s_addr).
+  in_addr from{}, to{};
+  bool move_addr = !r.from_host.empty() && r.from_host != r.to_host &&
+                   inet_pton(AF_INET, r.from_host.c_str(), &from) == 1 &&
+                   inet_pton(AF_INET, r.to_host.c_str(), &to) == 1;
   std::string out;
   RewriteMessage(
       isk,
       [&](const Field& f) -> std::optional<std::string> {
         if (f.wire == kVarint && f.number == kIskSrcPort)
           return EncodeVarint(kIskSrcPort, r.to_port);
+        if (move_addr && f.wire == kVarint && f.number == kIskSrcAddr && f.varint == from.s_addr)
+          return EncodeVarint(kIskSrcAddr, to.s_addr);
         return std::nullopt;
       },
       &out);

@@ -13,8 +13,10 @@
 // file_entry.reg (3) -> reg_file_entry.name (6) and file_entry.usk (16) ->
 // unix_sk_entry.name (11), paths (a file, a bound unix socket such as
 // MariaDB's): from_dir's prefix becomes to_dir; and file_entry.isk (4) -> inet_sk_entry.src_port
-// (7) of a listening socket (state 6 == TCP_LISTEN): from_port becomes to_port. Everything else is
-// copied byte for byte.
+// (7) of a listening socket (state 6 == TCP_LISTEN): from_port becomes to_port, and its bound
+// address (src_addr, 11) from_host becomes to_host, for replicas on hosts of their own (netns
+// hosts, real machines), whose servers listen on their own addresses (a socket bound to
+// 0.0.0.0 stays so). Everything else is copied byte for byte.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,8 @@ struct Relocation {
   std::string to_dir;      // ours
   uint32_t from_port = 0;  // the peer's server port
   uint32_t to_port = 0;    // ours
+  std::string from_host;   // the peer's host (IPv4, as in cluster.toml); "": addresses stay
+  std::string to_host;     // ours
 };
 
 // Rewrites one files.img image (its bytes) as above. false and *error on an

@@ -19,7 +19,8 @@ all run inside; deleting it kills by pid whatever still runs there. Modes, all i
   replicated-disk    `lockstep cluster up --replicas 3 --app gerbera --durability disk|memory
   replicated-memory  --base-port 49000 --transport shm`; ab talks to the leader's server, the
                      port of "client_addr" (`cluster status --json`); memory: the log in the
-                     RAM of a majority, not durable
+                     RAM of a majority, not durable. The profile is a copy whose `--ip {host}`
+                     names 10.77.0.1 (eval/netns.py gerbera_profile: {host} is 127.0.0.1 here)
 
 In every mode ab connects to 10.77.0.1:PORT itself: gerbera listens there only, and
 client_addr's 127.0.0.1:PORT would reach the same server through the DNAT, which the
@@ -104,7 +105,8 @@ def mode_unreplicated(ctx):
 def mode_replicated(durability):
     @contextlib.contextmanager
     def mode(ctx):
-        with apps.lockstep_cluster(ctx, APP, durability, base_port=netns.BASE_PORT) as (d, st):
+        profile = netns.gerbera_profile(ctx.work)  # --ip 10.77.0.1 for its {host}
+        with apps.lockstep_cluster(ctx, profile, durability, base_port=netns.BASE_PORT) as (d, st):
             port = apps.split_addr(st["client_addr"])[1]
             addr = f"{netns.ADDR}:{port}"
             apps.wait_ready(APP, addr)

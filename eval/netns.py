@@ -13,7 +13,10 @@ interface and binds its HTTP port to one interface's address, never to 0.0.0.0. 
     servers listen from BASE_PORT + 200);
   - a DNAT rule in its own nft table from 127.0.0.1:{server ports} to ADDR: lockstep's
     daemon checks that a server is up, and its backups replay inputs, on 127.0.0.1
-    (guard/server/server.cc WaitReady, the Replayer), where gerbera does not listen.
+    (guard/server/server.cc WaitReady, the Replayer), where gerbera does not listen;
+    the cluster runs apps/gerbera.toml with `--ip ADDR` for its `--ip {host}`
+    (gerbera_profile). `cluster up --hosts netns` needs none of this: each replica's
+    host is an interface's address there.
 
 Commands run inside with Netns.exec (`ip netns exec`), or the calling process enters the
 namespace itself (Netns.inside: setns(2), so that everything it starts, and its own sockets,
@@ -30,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from pathlib import Path
 
 IP = shutil.which("ip")
 NFT = shutil.which("nft")
@@ -53,6 +57,21 @@ def sh(*cmd, check=True, timeout=60, **kw):
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}: {r.stderr}")
     return r
+
+
+def gerbera_profile(into):
+    """apps/gerbera.toml for a cluster on this namespace's loopback (`cluster up` without
+    --hosts): its `--ip {host}` would be 127.0.0.1 there, which libupnp refuses, so this
+    copy names ADDR, where the DNAT sends the daemons' connections. Written into the
+    directory `into` with its config.xml beside it; returns the path for `--app`."""
+    apps = Path(__file__).resolve().parent.parent / "apps"
+    text = (apps / "gerbera.toml").read_text()
+    assert "--ip {host}" in text, "apps/gerbera.toml no longer says --ip {host}"
+    into = Path(into)
+    (into / "gerbera").mkdir(parents=True, exist_ok=True)
+    shutil.copy(apps / "gerbera" / "config.xml", into / "gerbera" / "config.xml")
+    (into / "gerbera.toml").write_text(text.replace("--ip {host}", f"--ip {ADDR}"))
+    return str(into / "gerbera.toml")
 
 
 def cluster_server_ports(base=BASE_PORT, replicas=7):

@@ -18,8 +18,10 @@ inputs, by connecting to the replica's host, 127.0.0.1 for a local cluster
 (guard/server/server.cc WaitReady with me_.host, the Replayer with the same host;
 guard/cli/cluster.cc sets host = "127.0.0.1"), where gerbera does not listen. A
 DNAT rule in the namespace's own nft table sends 127.0.0.1:{server ports}
-to 10.77.0.1, so that `cluster up` works unchanged. (Without it `cluster
-up` fails: "not listening on 127.0.0.1:49200".)
+to 10.77.0.1, and the cluster runs the profile with `--ip 10.77.0.1` for its
+`--ip {host}` (eval/netns.py gerbera_profile). (Without the DNAT `cluster
+up` fails: "not listening on 127.0.0.1:49200".) On hosts of their own
+(`--hosts netns`, tests/test_netns_profiles.py) the profile runs unchanged.
 
 What the replicas answer alike (same_clock for DATE, same_random for the web
 UI's session ids, serial_inputs with serial_until_reply for libupnp's pool
@@ -61,7 +63,7 @@ from pathlib import Path
 
 import pytest
 from conftest import LOCKSTEP, Cluster
-from netns import ADDR, BASE_PORT, IP, Netns, NotPermitted, cluster_server_ports
+from netns import ADDR, BASE_PORT, IP, Netns, NotPermitted, cluster_server_ports, gerbera_profile
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("gerbera") and IP), reason="gerbera or iproute2 is not installed (setup)"
@@ -165,7 +167,7 @@ class NsCluster(Cluster):
     def up(self):
         self.lockstep(
             *("cluster", "up", "--dir", self.dir, "--base-port", self.base_port),
-            *("--replicas", 3, "--transport", "shm", "--app", "gerbera"),
+            *("--replicas", 3, "--transport", "shm", "--app", gerbera_profile(self.dir.parent)),
         )
 
     def status(self):

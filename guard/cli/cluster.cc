@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -508,14 +509,25 @@ static bool MakeNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std:
   return false;
 }
 
-// Each replica's namespace answers strangers on its client and server ports only.
+// Each replica's namespace answers strangers on its client and server ports only ...
 static bool FirewallReplicas(const NetnsHosts& hosts, const ClusterConfig& c, std::string* error) {
   std::vector<std::vector<int>> open_ports;
   for (const auto& r : c.replicas)
     open_ports.push_back(r.server_port ? std::vector<int>{r.client_port, r.server_port}
                                        : std::vector<int>{r.client_port});
-  if (FirewallReplicaHosts(hosts, open_ports, error)) return true;
-  *error = "cannot set the replicas' firewall: " + *error;
+  if (!FirewallReplicaHosts(hosts, open_ports, error)) {
+    *error = "cannot set the replicas' firewall: " + *error;
+    return false;
+  }
+  // ... and never hands one of the cluster's ports to an outgoing connection.
+  std::vector<int> ports;
+  for (const auto& r : c.replicas)
+    for (int p : {r.peer_port, r.client_port, r.server_port})
+      if (p) ports.push_back(p);
+  size_t colon = c.leader_address.rfind(':');
+  if (colon != std::string::npos) ports.push_back(std::atoi(c.leader_address.c_str() + colon + 1));
+  if (ReserveReplicaPorts(hosts, ports, error)) return true;
+  *error = "cannot reserve the cluster's ports: " + *error;
   return false;
 }
 
@@ -877,7 +889,11 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
     r.pid = ReplicaPid(dir, r.id);
     std::string err;
     DaemonStatus st;
-    auto c = r.pid ? Client::Connect(config, r.id, 300, &err) : nullptr;
+    // A replica this directory started has a pid file here, and one whose
+    // process is gone is down without asking. One that runs on another host
+    // (a real cluster: this is a client's or an admin's copy) has none: ask.
+    bool started_here = access(PidPath(dir, r.id).c_str(), F_OK) == 0;
+    auto c = r.pid || !started_here ? Client::Connect(config, r.id, 300, &err) : nullptr;
     if (c && c->Status(&st, &err, 1000)) {
       r.role = st.role;
       r.ballot = st.ballot;

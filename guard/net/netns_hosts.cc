@@ -157,6 +157,15 @@ bool CreateNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::stri
   for (const auto& ns : all) {
     if (!RunIp({"netns", "add", ns}, error)) return false;
     if (!RunIp({"-n", ns, "link", "set", "lo", "up"}, error)) return false;
+    // IPv6 off before the veths exist (`default` is what a new interface
+    // gets): a server that binds every address of its interface (gerbera's
+    // libupnp) would otherwise meet the link-local one still tentative, just
+    // after the link came up, and fail ("Could not bind to socket", -203).
+    if (!RunTool("ip",
+                 {"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                  "net.ipv6.conf.default.disable_ipv6=1"},
+                 error))
+      return false;
   }
   if (!RunIp({"-n", hosts.hub, "link", "add", "br0", "type", "bridge"}, error) ||
       !RunIp({"-n", hosts.hub, "link", "set", "br0", "up"}, error))
@@ -199,6 +208,20 @@ bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector
         !nft(rule + "counter drop"))
       return false;
   }
+  return true;
+}
+
+bool ReserveReplicaPorts(const NetnsHosts& hosts, const std::vector<int>& ports,
+                         std::string* error) {
+  std::string list;
+  for (int p : ports) list += (list.empty() ? "" : ",") + std::to_string(p);
+  if (list.empty()) return true;
+  for (const auto& ns : hosts.replicas)
+    if (!RunTool(
+            "ip",
+            {"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_reserved_ports=" + list},
+            error))
+      return false;
   return true;
 }
 

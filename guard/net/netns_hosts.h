@@ -48,6 +48,15 @@ bool CreateNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::stri
 bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector<int>>& open_ports,
                           std::string* error);
 
+// Keeps the cluster's ports out of the kernel's choice of ephemeral ports in
+// each replica's namespace (net.ipv4.ip_local_reserved_ports): a port the
+// kernel gave an outgoing connection or a UCX listener first would leave a
+// server that binds it later "Address already in use" (gerbera's ports are
+// 49152 and up, inside the default ephemeral range). False with *error
+// naming the command.
+bool ReserveReplicaPorts(const NetnsHosts& hosts, const std::vector<int>& ports,
+                         std::string* error);
+
 // Removes every namespace listed in DIR/netns that still exists (their
 // interfaces go with them), killing by pid any process left inside first,
 // then the file. True when there was nothing to remove.

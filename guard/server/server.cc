@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -30,6 +31,15 @@ extern char** environ;
 #endif
 #ifndef LOCKSTEP_APPS_DIR
 #define LOCKSTEP_APPS_DIR "apps"
+#endif
+// The installed layout (`cmake --install`): the shim and the profiles relative
+// to the directory of the running executable (from GNUInstallDirs: by default
+// ../lib/lockstep/liblockstep_preload.so and ../share/lockstep/apps). "": none.
+#ifndef LOCKSTEP_INSTALLED_PRELOAD
+#define LOCKSTEP_INSTALLED_PRELOAD ""
+#endif
+#ifndef LOCKSTEP_INSTALLED_APPS
+#define LOCKSTEP_INSTALLED_APPS ""
 #endif
 
 namespace lockstep {
@@ -196,12 +206,27 @@ bool ResolveExecutable(const std::string& name, std::string* path, std::string* 
   return false;
 }
 
+// relative, beside the running executable's directory, when it exists there;
+// "" otherwise (a build tree's binary: its build/bin has no ../lib/lockstep).
+static std::string BesideExecutable(const std::string& relative) {
+  if (relative.empty()) return "";
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = 0;
+  std::filesystem::path p = std::filesystem::path(buf).parent_path() / relative;
+  if (access(p.c_str(), F_OK) != 0) return "";
+  return p.lexically_normal().string();
+}
+
 std::string PreloadLibraryPath() {
-  return LOCKSTEP_PRELOAD_PATH;
+  std::string installed = BesideExecutable(LOCKSTEP_INSTALLED_PRELOAD);
+  return installed.empty() ? LOCKSTEP_PRELOAD_PATH : installed;
 }
 
 std::string AppsDir() {
-  return LOCKSTEP_APPS_DIR;
+  std::string installed = BesideExecutable(LOCKSTEP_INSTALLED_APPS);
+  return installed.empty() ? LOCKSTEP_APPS_DIR : installed;
 }
 
 #ifdef __SANITIZE_ADDRESS__
@@ -251,7 +276,8 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
   std::string preload = PreloadLibraryPath();
   if (access(preload.c_str(), R_OK) != 0) {
     *error = "the preload shim " + preload + " is missing (" + strerror(errno) +
-             "): build it with `cmake --build build`";
+             "): build it with `cmake --build build`, or for an installed lockstep install "
+             "it beside the binary with `cmake --install build` (PREFIX/lib/lockstep)";
     return false;
   }
   std::vector<int> keep;

@@ -32,8 +32,12 @@ bool RenderFile(const std::string& path, int port, const std::string& dir, const
 // executable file; false and e.g. "server command 'foo' not found in PATH".
 bool ResolveExecutable(const std::string& name, std::string* path, std::string* error);
 
-std::string PreloadLibraryPath();  // build/lib/liblockstep_preload.so (fixed at build time)
-std::string AppsDir();             // the source tree's apps/ (fixed at build time)
+// Where the daemon finds the shim and `cluster up --app` the profiles: an
+// installed binary (cmake --install) finds them beside it, in the prefix's
+// lib/lockstep/ and share/lockstep/apps/; a build tree's binary in build/lib
+// and the source tree's apps/ (both fixed at build time).
+std::string PreloadLibraryPath();
+std::string AppsDir();
 
 class ServerProcess {
  public:

@@ -370,8 +370,8 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
   // the image names: a replica whose server never ran here (cloned_start)
   // has none yet.
   if (FILE* f = fopen((me_.dir + "/server.log").c_str(), "a")) fclose(f);
-  // Another replica's images name its files and its port: restore a view
-  // of them that names ours.
+  // Another replica's images name its files, its port and, on hosts of
+  // their own, its address: restore a view of them that names ours.
   std::string img_dir = cp.path + "/img";
   if (cp.meta.replica_id != static_cast<uint64_t>(me_.id)) {
     if (cp.meta.replica_id >= cfg_.replicas.size()) {
@@ -382,7 +382,10 @@ bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error)
     const ReplicaConfig& from = cfg_.replicas[cp.meta.replica_id];
     Relocation r{std::filesystem::absolute(from.dir).lexically_normal().string(),
                  std::filesystem::absolute(me_.dir).lexically_normal().string(),
-                 static_cast<uint32_t>(from.server_port), static_cast<uint32_t>(me_.server_port)};
+                 static_cast<uint32_t>(from.server_port),
+                 static_cast<uint32_t>(me_.server_port),
+                 from.host,
+                 me_.host};
     img_dir = me_.dir + "/restore-view";
     if (!BuildRelocatedView(cp.path + "/img", img_dir, r, error)) return false;
   }
