@@ -95,6 +95,7 @@ struct ReplicaStatus {
   uint64_t lag = 0;
   std::string disk_error;
   std::string server_addr;   // host:server_port, "" without a server
+  std::string metrics_addr;  // host:metrics_port (GET /metrics), "" without a metrics_port
   uint64_t first_index = 0;  // the log's first entry (entries below were truncated)
   int server_pid = 0;
   // The daemon's "checkpoint" status object as is (null: none or down),

@@ -211,7 +211,8 @@ void AddCluster(CommandLine& cl) {
       ->capture_default_str();
   AddClusterDir(up, &u->o.dir);
   AddNumber(up, "--base-port", &u->base_port,
-            "peer ports P.., client ports P+100.., server ports P+200..", 1, 65535);
+            "peer ports P.., client ports P+100.., server ports P+200.., metrics ports P+250..", 1,
+            65535);
   AddNumber(up, "--ring-bytes", &u->ring_bytes, "each replica's log region", 1 << 16, kNoLimit);
   AddNumber(up, "--segment-bytes", &u->segment_bytes, "each log segment file on disk", 1 << 16,
             kNoLimit);
