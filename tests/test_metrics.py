@@ -256,3 +256,19 @@ def test_plain_status_names_each_replicas_metrics_address(cluster):
     assert [r["metrics_addr"] for r in s["replicas"]] == [None, None, None]
     out = run("cluster", "status", "--dir", cluster.dir).stdout
     assert "0=none 1=none 2=none  (none: no metrics_port" in out, out
+
+
+def test_metrics_are_reached_from_the_client_namespace_of_netns_hosts(cluster):
+    """With --hosts netns each daemon binds its metrics port on its namespace's
+    address, and the replicas' firewall lets the client namespace (where a
+    Prometheus would run) reach it, as it does the client and server ports."""
+    from netns import run_in_netns  # eval/netns.py
+
+    cluster.up(app="redis", transport="tcp", extra=["--hosts", "netns"])
+    cluster.leader(timeout=30)
+    status = cluster.status()
+    texts = run_in_netns(status["client_netns"], lambda: scrape_all(status))
+    for i, r in enumerate(status["replicas"]):
+        assert not r["metrics_addr"].startswith("127."), r
+        check_with_promtool(texts[i])
+        assert samples(texts[i])[("lockstep_replica_id", "")] == i
