@@ -272,3 +272,32 @@ def test_metrics_are_reached_from_the_client_namespace_of_netns_hosts(cluster):
         assert not r["metrics_addr"].startswith("127."), r
         check_with_promtool(texts[i])
         assert samples(texts[i])[("lockstep_replica_id", "")] == i
+
+
+def test_checkpoint_metrics_move_when_a_backup_checkpoints(cluster):
+    """`checkpoint now` on a backup: its checkpoints_taken_total and the dump
+    histogram's count go up by one, its last size is the checkpoint's."""
+    cluster.up(app="redis")
+    for _ in range(3):  # a backup that came to lead meanwhile is refused: another
+        leader = cluster.leader()
+        backup = next(r for r in range(3) if r != leader)
+        addr = cluster.status()["replicas"][backup]["metrics_addr"]
+        before = samples(scrape(addr))
+        p = run("checkpoint", "now", "--id", backup, "--wait", "--dir", cluster.dir, check=False)
+        if "is not a backup" not in p.stderr:
+            break
+    assert p.returncode == 0 and "taken" in p.stdout, p.stdout + p.stderr
+    deadline = time.monotonic() + 10
+    while True:  # mirrored every 10 ms from the checkpointer's own count
+        after = samples(scrape(addr))
+        key = ("lockstep_checkpoints_taken_total", "")
+        if after[key] > before[key] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert after[key] == before[key] + 1
+    count = ("lockstep_checkpoint_dump_seconds_count", "")
+    assert after[count] == before[count] + 1
+    assert after[("lockstep_checkpoint_dump_seconds_sum", "")] > 0
+    assert after[("lockstep_checkpoint_last_size_bytes", "")] > 0
+    assert after[("lockstep_checkpoints_failed_total", "")] == 0
+    check_with_promtool(scrape(addr))
