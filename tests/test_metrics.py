@@ -301,3 +301,39 @@ def test_checkpoint_metrics_move_when_a_backup_checkpoints(cluster):
     assert after[("lockstep_checkpoint_last_size_bytes", "")] > 0
     assert after[("lockstep_checkpoints_failed_total", "")] == 0
     check_with_promtool(scrape(addr))
+
+
+def test_a_divergence_and_its_repair_are_counted_on_the_leader(cluster):
+    """A backup that flips an input (the failpoint of test_divergence) is
+    found and rolled back: the leader's lockstep_divergences_total and
+    lockstep_repairs_total{outcome="repaired"} say 1 each."""
+    from test_checkpoint import backups, load, wait_checkpoint
+    from test_divergence import restart_with_failpoint, wait_reports
+
+    cluster.up(app="redis", extra=("--checkpoint-entries", "50"))
+    client = Redis(cluster.client_addr())
+    load(client, 0, 1000)  # 100 entries: every backup takes its checkpoint turns
+    b = backups(cluster)[0]
+    wait_checkpoint(cluster, b, above=50)
+    restart_with_failpoint(cluster, b, "flipme-")
+    leader = cluster.leader()
+    addr = cluster.status()["replicas"][leader]["metrics_addr"]
+    before = samples(scrape(addr))
+    assert before[("lockstep_divergences_total", "")] == 0
+    other = Redis(cluster.client_addr())
+    assert other.call("SET", "fk", "flipme-A") == "OK"
+    assert other.call("GET", "fk") == b"flipme-A"
+    rs = wait_reports(
+        cluster, lambda rs: any(r["status"] != "repairing" for r in rs), 30, "a repair"
+    )
+    assert [r["status"] for r in rs] == ["repaired"], rs
+    deadline = time.monotonic() + 10
+    while True:
+        after = samples(scrape(addr))
+        if after[("lockstep_repairs_total", '{outcome="repaired"}')] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert after[("lockstep_divergences_total", "")] == 1
+    assert after[("lockstep_repairs_total", '{outcome="repaired"}')] == 1
+    assert after[("lockstep_repairs_total", '{outcome="failed"}')] == 0
+    check_with_promtool(scrape(addr))
