@@ -42,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -220,8 +221,12 @@ std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, 
 // a write succeeds. durable_seq never covers a batch that is not durable.
 class DiskWriter {
  public:
-  explicit DiskWriter(DiskLog* log);  // starts the thread
-  ~DiskWriter();                      // drains (one last try on error) and joins
+  // Told of every Append, on the thread that made it (this one's, or the
+  // caller's in WriteNow): its duration, its records and whether it worked
+  // (the daemon's metrics: guard/daemon/daemon_metrics.h). Must not block.
+  using WriteObserver = std::function<void(double micros, size_t records, bool ok)>;
+  explicit DiskWriter(DiskLog* log, WriteObserver observe = nullptr);  // starts the thread
+  ~DiskWriter();  // drains (one last try on error) and joins
   DiskWriter(const DiskWriter&) = delete;
   DiskWriter& operator=(const DiskWriter&) = delete;
 
@@ -273,6 +278,7 @@ class DiskWriter {
   void Run();
 
   DiskLog* log_;
+  WriteObserver observe_;
   int event_fd_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;

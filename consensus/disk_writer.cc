@@ -17,7 +17,8 @@
 
 namespace lockstep {
 
-DiskWriter::DiskWriter(DiskLog* log) : log_(log) {
+DiskWriter::DiskWriter(DiskLog* log, WriteObserver observe)
+    : log_(log), observe_(std::move(observe)) {
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   thread_ = std::thread([this] { Run(); });
 }
@@ -57,6 +58,8 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
   auto t0 = std::chrono::steady_clock::now();
   bool ok = log_->Append(recs, &err);
   auto t1 = std::chrono::steady_clock::now();
+  if (observe_)
+    observe_(std::chrono::duration<double, std::micro>(t1 - t0).count(), recs.size(), ok);
   l.lock();
   inline_writing_ = false;
   if (ok) {
@@ -136,6 +139,8 @@ void DiskWriter::Run() {
         auto t0 = std::chrono::steady_clock::now();
         bool ok = log_->Append(recs, &err);
         auto t1 = std::chrono::steady_clock::now();
+        if (observe_)
+          observe_(std::chrono::duration<double, std::micro>(t1 - t0).count(), recs.size(), ok);
         if (!ok) break;
         appends++;
         nrecords += recs.size();

@@ -298,10 +298,11 @@ def lockstep_has_app():
 
 
 def pick_base_port():
-    """A base port P with P+0..9, P+100..109, P+200..209, P+300..309 free on loopback."""
+    """A base port P with P+0..9, P+100..109, P+200..209, P+250..259 (metrics) and
+    P+300..309 free on loopback."""
     for _ in range(200):
         base = random.randrange(20000, 40000, 10)
-        if all(port_free(base + off + i) for off in (0, 100, 200, 300) for i in range(10)):
+        if all(port_free(base + off + i) for off in (0, 100, 200, 250, 300) for i in range(10)):
             return base
     raise RuntimeError("no free base port found")
 

@@ -139,10 +139,13 @@ def ls_run(args, timeout=180, env=None):
 
 
 def pick_base_port():
-    """A base port in 12000..18690 with P+0..9, P+100..109, P+200..209, P+300..309 free."""
+    """A base port in 12000..18690 with P+0..9, P+100..109, P+200..209, P+250..259
+    (metrics) and P+300..309 free."""
     for _ in range(300):
         base = random.randrange(12000, 18700, 10)
-        if all(apps.port_free(base + off + i) for off in (0, 100, 200, 300) for i in range(10)):
+        if all(
+            apps.port_free(base + off + i) for off in (0, 100, 200, 250, 300) for i in range(10)
+        ):
             return base
     raise Failed("no free base port between 12000 and 19000")
 

@@ -366,13 +366,13 @@ def _port_free(port):
 
 def new_cluster(directory: Path) -> Cluster:
     """A Cluster in `directory` (created) with a port range of its own."""
-    # Each cluster takes base .. base+299 (peer, client and server ports),
+    # Each cluster takes base .. base+299 (peer, client, server and metrics ports),
     # below the ephemeral range. A range where something already listens (a
     # cluster started by hand, another pytest session's) is passed over: such
     # a collision failed whole test runs with "port ... is taken".
     for _ in range(40):
         base = 20000 + ((os.getpid() % 16) * 4 + next(_ports)) % 40 * 300
-        if all(_port_free(base + off + i) for off in (0, 100, 200) for i in range(8)):
+        if all(_port_free(base + off + i) for off in (0, 100, 200, 250) for i in range(8)):
             break
     c = Cluster(directory, base)
     c.dir.mkdir()

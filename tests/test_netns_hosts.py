@@ -181,20 +181,28 @@ def test_only_replicas_reach_a_replicas_peer_and_ucx_ports(cluster):
     # UCX's tcp transport checks no key at the target: whoever reaches the
     # port it listens on can write into the replica's log region. On
     # namespace hosts each replica's firewall lets only the other replicas
-    # reach anything but its client and server ports.
+    # reach anything but its client, server and metrics ports.
     cluster.up(app="redis", transport="tcp", extra=["--hosts", "netns"])
     conf = config(cluster)
     client_ns = conf["cluster"]["client_netns"]
     rep = conf["replica"][0]
     pid = cluster.pid(0)
     ports = _listening_ports(rep["netns"], pid, rep["host"])
-    ucx = ports - {rep["peer_port"], rep["client_port"]}
+    ucx = ports - {rep["peer_port"], rep["client_port"], rep["metrics_port"]}
     assert rep["peer_port"] in ports and ucx, ports  # UCX listens on ports of its own
     closed = [rep["peer_port"], *sorted(ucx)]
     reached = run_in_netns(
-        client_ns, lambda: {p: _reaches((rep["host"], p)) for p in closed + [rep["client_port"]]}
+        client_ns,
+        lambda: {
+            p: _reaches((rep["host"], p))
+            for p in closed + [rep["client_port"], rep["metrics_port"]]
+        },
     )
-    assert reached == {**{p: False for p in closed}, rep["client_port"]: True}, reached
+    assert reached == {
+        **{p: False for p in closed},
+        rep["client_port"]: True,
+        rep["metrics_port"]: True,
+    }, reached
     # The replicas themselves still agree (over those very ports), and clients are served.
     assert run_in_netns(client_ns, lambda: redis_on(cluster.client_addr(), "SET", "k", "v")) == "OK"
     assert (

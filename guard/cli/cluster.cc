@@ -512,9 +512,11 @@ static bool MakeNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std:
 // Each replica's namespace answers strangers on its client and server ports only ...
 static bool FirewallReplicas(const NetnsHosts& hosts, const ClusterConfig& c, std::string* error) {
   std::vector<std::vector<int>> open_ports;
-  for (const auto& r : c.replicas)
+  for (const auto& r : c.replicas) {
     open_ports.push_back(r.server_port ? std::vector<int>{r.client_port, r.server_port}
                                        : std::vector<int>{r.client_port});
+    if (r.metrics_port) open_ports.back().push_back(r.metrics_port);  // scraped from outside
+  }
   if (!FirewallReplicaHosts(hosts, open_ports, error)) {
     *error = "cannot set the replicas' firewall: " + *error;
     return false;
@@ -522,7 +524,7 @@ static bool FirewallReplicas(const NetnsHosts& hosts, const ClusterConfig& c, st
   // ... and never hands one of the cluster's ports to an outgoing connection.
   std::vector<int> ports;
   for (const auto& r : c.replicas)
-    for (int p : {r.peer_port, r.client_port, r.server_port})
+    for (int p : {r.peer_port, r.client_port, r.server_port, r.metrics_port})
       if (p) ports.push_back(p);
   size_t colon = c.leader_address.rfind(':');
   if (colon != std::string::npos) ports.push_back(std::atoi(c.leader_address.c_str() + colon + 1));
@@ -662,6 +664,11 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
              "base+200..";
     return false;
   }
+  if (o.base_port + 250 + o.replicas > 65536) {
+    *error = "--base-port " + std::to_string(o.base_port) +
+             " is too high: metrics ports are base+250..base+" + std::to_string(249 + o.replicas);
+    return false;
+  }
   mkdir(o.dir.c_str(), 0755);
   ClusterConfig existing;
   std::string ignored;
@@ -743,8 +750,12 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     if (netns) r.netns = hosts.replicas[i];
     r.peer_port = o.base_port + i;
     r.client_port = o.base_port + 100 + i;
+    // GET /metrics (guard/net/metrics_server.h). base+250: inside the 300
+    // ports a cluster spans (peer +0, client +100, leader address +199,
+    // server +200), which is how far apart tests and people put clusters.
+    r.metrics_port = o.base_port + 250 + i;
     r.dir = o.dir + "/replica-" + std::to_string(i);
-    std::vector<int> ports = {r.peer_port, r.client_port};
+    std::vector<int> ports = {r.peer_port, r.client_port, r.metrics_port};
     if (c.has_server()) {
       r.server_port = o.base_port + 200 + i;
       ports.push_back(r.server_port);
@@ -886,6 +897,9 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
     if (s.has_server)
       r.server_addr =
           config.replicas[i].host + ":" + std::to_string(config.replicas[i].server_port);
+    if (config.replicas[i].metrics_port)
+      r.metrics_addr =
+          config.replicas[i].host + ":" + std::to_string(config.replicas[i].metrics_port);
     r.pid = ReplicaPid(dir, r.id);
     std::string err;
     DaemonStatus st;
@@ -946,6 +960,7 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
                         {"lag", r.lag},
                         {"disk_error", r.disk_error},
                         {"server_addr", str_or_null(r.server_addr)},
+                        {"metrics_addr", str_or_null(r.metrics_addr)},
                         {"first_index", r.first_index},
                         {"lease_left_us", r.lease_left_us},
                         {"lease_guard_left_us", r.lease_guard_left_us},
@@ -1006,6 +1021,16 @@ std::string FormatStatusTable(const ClusterStatus& s, const std::string& status_
   if (reports)
     out += std::to_string(reports) + " divergence report" + (reports == 1 ? "" : "s") +
            ": lockstep divergence list\n";
+  // Where each replica's Prometheus metrics are (cluster.toml metrics_port).
+  std::string metrics;
+  for (const auto& r : s.replicas)
+    metrics +=
+        " " + std::to_string(r.id) + "=" + (r.metrics_addr.empty() ? "none" : r.metrics_addr);
+  out += "metrics (GET http://ADDR/metrics):" + metrics +
+         (metrics.find("=none") != std::string::npos
+              ? "  (none: no metrics_port in that replica's cluster.toml entry)"
+              : "") +
+         "\n";
   if (s.leader < 0) {
     out += "no leader at the moment\n";
   } else if (s.has_server) {

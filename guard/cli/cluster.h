@@ -97,6 +97,7 @@ struct ReplicaStatus {
   uint64_t lag = 0;
   std::string disk_error;
   std::string server_addr;   // host:server_port, "" without a server
+  std::string metrics_addr;  // host:metrics_port (GET /metrics), "" without a metrics_port
   uint64_t first_index = 0;  // the log's first entry (entries below were truncated)
   uint64_t lease_left_us = 0, lease_guard_left_us = 0;  // DaemonStatus's
   uint64_t lease_reads = 0, lease_misses = 0;           // DaemonStatus's

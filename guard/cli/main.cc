@@ -180,7 +180,8 @@ void AddCluster(CommandLine& cl) {
           "(everything after -- is the server's command line, untouched; one quoted argument\n"
           "after -- is split like a shell would). Each daemon runs its copy of the server under\n"
           "the preload shim; clients connect to the leader's, which `up` prints and `status`\n"
-          "shows (client_addr; server_addr per replica in --json).\n"
+          "shows (client_addr; server_addr per replica in --json). Each daemon serves Prometheus\n"
+          "metrics at GET /metrics on its metrics_port (base+250+i; metrics_addr in --json).\n"
           "Backups checkpoint their server with CRIU every N applied entries (default 25000; see\n"
           "[checkpoint] in cluster.toml); --no-checkpoints turns that off. The leader keeps the\n"
           "log a backup lacks while it heard from it in the last S seconds (default 60); one\n"
@@ -211,7 +212,8 @@ void AddCluster(CommandLine& cl) {
       ->capture_default_str();
   AddClusterDir(up, &u->o.dir);
   AddNumber(up, "--base-port", &u->base_port,
-            "peer ports P.., client ports P+100.., server ports P+200..", 1, 65535);
+            "peer ports P.., client ports P+100.., server ports P+200.., metrics ports P+250..", 1,
+            65535);
   AddNumber(up, "--ring-bytes", &u->ring_bytes, "each replica's log region", 1 << 16, kNoLimit);
   AddNumber(up, "--segment-bytes", &u->segment_bytes, "each log segment file on disk", 1 << 16,
             kNoLimit);
@@ -289,7 +291,8 @@ void AddCluster(CommandLine& cl) {
   auto st = std::make_shared<StatusArgs>();
   CLI::App* status = cl.Add(family, "status", "every replica's role, ballot, log and server");
   AddClusterDir(status, &st->dir);
-  status->add_flag("--json", st->json, "as JSON (server_addr per replica, client_addr)");
+  status->add_flag("--json", st->json,
+                   "as JSON (server_addr and metrics_addr per replica, client_addr)");
   cl.OnRun(status, [st] {
     std::string dir = ClusterDir(st->dir), err;
     ClusterConfig c;

@@ -774,7 +774,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   if (replicas.size() > 7) return fail(replicas[7]->pos, "at most 7 replicas");
   for (TomlTable* rt : replicas) {
     ReplicaConfig r;
-    int64_t id = -1, peer_port = 0, client_port = 0, server_port = 0;
+    int64_t id = -1, peer_port = 0, client_port = 0, server_port = 0, metrics_port = 0;
     if (!rt->TakeInt("id", &id, true, 0, 6, error)) return false;
     if (id != static_cast<int64_t>(c.replicas.size()))
       return fail(rt->At("id"), "field 'id': replicas must be numbered 0.." +
@@ -793,10 +793,12 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     }
     if (!rt->TakeString("dir", &r.dir, true, error)) return false;
     if (!rt->TakeString("netns", &r.netns, false, error)) return false;
+    if (!rt->TakeInt("metrics_port", &metrics_port, false, 0, 65535, error)) return false;
     if (!rt->NoLeftovers(error)) return false;
     r.peer_port = static_cast<int>(peer_port);
     r.client_port = static_cast<int>(client_port);
     r.server_port = static_cast<int>(server_port);
+    r.metrics_port = static_cast<int>(metrics_port);
     c.replicas.push_back(r);
   }
   // A server port must not collide with any daemon port on the same host.
@@ -812,6 +814,24 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
         return fail(replicas[i]->At("server_port"),
                     "field 'server_port': " + std::to_string(r.server_port) + " is also replica " +
                         std::to_string(o.id) + "'s " + clash + " on " + r.host);
+    }
+  }
+  // Nor a metrics port with any port on the same host.
+  for (size_t i = 0; i < c.replicas.size(); i++) {
+    const ReplicaConfig& r = c.replicas[i];
+    if (!r.metrics_port) continue;
+    for (const ReplicaConfig& o : c.replicas) {
+      if (o.host != r.host || o.netns != r.netns) continue;
+      std::string clash = o.peer_port == r.metrics_port                        ? "peer_port"
+                          : o.client_port == r.metrics_port                    ? "client_port"
+                          : o.server_port == r.metrics_port                    ? "server_port"
+                          : (o.id != r.id && o.metrics_port == r.metrics_port) ? "metrics_port"
+                                                                               : "";
+      if (!clash.empty())
+        return fail(replicas[i]->At("metrics_port"),
+                    "field 'metrics_port': " + std::to_string(r.metrics_port) +
+                        " is also replica " + std::to_string(o.id) + "'s " + clash + " on " +
+                        r.host + " (choose another, or 0 for no metrics listener)");
     }
   }
   *out = c;
@@ -934,6 +954,9 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.has_server()) o << "server_port = " << r.server_port << "\n";
     o << "dir = " << TomlQuote(r.dir) << "\n";
     if (!r.netns.empty()) o << "netns = " << TomlQuote(r.netns) << "\n";
+    if (r.metrics_port)
+      o << "# Prometheus metrics: http://" << r.host << ":" << r.metrics_port << "/metrics\n"
+        << "metrics_port = " << r.metrics_port << "\n";
   }
   return o.str();
 }

@@ -86,6 +86,8 @@
 //                           # [server] section, an error without one
 //   dir = "/var/lib/lockstep/0"
 //   netns = ""              # optional: network namespace the replica runs in
+//   metrics_port = 7800     # optional (0: none): the daemon serves Prometheus metrics at
+//                           # http://host:metrics_port/metrics (guard/net/metrics_server.h)
 //
 // Parsing is strict: an unknown field, a wrong type or a missing field is an
 // error that names the field and the line. Strings are "basic" (with the
@@ -105,7 +107,8 @@ struct ReplicaConfig {
   std::string host;
   int peer_port = 0;
   int client_port = 0;
-  int server_port = 0;  // 0: no [server] section
+  int server_port = 0;   // 0: no [server] section
+  int metrics_port = 0;  // 0: no metrics listener
   std::string dir;
   std::string netns;
 };

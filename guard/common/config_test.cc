@@ -301,6 +301,32 @@ TEST(ClusterConfig, LeaseMustFitInTheElectionTimeout) {
   EXPECT_EQ(back.lease_us, 35000u);
 }
 
+// metrics_port: optional (0 or absent: none), in range, and no other port
+// of a replica on the same host; FormatClusterConfig writes it back.
+TEST(ClusterConfig, MetricsPort) {
+  ClusterConfig c;
+  std::string error, text = kCluster;
+  ASSERT_TRUE(ParseClusterConfig(text, "cluster.toml", &c, &error)) << error;
+  EXPECT_EQ(c.replicas[0].metrics_port, 0);
+  EXPECT_EQ(FormatClusterConfig(c).find("metrics_port"), std::string::npos);
+  std::string with = text + "metrics_port = 7801\n";
+  ASSERT_TRUE(ParseClusterConfig(with, "cluster.toml", &c, &error)) << error;
+  EXPECT_EQ(c.replicas[0].metrics_port, 7801);
+  ClusterConfig back;
+  ASSERT_TRUE(ParseClusterConfig(FormatClusterConfig(c), "cluster.toml", &back, &error)) << error;
+  EXPECT_EQ(back.replicas[0].metrics_port, 7801);
+  ASSERT_TRUE(ParseClusterConfig(text + "metrics_port = 0\n", "cluster.toml", &c, &error));
+  EXPECT_EQ(c.replicas[0].metrics_port, 0);
+  EXPECT_FALSE(ParseClusterConfig(text + "metrics_port = 70000\n", "cluster.toml", &c, &error));
+  EXPECT_EQ(error, "cluster.toml:16:16: field 'metrics_port': 70000 is out of range 0..65535");
+  EXPECT_FALSE(ParseClusterConfig(text + "metrics_port = 7601\n", "cluster.toml", &c, &error));
+  EXPECT_EQ(error,
+            "cluster.toml:16:16: field 'metrics_port': 7601 is also replica 0's server_port on "
+            "127.0.0.1 (choose another, or 0 for no metrics listener)");
+  EXPECT_FALSE(ParseClusterConfig(text + "metrics_port = \"x\"\n", "cluster.toml", &c, &error));
+  EXPECT_NE(error.find("metrics_port"), std::string::npos) << error;
+}
+
 // What FormatClusterConfig writes reads back the same, whatever the strings hold.
 TEST(ClusterConfig, FormatReadsBack) {
   ClusterConfig c;

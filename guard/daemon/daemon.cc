@@ -31,11 +31,13 @@
 #include "guard/common/event_loop.h"
 #include "guard/common/json.h"
 #include "guard/common/replica_log.h"
+#include "guard/daemon/daemon_metrics.h"
 #include "guard/daemon/failpoints.h"
 #include "guard/daemon/front_door.h"
 #include "guard/daemon/leader_address.h"
 #include "guard/daemon/peer_link.h"
 #include "guard/net/client.h"
+#include "guard/net/metrics_server.h"
 #include "guard/net/netns_hosts.h"
 #include "guard/output/output_guard.h"
 #include "guard/server/server_pipeline.h"
@@ -71,6 +73,7 @@ class Daemon : public EventLoop::Body {
   bool DrainOnce(uint64_t now);
   void Persist(std::vector<PersistOp>& persists);
   void NoteRoleChange();
+  void SampleMetrics(uint64_t now);
   void TruncateLog(uint64_t now);
   FailpointReply SetFailpoint(const std::string& text);
 
@@ -78,6 +81,9 @@ class Daemon : public EventLoop::Body {
   ClusterConfig cfg_;
   const ReplicaConfig& me_;
   ReplicaLog log_;
+  // Before everything that updates it (the disk writer's thread observes
+  // its writes), so that it goes last.
+  std::unique_ptr<DaemonMetrics> metrics_;
   int n_ = 0;
   bool memory_mode_ = false;
   std::unique_ptr<Replica> core_;
@@ -96,6 +102,7 @@ class Daemon : public EventLoop::Body {
   std::unique_ptr<OutputGuard> output_;            // with a server only
   std::unique_ptr<StateChecker> state_;            // with a profile's state_probe only
   std::unique_ptr<LeaderAddress> leader_address_;  // cluster.toml's leader_address, if any
+  std::unique_ptr<MetricsServer> metrics_server_;  // cluster.toml's metrics_port, if any
 
   // When each peer last had a live stream from us (leader): a peer gone
   // longer than kPeerGraceUs no longer holds back the truncation of the log.
@@ -187,13 +194,19 @@ bool Daemon::RecoverLog(DurableState* state) {
   log_("recovered log: %zu slots from %lu, promised ballot %s, commit index %lu",
        state->slots.size(), (unsigned long)state->first_index, BallotString(rec.promised).c_str(),
        (unsigned long)rec.commit_index);
-  writer_ = std::make_unique<DiskWriter>(disk_.get());
+  DaemonMetrics* m = metrics_.get();
+  writer_ = std::make_unique<DiskWriter>(disk_.get(), [m](double us, size_t records, bool ok) {
+    if (!ok) return m->disk_write_errors->Add();
+    m->disk_write->ObserveUs(static_cast<uint64_t>(us));
+    m->log_records->Add(records);
+  });
   return true;
 }
 
 bool Daemon::Init() {
   EventLoop::BlockShutdownSignals();  // before any thread starts
   n_ = static_cast<int>(cfg_.replicas.size());
+  metrics_ = std::make_unique<DaemonMetrics>(n_, me_.id);
   peer_live_us_.assign(n_, NowUs());
   peer_match_seen_.assign(n_, 0);
   memory_mode_ = cfg_.durability == "memory";
@@ -276,7 +289,19 @@ bool Daemon::Init() {
   };
   front_ = std::make_unique<FrontDoor>(cfg_, me_.id, opt_.verbose, *loop_, *core_, disk_error_,
                                        std::move(hooks), log_);
+  front_->CountBytes({metrics_->client_bytes_in, metrics_->client_bytes_out,
+                      metrics_->peer_bytes_in, metrics_->peer_bytes_out});
   if (!front_->Listen()) return false;
+  if (me_.metrics_port) {
+    metrics_server_ =
+        std::make_unique<MetricsServer>([this] { return metrics_->registry.Render(); },
+                                        [this](const std::string& m) { log_("%s", m.c_str()); });
+    std::string err;
+    if (!metrics_server_->Start(me_.host, me_.metrics_port, &err)) {
+      log_("%s", err.c_str());
+      return false;
+    }
+  }
   // These fds only wake the loop: the pass polls UCX and the disk anyway.
   loop_->Add(peer_->event_fd(), nullptr);
   if (writer_) loop_->Add(writer_->EventFd(), nullptr);
@@ -299,10 +324,14 @@ bool Daemon::Init() {
   }
   front_->StartConnector();
   peer_poll_ = std::thread([this] { PollPeerCheckpoints(); });
-  log_("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d", n_,
+  log_("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d, %s", n_,
        cfg_.transport.c_str(), cfg_.durability.c_str(),
        memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "", me_.host.c_str(),
-       me_.peer_port, me_.host.c_str(), me_.client_port);
+       me_.peer_port, me_.host.c_str(), me_.client_port,
+       me_.metrics_port
+           ? ("metrics on http://" + me_.host + ":" + std::to_string(me_.metrics_port) + "/metrics")
+                 .c_str()
+           : "no metrics listener (no metrics_port)");
   return true;
 }
 
@@ -312,6 +341,7 @@ int Daemon::Run() {
     return 1;
   }
   loop_->Run(*this);
+  metrics_server_.reset();
   stop_poll_ = true;
   if (peer_poll_.joinable()) peer_poll_.join();
   front_->StopConnector();
@@ -337,6 +367,7 @@ int Daemon::Run() {
 void Daemon::OwnGap(uint64_t now, uint64_t gap_us) {
   core_->OnLocalStall(now, gap_us - std::min(gap_us, loop_->own_gap_us()));
   local_stalls_++;
+  metrics_->own_gaps->Add();
   if (gap_us > cfg_.election_timeout_min_us / 2 && now >= next_stall_log_us_) {
     next_stall_log_us_ = now + 1000000;
     log_("own gap of %lu us: not counted against the peers (%lu such gaps so far)",
@@ -353,6 +384,10 @@ PassReport Daemon::Pass(uint64_t now) {
   core_->Tick(now);
   r.submitted = pipeline_->ProcessSubmissions(now);
   r.t_submitted = NowUs();
+  // Entries appended since the last pass (the front door's proposals, the
+  // server's inputs just now) are stamped here; their commit is seen below.
+  metrics_->commit_clock.OnAppended(core_->role() == Role::kLeader, core_->last_index(),
+                                    r.t_submitted);
   r.drained = Drain(now);
   r.t_drained = NowUs();
   r.applied = pipeline_->ApplyCommitted(now);
@@ -365,6 +400,8 @@ PassReport Daemon::Pass(uint64_t now) {
     leader_address_->Want(pipeline_->serving() &&
                           now <= core_->last_majority_contact_us() + cfg_.election_timeout_max_us);
   r.t_applied = NowUs();
+  metrics_->commit_clock.OnCommitted(core_->commit_index(), r.t_applied, metrics_->commit_latency);
+  SampleMetrics(now);
   if (!pipeline_->Healthy(now)) {
     exit_code_ = 1;
     loop_->Stop();
@@ -556,6 +593,7 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
     LS_ASSERT(p.seq > last_persist_seq_, "persist seq %lu after %lu", (unsigned long)p.seq,
               (unsigned long)last_persist_seq_);
     last_persist_seq_ = p.seq;
+    for (const auto& e : p.entries) metrics_->log_bytes->Add(e.payload.size());
     if (memory_mode_) {
       memory_completions_.push_back(p.seq);
       continue;
@@ -584,6 +622,52 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
   }
 }
 
+// The core's gauges into the metrics (daemon_metrics.h) every pass (a few
+// relaxed stores: a scrape right after a commit shows it; sampled every
+// 10 ms they lagged a burst of commits by up to 20 entries here), and the
+// rooms' own counts at most every kSampleUs (they cost more: the front door
+// counts its connections).
+void Daemon::SampleMetrics(uint64_t now) {
+  DaemonMetrics& m = *metrics_;
+  Ballot b = core_->promised();
+  m.ballot_round->Set(static_cast<double>(BallotRound(b)));
+  m.ballot_leader->Set(BallotLeader(b));
+  uint64_t commit = core_->commit_index(), applied = pipeline_->applied();
+  m.commit_index->Set(static_cast<double>(commit));
+  m.applied_index->Set(static_cast<double>(applied));
+  m.first_index->Set(static_cast<double>(core_->first_index()));
+  m.last_index->Set(static_cast<double>(core_->last_index()));
+  m.replay_lag->Set(cfg_.has_server() && commit > applied ? static_cast<double>(commit - applied)
+                                                          : 0);
+  bool leading = core_->role() == Role::kLeader;
+  for (int r = 0; r < n_; r++) {
+    if (!m.peer_lag[r]) continue;
+    uint64_t match = core_->PeerMatch(r), last = core_->last_index();
+    m.peer_lag[r]->Set(leading && last > match ? static_cast<double>(last - match) : 0);
+  }
+  m.disk_error->Set(disk_error_.empty() ? 0 : 1);
+  if (now < m.next_sample_us) return;
+  m.next_sample_us = now + DaemonMetrics::kSampleUs;
+  Checkpointer::Counts cp = pipeline_->CheckpointCounts();
+  m.checkpoints_taken->Set(cp.taken);
+  m.checkpoints_failed->Set(cp.failed);
+  if (cp.taken != m.checkpoints_seen) {  // at most one per sample: seconds apart
+    m.checkpoints_seen = cp.taken;
+    m.checkpoint_dump->ObserveUs(cp.last_dump_us);
+    m.checkpoint_last_bytes->Set(static_cast<double>(cp.last_bytes));
+  }
+  if (output_) {
+    OutputGuard::Counts o = output_->counts();
+    m.divergences->Set(o.divergences);
+    m.repairs_ok->Set(o.repairs_ok);
+    m.repairs_failed->Set(o.repairs_failed);
+    m.recurrences->Set(o.recurrences);
+  }
+  m.client_connections->Set(static_cast<double>(front_->client_connections()));
+  m.tls_handshake_failures->Set(front_->tls_handshakes_failed());
+  m.auth_failures->Set(front_->handshakes_dropped());
+}
+
 // Logs role and ballot changes (tests and eval/ read these lines), and
 // tells the server pipeline.
 void Daemon::NoteRoleChange() {
@@ -594,6 +678,8 @@ void Daemon::NoteRoleChange() {
     last_stream_ = core_->stream_id();
   }
   if (core_->role() == last_role_ && core_->promised() == last_ballot_) return;
+  metrics_->SetRole(core_->role());
+  if (core_->promised() != last_ballot_) metrics_->leader_changes->Add();
   pipeline_->OnRoleChange();
   if (core_->role() == Role::kLeader) peer_live_us_.assign(n_, NowUs());
   if (core_->role() == Role::kLeader)

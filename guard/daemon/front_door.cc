@@ -204,6 +204,16 @@ void FrontDoor::DropHandshake(FrameConn* c, const std::string& why) {
   CloseConn(c, why);
 }
 
+size_t FrontDoor::client_connections() const {
+  size_t n = 0;
+  for (const auto& [fd, c] : conns_) n += c->role == ConnRole::kClient && c->authenticated;
+  return n;
+}
+
+uint64_t FrontDoor::tls_handshakes_failed() const {
+  return acceptor_ ? acceptor_->dropped() : 0;
+}
+
 void FrontDoor::ExpireHandshakes(uint64_t now) {
   if (now < next_handshake_sweep_us_) return;
   next_handshake_sweep_us_ = now + 100000;
@@ -219,6 +229,9 @@ void FrontDoor::ExpireHandshakes(uint64_t now) {
 void FrontDoor::AddConn(std::unique_ptr<FrameConn> c) {
   int fd = c->fd();
   c->opened_us = NowUs();
+  bool client = c->role == ConnRole::kClient;
+  c->bytes_in = client ? byte_counters_.client_in : byte_counters_.peer_in;
+  c->bytes_out = client ? byte_counters_.client_out : byte_counters_.peer_out;
   loop_.Add(fd, [this, fd](uint32_t events) { return OnConnEvent(fd, events); });
   conns_[fd] = std::move(c);
 }

@@ -22,6 +22,7 @@
 #include "guard/common/config.h"
 #include "guard/common/event_loop.h"
 #include "guard/common/json.h"
+#include "guard/common/metrics.h"
 #include "guard/common/replica_log.h"
 #include "guard/net/tls_acceptor.h"
 #include "guard/net/wire.h"
@@ -94,6 +95,20 @@ class FrontDoor {
   // Closes connections that have not authenticated within kHandshakeUs.
   void ExpireHandshakes(uint64_t now);
 
+  // For the daemon's metrics (daemon_metrics.h): where each connection
+  // counts its bytes (by port: client or peer, in and out; set before
+  // Listen), and how many clients are connected and failed to come in.
+  struct ByteCounters {
+    Counter* client_in = nullptr;
+    Counter* client_out = nullptr;
+    Counter* peer_in = nullptr;
+    Counter* peer_out = nullptr;
+  };
+  void CountBytes(const ByteCounters& counters) { byte_counters_ = counters; }
+  size_t client_connections() const;       // authenticated, on the client port
+  uint64_t tls_handshakes_failed() const;  // closed before their TLS was up (TlsAcceptor)
+  uint64_t handshakes_dropped() const { return handshakes_dropped_; }  // TLS up, not authenticated
+
   // Limits before authentication (besides kMaxHandshakeFrame, wire.h): the
   // time a connection has to authenticate, and how many may be at it at
   // once on each port (the oldest of that port is dropped for a newcomer, so
@@ -155,6 +170,7 @@ class FrontDoor {
   std::map<int, std::unique_ptr<FrameConn>> conns_;  // by fd
   uint64_t next_handshake_sweep_us_ = 0;
   uint64_t handshakes_dropped_ = 0;  // closed before authenticating (logged sparingly)
+  ByteCounters byte_counters_;
   void DropHandshake(FrameConn* c, const std::string& why);
   void Refuse(FrameConn* c, const std::string& why);
   bool Permit(FrameConn* c, std::initializer_list<Principal> allowed, const char* what);

@@ -545,6 +545,7 @@ bool FrameConn::ReadFrames(const std::function<void(FrameKind, std::string_view)
     ssize_t n = stream_->Read(buf, sizeof buf);
     if (n > 0) {
       in_.append(buf, n);
+      if (bytes_in) bytes_in->Add(static_cast<uint64_t>(n));
       // A short read took what the socket had, unless TLS holds more than
       // it handed out (the socket would not signal those bytes again).
       if (static_cast<size_t>(n) < sizeof buf && !stream_->has_buffered()) break;
@@ -600,6 +601,7 @@ bool FrameConn::Flush(std::string* error) {
     ssize_t n = stream_->Write(out_.data() + out_off_, out_.size() - out_off_);
     if (n > 0) {
       out_off_ += n;
+      if (bytes_out) bytes_out->Add(static_cast<uint64_t>(n));
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;

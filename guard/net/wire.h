@@ -18,6 +18,7 @@
 
 #include "consensus/core.h"
 #include "guard/common/conn_key.h"
+#include "guard/common/metrics.h"
 #include "guard/common/output_point.h"  // OutputPoint, SendStack
 #include "guard/net/tls.h"
 
@@ -379,6 +380,10 @@ class FrameConn {
   int64_t checkpoint_from = -1;  // >= 0: handed to a checkpoint sender on close (that index on)
   bool inspect = false;          // handed to an inspection relay on close (FrontDoor)
   std::string inspect_program;   // what the inspector runs (InspectRequest)
+  // Where the bytes read and written on it (frames, after TLS) are counted,
+  // if anywhere (FrontDoor: the daemon's metrics).
+  Counter* bytes_in = nullptr;
+  Counter* bytes_out = nullptr;
 
  private:
   int fd_;

@@ -56,6 +56,12 @@ class OutputGuard {
   uint64_t LogNeededFrom() const;
   // Status JSON object: checks, divergences, repairs.
   Json StatusJson() const;
+  // For the daemon's metrics: what this replica judged while it led, since
+  // it started (divergences found, repairs done and failed, recurrences).
+  struct Counts {
+    uint64_t divergences = 0, repairs_ok = 0, repairs_failed = 0, recurrences = 0;
+  };
+  Counts counts() const { return {divergences_, repairs_ok_, repairs_failed_, recurrences_}; }
   // `lockstep divergence`: the list (a JSON array of the reports held here)
   // or one report ("" when not here).
   std::string Divergence(const DivergenceRequest& req) const;

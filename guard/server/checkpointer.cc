@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -207,6 +208,8 @@ void Checkpointer::FinishCommit() {
     return;
   }
   taken_++;
+  last_taken_dump_us_ = static_cast<uint64_t>(std::max<int64_t>(committed_.meta.dump_us, 0));
+  last_taken_bytes_ = committed_.bytes;
   newest_index_ = committed_.index;
   newest_time_unix_ = committed_.meta.time_unix;
   last_error_.clear();

@@ -105,6 +105,13 @@ class Checkpointer {
   }
   // CRIU cannot dump this server: checkpoints stop until a restart.
   bool broken() const { return !broken_.empty(); }
+  // For the daemon's metrics: checkpoints taken and failed since start, and
+  // the newest taken one's dump time and size (0 before one).
+  struct Counts {
+    uint64_t taken = 0, failed = 0;
+    uint64_t last_dump_us = 0, last_bytes = 0;
+  };
+  Counts counts() const { return {taken_, failed_, last_taken_dump_us_, last_taken_bytes_}; }
 
  private:
   void FinishCommit();
@@ -140,6 +147,7 @@ class Checkpointer {
   uint64_t last_started_us_ = 0;  // when
   uint64_t taken_ = 0, failed_ = 0, restores_ = 0, fetched_ = 0;
   int64_t last_dump_us_ = 0;
+  uint64_t last_taken_dump_us_ = 0, last_taken_bytes_ = 0;  // counts()
   std::string last_error_;
   std::string broken_;  // why CRIU cannot dump this server
 };

@@ -141,6 +141,10 @@ std::string ServerPipeline::RequestCheckpoint() {
   return "";
 }
 
+Checkpointer::Counts ServerPipeline::CheckpointCounts() const {
+  return checkpointer_ ? checkpointer_->counts() : Checkpointer::Counts{};
+}
+
 Json ServerPipeline::CheckpointStatusJson(uint64_t now) const {
   Json o = checkpointer_ ? checkpointer_->StatusJson(now)
                          : Json{{"index", 0}, {"age_s", -1}, {"enabled", false}};

@@ -114,6 +114,8 @@ class ServerPipeline {
   // Status: {"index":..,"age_s":..,...} of Checkpointer::StatusJson, plus
   // the server's state.
   Json CheckpointStatusJson(uint64_t now) const;
+  // Checkpointer::counts() (all zero without checkpoints).
+  Checkpointer::Counts CheckpointCounts() const;
   // This replica's checkpoints as JSON array text (lockstep checkpoint list).
   std::string CheckpointListJson() const;
   // "running", or why the server is not run any more.
