@@ -646,7 +646,11 @@ void Daemon::SampleMetrics(uint64_t now) {
     m.peer_lag[r]->Set(leading && last > match ? static_cast<double>(last - match) : 0);
   }
   m.disk_error->Set(disk_error_.empty() ? 0 : 1);
+  uint64_t lease = core_->LeaseUntil();
+  m.lease_left->Set(lease > now ? static_cast<double>(lease - now) / 1e6 : 0);
   if (now < m.next_sample_us) return;
+  m.lease_reads->Set(pipeline_->lease_reads());
+  m.lease_misses->Set(pipeline_->lease_misses());
   m.next_sample_us = now + DaemonMetrics::kSampleUs;
   Checkpointer::Counts cp = pipeline_->CheckpointCounts();
   m.checkpoints_taken->Set(cp.taken);

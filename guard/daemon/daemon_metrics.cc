@@ -142,6 +142,15 @@ DaemonMetrics::DaemonMetrics(int replicas, int my_id) {
       "lockstep_auth_failures_total",
       "Connections closed after TLS but before they authenticated (a wrong secret, no HELLO "
       "in time, too many at once).");
+  lease_left = r.AddGauge("lockstep_lease_left_seconds",
+                          "How much longer this leader's lease holds (0: none, or not leading).");
+  lease_reads = r.AddCounter(
+      "lockstep_lease_reads_total",
+      "Read-only requests this leader's server answered under its lease, without the log "
+      "(counted by its server's shim: from 0 again when the server restarts).");
+  lease_misses = r.AddCounter(
+      "lockstep_lease_misses_total",
+      "Read-only requests that went through the log because no lease held when they came.");
   own_gaps = r.AddCounter("lockstep_own_gaps_total",
                           "Times this daemon's loop found it had not run for a while (the "
                           "machine or the VM stalled it): not counted against its peers.");

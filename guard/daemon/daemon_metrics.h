@@ -96,6 +96,10 @@ struct DaemonMetrics {
   Counter* peer_bytes_out;
   Counter* tls_handshake_failures;
   Counter* auth_failures;
+  // Lease reads (consensus/core.h LeaseUntil; preload/shim_rings.c).
+  Gauge* lease_left;
+  Counter* lease_reads;
+  Counter* lease_misses;
   // The loop.
   Counter* own_gaps;
 
