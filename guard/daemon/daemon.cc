@@ -249,7 +249,8 @@ bool Daemon::Init() {
                         pipeline_->replay_connections(),
                         pipeline_->CheckpointStatusJson(NowUs()),
                         output_ ? output_->StatusJson() : Json(),
-                        state_ ? state_->StatusJson() : Json()};
+                        state_ ? state_->StatusJson() : Json(),
+                        pipeline_->serving()};
   };
   hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {
     if (output_) output_->OnPeerFrame(from, kind, body, NowUs());
@@ -537,6 +538,7 @@ bool Daemon::DrainOnce(uint64_t now) {
     front_->FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
   NoteRoleChange();
   front_->ReplyWaiters(now);
+  front_->ReplyLeaderMove(now);
   front_->FlushClients();
   front_->ExpireHandshakes(now);
   return busy;
