@@ -322,13 +322,17 @@ void AddCluster(CommandLine& cl) {
   cl.OnRun(
       restart,
       [rs] {
+        if (rs->rolling && rs->id >= 0)
+          return Fail(
+              "--id and --rolling exclude each other: --id N starts one replica again, "
+              "--rolling restarts every replica in turn");
+        if (!rs->rolling && rs->id < 0)
+          return Fail(
+              "--id is required (the replica to start again), or --rolling (restart "
+              "every replica in turn)");
         std::string dir = ClusterDir(rs->dir), err;
         ClusterConfig c;
         if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
-        if (rs->rolling == (rs->id >= 0))
-          return Fail(
-              "restart needs --id N (start one replica again) or --rolling (restart every "
-              "replica in turn), not both");
         if (rs->rolling) {
           auto say = [](const std::string& line) {
             printf("%s\n", line.c_str());
