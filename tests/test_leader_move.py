@@ -179,7 +179,8 @@ def test_a_target_that_does_not_catch_up_leaves_the_leader_serving(cluster):
     # The target's disk takes 2 s per write (its daemon stalls meanwhile): it
     # cannot hold the entry just proposed within the move's 1 s, so the
     # leader gives up, says why and takes proposals again; nothing changed
-    # hands.
+    # hands. (core_test's TransferLeadershipTimesOut... covers the timeout
+    # alone, deterministically.)
     cluster.up(extra=("--failpoints",))
     leader = cluster.leader()
     slow = (leader + 1) % 3
@@ -189,8 +190,14 @@ def test_a_target_that_does_not_catch_up_leaves_the_leader_serving(cluster):
     p = run("leader", "move", "--dir", cluster.dir, "--to", slow, check=False)
     took = time.monotonic() - t0
     assert p.returncode != 0, p.stdout
-    assert f"replica {slow} did not catch up within 1000 ms" in p.stderr, p.stderr
-    assert "this replica leads and serves again" in p.stderr, p.stderr
+    print(p.stderr)
+    # Its stalled loop may also have been silent longer than an election
+    # timeout when the request came: then it is not even ready (refused at
+    # once). Either way the leader says why and stays.
+    timed_out = f"replica {slow} did not catch up within 1000 ms" in p.stderr
+    assert timed_out or f"replica {slow} is not ready to lead" in p.stderr, p.stderr
+    if timed_out:
+        assert "this replica leads and serves again" in p.stderr, p.stderr
     assert took < 10, took
     assert cluster.leader() == leader
     cluster.propose("after")
