@@ -2,6 +2,7 @@
 """Issue 28, item 2: leadership moved on purpose (`lockstep leader move`) under load.
 
     scripts/bench leader-move [--quick] [--moves 20] [--clients 4] [--base-port 18600]
+                              [--rolling]
 
 Starts a redis cluster (3 replicas, disk), runs a bounded load from --clients
 connections (each: a SET of a key of its own, a SET and a GET of a shared key, in
@@ -19,6 +20,10 @@ times (hand-over, serving). At the end: every acknowledged SET of a key of a
 client's own is read back from the leader, every replica's redis has the
 same DEBUG DIGEST (backups read through `lockstep inspect`), and the history
 passes the linearizability checker (build/bin/lincheck, eval/history.py).
+
+--rolling then runs `lockstep cluster restart --rolling` under the same load, the
+clients following the serving leader through `cluster status` (every 20 ms), and
+reports the longest gap a client saw against the election timeout.
 
 Target: unavailability p50 <= 50 ms, at most one reconnect per client per move.
 Writes eval/out/leader_move.json; exit status 1 when a check fails (lost
@@ -102,13 +107,13 @@ class LeaderAddress:
                     self.lock.wait(0.05)
                 if self.addr != stale:
                     return self.addr
-            found = self._serving_leader()
+            found = self.serving_leader()
             if found:
                 with self.lock:
                     self.addr = found
         return self.addr
 
-    def _serving_leader(self):
+    def serving_leader(self):
         """The address of the leader `cluster status` shows serving, or None."""
         try:
             st = status(self.d)
@@ -281,6 +286,40 @@ def lost_writes(where: LeaderAddress, acked: dict):
     raise RuntimeError("could not read the acknowledged writes back")
 
 
+def rolling_restart(d, where: LeaderAddress):
+    """`cluster restart --rolling` under the load; the clients follow the serving
+    leader through `cluster status` (looked at every 20 ms meanwhile), as a client
+    without a leader_address would."""
+    timeout_ms = None
+    for line in (Path(d) / "cluster.toml").read_text().splitlines():
+        if line.startswith("election_timeout_max_us"):
+            timeout_ms = int(line.split("=")[1]) / 1000
+    stop = threading.Event()
+
+    def follow():
+        while not stop.wait(0.02):
+            found = where.serving_leader()
+            if found:
+                where.set(found)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    log("rolling restart")
+    t0 = time.monotonic_ns()
+    p = lockstep("cluster", "restart", "--rolling", "--dir", d, check=False, timeout=900)
+    t1 = time.monotonic_ns()
+    stop.set()
+    follower.join(5)
+    return {
+        "ok": p.returncode == 0,
+        "output": (p.stdout + p.stderr).strip(),
+        "seconds": (t1 - t0) / 1e9,
+        "election_timeout_max_ms": timeout_ms,
+        "t0_ns": t0,
+        "t1_ns": t1,
+    }
+
+
 def run(a) -> dict:
     d = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="leader-move-"))
     log(f"cluster up in {d} (base port {a.base_port})")
@@ -317,6 +356,9 @@ def run(a) -> dict:
             m["t0_ns"], m["t1_ns"] = t0, t1
             result["moves"].append(m)
             time.sleep(a.interval)
+        if a.rolling:
+            result["rolling"] = rolling_restart(d, where)
+            time.sleep(a.interval)
         load.finish()
         ops = load.ops
         per_gap, per_reconnect = [], []
@@ -332,6 +374,10 @@ def run(a) -> dict:
             per_gap += [g for g in gaps if g is not None]
             per_reconnect += m["reconnects"]
         acked = [o for o in ops if not o["unknown"]]
+        if a.rolling:
+            r = result["rolling"]
+            r["gaps_ms"] = move_gaps(ops, a.clients, r.pop("t0_ns"), r.pop("t1_ns"))
+            r["max_gap_ms"] = max((g for g in r["gaps_ms"] if g is not None), default=None)
         result["ops"] = len(ops)
         result["acknowledged"] = len(acked)
         result["unknown"] = len(ops) - len(acked)
@@ -395,6 +441,14 @@ def report(r):
         f"replicas' DEBUG DIGEST equal: {r['replicas_same']}",
         f"linearizable (lincheck): {r['linearizable']}",
     ]
+    if "rolling" in r:
+        ro = r["rolling"]
+        bound = ro["election_timeout_max_ms"]
+        lines.append(
+            f"rolling restart: {'done' if ro['ok'] else 'FAILED'} in {ro['seconds']:.1f} s; "
+            f"longest client gap {ro['max_gap_ms'] or 0:.1f} ms (election timeout {bound:.0f} ms: "
+            f"{'within' if ro['max_gap_ms'] is not None and ro['max_gap_ms'] <= bound else 'OVER'})"
+        )
     return "\n".join(lines), ok_target
 
 
@@ -408,6 +462,11 @@ def main(argv=None):
     ap.add_argument("--base-port", type=int, default=18600)
     ap.add_argument("--dir", help="cluster directory (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="leave the cluster up")
+    ap.add_argument(
+        "--rolling",
+        action="store_true",
+        help="then a rolling restart (cluster restart --rolling) under the same load",
+    )
     ap.add_argument("--out", default=str(ROOT / "eval" / "out" / "leader_move.json"))
     a = ap.parse_args(argv)
     if a.moves is None:
@@ -428,6 +487,7 @@ def main(argv=None):
         and r["replicas_same"]
         and r["linearizable"]
         and r["reconnects_max"] <= 1
+        and r.get("rolling", {}).get("ok", True)
     )
     if not good:
         print("FAILED: a check did not hold (see above)")
