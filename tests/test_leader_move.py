@@ -168,6 +168,9 @@ def test_leader_move_refusals_say_why(cluster, tmp_path):
     p = run("leader", "move", "--dir", cluster.dir, "--to", down, check=False)
     assert p.returncode != 0 and f"replica {down} is not ready to lead" in p.stderr, p.stderr
     assert cluster.leader() == leader
+    # Nor does a rolling restart begin with a replica down.
+    p = run("cluster", "restart", "--rolling", "--dir", cluster.dir, check=False)
+    assert p.returncode != 0 and f"replica {down} is down: start it first" in p.stderr, p.stderr
     # Without a server the move is the consensus's alone, and it works.
     other = 3 - leader - down
     out = run("leader", "move", "--dir", cluster.dir).stdout
