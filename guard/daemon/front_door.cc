@@ -656,32 +656,32 @@ std::string FrontDoor::StatusJson() {
   Json peers = Json::array();
   for (int r = 0; r < n_; r++)
     peers.push_back({{"id", r}, {"match", core_.PeerMatch(r)}, {"stream", core_.PeerReady(r)}});
-  return JsonText(Json{
-      {"id", me_.id},
-      {"pid", getpid()},
-      {"role", RoleName(core_.role())},
-      {"ballot", BallotString(core_.promised())},
-      {"leader", core_.leader()},
-      {"commit_index", core_.commit_index()},
-      {"durable_index", core_.durable_index()},
-      {"last_index", core_.last_index()},
-      {"first_index", core_.first_index()},
-      {"transport", cfg_.transport},
-      {"durability", cfg_.durability},
-      {"may_vote", core_.may_vote()},
-      {"disk_error", disk_error_},
-      {"applied_index", server.applied_index},
-      {"server_read_all", server.server_read_all},
-      {"serving", server.serving},
-      {"transfer",
-       {{"state", TransferStateName(core_.transfer().state)}, {"target", core_.transfer().target}}},
-      {"server_pid", server.server_pid},
-      {"server_port", me_.server_port},
-      {"replay_connections", server.replay_connections},
-      {"checkpoint", server.checkpoint_json},
-      {"output", server.output_json},
-      {"state_checks", server.state_json},
-      {"peers", std::move(peers)}});
+  Json transfer = {{"state", TransferStateName(core_.transfer().state)},
+                   {"target", core_.transfer().target}};
+  return JsonText(Json{{"id", me_.id},
+                       {"pid", getpid()},
+                       {"role", RoleName(core_.role())},
+                       {"ballot", BallotString(core_.promised())},
+                       {"leader", core_.leader()},
+                       {"commit_index", core_.commit_index()},
+                       {"durable_index", core_.durable_index()},
+                       {"last_index", core_.last_index()},
+                       {"first_index", core_.first_index()},
+                       {"transport", cfg_.transport},
+                       {"durability", cfg_.durability},
+                       {"may_vote", core_.may_vote()},
+                       {"disk_error", disk_error_},
+                       {"applied_index", server.applied_index},
+                       {"server_read_all", server.server_read_all},
+                       {"serving", server.serving},
+                       {"transfer", std::move(transfer)},
+                       {"server_pid", server.server_pid},
+                       {"server_port", me_.server_port},
+                       {"replay_connections", server.replay_connections},
+                       {"checkpoint", server.checkpoint_json},
+                       {"output", server.output_json},
+                       {"state_checks", server.state_json},
+                       {"peers", std::move(peers)}});
 }
 
 // An admin's `lockstep leader move`: the core stops taking proposals (the

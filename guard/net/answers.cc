@@ -20,8 +20,6 @@ bool ParseDaemonStatus(std::string_view text, DaemonStatus* s, std::string* erro
   s->applied_index = JsonU64(j, "applied_index");
   s->server_read_all = JsonBool(j, "server_read_all", true);
   s->serving = JsonBool(j, "serving", false);
-  if (j.contains("transfer") && j["transfer"].is_object())
-    s->transfer_state = JsonStr(j["transfer"], "state");
   int64_t pid = JsonI64(j, "server_pid");
   s->server_pid = pid > 0 && pid <= INT32_MAX ? static_cast<int>(pid) : 0;
   auto object = [&j](const char* key) {

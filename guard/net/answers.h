@@ -22,8 +22,7 @@ struct DaemonStatus {
   std::string ballot, disk_error;
   uint64_t commit_index = 0, last_index = 0, first_index = 0, applied_index = 0;
   bool server_read_all = true;
-  bool serving = false;        // leads, and its server serves clients (not catching up)
-  std::string transfer_state;  // a leader move's (core.h TransferStateName)
+  bool serving = false;  // leads, and its server serves clients (not catching up)
   int server_pid = 0;
   // The nested status objects as sent ("checkpoint": ServerPipeline's
   // CheckpointStatusJson; "output": OutputGuard's; "state_checks":
