@@ -21,9 +21,10 @@ client's own is read back from the leader, every replica's redis has the
 same DEBUG DIGEST (backups read through `lockstep inspect`), and the history
 passes the linearizability checker (build/bin/lincheck, eval/history.py).
 
---rolling then runs `lockstep cluster restart --rolling` under the same load, the
-clients following the serving leader through `cluster status` (every 20 ms), and
-reports the longest gap a client saw against the election timeout.
+--rolling then runs `lockstep cluster restart --rolling` under the same load (the
+clients learn the new leader from the command's line saying it serves, or from
+`cluster status` every 20 ms) and reports the longest gap a client saw against the
+election timeout.
 
 Target: unavailability p50 <= 50 ms, at most one reconnect per client per move.
 Writes eval/out/leader_move.json; exit status 1 when a check fails (lost
@@ -37,6 +38,7 @@ import itertools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -286,10 +288,13 @@ def lost_writes(where: LeaderAddress, acked: dict):
     raise RuntimeError("could not read the acknowledged writes back")
 
 
-def rolling_restart(d, where: LeaderAddress):
-    """`cluster restart --rolling` under the load; the clients follow the serving
-    leader through `cluster status` (looked at every 20 ms meanwhile), as a client
-    without a leader_address would."""
+MOVED = re.compile(r"leadership moved from replica (\d+) to replica (\d+)")
+
+
+def rolling_restart(d, where: LeaderAddress, server_addrs):
+    """`cluster restart --rolling` under the load. The clients learn the new leader
+    as in the moves: from the command's progress line that says it serves (read as
+    it comes); `cluster status` every 20 ms is the fallback."""
     timeout_ms = None
     for line in (Path(d) / "cluster.toml").read_text().splitlines():
         if line.startswith("election_timeout_max_us"):
@@ -306,13 +311,30 @@ def rolling_restart(d, where: LeaderAddress):
     follower.start()
     log("rolling restart")
     t0 = time.monotonic_ns()
-    p = lockstep("cluster", "restart", "--rolling", "--dir", d, check=False, timeout=900)
+    p = subprocess.Popen(
+        [str(LOCKSTEP), "cluster", "restart", "--rolling", "--dir", str(d)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            m = MOVED.search(line)
+            if m:
+                where.set(server_addrs[int(m.group(2))])
+        rc = p.wait(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     t1 = time.monotonic_ns()
     stop.set()
     follower.join(5)
     return {
-        "ok": p.returncode == 0,
-        "output": (p.stdout + p.stderr).strip(),
+        "ok": rc == 0,
+        "output": "\n".join(lines),
         "seconds": (t1 - t0) / 1e9,
         "election_timeout_max_ms": timeout_ms,
         "t0_ns": t0,
@@ -357,7 +379,7 @@ def run(a) -> dict:
             result["moves"].append(m)
             time.sleep(a.interval)
         if a.rolling:
-            result["rolling"] = rolling_restart(d, where)
+            result["rolling"] = rolling_restart(d, where, server_addrs)
             time.sleep(a.interval)
         load.finish()
         ops = load.ops
