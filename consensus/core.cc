@@ -65,6 +65,8 @@ Replica::Replica(const CoreConfig& config, DurableState state, uint64_t now_us)
   election_deadline_us_ += 3 * config_.message_heartbeat_us;
   // A single replica is its own majority.
   if (config.replicas == 1) election_deadline_us_ = now_us;
+  // Before a restart we may have echoed a heartbeat whose lease still runs.
+  if (config.replicas > 1) lease_guard_until_us_ = now_us + config_.LeaseGuardUs();
 }
 
 int Replica::leader() const {
@@ -96,6 +98,10 @@ void Replica::Tick(uint64_t now_us) {
   if (role_ == Role::kLeader) {
     if (now_us >= next_control_us_) {
       heartbeat_counter_++;
+      // Its put happens after this (TakeReady): a lease counted from here
+      // ends no later than one counted from the put.
+      heartbeat_sent_us_.emplace_back(heartbeat_counter_, now_us);
+      if (heartbeat_sent_us_.size() > 256) heartbeat_sent_us_.pop_front();
       for (int p = 0; p < config_.replicas; p++)
         if (p != config_.id && peers_[p].ready) PutControl(p);
       next_control_us_ = now_us + config_.heartbeat_us;
@@ -137,6 +143,12 @@ void Replica::Tick(uint64_t now_us) {
   if (now_us >= election_deadline_us_) {
     if (MayStand(now_us)) {
       StartPreVote(now_us);
+    } else if (MayStand(lease_guard_until_us_)) {
+      // Only a lease we guard stands in the way (the leader's connection
+      // closed, OnLeaderGone): stand as soon as it ends, with the same
+      // jitter, as the other backups that saw its last heartbeat will.
+      std::uniform_int_distribution<uint64_t> jitter(0, config_.election_timeout_min_us / 20);
+      election_deadline_us_ = lease_guard_until_us_ + jitter(rng_);
     } else {
       ResetElectionTimer(now_us);
     }
@@ -144,7 +156,25 @@ void Replica::Tick(uint64_t now_us) {
 }
 
 bool Replica::MayStand(uint64_t now_us) const {
-  return may_vote_ && commit_index_ >= lead_after_commit_ && now_us >= election_hold_until_us_;
+  return may_vote_ && commit_index_ >= lead_after_commit_ && now_us >= election_hold_until_us_ &&
+         now_us >= lease_guard_until_us_;
+}
+
+uint64_t Replica::LeaseUntil() const {
+  if (config_.lease_us == 0 || role_ != Role::kLeader || commit_index_ < lease_from_index_)
+    return 0;
+  // The heartbeat a majority has echoed, ourselves included (we echo the
+  // newest): everyone who echoed it guards at least until it was put plus
+  // the lease, and any other candidate needs the promise of one of them.
+  std::vector<uint64_t> echoes{heartbeat_counter_};
+  for (int p = 0; p < config_.replicas; p++)
+    if (p != config_.id) echoes.push_back(peers_[p].heartbeat_echo);
+  std::sort(echoes.rbegin(), echoes.rend());
+  uint64_t echoed = echoes[Majority() - 1];
+  if (echoed == 0) return 0;
+  for (const auto& [counter, sent_us] : heartbeat_sent_us_)
+    if (counter == echoed) return sent_us + config_.lease_us;
+  return 0;  // older than every put we remember: long expired
 }
 
 void Replica::OnLeaderGone(uint64_t now_us) {
@@ -310,6 +340,7 @@ void Replica::Broadcast(Message::Type type, Ballot ballot) {
     m.to = p;
     m.ballot = ballot;
     m.commit_index = commit_index_;
+    if (type == Message::Type::kPrepare) m.handed_over = handed_over_;
     ready_.messages.push_back(std::move(m));
   }
 }
@@ -368,9 +399,11 @@ void Replica::StartPreVote(uint64_t now_us) {
 
 void Replica::HandlePreVote(uint64_t now_us, const Message& m) {
   // Grant when we would promise the ballot and have no live leader ourselves.
+  // A lease we guard counts as a live leader: our promise would break it.
   bool leader_alive = role_ == Role::kLeader ||
                       (role_ == Role::kBackup && leader() >= 0 &&
-                       now_us < last_leader_contact_us_ + config_.election_timeout_min_us);
+                       now_us < last_leader_contact_us_ + config_.election_timeout_min_us) ||
+                      now_us < lease_guard_until_us_;
   Message reply;
   reply.type = Message::Type::kPreVoteReply;
   reply.from = config_.id;
@@ -386,8 +419,9 @@ void Replica::HandlePreVoteReply(uint64_t now_us, const Message& m) {
   if (static_cast<int>(prevote_grants_.size()) >= Majority()) StartElection(now_us);
 }
 
-void Replica::StartElection(uint64_t now_us) {
+void Replica::StartElection(uint64_t now_us, Ballot handed_over) {
   prevoting_ = false;
+  handed_over_ = handed_over;
   uint64_t round = std::max(max_round_seen_, BallotRound(promised_)) + 1;
   Ballot b = MakeBallot(round, config_.id);
   if (role_ == Role::kLeader) ready_.lost_leadership = true;
@@ -404,6 +438,16 @@ void Replica::StartElection(uint64_t now_us) {
   Persist({}, b, {});
   Broadcast(Message::Type::kPrepare, b);
   ResetElectionTimer(now_us);
+}
+
+// Whether a prepare for m.ballot may have our promise now: not while we
+// guard a lease, unless the leader whose lease it is handed over to m's
+// sender (it gave the lease up before it sent kTakeOver).
+bool Replica::LeaseAllowsPromise(uint64_t now_us, const Message& m) {
+  if (now_us >= lease_guard_until_us_) return true;
+  if (m.handed_over == 0 || m.handed_over != promised_) return false;
+  lease_guard_until_us_ = 0;
+  return true;
 }
 
 void Replica::MaybeWin(uint64_t now_us) {
@@ -473,6 +517,8 @@ void Replica::BecomeLeader(uint64_t now_us) {
   if (!chosen.empty()) Persist(std::move(chosen), 0, {});
   commit_index_ = known_commit;
   ballot_start_index_ = known_commit + 1;
+  lease_from_index_ = end;  // what earlier leaders may have acknowledged
+  heartbeat_sent_us_.clear();
   role_ = Role::kLeader;
   for (auto& p : peers_) p = PeerStream{};
   std::map<int, Message> promises;
@@ -602,8 +648,9 @@ void Replica::StepTransfer(uint64_t now_us) {
 // is what keeps every committed value.
 void Replica::HandleTakeOver(uint64_t now_us, const Message& m) {
   if (role_ != Role::kBackup || m.ballot != promised_ || m.from != BallotLeader(promised_)) return;
+  lease_guard_until_us_ = 0;  // its leader gave its lease up
   if (!MayStand(now_us)) return;
-  StartElection(now_us);
+  StartElection(now_us, m.ballot);
 }
 
 void Replica::OpenStream() {
@@ -645,7 +692,7 @@ void Replica::Promise(uint64_t now_us, Ballot b, const Message* prepare) {
 }
 
 void Replica::HandlePrepare(uint64_t now_us, const Message& m) {
-  if (m.ballot > promised_ && may_vote_) {
+  if (m.ballot > promised_ && may_vote_ && LeaseAllowsPromise(now_us, m)) {
     Promise(now_us, m.ballot, &m);
     return;
   }
@@ -908,6 +955,10 @@ void Replica::OnAck(uint64_t now_us, int from, const AckWord& w) {
   }
   p.last_heard_us = now_us;
   p.match = std::max(p.match, w.durable_index);
+  // An echo of a heartbeat we never put is as forged as the ack above
+  // would be; it renews no lease.
+  if (w.heartbeat_echo <= heartbeat_counter_)
+    p.heartbeat_echo = std::max(p.heartbeat_echo, w.heartbeat_echo);
   if (w.consumed_pos > p.consumed_pos && w.consumed_pos <= p.sent_pos) {
     p.consumed_pos = w.consumed_pos;
     Pump(from);
@@ -984,8 +1035,14 @@ void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const
 
 void Replica::OnControl(uint64_t now_us, const ControlWord& w) {
   if (role_ != Role::kBackup || w.ballot != promised_ || w.stream_id != stream_id_) return;
-  if (w.heartbeat != last_heartbeat_seen_) {
+  // A leader that has not heard our acks for an election timeout (a one-way
+  // partition) is not echoed: our guard would then hold off the election
+  // that replaces it, for a lease it cannot renew anyway. The guard of the
+  // heartbeats we did echo runs its course.
+  if (w.heartbeat != last_heartbeat_seen_ && LeaderHearsUs(now_us, w.commit_index, true)) {
     last_heartbeat_seen_ = w.heartbeat;
+    // Our ack will echo it: from now on we guard the lease it renews.
+    lease_guard_until_us_ = std::max(lease_guard_until_us_, now_us + config_.LeaseGuardUs());
     NoteLeaderAlive(now_us, w.commit_index, /*current=*/true);
     ack_dirty_ = true;  // echo it: the leader's proof that we are alive
   }

@@ -83,6 +83,21 @@ struct CoreConfig {
   uint64_t max_put_bytes = 1 << 20;  // bytes per put op (several records coalesce)
   uint64_t seed = 1;
   uint64_t incarnation = 0;  // differs on every restart (< 2^32): keeps stream ids increasing
+  // Leader leases (0: none). A leader holds a lease until lease_us after it
+  // put a heartbeat a majority (itself included) has echoed; a backup that
+  // echoes one promises no other candidate for LeaseGuardUs() after it saw
+  // it (and none for that long after it started, as it may have echoed one
+  // before a restart). While its lease holds, no other replica can lead, so
+  // the leader may answer reads from its own state (LeaseUntil). Needs
+  // LeaseGuardUs() <= election_timeout_min_us, so that the guard never
+  // delays an election a silent leader's timeout starts; it delays only the
+  // fast one after the leader's connection closed (OnLeaderGone), which
+  // cannot prove the leader's server stopped reading.
+  uint64_t lease_us = 0;
+  // How long a backup guards a lease after it saw the heartbeat: longer
+  // than lease_us by a margin for the two clocks' rates (1/16, far above
+  // the few hundred ppm by which monotonic clocks drift) and 500 us.
+  uint64_t LeaseGuardUs() const { return lease_us ? lease_us + lease_us / 16 + 500 : 0; }
 };
 
 struct Message {
@@ -108,6 +123,8 @@ struct Message {
   uint64_t commit_index = 0;   // sender's commit index
   uint64_t sent_pos = 0;       // heartbeat: how far the leader has written the receiver's stream
   Ballot promised = 0;         // nack: the ballot the sender promised
+  Ballot handed_over = 0;      // prepare: the ballot whose leader handed over to the
+                               // sender (kTakeOver): it gave up its lease
   bool granted = false;        // pre-vote reply
   std::vector<Entry> entries;  // promise: sender's slots past the candidate's commit
   std::string transport;       // opaque, filled and read by the transport adapter
@@ -277,6 +294,14 @@ class Replica {
   // the lowest checkpoint index that brings us forward.
   uint64_t checkpoint_needed() const { return checkpoint_needed_; }
   uint64_t last_leader_contact_us() const { return last_leader_contact_us_; }
+  // Leader: until when (now_us clock) its lease holds, 0 when it holds none
+  // (no lease configured, not leading, no majority echoed a recent
+  // heartbeat, or entries of an earlier ballot not yet committed under its
+  // own). Before then no other replica leads, so a read of the state made
+  // by every committed entry is current (CoreConfig::lease_us).
+  uint64_t LeaseUntil() const;
+  // Backup: promises no other candidate before this (CoreConfig::lease_us).
+  uint64_t lease_guard_until_us() const { return lease_guard_until_us_; }
   // Leader: when it last had a majority's contact (a Tick that saw one).
   uint64_t last_majority_contact_us() const { return last_majority_contact_us_; }
 
@@ -289,6 +314,7 @@ class Replica {
     uint64_t consumed_pos = 0;
     uint64_t match = 0;
     uint64_t last_heard_us = 0;
+    uint64_t heartbeat_echo = 0;  // the newest of our heartbeats it echoed on this stream
     bool needs_snapshot = false;
   };
   struct PendingPersist {
@@ -300,7 +326,8 @@ class Replica {
 
   int Majority() const { return config_.replicas / 2 + 1; }
   void ResetElectionTimer(uint64_t now_us);
-  void StartElection(uint64_t now_us);
+  void StartElection(uint64_t now_us, Ballot handed_over = 0);
+  bool LeaseAllowsPromise(uint64_t now_us, const Message& m);
   void StartPreVote(uint64_t now_us);
   void HandlePreVote(uint64_t now_us, const Message& m);
   void HandlePreVoteReply(uint64_t now_us, const Message& m);
@@ -364,6 +391,10 @@ class Replica {
   uint64_t catch_up_target_ = 0;    // damaged log: may vote again past this commit
   uint64_t lead_after_commit_ = 0;  // lacks truncated committed slots: no elections before this
   uint64_t election_hold_until_us_ = 0;  // handed leadership over: no elections before this
+  // Guarding a leader's lease: no promise to another candidate, no
+  // candidacy, no pre-vote granted before this (CoreConfig::lease_us).
+  uint64_t lease_guard_until_us_ = 0;
+  Ballot handed_over_ = 0;  // candidate: the ballot whose leader handed over to us
 
   uint64_t first_index_ = 1;
   std::deque<Entry> slots_;
@@ -401,6 +432,11 @@ class Replica {
   uint64_t next_message_heartbeat_us_ = 0;
   uint64_t last_majority_contact_us_ = 0;
   uint64_t ballot_start_index_ = 0;  // first slot stamped with our ballot
+  // Lease: the log end when we won; a lease needs it committed (LeaseUntil).
+  uint64_t lease_from_index_ = 0;
+  // When each recent heartbeat was first put (counter, now_us), oldest
+  // first: a lease runs from the put of the heartbeat a majority echoed.
+  std::deque<std::pair<uint64_t, uint64_t>> heartbeat_sent_us_;
   // Leadership transfer (TransferLeadership).
   TransferStatus transfer_;
   uint64_t transfer_deadline_us_ = 0;

@@ -678,6 +678,74 @@ TEST(Core, HandOverToACutOffSuccessorWithoutHoldStillMakesProgress) {
   ExpectAllAgree(c);
 }
 
+// ---------------------------------------------------------------- leases
+
+// A leader whose backups echo its heartbeats holds a lease that runs
+// lease_us past the heartbeat they echoed. Cut off from them, it keeps
+// leading a while (step-down waits) but its lease runs out, and the others
+// elect a new leader only after that: the checker (SimCluster::CheckLease)
+// looks at every step.
+TEST(Core, LeaseRunsOutBeforeAnotherReplicaCanLead) {
+  SimOptions o = Quiet(3, 41);
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  c.RunFor(5 * o.heartbeat_us);
+  uint64_t until = c.replica(l)->LeaseUntil();
+  ASSERT_GT(until, c.now()) << "a leader whose backups echo its heartbeats holds a lease";
+  EXPECT_LE(until, c.now() + o.lease_us);
+  for (int b : Others(c, l)) {
+    EXPECT_EQ(c.replica(b)->LeaseUntil(), 0u) << "backups hold none";
+    EXPECT_GT(c.replica(b)->lease_guard_until_us(), c.now()) << "they guard the leader's";
+  }
+  c.Partition({l});
+  uint64_t cut = c.now();
+  ASSERT_TRUE(c.RunUntil([&] { return c.Leader() >= 0 && c.Leader() != l; }, 500'000)) << Report(c);
+  EXPECT_GE(c.now(), c.replica(l)->LeaseUntil()) << "elected while the old lease held";
+  EXPECT_EQ(c.replica(l)->role(), Role::kLeader) << "the cut-off leader still leads: no lease";
+  EXPECT_EQ(c.replica(l)->LeaseUntil() > cut + o.lease_us, false);
+  ASSERT_CLEAN(c);
+  c.Heal();
+  ASSERT_GT(Commit(c, "healed"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
+// The check itself: stretched past the guard's margin (a leader clock that
+// runs slow), the same cut-off leader's lease outlives the others' guard,
+// and the election it allows is reported as a lease violation.
+TEST(Checker, LeaseOutlivingItsGuardIsReported) {
+  SimOptions o = Quiet(3, 41);
+  o.lease_check_overrun_us = 3 * o.election_timeout_max_us;
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  c.RunFor(5 * o.heartbeat_us);
+  c.Partition({l});
+  c.RunFor(500'000);
+  ASSERT_TRUE(c.failed());
+  EXPECT_NE(c.violation().find("lease: r" + std::to_string(l)), std::string::npos) << c.violation();
+}
+
+// A hand-over gives the lease up: the successor's prepare lifts the
+// backups' guard, so it wins well within the guard's length.
+TEST(Core, HandOverNeedNotWaitForTheLeaseGuard) {
+  SimOptions o = Quiet(3, 42);
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  int s = Others(c, l)[0];
+  c.RunFor(5 * o.heartbeat_us);
+  uint64_t t0 = c.now();
+  ASSERT_TRUE(c.HandOver(l, s, 1'000'000));
+  EXPECT_EQ(c.replica(l)->LeaseUntil(), 0u) << "handed over: no lease";
+  ASSERT_TRUE(c.RunUntil([&] { return c.Leader() == s; }, 100'000)) << Report(c);
+  CoreConfig cc;
+  cc.lease_us = o.lease_us;
+  EXPECT_LT(c.now() - t0, cc.LeaseGuardUs() / 2);
+  ASSERT_GT(Commit(c, "after"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
 // ---------------------------------------------------------------- moving leadership
 
 // `lockstep leader move`: the leader stops taking proposals, waits until
@@ -909,7 +977,7 @@ void RunSeeds(int replicas, uint64_t first, uint64_t count, uint64_t duration_us
               const std::function<void(SimOptions*)>& tune = nullptr) {
   count = ScaledSeeds(count);
   auto t0 = std::chrono::steady_clock::now();
-  uint64_t committed = 0, crashes = 0, elections = 0;
+  uint64_t committed = 0, crashes = 0, elections = 0, lease_checks = 0;
   int failures = 0;
   for (uint64_t s = first; s < first + count; s++) {
     SimOptions o;
@@ -921,6 +989,7 @@ void RunSeeds(int replicas, uint64_t first, uint64_t count, uint64_t duration_us
     committed += r.committed;
     crashes += r.crashes;
     elections += r.elections;
+    lease_checks += r.lease_checks;
     if (!r.ok) {
       ADD_FAILURE() << r.summary << "\n" << r.violation;
       if (++failures >= 3) break;
@@ -928,9 +997,10 @@ void RunSeeds(int replicas, uint64_t first, uint64_t count, uint64_t duration_us
   }
   double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   printf(
-      "%d replicas, %llu seeds: %.1f ms per seed; %llu committed, %llu elections, %llu crashes\n",
+      "%d replicas, %llu seeds: %.1f ms per seed; %llu committed, %llu elections, %llu crashes, "
+      "%llu steps under a lease\n",
       replicas, (unsigned long long)count, 1000 * sec / count, (unsigned long long)committed,
-      (unsigned long long)elections, (unsigned long long)crashes);
+      (unsigned long long)elections, (unsigned long long)crashes, (unsigned long long)lease_checks);
 }
 
 // Leader moves under the simulator's faults: started often, most handed
@@ -959,6 +1029,11 @@ TEST(Simulation, LeaderMovesUnderFaults) {
 
 TEST(Simulation, Seeds3Replicas) {
   RunSeeds(3, 1, 300, 2'000'000);
+}
+// Every other run has leases (the simulator's default); without them the
+// guard never holds an election back.
+TEST(Simulation, SeedsWithoutLeases) {
+  RunSeeds(3, 5001, 100, 2'000'000, [](SimOptions* o) { o->lease_us = 0; });
 }
 TEST(Simulation, Seeds5Replicas) {
   RunSeeds(5, 1001, 80, 2'000'000);

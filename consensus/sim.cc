@@ -77,6 +77,7 @@ void SimCluster::StartReplica(int r) {
   cfg.election_timeout_min_us = opt_.election_timeout_min_us;
   cfg.election_timeout_max_us = opt_.election_timeout_max_us;
   cfg.step_down_min_us = opt_.step_down_min_us;
+  cfg.lease_us = opt_.lease_us;
   cfg.max_put_bytes = opt_.max_put_bytes;
   cfg.seed = opt_.seed * 0x9e3779b97f4a7c15ull + nd.incarnation * 7919;
   cfg.incarnation = nd.incarnation;
@@ -776,6 +777,8 @@ void SimCluster::CheckInvariants() {
       }
     }
     nd.checked_upto = c;
+    CheckLease(r);
+    if (failed()) return;
     // Durability: every slot up to the durable index the replica reports (and
     // acks, and counts towards commits) is on its disk with exactly its value.
     uint64_t d = x.durable_index();
@@ -810,6 +813,31 @@ void SimCluster::CheckInvariants() {
       SIM_TRACE("acknowledged %llu at r%d: %s", (U)t.index, r, Short(t.entry.payload).c_str());
       acked_.push_back(std::move(t));
     }
+  }
+}
+
+// A replica that holds a lease may answer a read from its own state: no
+// other replica may lead a higher ballot meanwhile, and no slot may be
+// committed that it does not know committed (a read would miss it).
+void SimCluster::CheckLease(int r) {
+  const Replica& x = *nodes_[r].rep;
+  uint64_t until = x.LeaseUntil();
+  if (until == 0 || until + opt_.lease_check_overrun_us <= now_) return;
+  lease_checks_++;
+  for (int q = 0; q < n_; q++) {
+    const Replica* y = replica(q);
+    if (q == r || !y) continue;
+    if (y->role() == Role::kLeader && y->promised() > x.promised()) {
+      Fail(Format("lease: r%d holds a lease of ballot %s until %llu, yet r%d leads ballot %s", r,
+                  BallotString(x.promised()).c_str(), (U)until, q,
+                  BallotString(y->promised()).c_str()));
+      return;
+    }
+  }
+  if (!committed_.empty() && committed_.rbegin()->first > x.commit_index()) {
+    Fail(Format(
+        "lease: r%d holds a lease until %llu at commit index %llu, yet slot %llu is committed", r,
+        (U)until, (U)x.commit_index(), (U)committed_.rbegin()->first));
   }
 }
 

@@ -82,7 +82,14 @@ struct SimOptions {
   uint64_t election_timeout_min_us = 10000;
   uint64_t election_timeout_max_us = 20000;
   uint64_t step_down_min_us = 0;  // Config::step_down_min_us (the daemon: 2 s)
-  uint64_t tick_us = 250;         // how often each replica is ticked and polls memory
+  // CoreConfig::lease_us: every step checks that no replica leads a higher
+  // ballot, nor has a slot committed past its commit index, while one holds
+  // a lease (the lease reads' safety). lease_check_overrun_us stretches
+  // each lease by that much in the check only: a test that the check
+  // catches a lease outliving its guard (a slow leader clock, an off-by-one).
+  uint64_t lease_us = 7'500;
+  uint64_t lease_check_overrun_us = 0;
+  uint64_t tick_us = 250;  // how often each replica is ticked and polls memory
 
   // Network: messages, puts, control and ack words.
   uint64_t delay_min_us = 5;
@@ -164,6 +171,7 @@ struct SimResult {
   uint64_t committed = 0;  // highest index committed anywhere
   uint64_t acknowledged = 0;  // client proposals acknowledged as committed
   uint64_t elections = 0;     // ballots that got a leader
+  uint64_t lease_checks = 0;  // steps at which a replica held a lease
   uint64_t crashes = 0;
   uint64_t steps = 0;  // events processed
   // Leader moves (TransferLeadership) started, and how they ended.
@@ -263,6 +271,7 @@ class SimCluster {
   const std::map<uint64_t, Entry>& committed() const { return committed_; }
   size_t acknowledged() const { return acked_.size(); }
   uint64_t elections() const { return leaders_.size(); }
+  uint64_t lease_checks() const { return lease_checks_; }
   uint64_t crashes() const { return crashes_; }
   // Leader moves started, and those that ended handed over or timed out.
   uint64_t transfers() const { return transfers_; }
@@ -283,6 +292,7 @@ class SimCluster {
   // Final checks: every acknowledged proposal is held by every live replica
   // that committed its index.
   void CheckAcknowledged();
+  void CheckLease(int r);
   std::string TraceTail() const;
   void Trace(const std::string& line);
   bool tracing() const { return opt_.verbose || trace_keep_; }
@@ -412,6 +422,7 @@ class SimCluster {
   uint64_t stale_region_puts_ = 0;
   uint64_t put_bytes_ = 0;
   std::string violation_;
+  uint64_t lease_checks_ = 0;
 
   bool trace_keep_ = true;
   std::deque<std::string> trace_;

@@ -415,6 +415,7 @@ class RandomRun {
     res.committed = c_.MaxCommitted();
     res.acknowledged = c_.acknowledged();
     res.elections = c_.elections();
+    res.lease_checks = c_.lease_checks();
     res.crashes = c_.crashes();
     res.transfers = c_.transfers();
     res.transfers_handed_over = c_.transfers_handed_over();
@@ -423,9 +424,9 @@ class RandomRun {
     res.digest = Digest(c_);
     res.summary = Format(
         "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
-        "elections %llu, crashes %llu, steps %llu",
+        "elections %llu, crashes %llu, steps %llu, steps under a lease %llu",
         (U)opt_.seed, n_, (U)(c_.now() / 1000), res.ok ? "ok" : "VIOLATION", (U)res.committed,
-        (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps);
+        (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps, (U)res.lease_checks);
     if (!res.ok) {
       res.violation = c_.violation();
       if (keep_trace_) res.violation += "\nlast events:\n" + c_.TraceTail();

@@ -33,6 +33,7 @@ OPTIONS = {
         "--hosts": "loopback",
         "--failpoints": None,
         "--wipe": None,
+        "--lease-us": "0: none",
     },
     ("cluster", "start"): {"--dir": DIR_DEFAULT},
     ("cluster", "status"): {"--dir": DIR_DEFAULT, "--json": None},
@@ -67,6 +68,8 @@ OPTIONS = {
         "--duration-ms": "2000",
         "--verbose": None,
         "--digest": None,
+        "--lease-us": "7500, the simulator's own",
+        "--lease-overrun-us": "0",
     },
     ("bench", "consensus"): {
         "--transport": "shm",

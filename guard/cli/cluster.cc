@@ -22,6 +22,7 @@
 
 #include "checkpoint/spawn.h"
 #include "checkpoint/store.h"
+#include "consensus/core.h"
 #include "consensus/disk_log.h"
 #include "guard/net/client.h"
 #include "guard/net/keys.h"
@@ -689,6 +690,21 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
     c.election_timeout_min_us = o.election_timeout_min_us;
     c.election_timeout_max_us = o.election_timeout_max_us;
   }
+  c.lease_us = o.lease_us;
+  if (c.lease_us) {
+    CoreConfig core;
+    core.lease_us = c.lease_us;
+    if (core.LeaseGuardUs() > c.election_timeout_min_us) {
+      *error = "--lease-us " + std::to_string(c.lease_us) + ": the backups' guard of it (" +
+               std::to_string(core.LeaseGuardUs()) +
+               " us: the lease, 1/16 of it and 500 us) must fit in the election timeout's "
+               "minimum (" +
+               std::to_string(c.election_timeout_min_us / 1000) + " ms): use at most " +
+               std::to_string((c.election_timeout_min_us - 500) * 16 / 17) +
+               " us, or a longer --election-timeout-ms";
+      return false;
+    }
+  }
   c.server = server;
   c.checkpoint.file_locks = server.criu_file_locks;
   if (server.cloned_start && !c.checkpoint.enabled) {
@@ -871,6 +887,8 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.server_read_all = st.server_read_all;
       r.serving = st.serving;
       r.first_index = st.first_index;
+      r.lease_left_us = st.lease_left_us;
+      r.lease_guard_left_us = st.lease_guard_left_us;
       r.server_pid = st.server_pid;
       r.checkpoint_json = st.checkpoint;
       r.output_json = st.output;
@@ -912,6 +930,8 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
                         {"disk_error", r.disk_error},
                         {"server_addr", str_or_null(r.server_addr)},
                         {"first_index", r.first_index},
+                        {"lease_left_us", r.lease_left_us},
+                        {"lease_guard_left_us", r.lease_guard_left_us},
                         {"server_pid", r.server_pid},
                         {"checkpoint", r.checkpoint_json},
                         {"output", r.output_json},

@@ -26,6 +26,7 @@ struct ClusterUpOptions {
   int64_t spin_us = -1;  // -1: the default of cluster.toml
   // 0: the defaults of cluster.toml; else both set (ParseElectionTimeout).
   uint64_t election_timeout_min_us = 0, election_timeout_max_us = 0;
+  uint64_t lease_us = 0;  // cluster.toml's lease_us (0: no leases)
   bool quiet = false;
   std::string app;      // a profile in apps/ (apps/APP.toml), or
   std::string command;  // a server command template with {port} and {dir}; neither: no server
@@ -97,6 +98,7 @@ struct ReplicaStatus {
   std::string disk_error;
   std::string server_addr;   // host:server_port, "" without a server
   uint64_t first_index = 0;  // the log's first entry (entries below were truncated)
+  uint64_t lease_left_us = 0, lease_guard_left_us = 0;  // DaemonStatus's
   int server_pid = 0;
   // The daemon's "checkpoint" status object as is (null: none or down),
   // and from it: the newest checkpoint's index and age (-1: none) and the

@@ -239,6 +239,12 @@ void AddCluster(CommandLine& cl) {
                  "election")
       ->type_name("MIN-MAX")
       ->default_str("50-100");
+  up->add_option("--lease-us", u->o.lease_us,
+                 "the leader's lease: no other replica leads while a majority echoes its "
+                 "heartbeats (cluster.toml lease_us; its guard must fit in the election timeout)")
+      ->type_name("US")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{60000000}))
+      ->default_str("0: none");
   up->add_option("--hosts", u->o.hosts, "all replicas on loopback, or each in a network namespace")
       ->type_name("loopback|netns")
       ->check(OneOf({"loopback", "netns"}))
@@ -956,7 +962,7 @@ void AddDivergence(CommandLine& cl) {
 // ------------------------------------------------------------------ sim
 
 int Sim(long long seeds, long long first, long long replicas, long long one, long long duration,
-        bool verbose, bool digest) {
+        long long lease_us, long long lease_overrun_us, bool verbose, bool digest) {
   if (one >= 0) {
     first = one;
     seeds = 1;
@@ -968,6 +974,8 @@ int Sim(long long seeds, long long first, long long replicas, long long one, lon
     o.seed = static_cast<uint64_t>(s);
     o.verbose = verbose;
     if (duration > 0) o.duration_us = static_cast<uint64_t>(duration) * 1000;
+    if (lease_us >= 0) o.lease_us = static_cast<uint64_t>(lease_us);
+    o.lease_check_overrun_us = static_cast<uint64_t>(lease_overrun_us);
     SimResult r = RunSimulation(o);
     if (!r.ok) {
       violations++;
@@ -990,7 +998,8 @@ int Sim(long long seeds, long long first, long long replicas, long long one, lon
 
 void AddSim(CommandLine& cl) {
   struct Options {
-    long long seeds = 100, first = 1, replicas = 3, seed = -1, duration_ms = 0;
+    long long seeds = 100, first = 1, replicas = 3, seed = -1, duration_ms = 0, lease_us = -1,
+              lease_overrun_us = 0;
     bool verbose = false, digest = false;
   };
   auto o = std::make_shared<Options>();
@@ -998,8 +1007,9 @@ void AddSim(CommandLine& cl) {
       &cl.root(), "sim", "run the protocol core under the deterministic simulator",
       "Runs the protocol core under deterministic random schedules (message loss, delay and\n"
       "reordering, crashes that lose what was not durable, partitions, a deposed leader paused\n"
-      "and resumed) and checks agreement, durability, one leader per ballot and progress after\n"
-      "every step. --seed S replays one seed (with --verbose: its full trace). --digest\n"
+      "and resumed) and checks agreement, durability, one leader per ballot, that no other\n"
+      "replica leads while one holds a lease, and progress after every step. --seed S replays one "
+      "seed (with --verbose: its full trace). --digest\n"
       "prints every seed's summary and a digest of its final committed logs, to compare two\n"
       "builds' runs seed by seed.");
   AddNumber(cmd, "--seeds", &o->seeds, "how many seeds to run", 0, kNoLimit);
@@ -1013,10 +1023,17 @@ void AddSim(CommandLine& cl) {
       ->type_name("S");
   AddNumber(cmd, "--duration-ms", &o->duration_ms, "simulated time per seed, in ms", 0, kNoLimit,
             "2000, the simulator's own");
+  AddNumber(cmd, "--lease-us", &o->lease_us, "the leader lease (0: none)", 0, kNoLimit,
+            "7500, the simulator's own");
+  AddNumber(cmd, "--lease-overrun-us", &o->lease_overrun_us,
+            "the check stretches each lease by this much (a test of the check: past the "
+            "guard's margin it must find violations)",
+            0, kNoLimit);
   cmd->add_flag("--verbose", o->verbose, "print every seed's result (with --seed: its full trace)");
   cmd->add_flag("--digest", o->digest, "print every seed's summary and a digest of its logs");
   cl.OnRun(cmd, [o] {
-    return Sim(o->seeds, o->first, o->replicas, o->seed, o->duration_ms, o->verbose, o->digest);
+    return Sim(o->seeds, o->first, o->replicas, o->seed, o->duration_ms, o->lease_us,
+               o->lease_overrun_us, o->verbose, o->digest);
   });
 }
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "consensus/core.h"
 #include "guard/common/command_line.h"
 #include "preload/resp_scan.h"
 
@@ -672,6 +673,21 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   if (c.election_timeout_max_us < c.election_timeout_min_us)
     return fail(t.At("election_timeout_max_us"),
                 "field 'election_timeout_max_us' is below election_timeout_min_us");
+  n = 0;
+  if (!t.TakeInt("lease_us", &n, false, 0, 60000000, error)) return false;
+  c.lease_us = n;
+  if (c.lease_us) {
+    CoreConfig core;
+    core.lease_us = c.lease_us;
+    if (core.LeaseGuardUs() > c.election_timeout_min_us)
+      return fail(t.At("lease_us"),
+                  "field 'lease_us': the backups' guard of a " + std::to_string(c.lease_us) +
+                      " us lease (" + std::to_string(core.LeaseGuardUs()) +
+                      " us: the lease, 1/16 of it and 500 us) must fit in "
+                      "election_timeout_min_us (" +
+                      std::to_string(c.election_timeout_min_us) + "): a lease of at most about " +
+                      std::to_string((c.election_timeout_min_us - 500) * 16 / 17) + " us");
+  }
   if (!t.NoLeftovers(error)) return false;
 
   if (server) {
@@ -825,6 +841,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "spin_us = " << c.spin_us << "\n"
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
+  if (c.lease_us) o << "lease_us = " << c.lease_us << "\n";
   if (!c.client_netns.empty()) o << "client_netns = " << TomlQuote(c.client_netns) << "\n";
   if (c.failpoints) o << "failpoints = true\n";
   if (!c.leader_address.empty())

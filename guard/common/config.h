@@ -19,6 +19,7 @@
 //   spin_us = 0             # busy-poll this long after activity, then sleep (see below)
 //   election_timeout_min_us = 50000  # see ClusterConfig
 //   election_timeout_max_us = 100000
+//   lease_us = 0            # optional: the leader's lease (see ClusterConfig)
 //   client_netns = ""       # optional: the network namespace clients (and the lockstep
 //                           # CLI, which enters it) reach the replicas from (cluster up
 //                           # --hosts netns: guard/net/netns_hosts.h)
@@ -172,6 +173,14 @@ struct ClusterConfig {
   // faster.
   uint64_t election_timeout_min_us = 50000;
   uint64_t election_timeout_max_us = 100000;
+  // The leader's lease (0: none): while a majority echoes its heartbeats it
+  // knows no other replica can lead for this long after it sent the echoed
+  // one (consensus/core.h CoreConfig::lease_us), so reads of its own state
+  // are current. Backups then promise no other candidate until their guard
+  // (lease + 1/16 + 0.5 ms) after the last heartbeat ends, which must fit in
+  // election_timeout_min_us; it lengthens only the fast failover after the
+  // leader's connection closed.
+  uint64_t lease_us = 0;
   struct ServerConfig {
     std::string command;  // template: {port} and {dir} are replaced per replica
     std::string app;      // the apps/ profile it came from, if any

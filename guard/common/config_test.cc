@@ -278,6 +278,29 @@ TEST(ClusterConfig, ErrorsNameLineAndColumn) {
             "= ...)");
 }
 
+// A lease whose backups' guard would outlast the election timeout's minimum
+// is refused where it is written, with the largest that fits; one that fits
+// reads back.
+TEST(ClusterConfig, LeaseMustFitInTheElectionTimeout) {
+  ClusterConfig c;
+  std::string error, text = kCluster;
+  std::string bad = text;
+  bad.replace(bad.find("secret = "), 0, "lease_us = 60000\n");
+  EXPECT_FALSE(ParseClusterConfig(bad, "cluster.toml", &c, &error));
+  EXPECT_TRUE(StartsWith(error,
+                         "cluster.toml:2:12: field 'lease_us': the backups' guard of a 60000 "
+                         "us lease (64250 us"))
+      << error;
+  EXPECT_NE(error.find("a lease of at most about 46588 us"), std::string::npos) << error;
+  std::string good = text;
+  good.replace(good.find("secret = "), 0, "lease_us = 35000\n");
+  ASSERT_TRUE(ParseClusterConfig(good, "cluster.toml", &c, &error)) << error;
+  EXPECT_EQ(c.lease_us, 35000u);
+  ClusterConfig back;
+  ASSERT_TRUE(ParseClusterConfig(FormatClusterConfig(c), "cluster.toml", &back, &error)) << error;
+  EXPECT_EQ(back.lease_us, 35000u);
+}
+
 // What FormatClusterConfig writes reads back the same, whatever the strings hold.
 TEST(ClusterConfig, FormatReadsBack) {
   ClusterConfig c;

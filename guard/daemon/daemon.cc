@@ -225,6 +225,7 @@ bool Daemon::Init() {
   cc.heartbeat_us = cfg_.heartbeat_us;
   cc.election_timeout_min_us = cfg_.election_timeout_min_us;
   cc.election_timeout_max_us = cfg_.election_timeout_max_us;
+  cc.lease_us = cfg_.lease_us;
   // Backups stalled on the disk they share with the leader, or a VM pause
   // that the leader's loop came out of first, must not make it step down
   // (0.3-0.9 s pauses happen here): 2 s without a majority, at least.

@@ -653,6 +653,8 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
 
 std::string FrontDoor::StatusJson() {
   ServerStatus server = hooks_.server_status();
+  uint64_t now = NowUs(), lease_until = core_.LeaseUntil(),
+           guard_until = core_.lease_guard_until_us();
   Json peers = Json::array();
   for (int r = 0; r < n_; r++)
     peers.push_back({{"id", r}, {"match", core_.PeerMatch(r)}, {"stream", core_.PeerReady(r)}});
@@ -667,6 +669,8 @@ std::string FrontDoor::StatusJson() {
                        {"durable_index", core_.durable_index()},
                        {"last_index", core_.last_index()},
                        {"first_index", core_.first_index()},
+                       {"lease_left_us", lease_until > now ? lease_until - now : 0},
+                       {"lease_guard_left_us", guard_until > now ? guard_until - now : 0},
                        {"transport", cfg_.transport},
                        {"durability", cfg_.durability},
                        {"may_vote", core_.may_vote()},

@@ -18,6 +18,8 @@ bool ParseDaemonStatus(std::string_view text, DaemonStatus* s, std::string* erro
   s->last_index = JsonU64(j, "last_index");
   s->first_index = JsonU64(j, "first_index");
   s->applied_index = JsonU64(j, "applied_index");
+  s->lease_left_us = JsonU64(j, "lease_left_us");
+  s->lease_guard_left_us = JsonU64(j, "lease_guard_left_us");
   s->server_read_all = JsonBool(j, "server_read_all", true);
   s->serving = JsonBool(j, "serving", false);
   int64_t pid = JsonI64(j, "server_pid");

@@ -21,6 +21,8 @@ struct DaemonStatus {
   std::string role;  // "leader", "backup", ...
   std::string ballot, disk_error;
   uint64_t commit_index = 0, last_index = 0, first_index = 0, applied_index = 0;
+  // How much longer the leader's lease holds, and a backup guards one (0: none).
+  uint64_t lease_left_us = 0, lease_guard_left_us = 0;
   bool server_read_all = true;
   bool serving = false;  // leads, and its server serves clients (not catching up)
   int server_pid = 0;

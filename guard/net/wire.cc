@@ -28,6 +28,7 @@ std::string EncodeMessage(const Message& m) {
   w.u64(m.commit_index);
   w.u64(m.sent_pos);
   w.u64(m.promised);
+  w.u64(m.handed_over);
   w.u8(m.granted ? 1 : 0);
   w.u32(static_cast<uint32_t>(m.entries.size()));
   for (const Entry& e : m.entries) {
@@ -45,8 +46,8 @@ bool DecodeMessage(std::string_view in, Message* m) {
   uint8_t type, granted;
   uint32_t from, to, n;
   if (!r.u8(&type) || !r.u32(&from) || !r.u32(&to) || !r.u64(&m->ballot) || !r.u64(&m->stream_id) ||
-      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) || !r.u8(&granted) ||
-      !r.u32(&n))
+      !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) ||
+      !r.u64(&m->handed_over) || !r.u8(&granted) || !r.u32(&n))
     return false;
   if (type < 1 || type >= Message::kTypes || from >= kMaxReplicas || to >= kMaxReplicas)
     return false;
