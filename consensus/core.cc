@@ -17,6 +17,17 @@ const char* RoleName(Role r) {
   return "?";
 }
 
+const char* TransferStateName(TransferState s) {
+  switch (s) {
+    case TransferState::kNone: return "none";
+    case TransferState::kWaiting: return "waiting";
+    case TransferState::kHandedOver: return "handed-over";
+    case TransferState::kTimedOut: return "timed-out";
+    case TransferState::kLostLeadership: return "lost-leadership";
+  }
+  return "?";
+}
+
 const char* MessageTypeName(Message::Type t) {
   switch (t) {
     case Message::Type::kPrepare: return "prepare";
@@ -126,6 +137,7 @@ void Replica::Tick(uint64_t now_us) {
     } else if (now_us > last_majority_contact_us_ + step_down_after_us) {
       StepDown(now_us, promised_);
     }
+    if (transferring()) StepTransfer(now_us);
     return;
   }
   if (now_us >= election_deadline_us_) {
@@ -203,6 +215,11 @@ ProposeResult Replica::Propose(uint64_t now_us, EntryType type, std::string payl
     int l = leader();
     r.error = l >= 0 ? "not the leader (replica " + std::to_string(l) + " is)"
                      : "no leader at the moment (election in progress)";
+    return r;
+  }
+  if (transferring()) {
+    r.error = "leadership is moving to replica " + std::to_string(transfer_.target) +
+              " (retry there in a moment)";
     return r;
   }
   if (payload.size() > max_payload()) {
@@ -517,6 +534,10 @@ void Replica::BecomeLeader(uint64_t now_us) {
 
 void Replica::StepDown(uint64_t now_us, Ballot seen) {
   if (role_ == Role::kLeader) ready_.lost_leadership = true;
+  if (transferring()) {
+    transfer_.state = TransferState::kLostLeadership;
+    transfer_.ended_us = now_us;
+  }
   if (role_ != Role::kBackup) {
     role_ = Role::kBackup;
     for (auto& p : peers_) p = PeerStream{};
@@ -560,6 +581,65 @@ bool Replica::HandOver(uint64_t now_us, int successor, uint64_t hold_us) {
             BallotString(promised_).c_str());
   CheckInvariants();
   return true;
+}
+
+std::string Replica::TransferLeadership(uint64_t now_us, int target, uint64_t timeout_us,
+                                        uint64_t hold_us) {
+  const int n = config_.replicas;
+  if (role_ != Role::kLeader) {
+    int l = leader();
+    return l >= 0 ? "this replica does not lead (replica " + std::to_string(l) + " does)"
+                  : "this replica does not lead (an election is under way)";
+  }
+  if (target < 0 || target >= n)
+    return "replica " + std::to_string(target) + " is not a replica of this cluster (ids 0.." +
+           std::to_string(n - 1) + ")";
+  if (target == config_.id) return "replica " + std::to_string(target) + " already leads";
+  if (transferring())
+    return "a move to replica " + std::to_string(transfer_.target) + " is already under way";
+  int heard = 1;
+  for (int p = 0; p < n; p++)
+    if (p != config_.id && peers_[p].ready &&
+        peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
+      heard++;
+  if (heard < Majority())
+    return "no quorum: this leader heard from " + std::to_string(heard) + " of " +
+           std::to_string(n) + " replicas within an election timeout (it needs " +
+           std::to_string(Majority()) + ")";
+  if (!peers_[target].ready ||
+      peers_[target].last_heard_us + config_.election_timeout_max_us < now_us)
+    return "replica " + std::to_string(target) +
+           " is not ready to lead: it has no live stream from this leader (down, restarting "
+           "or still catching up); try again when `lockstep cluster status` shows it caught up";
+  transfer_ = TransferStatus{TransferState::kWaiting, target, now_us, 0, last_index()};
+  transfer_deadline_us_ = now_us + timeout_us;
+  transfer_hold_us_ = hold_us;
+  StepTransfer(now_us);  // already caught up: hands over at once
+  return "";
+}
+
+void Replica::StepTransfer(uint64_t now_us) {
+  LS_ASSERT(role_ == Role::kLeader && transferring(), "transfer step while %s, %s", RoleName(role_),
+            TransferStateName(transfer_.state));
+  // Proposals are refused while waiting, and nothing else appends to a
+  // leader's log: the log end the target must reach stays put.
+  LS_ASSERT(last_index() == transfer_.last_index, "log grew from %lu to %lu during a transfer",
+            (unsigned long)transfer_.last_index, (unsigned long)last_index());
+  const int target = transfer_.target;
+  // Committed too: the leader's own server then answers every input it
+  // proposed before its connections close, so no client is left unsure.
+  if (peers_[target].ready && peers_[target].match >= last_index() &&
+      commit_index_ >= last_index()) {
+    transfer_.state = TransferState::kHandedOver;  // before HandOver: its StepDown keeps it
+    transfer_.ended_us = now_us;
+    bool handed = HandOver(now_us, target, transfer_hold_us_);
+    LS_ASSERT(handed, "hand-over to replica %d refused", target);
+    return;
+  }
+  if (now_us >= transfer_deadline_us_) {
+    transfer_.state = TransferState::kTimedOut;
+    transfer_.ended_us = now_us;
+  }
 }
 
 // The leader we promised stepped down for us: run now. No pre-vote (it
@@ -884,6 +964,7 @@ void Replica::OnAck(uint64_t now_us, int from, const AckWord& w) {
     Pump(from);
   }
   AdvanceCommit();
+  if (transferring() && from == transfer_.target) StepTransfer(now_us);
 }
 
 void Replica::OnPeerUnreachable(uint64_t now_us, int peer) {

@@ -28,6 +28,10 @@
 //    over: it becomes a backup, stands for no election for a while, and
 //    tells a named backup to run at once (TAKE-OVER), which then runs an
 //    ordinary phase 1 (HandOver).
+//  - An operator moves leadership (lockstep leader move): the leader stops
+//    taking proposals, waits until the target has every entry durable, and
+//    then hands over to it (TransferLeadership), so the target's phase 1
+//    finds nothing to fetch and clients wait one election round trip.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +50,24 @@ namespace lockstep {
 
 enum class Role { kBackup, kCandidate, kLeader };
 const char* RoleName(Role r);
+
+// Where a leadership transfer (Replica::TransferLeadership) stands.
+enum class TransferState : uint8_t {
+  kNone,            // none asked for yet
+  kWaiting,         // proposals refused until the target holds the whole log
+  kHandedOver,      // the target held it: HandOver to it (it runs phase 1 now)
+  kTimedOut,        // the target did not catch up in time: leading again
+  kLostLeadership,  // this replica stopped leading meanwhile (a higher ballot)
+};
+const char* TransferStateName(TransferState s);
+
+struct TransferStatus {
+  TransferState state = TransferState::kNone;
+  int target = -1;
+  uint64_t started_us = 0;
+  uint64_t ended_us = 0;    // when it left kWaiting
+  uint64_t last_index = 0;  // the leader's log end when it started (it stays)
+};
 
 struct CoreConfig {
   int id = 0;        // 0 .. replicas-1
@@ -215,6 +237,21 @@ class Replica {
   // election timeout, as when a leader dies. False (nothing changes) unless
   // this replica leads and successor is another replica.
   bool HandOver(uint64_t now_us, int successor, uint64_t hold_us);
+  // Leader only: moves leadership to `target` for maintenance. From now on
+  // Propose refuses (the caller holds its inputs: they will go to the new
+  // leader); once the target's durable index reaches this leader's last
+  // index (Tick or the ack that says so), HandOver(target, hold_us), so
+  // that the target's phase 1 has nothing to fetch. If that has not
+  // happened by now_us + timeout_us, the transfer ends (kTimedOut) and
+  // proposals are taken again. "" when it started (transfer() follows it),
+  // else why not, for a person: not the leader, no such replica, the
+  // target is this replica, the target has no live stream from us, no
+  // majority heard from within an election timeout, or a transfer is
+  // already under way. Safety rests on HandOver's phase 1, not on this.
+  std::string TransferLeadership(uint64_t now_us, int target, uint64_t timeout_us,
+                                 uint64_t hold_us);
+  const TransferStatus& transfer() const { return transfer_; }
+  bool transferring() const { return transfer_.state == TransferState::kWaiting; }
   // Stands for no election (no pre-vote, no take-over) before until_us; 0
   // lifts the hold. It still votes. A replica whose server is known to be
   // wrong holds off until it is repaired (HandOver sets the first hold).
@@ -313,6 +350,9 @@ class Replica {
   void HandleNeedCheckpoint(uint64_t now_us, const Message& m);
   void HandleTakeOver(uint64_t now_us, const Message& m);
   bool MayStand(uint64_t now_us) const;  // may start a pre-vote or election now
+  // A transfer in kWaiting: hands over once the target holds the whole
+  // log, or gives up at its deadline.
+  void StepTransfer(uint64_t now_us);
   void SendNeedCheckpoint(int peer);
   void SendJoin(uint64_t now_us);
   void OpenStream();
@@ -397,6 +437,10 @@ class Replica {
   // When each recent heartbeat was first put (counter, now_us), oldest
   // first: a lease runs from the put of the heartbeat a majority echoed.
   std::deque<std::pair<uint64_t, uint64_t>> heartbeat_sent_us_;
+  // Leadership transfer (TransferLeadership).
+  TransferStatus transfer_;
+  uint64_t transfer_deadline_us_ = 0;
+  uint64_t transfer_hold_us_ = 0;
   bool commit_changed_ = false;
 
   Ready ready_;

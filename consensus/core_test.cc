@@ -746,6 +746,89 @@ TEST(Core, HandOverNeedNotWaitForTheLeaseGuard) {
   ExpectAllAgree(c);
 }
 
+// ---------------------------------------------------------------- moving leadership
+
+// `lockstep leader move`: the leader stops taking proposals, waits until
+// the target holds every entry (its disk held back here, so it cannot),
+// then hands over; the target wins the next ballot and nothing the old
+// leader had proposed is lost.
+TEST(Core, TransferLeadershipWaitsForTheTargetThenHandsOver) {
+  SimOptions o = Quiet(3, 41);
+  SimCluster c(o);
+  for (int i = 0; i < 10; i++) ASSERT_GT(Commit(c, "a" + std::to_string(i)), 0u) << Report(c);
+  int l = c.Leader();
+  int s = Others(c, l)[1];
+  c.HoldDisk(s, true);
+  ProposeResult last = c.Propose(l, EntryType::kInput, "in-flight");
+  ASSERT_TRUE(last.ok);
+  ASSERT_EQ(c.TransferLeadership(l, s, 1'000'000, 1'000'000), "") << Report(c);
+  EXPECT_TRUE(c.replica(l)->transferring());
+  ProposeResult refused = c.Propose(l, EntryType::kInput, "during");
+  EXPECT_FALSE(refused.ok);
+  EXPECT_NE(refused.error.find("moving to replica " + std::to_string(s)), std::string::npos)
+      << refused.error;
+  EXPECT_NE(c.TransferLeadership(l, s, 1'000'000, 0).find("already under way"), std::string::npos);
+  c.RunFor(3 * o.election_timeout_max_us);
+  EXPECT_EQ(c.Leader(), l) << "the target cannot have the log yet: no hand-over";
+  EXPECT_TRUE(c.replica(l)->transferring());
+  c.HoldDisk(s, false);
+  ASSERT_TRUE(c.RunUntil([&] { return c.Leader() == s; }, 10 * o.election_timeout_max_us))
+      << Report(c);
+  EXPECT_EQ(c.replica(l)->transfer().state, TransferState::kHandedOver);
+  EXPECT_EQ(c.sent(Message::Type::kTakeOver), 1u);
+  ASSERT_TRUE(c.RunUntil([&] { return c.replica(l)->leader() == s; }, 100'000)) << Report(c);
+  for (int i = 0; i < 5; i++) ASSERT_GT(Commit(c, "b" + std::to_string(i)), 0u) << Report(c);
+  EXPECT_EQ(c.committed().at(last.index).payload, "in-flight");
+  EXPECT_EQ(c.Leader(), s);
+  ExpectAllAgree(c);
+}
+
+// A target that does not catch up in time: the transfer ends, the leader
+// keeps leading and takes proposals again.
+TEST(Core, TransferLeadershipTimesOutAndTheLeaderServesAgain) {
+  SimOptions o = Quiet(3, 42);
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  int s = Others(c, l)[0];
+  c.HoldDisk(s, true);
+  ASSERT_TRUE(c.Propose(l, EntryType::kInput, "unheld").ok);
+  ASSERT_EQ(c.TransferLeadership(l, s, 20'000, 0), "") << Report(c);
+  ASSERT_TRUE(c.RunUntil([&] { return !c.replica(l)->transferring(); }, 200'000)) << Report(c);
+  EXPECT_EQ(c.replica(l)->transfer().state, TransferState::kTimedOut);
+  EXPECT_EQ(c.Leader(), l);
+  c.HoldDisk(s, false);
+  ASSERT_GT(CommitOnLeader(c, "after"), 0u) << Report(c);
+  EXPECT_EQ(c.Leader(), l);
+  ExpectAllAgree(c);
+}
+
+// Every refusal names its cause.
+TEST(Core, TransferLeadershipRefusalsSayWhy) {
+  SimOptions o = Quiet(3, 43);
+  SimCluster c(o);
+  ASSERT_GT(Commit(c, "warmup"), 0u) << Report(c);
+  int l = c.Leader();
+  int b = Others(c, l)[0], d = Others(c, l)[1];
+  EXPECT_NE(c.TransferLeadership(b, d, 1000, 0).find("does not lead"), std::string::npos);
+  EXPECT_NE(c.TransferLeadership(l, l, 1000, 0).find("already leads"), std::string::npos);
+  EXPECT_NE(c.TransferLeadership(l, 7, 1000, 0).find("not a replica of this cluster (ids 0..2)"),
+            std::string::npos);
+  c.Crash(d);
+  c.RunFor(3 * o.election_timeout_max_us);
+  EXPECT_NE(c.TransferLeadership(l, d, 1000, 0).find("not ready to lead"), std::string::npos);
+  c.Crash(b);
+  c.RunFor(2 * o.election_timeout_max_us);
+  if (c.replica(l)->role() == Role::kLeader) {
+    EXPECT_NE(c.TransferLeadership(l, b, 1000, 0).find("no quorum"), std::string::npos);
+  }
+  EXPECT_FALSE(c.replica(l)->transferring());
+  c.Restart(b);
+  c.Restart(d);
+  ASSERT_GT(Commit(c, "all back"), 0u) << Report(c);
+  ExpectAllAgree(c);
+}
+
 // ---------------------------------------------------------------- the checker itself
 
 // LS_ASSERT inside the core becomes a reported violation, with the seed.
@@ -918,6 +1001,30 @@ void RunSeeds(int replicas, uint64_t first, uint64_t count, uint64_t duration_us
       "%llu steps under a lease\n",
       replicas, (unsigned long long)count, 1000 * sec / count, (unsigned long long)committed,
       (unsigned long long)elections, (unsigned long long)crashes, (unsigned long long)lease_checks);
+}
+
+// Leader moves under the simulator's faults: started often, most handed
+// over, some timed out (a target down, cut off or paused), and every seed
+// keeps the invariants.
+TEST(Simulation, LeaderMovesUnderFaults) {
+  uint64_t started = 0, handed = 0, timed_out = 0;
+  for (uint64_t s = 1; s <= 40; s++) {
+    SimOptions o;
+    o.replicas = 3;
+    o.seed = s;
+    o.duration_us = 1'000'000;
+    o.transfer_every_us = 40'000;
+    SimResult r = RunSimulation(o);
+    ASSERT_TRUE(r.ok) << r.summary << "\n" << r.violation;
+    started += r.transfers;
+    handed += r.transfers_handed_over;
+    timed_out += r.transfers_timed_out;
+  }
+  printf("40 seeds: %llu leader moves started, %llu handed over, %llu timed out\n",
+         (unsigned long long)started, (unsigned long long)handed, (unsigned long long)timed_out);
+  EXPECT_GT(started, 100u);
+  EXPECT_GT(handed, started / 4);
+  EXPECT_GT(timed_out, 0u);
 }
 
 TEST(Simulation, Seeds3Replicas) {

@@ -494,6 +494,14 @@ void SimCluster::Drain(int r) {
   if (!nd.rep) return;
   Ready rd = nd.rep->TakeReady();
   if (rd.lost_leadership) SIM_TRACE("r%d: lost leadership", r);
+  if (nd.transfer_waiting && !nd.rep->transferring()) {
+    TransferState ended = nd.rep->transfer().state;
+    if (ended == TransferState::kHandedOver) transfers_handed_over_++;
+    if (ended == TransferState::kTimedOut) transfers_timed_out_++;
+    SIM_TRACE("r%d: leader move to r%d ended: %s", r, nd.rep->transfer().target,
+              TransferStateName(ended));
+  }
+  nd.transfer_waiting = nd.rep->transferring();
   // Paxos' acceptor rule, checked where it becomes visible: a replica speaks
   // for a ballot (promise, join, ack of entries, or leading it) only once its
   // promise of that ballot is durable, else a crash could make it forget the
@@ -1058,6 +1066,24 @@ bool SimCluster::HandOver(int r, int successor, uint64_t hold_us) {
     Fail(std::string("core: ") + e.what());
   }
   return ok;
+}
+
+std::string SimCluster::TransferLeadership(int r, int target, uint64_t timeout_us,
+                                           uint64_t hold_us) {
+  Node& nd = nodes_[r];
+  if (!nd.rep || nd.paused) return "replica down or paused";
+  std::string why = "core assertion";
+  try {
+    why = nd.rep->TransferLeadership(now_, target, timeout_us, hold_us);
+    if (why.empty()) transfers_++;
+    SIM_TRACE("r%d: move leadership to r%d (timeout %llu us, hold %llu us) -> %s", r, target,
+              (U)timeout_us, (U)hold_us, why.empty() ? "started" : why.c_str());
+    Drain(r);
+    CheckInvariants();
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+  return why;
 }
 
 void SimCluster::Track(int r, uint64_t index, EntryType type, const std::string& payload) {

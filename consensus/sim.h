@@ -24,7 +24,9 @@
 //    also aimed at the windows right after a promise or a new entry was
 //    issued; partitions (whole or one direction of one link) come and heal; a
 //    leader pauses and resumes after someone else was elected; a leader
-//    hands over to another replica (Replica::HandOver), live or not.
+//    hands over to another replica (Replica::HandOver), live or not, or
+//    moves leadership to one (Replica::TransferLeadership: proposals stop,
+//    the target catches up, then the hand-over), which may time out.
 // After every event it checks: agreement (a committed slot never changes
 // value, on any replica), durability (an acknowledged proposal stays
 // committed at its index; a replica's durable index, which it acks and counts
@@ -134,6 +136,11 @@ struct SimOptions {
   // for up to handover_hold_max_us.
   uint64_t handover_every_us = 150'000;
   uint64_t handover_hold_max_us = 100'000;
+  // A leader moves leadership (Replica::TransferLeadership, `lockstep leader
+  // move`) to a random other replica, giving up after up to
+  // transfer_timeout_max_us; its hold after the hand-over is drawn as above.
+  uint64_t transfer_every_us = 150'000;
+  uint64_t transfer_timeout_max_us = 60'000;
   // Truncate below what a majority (not every replica) holds: lagging
   // replicas then need a snapshot and progress is required of a majority.
   bool truncate_lagging = false;
@@ -167,6 +174,8 @@ struct SimResult {
   uint64_t lease_checks = 0;  // steps at which a replica held a lease
   uint64_t crashes = 0;
   uint64_t steps = 0;  // events processed
+  // Leader moves (TransferLeadership) started, and how they ended.
+  uint64_t transfers = 0, transfers_handed_over = 0, transfers_timed_out = 0;
   // CRC32C of what the run ended with: the simulated time, the step count and
   // every replica's committed entries (index, ballot, type, payload). Two runs
   // with the same digest made the same decisions (`lockstep sim --digest`).
@@ -237,6 +246,9 @@ class SimCluster {
   bool TruncateBelow(int r, uint64_t index);
   // Leader r hands leadership over to `successor` (Replica::HandOver).
   bool HandOver(int r, int successor, uint64_t hold_us);
+  // Leader r moves leadership to `target` (Replica::TransferLeadership):
+  // "" when it started, else the core's reason.
+  std::string TransferLeadership(int r, int target, uint64_t timeout_us, uint64_t hold_us);
 
   // Queries.
   Replica* replica(int r) { return nodes_[r].rep.get(); }
@@ -261,6 +273,10 @@ class SimCluster {
   uint64_t elections() const { return leaders_.size(); }
   uint64_t lease_checks() const { return lease_checks_; }
   uint64_t crashes() const { return crashes_; }
+  // Leader moves started, and those that ended handed over or timed out.
+  uint64_t transfers() const { return transfers_; }
+  uint64_t transfers_handed_over() const { return transfers_handed_over_; }
+  uint64_t transfers_timed_out() const { return transfers_timed_out_; }
   uint64_t steps() const { return steps_; }
   // Messages of this type sent so far (by any replica).
   uint64_t sent(Message::Type t) const { return sent_[static_cast<int>(t)]; }
@@ -288,6 +304,7 @@ class SimCluster {
     std::unique_ptr<Replica> rep;
     bool paused = false;
     uint64_t paused_at_us = 0;
+    bool transfer_waiting = false;  // its leader move was in kWaiting at the last Drain
     uint64_t incarnation = 0;
     DurableState durable;
     // Disk: issued writes in FIFO order, with their completion times.
@@ -399,6 +416,7 @@ class SimCluster {
   std::vector<std::map<uint64_t, Tracked>> pending_;
   std::vector<Tracked> acked_;
   uint64_t crashes_ = 0;
+  uint64_t transfers_ = 0, transfers_handed_over_ = 0, transfers_timed_out_ = 0;
   uint64_t steps_ = 0;
   uint64_t sent_[Message::kTypes] = {};
   uint64_t stale_region_puts_ = 0;

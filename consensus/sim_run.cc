@@ -82,6 +82,8 @@ class RandomRun {
     next_handover_ = opt.faults ? NextAt(rng_, 0, opt.handover_every_us) : kNever;
     next_hold_ = opt.faults ? NextAt(rng_, 0, opt.hold_one_sided_every_us) : kNever;
     next_unreachable_ = opt.faults ? NextAt(rng_, 0, opt.spurious_unreachable_every_us) : kNever;
+    next_transfer_ =
+        opt.faults && opt.transfer_every_us ? NextAt(rng_, 0, opt.transfer_every_us) : kNever;
   }
 
   SimResult Run() {
@@ -109,7 +111,7 @@ class RandomRun {
   uint64_t NextTime() const {
     uint64_t t = std::min({opt_.duration_us, next_propose_, next_crash_, next_partition_,
                            next_pause_, next_truncate_, next_check_, next_unreachable_,
-                           next_handover_, next_hold_, heal_at_, resume_at_});
+                           next_handover_, next_hold_, next_transfer_, heal_at_, resume_at_});
     for (uint64_t x : restart_at_) t = std::min(t, x);
     return t;
   }
@@ -127,6 +129,7 @@ class RandomRun {
     HoldOneSided(t);
     SpuriousUnreachable(t);
     HandOver(t);
+    Transfer(t);
     Truncate(t);
     Propose(t);
   }
@@ -280,6 +283,21 @@ class RandomRun {
     c_.HandOver(l, to, hold);
   }
 
+  // An operator moves leadership to anyone else (`lockstep leader move`):
+  // the leader stops proposing, waits for the target (which may be down,
+  // cut off or paused, and then the transfer times out) and hands over.
+  void Transfer(uint64_t t) {
+    if (t != next_transfer_) return;
+    next_transfer_ = NextAt(rng_, t, opt_.transfer_every_us);
+    int l = c_.Leader();
+    int to = AnyReplica();
+    uint64_t timeout = Uniform(rng_, 0, opt_.transfer_timeout_max_us);
+    uint64_t hold = Uniform(rng_, 0, opt_.handover_hold_max_us);
+    if (l < 0 || to == l) return;
+    if (c_.tracing()) c_.Trace(Format("fault: r%d moves leadership to r%d", l, to));
+    c_.TransferLeadership(l, to, timeout, hold);
+  }
+
   // A replica truncates its log. By default below what every replica holds
   // durably as committed, so no replica ever needs a snapshot (checkpoints
   // are the guard's business). With truncate_lagging, below what a majority
@@ -399,6 +417,9 @@ class RandomRun {
     res.elections = c_.elections();
     res.lease_checks = c_.lease_checks();
     res.crashes = c_.crashes();
+    res.transfers = c_.transfers();
+    res.transfers_handed_over = c_.transfers_handed_over();
+    res.transfers_timed_out = c_.transfers_timed_out();
     res.steps = c_.steps();
     res.digest = Digest(c_);
     res.summary = Format(
@@ -421,7 +442,7 @@ class RandomRun {
   // The next time of each kind of fault, of the paused leader's check, and
   // of a proposal (kNever: none due).
   uint64_t next_propose_, next_crash_, next_partition_, next_pause_, next_truncate_;
-  uint64_t next_handover_, next_hold_, next_unreachable_;
+  uint64_t next_handover_, next_hold_, next_unreachable_, next_transfer_;
   uint64_t next_check_ = 1000;
   std::vector<uint64_t> restart_at_;  // by replica: when a crashed one restarts
   uint64_t heal_at_ = kNever;         // when the partition heals

@@ -916,6 +916,7 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.disk_error = st.disk_error;
       r.applied_index = st.applied_index;
       r.server_read_all = st.server_read_all;
+      r.serving = st.serving;
       r.first_index = st.first_index;
       r.lease_left_us = st.lease_left_us;
       r.lease_guard_left_us = st.lease_guard_left_us;
@@ -956,6 +957,7 @@ std::string ClusterStatusJson(const ClusterStatus& s) {
                         {"last_index", r.last_index},
                         {"applied_index", r.applied_index},
                         {"server_read_all", r.server_read_all},
+                        {"serving", r.serving},
                         {"pid", r.pid ? Json(r.pid) : Json()},
                         {"lag", r.lag},
                         {"disk_error", r.disk_error},

@@ -93,6 +93,7 @@ struct ReplicaStatus {
   uint64_t last_index = 0;
   uint64_t applied_index = 0;   // entries its server has been handed (backups replay behind commit)
   bool server_read_all = true;  // ... and read: its server is not behind applied_index
+  bool serving = false;         // leads and its server serves clients (caught up)
   int pid = 0;                  // 0 when not running
   uint64_t lag = 0;
   std::string disk_error;

@@ -21,6 +21,7 @@
 #include "guard/cli/bench.h"
 #include "guard/cli/cluster.h"
 #include "guard/cli/inspect.h"
+#include "guard/cli/leader_move.h"
 #include "guard/cli/options.h"
 #include "guard/common/config.h"
 #include "guard/common/json.h"
@@ -309,18 +310,48 @@ void AddCluster(CommandLine& cl) {
   // ---- restart
   struct RestartArgs {
     std::string dir;
-    long long id = 0;
+    long long id = -1;
+    bool rolling = false;
+    long long catch_up_ms = 60000;
   };
   auto rs = std::make_shared<RestartArgs>();
-  CLI::App* restart = cl.Add(family, "restart", "start replica N again (after a crash)");
-  AddNumber(restart, "--id", &rs->id, "the replica", 0, 1 << 20)->required();
+  CLI::App* restart = cl.Add(
+      family, "restart", "start replica N again (after a crash), or restart every replica",
+      "--id N starts replica N again if it is not running (after a crash, or a stop).\n"
+      "--rolling restarts every replica in turn, for maintenance (a new lockstep binary, a\n"
+      "changed server profile): each backup is stopped, started again and awaited until it\n"
+      "has applied what the leader had committed and its server runs; then leadership moves\n"
+      "away from the leader (`lockstep leader move`) and the old leader is restarted the\n"
+      "same way. Clients of the leader reconnect once; every replica must be up to begin.");
+  AddNumber(restart, "--id", &rs->id, "the replica", 0, 1 << 20, "none");
+  restart->add_flag("--rolling", rs->rolling, "restart every replica in turn, the leader last");
+  AddNumber(restart, "--catch-up-ms", &rs->catch_up_ms,
+            "--rolling: how long a restarted replica may take to catch up", 100, 3600000);
   AddClusterDir(restart, &rs->dir);
   cl.OnRun(
       restart,
       [rs] {
+        if (rs->rolling && rs->id >= 0)
+          return Fail(
+              "--id and --rolling exclude each other: --id N starts one replica again, "
+              "--rolling restarts every replica in turn");
+        if (!rs->rolling && rs->id < 0)
+          return Fail(
+              "--id is required (the replica to start again), or --rolling (restart "
+              "every replica in turn)");
         std::string dir = ClusterDir(rs->dir), err;
         ClusterConfig c;
         if (!LoadClusterDir(dir, &c, &err) || !EnterClientSide(c, &err)) return Fail(err);
+        if (rs->rolling) {
+          auto say = [](const std::string& line) {
+            printf("%s\n", line.c_str());
+            fflush(stdout);
+          };
+          if (!RollingRestart(dir, c, static_cast<int>(rs->catch_up_ms), say, &err))
+            return Fail("rolling restart stopped: " + err);
+          printf("%s", FormatStatusTable(GetClusterStatus(dir, c)).c_str());
+          return 0;
+        }
         if (rs->id >= static_cast<long long>(c.replicas.size()))
           return Fail("restart needs --id N with N in 0.." + std::to_string(c.replicas.size() - 1));
         int pid = 0;
@@ -525,6 +556,55 @@ void AddTruncate(CommandLine& cl) {
     if (!client->Truncate(static_cast<uint64_t>(o->below), &first, &err))
       return Fail("replica " + std::to_string(r) + ": " + err);
     printf("replica %d keeps its log from index %lu\n", r, (unsigned long)first);
+    return 0;
+  });
+}
+
+// ------------------------------------------------------------------ leader
+
+void AddLeader(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long to = -1;
+    long long wait_ms = 5000;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* family = cl.Add(&cl.root(), "leader", "move leadership on purpose (admin)");
+  family->require_subcommand(1);
+  CLI::App* cmd = cl.Add(
+      family, "move", "hand leadership to another replica, for maintenance (admin)",
+      "Asks the leader to hand leadership over: it stops proposing new inputs (they wait),\n"
+      "waits until the target holds the whole log (up to 1 s; else it serves again and says\n"
+      "so), then steps down and tells the target to take over at once. The target is --to N,\n"
+      "else the backup furthest along. Waits until the new leader serves its clients, and\n"
+      "prints how long that took. The old leader's clients reconnect once, to the new one.\n"
+      "Needs the admin credential (admin_secret in cluster.toml).");
+  AddNumber(cmd, "--to", &o->to, "the replica to lead", 0, 1 << 20, "the backup furthest along");
+  AddNumber(cmd, "--wait-ms", &o->wait_ms, "how long to wait for the new leader to serve", 100,
+            600000);
+  cmd->add_flag("--json", o->json, "print the outcome as JSON (from, to, handover_ms, serving_ms)");
+  AddClusterRef(cmd, &o->ref);
+  cl.OnRun(cmd, [o] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    LeaderMoveOutcome out;
+    if (!MoveLeader(c, static_cast<int>(o->to), static_cast<int>(o->wait_ms), &out, &err))
+      return Fail("leader move: " + err);
+    if (o->json) {
+      printf("%s\n", JsonText(Json{{"from", out.from},
+                                   {"to", out.to},
+                                   {"handed_to", out.handed_to},
+                                   {"handover_ms", out.handover_ms},
+                                   {"serving_ms", out.serving_ms}})
+                         .c_str());
+    } else {
+      printf(
+          "leadership moved from replica %d to replica %d in %.1f ms (handed over after %.1f "
+          "ms; replica %d serving after %.1f ms)\n",
+          out.from, out.to, out.serving_ms, out.handover_ms, out.to, out.serving_ms);
+    }
     return 0;
   });
 }
@@ -973,6 +1053,7 @@ int main(int argc, char** argv) {
   AddLog(cl);
   AddTruncate(cl);
   AddFailpoint(cl);
+  AddLeader(cl);
   AddInspect(cl);
   AddCheckpoint(cl);
   AddDivergence(cl);

@@ -265,7 +265,8 @@ bool Daemon::Init() {
                         output_ ? output_->StatusJson() : Json(),
                         state_ ? state_->StatusJson() : Json(),
                         pipeline_->lease_reads(),
-                        pipeline_->lease_misses()};
+                        pipeline_->lease_misses(),
+                        pipeline_->serving()};
   };
   hooks.on_peer_frame = [this](int from, FrameKind kind, std::string_view body) {
     if (output_) output_->OnPeerFrame(from, kind, body, NowUs());
@@ -580,6 +581,7 @@ bool Daemon::DrainOnce(uint64_t now) {
     front_->FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
   NoteRoleChange();
   front_->ReplyWaiters(now);
+  front_->ReplyLeaderMove(now);
   front_->FlushClients();
   front_->ExpireHandshakes(now);
   return busy;

@@ -284,6 +284,7 @@ void FrontDoor::CloseConn(FrameConn* c, const std::string& why) {
     }
   for (auto& w : waiters_)
     if (w.conn == c) w.conn = nullptr;
+  if (move_.conn == c) move_.conn = nullptr;
   loop_.Remove(fd);
   // A checkpoint fetch leaves the loop here, its TLS session with it.
   std::unique_ptr<Stream> handed;
@@ -597,6 +598,11 @@ void FrontDoor::OnClientFrame(FrameConn* c, FrameKind kind, std::string_view bod
       c->Queue(FrameKind::kDivergenceResult, hooks_.divergence(req));
       return;
     }
+    case FrameKind::kLeaderMove: {
+      if (!Permit(c, {Principal::kAdmin}, "moving the leader")) return;
+      OnLeaderMove(c, body, now);
+      return;
+    }
     case FrameKind::kFailpoint: {
       if (!Permit(c, {Principal::kAdmin}, "setting a failpoint")) return;
       FailpointRequest req;
@@ -665,6 +671,8 @@ std::string FrontDoor::StatusJson() {
   Json peers = Json::array();
   for (int r = 0; r < n_; r++)
     peers.push_back({{"id", r}, {"match", core_.PeerMatch(r)}, {"stream", core_.PeerReady(r)}});
+  Json transfer = {{"state", TransferStateName(core_.transfer().state)},
+                   {"target", core_.transfer().target}};
   return JsonText(Json{{"id", me_.id},
                        {"pid", getpid()},
                        {"role", RoleName(core_.role())},
@@ -684,6 +692,8 @@ std::string FrontDoor::StatusJson() {
                        {"disk_error", disk_error_},
                        {"applied_index", server.applied_index},
                        {"server_read_all", server.server_read_all},
+                       {"serving", server.serving},
+                       {"transfer", std::move(transfer)},
                        {"server_pid", server.server_pid},
                        {"server_port", me_.server_port},
                        {"replay_connections", server.replay_connections},
@@ -691,6 +701,82 @@ std::string FrontDoor::StatusJson() {
                        {"output", server.output_json},
                        {"state_checks", server.state_json},
                        {"peers", std::move(peers)}});
+}
+
+// An admin's `lockstep leader move`: the core stops taking proposals (the
+// server pipeline holds its shim's inputs meanwhile: they go to the new
+// leader's server once their clients reconnect), waits for the target to
+// hold the whole log and hands over to it; ReplyLeaderMove answers then.
+// Refusals are answered at once.
+void FrontDoor::OnLeaderMove(FrameConn* c, std::string_view body, uint64_t now) {
+  LeaderMoveRequest req;
+  if (!DecodeLeaderMoveRequest(body, &req)) {
+    c->close_after_read = "malformed leader move request";
+    return;
+  }
+  auto refuse = [&](const std::string& why) {
+    c->Queue(FrameKind::kLeaderMoveResult, EncodeLeaderMoveReply({false, -1, 0, why}));
+  };
+  if (move_.active) {
+    refuse("a move to replica " + std::to_string(move_.target) + " is already under way");
+    return;
+  }
+  int target = req.target;
+  if (target < 0) {
+    if (core_.role() == Role::kLeader) {
+      target = core_.FurthestReadyPeer();
+      if (target < 0) {
+        refuse("no backup is ready to lead: none has a live stream from this leader");
+        return;
+      }
+    }
+  }
+  std::string why = core_.TransferLeadership(now, target, kLeaderMoveTimeoutUs, kLeaderMoveHoldUs);
+  if (!why.empty()) {
+    log_("leader move to replica %d refused: %s", target, why.c_str());
+    refuse(why);
+    return;
+  }
+  log_(
+      "moving leadership to replica %d (asked by an admin from %s): proposals held until it "
+      "holds the log up to index %lu",
+      target, PeerHost(c->fd()).c_str(), (unsigned long)core_.last_index());
+  move_ = MoveWaiter{true, c, target, now};
+  ReplyLeaderMove(now);
+}
+
+void FrontDoor::ReplyLeaderMove(uint64_t now) {
+  if (!move_.active) return;
+  const TransferStatus& t = core_.transfer();
+  if (t.state == TransferState::kWaiting) return;
+  LeaderMoveReply reply;
+  reply.waited_us = now - move_.asked_us;
+  std::string target = "replica " + std::to_string(move_.target);
+  switch (t.state) {
+    case TransferState::kHandedOver:
+      reply.ok = true;
+      reply.new_leader = move_.target;
+      reply.text = "handed leadership over to " + target + " after " +
+                   std::to_string((t.ended_us - t.started_us) / 1000) + " ms";
+      break;
+    case TransferState::kTimedOut:
+      reply.text = target + " did not catch up within " +
+                   std::to_string(kLeaderMoveTimeoutUs / 1000) + " ms (it holds the log to index " +
+                   std::to_string(core_.PeerMatch(move_.target)) + " of " +
+                   std::to_string(core_.last_index()) +
+                   "); this replica leads and serves again. Check that replica's health "
+                   "(lockstep cluster status) and retry";
+      break;
+    case TransferState::kLostLeadership:
+      reply.text =
+          "this replica stopped leading during the move (another replica was elected); "
+          "see lockstep cluster status";
+      break;
+    default: reply.text = std::string("leader move ended as ") + TransferStateName(t.state);
+  }
+  log_("leader move to %s: %s", target.c_str(), reply.text.c_str());
+  if (move_.conn) move_.conn->Queue(FrameKind::kLeaderMoveResult, EncodeLeaderMoveReply(reply));
+  move_ = MoveWaiter{};
 }
 
 // Proposals in flight get an answer now: their outcome is unknown (they may

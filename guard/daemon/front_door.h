@@ -2,7 +2,8 @@
 // thread that opens (and re-opens) the send-only connection to every peer,
 // the authentication handshake every connection passes first, and then its
 // frames: protocol messages from peers, and client requests (propose,
-// status, read, truncate), whose proposals wait here until they commit.
+// status, read, truncate), whose proposals wait here until they commit, and
+// an admin's leader move, which waits here until the hand-over.
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,7 @@ struct ServerStatus {
   Json output_json;                            // OutputGuard::StatusJson
   Json state_json;                             // StateChecker::StatusJson
   uint64_t lease_reads = 0, lease_misses = 0;  // ServerPipeline's
+  bool serving = false;                        // this replica leads and its server serves clients
 };
 
 class FrontDoor {
@@ -90,6 +92,9 @@ class FrontDoor {
   void ReplyWaiters(uint64_t now);
   // Answers every proposal in flight: outcome unknown, because `why`.
   void FailWaiters(const std::string& why);
+  // Answers the admin's leader move once the core's transfer has ended
+  // (Replica::transfer): handed over, or why not.
+  void ReplyLeaderMove(uint64_t now);
   // Writes what client connections have queued.
   void FlushClients();
   // Closes connections that have not authenticated within kHandshakeUs.
@@ -131,6 +136,16 @@ class FrontDoor {
   // and buffers, and a daemon out of fds can accept neither peers nor its
   // server's replay connections. A client past it is refused, saying so.
   static constexpr size_t kMaxClientConns = 256;
+  // A leader move (`lockstep leader move`): how long the target has to
+  // catch up before the leader gives up and serves again, and how long the
+  // old leader then stands for no election. No hold: the target runs at
+  // once and wins long before the old leader's election timer fires, and
+  // one that cannot take over is replaced by whoever wins next, the old
+  // leader included; a hold would also make the old leader refuse the
+  // take-over of a move back to it soon after (moves 500 ms apart with a
+  // 500 ms hold: the second waited out an election, 88-406 ms).
+  static constexpr uint64_t kLeaderMoveTimeoutUs = 1000000;
+  static constexpr uint64_t kLeaderMoveHoldUs = 0;
 
  private:
   // A client's proposal, answered once its index commits.
@@ -152,6 +167,7 @@ class FrontDoor {
   void OnHandshake(FrameConn* c, FrameKind kind, std::string_view body);
   void OnClientFrame(FrameConn* c, FrameKind kind, std::string_view body);
   void OnPropose(FrameConn* c, std::string_view body, uint64_t now);
+  void OnLeaderMove(FrameConn* c, std::string_view body, uint64_t now);
   std::string StatusJson();
 
   const ClusterConfig& cfg_;
@@ -176,6 +192,14 @@ class FrontDoor {
   bool Permit(FrameConn* c, std::initializer_list<Principal> allowed, const char* what);
   std::vector<FrameConn*> outbound_;  // by replica id
   std::deque<Waiter> waiters_;        // in index order
+  // The admin's leader move in progress (its connection null once it left).
+  struct MoveWaiter {
+    bool active = false;
+    FrameConn* conn = nullptr;
+    int target = -1;
+    uint64_t asked_us = 0;
+  };
+  MoveWaiter move_;
 
   // Shared with the connector thread.
   std::mutex connected_mu_;

@@ -23,6 +23,7 @@ bool ParseDaemonStatus(std::string_view text, DaemonStatus* s, std::string* erro
   s->lease_reads = JsonU64(j, "lease_reads");
   s->lease_misses = JsonU64(j, "lease_misses");
   s->server_read_all = JsonBool(j, "server_read_all", true);
+  s->serving = JsonBool(j, "serving", false);
   int64_t pid = JsonI64(j, "server_pid");
   s->server_pid = pid > 0 && pid <= INT32_MAX ? static_cast<int>(pid) : 0;
   auto object = [&j](const char* key) {

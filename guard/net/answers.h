@@ -27,6 +27,7 @@ struct DaemonStatus {
   // it sent through the log for want of one.
   uint64_t lease_reads = 0, lease_misses = 0;
   bool server_read_all = true;
+  bool serving = false;  // leads, and its server serves clients (not catching up)
   int server_pid = 0;
   // The nested status objects as sent ("checkpoint": ServerPipeline's
   // CheckpointStatusJson; "output": OutputGuard's; "state_checks":

@@ -154,6 +154,18 @@ bool Client::Failpoint(const std::string& spec, FailpointReply* reply, std::stri
   return true;
 }
 
+bool Client::LeaderMove(int target, LeaderMoveReply* reply, std::string* error, int timeout_ms) {
+  std::string body;
+  if (!Ask(FrameKind::kLeaderMove, EncodeLeaderMoveRequest(LeaderMoveRequest{target}),
+           FrameKind::kLeaderMoveResult, &body, timeout_ms, error))
+    return false;
+  if (!DecodeLeaderMoveReply(body, reply)) {
+    *error = "malformed reply";
+    return false;
+  }
+  return true;
+}
+
 bool Client::Inspect(const std::string& program, InspectReply* reply, std::string* error) {
   std::string body;
   // The daemon connects to its server first (5 s at most).

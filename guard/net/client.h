@@ -41,6 +41,10 @@ class Client {
   // `lockstep failpoint` (admin): *reply says what is in force, or why not;
   // false only when the daemon did not answer.
   bool Failpoint(const std::string& spec, FailpointReply* reply, std::string* error);
+  // `lockstep leader move` (admin, to the leader): target -1 lets the
+  // leader pick. *reply says where leadership went, or why it did not
+  // move; false only when the daemon did not answer (or refused: *error).
+  bool LeaderMove(int target, LeaderMoveReply* reply, std::string* error, int timeout_ms = 10000);
   // `lockstep checkpoint now|list`: false only when the daemon did not answer.
   bool Checkpoint(CheckpointOp op, CheckpointReply* reply, std::string* error);
   // `lockstep divergence list|show`: the daemon's JSON; false only when it did not answer.

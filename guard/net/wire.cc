@@ -293,6 +293,41 @@ bool DecodeFailpointReply(std::string_view in, FailpointReply* reply) {
   return true;
 }
 
+std::string EncodeLeaderMoveRequest(const LeaderMoveRequest& req) {
+  ByteWriter w;
+  w.u32(static_cast<uint32_t>(req.target));
+  return std::move(w.str());
+}
+
+bool DecodeLeaderMoveRequest(std::string_view in, LeaderMoveRequest* req) {
+  ByteReader r(in);
+  uint32_t target = 0;
+  if (!r.u32(&target) || !r.done()) return false;
+  req->target = static_cast<int32_t>(target);
+  return true;
+}
+
+std::string EncodeLeaderMoveReply(const LeaderMoveReply& reply) {
+  ByteWriter w;
+  w.u8(reply.ok ? 1 : 0);
+  w.u32(static_cast<uint32_t>(reply.new_leader));
+  w.u64(reply.waited_us);
+  w.bytes(reply.text);
+  return std::move(w.str());
+}
+
+bool DecodeLeaderMoveReply(std::string_view in, LeaderMoveReply* reply) {
+  ByteReader r(in);
+  uint8_t ok = 0;
+  uint32_t leader = 0;
+  if (!r.u8(&ok) || !r.u32(&leader) || !r.u64(&reply->waited_us) || !r.bytes(&reply->text) ||
+      !r.done())
+    return false;
+  reply->ok = ok != 0;
+  reply->new_leader = static_cast<int32_t>(leader);
+  return true;
+}
+
 std::string EncodeInspectRequest(const InspectRequest& req) {
   ByteWriter w;
   w.bytes(req.program);

@@ -63,6 +63,10 @@ enum class FrameKind : uint8_t {
   kInspect = 40,
   kInspectResult = 41,
   kInspectData = 42,
+  // admin -> the leader: move leadership (`lockstep leader move`); the reply
+  // comes once the move is done or has failed.
+  kLeaderMove = 43,  // target i32 (-1: the leader picks)
+  kLeaderMoveResult = 44,
 };
 inline constexpr uint32_t kMaxFrame = 1u << 30;
 // Before a connection has authenticated: HELLO and AUTH are a few dozen
@@ -197,6 +201,22 @@ struct FailpointReply {
 };
 std::string EncodeFailpointReply(const FailpointReply& reply);
 bool DecodeFailpointReply(std::string_view in, FailpointReply* reply);
+
+// kLeaderMove: the replica to lead next, or -1 for the furthest ready
+// backup; the reply names the new leader, or says why there is none.
+struct LeaderMoveRequest {
+  int32_t target = -1;
+};
+std::string EncodeLeaderMoveRequest(const LeaderMoveRequest& req);
+bool DecodeLeaderMoveRequest(std::string_view in, LeaderMoveRequest* req);
+struct LeaderMoveReply {
+  bool ok = false;
+  int32_t new_leader = -1;  // ok: the replica the leader handed over to
+  uint64_t waited_us = 0;   // from the request until the hand-over (or the failure)
+  std::string text;         // why not, or what happened
+};
+std::string EncodeLeaderMoveReply(const LeaderMoveReply& reply);
+bool DecodeLeaderMoveReply(std::string_view in, LeaderMoveReply* reply);
 
 // kInspect: what the inspector runs (its command line, for the daemon's log
 // of who inspected what); kInspectResult: whether the relay is open, and

@@ -335,6 +335,14 @@ bool ServerPipeline::ProcessSubmissions(uint64_t now) {
   uint64_t budget_bytes = kSubmitBytesPerPass;
   ShimChannel::Submission s;
   while (budget_bytes > 0 && shim_->Peek(&s)) {
+    // Leadership is moving (`lockstep leader move`): the inputs wait in the
+    // shim, neither proposed nor refused. After the hand-over they are
+    // refused like any backup's, and their clients reconnect to the new
+    // leader; if the move fails, they are proposed here as usual.
+    if (leading && core_.transferring()) {
+      holding_submissions_ = true;
+      break;
+    }
     if (leading && core_.last_index() - core_.commit_index() >= kMaxInputsInFlight) {
       holding_submissions_ = true;  // sleep until commits make room, do not spin on them
       break;
