@@ -181,9 +181,22 @@ class Run:
     """One cluster, one workload, one kind of fault; its checks."""
 
     def __init__(
-        self, index, seed, kind, seconds, op_timeout, clients, think_s=0.004, connect="leader"
+        self,
+        index,
+        seed,
+        kind,
+        seconds,
+        op_timeout,
+        clients,
+        think_s=0.004,
+        connect="leader",
+        lease_us=0,
     ):
         self.index, self.seed, self.kind = index, seed, kind
+        self.lease_us = lease_us
+        # Lease reads seen, by (replica, its server's pid): a server that
+        # restarts counts from 0 again, and a dead one's count is kept.
+        self.lease_reads: dict = {}
         self.connect = connect
         self.seconds, self.op_timeout, self.clients = seconds, op_timeout, clients
         self.think_s = think_s
@@ -210,6 +223,7 @@ class Run:
             "redis",
             "--no-checkpoints",
             "--failpoints",  # the failpoint kinds (kept by replicas started again)
+            *(("--lease-us", str(self.lease_us)) if self.lease_us else ()),
             timeout=120,
         )
         conf = tomllib.loads((self.dir / "cluster.toml").read_text())
@@ -342,6 +356,7 @@ class Run:
     def nemesis(self, until):
         time.sleep(0.5 + self.rng.random())  # the clients get going first
         while time.monotonic() + 1.5 < until:
+            self.note_lease_reads()
             role = self.rng.choice(["leader", "backup"])
             hold = self.rng.uniform(0.3, 1.2)
             replica, heal = self.inject(role)
@@ -360,6 +375,15 @@ class Run:
                 }
             )
             time.sleep(self.rng.uniform(0.5, 1.5))
+
+    def note_lease_reads(self, s=None):
+        try:
+            s = s or self.status()
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired):
+            return
+        for r in s["replicas"]:
+            key = (r["id"], r.get("server_pid"))
+            self.lease_reads[key] = max(self.lease_reads.get(key, 0), r.get("lease_reads", 0))
 
     # ------------------------------------------------------------- checks
     def caught_up(self, s):
@@ -519,7 +543,9 @@ class Run:
         if len({json.dumps(v, sort_keys=True) for v in states.values()}) != 1:
             self.problems.append(f"replicas differ: {states}")
         crashes = self.daemon_crashes()
-        lead = self.status()["leader"]
+        final = self.status()
+        self.note_lease_reads(final)
+        lead = final["leader"]
         lost = self.lost_acknowledged(ops, states[lead if lead is not None else 0][1])
         self.problems += lost
         unavailable = self.unavailability(ops)
@@ -541,6 +567,7 @@ class Run:
             "events": self.events,
             "problems": self.problems,
             "attacks": self.attacks if self.kind == "attacker" else None,
+            "lease_reads": sum(self.lease_reads.values()),
             "seconds": round(time.monotonic() - t_start, 1),
         }
 
@@ -664,6 +691,13 @@ def main(argv=None):
         help="where clients connect: the address that follows the leader (cluster.toml's "
         "leader_address), or the leader `cluster status` names after each failure",
     )
+    ap.add_argument(
+        "--lease-us",
+        type=int,
+        default=0,
+        help="the leader's lease (cluster up --lease-us): the clients' GETs are then served "
+        "without the log while it holds; 0 (default): none",
+    )
     ap.add_argument("--out", default=str(OUT), help="where the summary and failed runs go")
     ap.add_argument(
         "--keep-all", action="store_true", help="keep every run's evidence, not only failed ones'"
@@ -688,7 +722,16 @@ def main(argv=None):
     for i in range(a.runs):
         seed = first + i
         kind = kinds[i % len(kinds)]
-        run = Run(i, seed, kind, a.seconds, a.op_timeout, a.clients, connect=a.connect)
+        run = Run(
+            i,
+            seed,
+            kind,
+            a.seconds,
+            a.op_timeout,
+            a.clients,
+            connect=a.connect,
+            lease_us=a.lease_us,
+        )
         try:
             result = run.run()
         except Exception as e:  # noqa: BLE001 - a run that could not even finish is a failure
@@ -716,6 +759,7 @@ def main(argv=None):
             f"{result['known_ops']}/{result['ops']} ops known, unavailable "
             f"{'/'.join(f'{u:.0f}' for u in un) or '-'} ms"
             f"{', daemon crashes ' + str(result['daemon_crashes']) if result.get('daemon_crashes') else ''}"
+            f"{', lease reads ' + str(result['lease_reads']) if result.get('lease_reads') else ''}"
             f": {verdict}"
         )
         if result["problems"] or a.keep_all:
