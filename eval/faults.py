@@ -114,17 +114,7 @@ def log(msg):
 
 
 def lockstep(*args, check=True, timeout=60, env=None):
-    p = subprocess.run(
-        [str(LOCKSTEP), *map(str, args)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **env} if env else None,
-    )
-    if check and p.returncode != 0:
-        raise RuntimeError(f"lockstep {' '.join(map(str, args))}: {p.stderr.strip()}")
-    return p
+    return history.run_lockstep(LOCKSTEP, *args, check=check, timeout=timeout, env=env)
 
 
 def sh(*cmd, check=True):

@@ -87,6 +87,22 @@ def parse_addr(addr) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def run_lockstep(binary, *args, check=True, timeout=60, env=None):
+    """`lockstep ARGS` (binary: the lockstep executable), its CompletedProcess in
+    text mode; RuntimeError with its stderr when it fails and check is set."""
+    p = subprocess.run(
+        [str(binary), *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+    )
+    if check and p.returncode != 0:
+        raise RuntimeError(f"lockstep {' '.join(map(str, args))}: {p.stderr.strip()}")
+    return p
+
+
 def lockstep_find_addr(directory, lockstep=LOCKSTEP, timeout=5.0):
     """A find_addr() for a lockstep cluster: the leader's client address, or None."""
 

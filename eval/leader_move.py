@@ -61,16 +61,7 @@ def log(msg):
 
 
 def lockstep(*args, check=True, timeout=120):
-    p = subprocess.run(
-        [str(LOCKSTEP), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and p.returncode != 0:
-        raise RuntimeError(f"lockstep {' '.join(map(str, args))}: {p.stderr.strip()}")
-    return p
+    return history.run_lockstep(LOCKSTEP, *args, check=check, timeout=timeout)
 
 
 def status(d):

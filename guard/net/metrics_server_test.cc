@@ -13,21 +13,10 @@
 #include <chrono>
 #include <string>
 
+#include "guard/net/test_ports.h"
+
 namespace lockstep {
 namespace {
-
-// A free loopback port (bound to 0, read back, closed).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 int Connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

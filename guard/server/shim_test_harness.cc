@@ -78,18 +78,6 @@ uint64_t Xxh64(std::string_view s) {
 
 // ------------------------------------------------------------ sockets
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 int LocalPort(int fd) {
   sockaddr_in a{};
   socklen_t len = sizeof a;

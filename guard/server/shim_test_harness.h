@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "guard/net/test_ports.h"
 #include "guard/server/server.h"
 #include "guard/server/shim_channel.h"
 
@@ -35,8 +36,7 @@ uint64_t Xxh64(std::string_view s);
 
 // ------------------------------------------------------------ sockets
 
-// A port on 127.0.0.1 that was free a moment ago.
-int FreePort();
+// FreePort: guard/net/test_ports.h.
 // The local port of a bound socket.
 int LocalPort(int fd);
 // Sends all of s (a test failure if a send fails).
