@@ -3,6 +3,8 @@
 #include "consensus/core.h"
 
 #include <algorithm>
+#include <array>
+#include <functional>
 
 #include "consensus/assert.h"
 
@@ -166,10 +168,11 @@ uint64_t Replica::LeaseUntil() const {
   // The heartbeat a majority has echoed, ourselves included (we echo the
   // newest): everyone who echoed it guards at least until it was put plus
   // the lease, and any other candidate needs the promise of one of them.
-  std::vector<uint64_t> echoes{heartbeat_counter_};
+  // Called every pass of the daemon's loop: no allocation.
+  std::array<uint64_t, kMaxReplicas> echoes{};
   for (int p = 0; p < config_.replicas; p++)
-    if (p != config_.id) echoes.push_back(peers_[p].heartbeat_echo);
-  std::sort(echoes.rbegin(), echoes.rend());
+    echoes[p] = p == config_.id ? heartbeat_counter_ : peers_[p].heartbeat_echo;
+  std::sort(echoes.begin(), echoes.begin() + config_.replicas, std::greater<uint64_t>());
   uint64_t echoed = echoes[Majority() - 1];
   if (echoed == 0) return 0;
   for (const auto& [counter, sent_us] : heartbeat_sent_us_)
