@@ -385,9 +385,10 @@ def cluster(tmp_path, request):
     yield c
     c.down()
     # A passed test's cluster goes (each holds ~200 MB of preallocated log
-    # segments, and a full run would fill a small disk); a failed one's stays.
+    # segments, and a full run would fill a small disk); a failed one's stays,
+    # and so does every one under LOCKSTEP_KEEP_CLUSTERS=1 (to read its logs).
     rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.passed:
+    if rep is not None and rep.passed and not os.environ.get("LOCKSTEP_KEEP_CLUSTERS"):
         shutil.rmtree(c.dir, ignore_errors=True)
 
 
