@@ -589,6 +589,11 @@ int close(int fd) {
       c->refs++;
       for (int i = 0; i < log_closed_n; i++)
         if (log_closed_list[i] == c) log_closed_list[i] = log_closed_list[--log_closed_n];
+      for (int i = 0; c->in_lease_ready && i < lease_ready_n; i++)
+        if (lease_ready_list[i] == c) {
+          lease_ready_list[i] = lease_ready_list[--lease_ready_n];
+          c->in_lease_ready = 0;
+        }
       conn_unref(c);
       fifo_pop_finished();
       pthread_mutex_unlock(&mu);

@@ -121,9 +121,10 @@ uint64_t readable(struct conn* c) {
   uint64_t have = c->committed_end < c->received ? c->committed_end : c->received;
   if (c->consumed >= have) return 0;
   if (gate_bypassed()) return have - c->consumed;
+  /* A lease read's bytes are the server's to read at once (lease_serve). */
+  uint64_t end = c->unordered_end < have ? c->unordered_end : have;
   struct head_run r = find_head_run();
-  if (r.c != c) return 0;
-  uint64_t end = r.end < have ? r.end : have;
+  if (r.c == c && r.end > end) end = r.end < have ? r.end : have;
   return end > c->consumed ? end - c->consumed : 0;
 }
 

@@ -522,11 +522,17 @@ void reattach(struct conn* c, int fresh) {
  * without the log when they are whole read-only requests (shim_unchecked.c
  * unck_lease_requests), everything c sent before has been read by the
  * server, and the daemon's lease holds now. While it holds no other replica
- * can lead, so nothing can have been committed that this server will not
- * have executed before it reads them: they go into the delivery FIFO as
- * agreed, behind every input taken before them, ahead of every one taken
- * after. Their replies are left out of the hashed stream (the backups never
- * see them). 1: served so; 0: they go through the log. Called with mu held. */
+ * can lead, so no write can have been acknowledged that this server has not
+ * executed: a client hears of its write from this server's reply (the
+ * daemon publishes a lease only once a new leader's server has caught up
+ * with what former leaders committed). So the server may read them at once,
+ * outside the delivery order (unordered_end): epoll reports the connection
+ * beside the order's head, and a wake-up takes the lease reads of many
+ * connections together, as the unreplicated server's does. Only when the
+ * list of such connections is full do they go into the delivery FIFO as
+ * agreed, behind every input taken before them. Their replies are left out
+ * of the hashed stream (the backups never see them). 1: served so; 0: they
+ * go through the log. Called with mu held. */
 static int lease_serve(struct conn* c, const char* p, size_t n) {
   uint64_t before = c->received - n;
   if (c->consumed != before || c->committed_end != before || c->chunked_end != before ||
@@ -541,7 +547,16 @@ static int lease_serve(struct conn* c, const char* p, size_t n) {
   }
   c->committed_end = c->received;
   c->lease_end = c->received;
-  push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
+  if (c->in_lease_ready || lease_ready_n < LS_LEASE_READY) {
+    c->unordered_end = c->received;
+    c->chunked_end = c->received; /* the next input's chunk starts past them */
+    if (!c->in_lease_ready) {
+      lease_ready_list[lease_ready_n++] = c;
+      c->in_lease_ready = 1;
+    }
+  } else {
+    push_chunk(c, LS_SUB_DATA, CH_COMMITTED);
+  }
   atomic_fetch_add_explicit(&hdr->lease_reads, (uint64_t)requests, memory_order_relaxed);
   return 1;
 }

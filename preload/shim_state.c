@@ -70,6 +70,8 @@ uint64_t head_seen_seq;
 uint32_t head_reports;
 struct conn* log_closed_list[256];
 int log_closed_n;
+struct conn* lease_ready_list[LS_LEASE_READY];
+int lease_ready_n;
 struct ls_hooks hooks;
 
 void shim_log(const char* fmt, ...) {

@@ -81,6 +81,13 @@ struct conn {
   /* Bytes up to here that the server has not read yet are a lease read's
    * (shim_rings.c lease_serve): their replies are left out of the stream. */
   uint64_t lease_end;
+  /* Bytes up to here the server may read whatever the delivery order says:
+   * a lease read's, served outside it (shim_rings.c lease_serve). While
+   * some are unread the connection is in lease_ready_list (in_lease_ready). */
+  uint64_t unordered_end;
+  int in_lease_ready;
+  /* The epoll call that last told the server about it (shim_wait.c). */
+  uint64_t told_gen;
   /* Output on fd when its last agreed input was handed to the server
    * (drain_order): past it, the server has begun to answer that input (the
    * reply gate's "a shorter reply is over", shim_rings.c). */
@@ -129,6 +136,11 @@ LS_HIDDEN extern uint64_t head_seen_seq;
 LS_HIDDEN extern uint32_t head_reports; /* times the server was told the head is readable */
 LS_HIDDEN extern struct conn* log_closed_list[256]; /* closed by the log, EOF not yet read */
 LS_HIDDEN extern int log_closed_n;
+/* Connections with a lease read the server has not read yet (unordered_end):
+ * epoll reports them beside the delivery order's head. */
+#define LS_LEASE_READY 256
+LS_HIDDEN extern struct conn* lease_ready_list[LS_LEASE_READY];
+LS_HIDDEN extern int lease_ready_n;
 /* Per epoll set, the shim's own eventfd (fd + 1; 0: none), which
  * serial_done writes to wake just the thread waiting in that set. */
 LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];

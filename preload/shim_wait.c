@@ -121,6 +121,8 @@ static int put_event(struct epoll_event* out, int n, int max, uint32_t events, e
  * EPOLLET, input only when more agreed bytes (or the EOF) became readable
  * since the last time, EPOLLOUT only once until a send would block. Called
  * with mu held; returns the new count of events in out. */
+static uint64_t tell_gen; /* counts the epoll waits' looks, under mu (conn.told_gen) */
+
 static int tell(struct epoll_event* out, int n, int max, struct conn* c, uint32_t events) {
   if (c->disarmed) return n;
   uint64_t until = 0;
@@ -136,6 +138,7 @@ static int tell(struct epoll_event* out, int n, int max, struct conn* c, uint32_
   if (!events) return n;
   int m = put_event(out, n, max, events, c->data);
   if (m < 0) return n; /* no room: told next time */
+  c->told_gen = tell_gen;
   int kernel_changes = 0;
   if (c->events & EPOLLET) {
     if (events & EPOLLIN) {
@@ -173,6 +176,19 @@ static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
     struct conn* c = log_closed_list[i];
     if (c->fd >= 0 && c->epfd == epfd && (c->events & EPOLLIN) && ready(c))
       n = tell(out, n, max, c, EPOLLIN);
+  }
+  /* Lease reads, outside the delivery order (shim_rings.c lease_serve);
+   * those the server has read leave the list. Once per connection a call. */
+  for (int i = 0; i < lease_ready_n;) {
+    struct conn* c = lease_ready_list[i];
+    if (c->fd < 0 || c->consumed >= c->unordered_end) {
+      lease_ready_list[i] = lease_ready_list[--lease_ready_n];
+      c->in_lease_ready = 0;
+      continue;
+    }
+    if (n < max && c->epfd == epfd && (c->events & EPOLLIN) && c->told_gen != tell_gen)
+      n = tell(out, n, max, c, EPOLLIN);
+    i++;
   }
   return n;
 }
@@ -227,6 +243,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
       pthread_mutex_unlock(&mu);
       break; /* the wait times out here, on every replica */
     }
+    tell_gen++; /* events[] starts afresh */
     n = ready_events(epfd, events, 0, maxevents);
     int look_soon = serial_holding(NULL, epfd);
     int tick_wait_ms = -1; /* ticking: how long the kernel may keep us */
