@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "guard/net/client.h"
 #include "guard/net/wire.h"
@@ -122,32 +123,41 @@ int Relay(std::unique_ptr<Stream> stream, int in_fd, int out_fd) {
 // The relays of local connections, each on a thread of its own. The
 // command returns only once they have ended (or after a grace period): a
 // relay still running would read the caller's config after it is gone, and
-// its buffers would be left behind (LeakSanitizer counts them).
+// its buffers would be left behind (LeakSanitizer counts them). Its thread
+// is joined, not only waited for: OpenSSL frees a thread's error state
+// when the thread exits, after the relay has said it ended (CI's sanitized
+// run caught a command that returned in between).
 struct Relays {
   std::mutex mu;
   std::condition_variable ended;
   int running = 0;
+  std::vector<std::thread> threads;
 
   // One local connection: its own inspection, relayed until either side ends.
   void Start(const ClusterConfig& c, const InspectOptions& o, int fd) {
     std::lock_guard lock(mu);
     ++running;
-    std::thread([this, &c, &o, fd] {
+    threads.emplace_back([this, &c, &o, fd] {
       if (auto s = Open(c, o)) Relay(std::move(s), fd, fd);
       close(fd);
       std::lock_guard lock(mu);
       --running;
       ended.notify_all();
-    }).detach();
+    });
   }
 
   // After the program exited its sockets are closed, so each relay ends once
   // the daemon has said the server's side is done too: a short wait.
   void WaitAll() {
     std::unique_lock lock(mu);
-    if (!ended.wait_for(lock, std::chrono::seconds(5), [&] { return running == 0; }))
+    bool all = ended.wait_for(lock, std::chrono::seconds(5), [&] { return running == 0; });
+    if (!all)
       fprintf(stderr, "lockstep inspect: %d relay(s) still open after 5 s; leaving them\n",
               running);
+    std::vector<std::thread> done = std::move(threads);
+    threads.clear();
+    lock.unlock();
+    for (std::thread& t : done) all ? t.join() : t.detach();
   }
 };
 
