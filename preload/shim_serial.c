@@ -44,6 +44,10 @@ void serial_init(int flags) {
   serial_sleep_keeps = serial_on && (flags & LS_SERIAL_SLEEP_KEEPS);
 }
 
+int serial_enabled(void) {
+  return serial_on;
+}
+
 /* Serial execution (LOCKSTEP_SHIM_SERIAL=1, the app profile's
  * `serial_inputs`), for servers that run connections on several threads.
  * In-order delivery is not enough for them: once thread A has read

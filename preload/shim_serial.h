@@ -12,6 +12,7 @@
 /* serial_inputs (shim_serial.c); mu held, except serial_init. serial_done:
  * the calling thread has finished the input it read, if it read one. */
 LS_HIDDEN void serial_init(int flags); /* LOCKSTEP_SHIM_SERIAL: ls_serial_flag */
+LS_HIDDEN int serial_enabled(void);    /* serial_inputs is on */
 /* Without mu, from the send wrappers (hooks.output_reached, set by shim.c):
  * the server's output on fd reached `end`. */
 LS_HIDDEN void serial_sent(int fd, uint64_t end);

@@ -57,6 +57,8 @@ struct chunk {
   uint8_t state;
 };
 
+enum conn_nonblocking { NONBLOCKING_UNKNOWN, NONBLOCKING_YES, NONBLOCKING_NO };
+
 struct conn {
   uint32_t no;
   int fd;              /* -1 once the server closed it */
@@ -88,6 +90,9 @@ struct conn {
   int in_lease_ready;
   /* The epoll call that last told the server about it (shim_wait.c). */
   uint64_t told_gen;
+  /* Whether its socket is non-blocking, looked up once (fcntl) when epoll
+   * first reports it ahead of its turn (shim_wait.c, tell_next_runs). */
+  int nonblocking; /* enum conn_nonblocking */
   /* Output on fd when its last agreed input was handed to the server
    * (drain_order): past it, the server has begun to answer that input (the
    * reply gate's "a shorter reply is over", shim_rings.c). */

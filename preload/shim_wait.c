@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -152,6 +153,48 @@ static int tell(struct epoll_event* out, int n, int max, struct conn* c, uint32_
   return m;
 }
 
+/* The connections whose agreed inputs come next after the head run's, in
+ * the log's order, told to the server in that order beside the head: one
+ * wake-up then takes many logged inputs (16 connections' SETs cost one
+ * epoll wait and one pass of the server's loop instead of 16). Only the
+ * head run is readable (readable()); a server that handles its events in
+ * the order given (redis, libev's and libevent's loops) reads each in turn
+ * as the one before it finishes, and one that reads out of order gets
+ * EAGAIN and hears of it again at its next wait. Hence level-triggered,
+ * not one-shot, non-blocking sockets only: an edge told early, a one-shot
+ * disarmed early or a blocking read out of order would lose the wake-up or
+ * hang the thread. Not under serial_inputs (a thread per connection: the
+ * turn is handed over there, shim_serial.c). Stops at a chunk not agreed,
+ * a tick or an EOF (their waits and reads are the head's rules), and after
+ * LS_TELL_AHEAD chunks. mu held. */
+#define LS_TELL_AHEAD 64
+
+static int told_early(struct conn* c) {
+  if (c->nonblocking == NONBLOCKING_UNKNOWN) {
+    int saved = errno;
+    int flags = fcntl(c->fd, F_GETFL);
+    errno = saved;
+    c->nonblocking = flags >= 0 && (flags & O_NONBLOCK) ? NONBLOCKING_YES : NONBLOCKING_NO;
+  }
+  return c->nonblocking == NONBLOCKING_YES && !(c->events & (EPOLLET | EPOLLONESHOT));
+}
+
+static int tell_next_runs(int epfd, struct epoll_event* out, int n, int max) {
+  if (serial_enabled()) return n;
+  int looked = 0;
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count && n < max; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch)) continue;
+    if (ch->state != CH_COMMITTED || ch->kind == LS_SUB_TICK || ch->kind == LS_SUB_CLOSE) break;
+    if (ch->kind != LS_SUB_DATA) continue;
+    if (++looked > LS_TELL_AHEAD) break;
+    struct conn* c = ch->c;
+    if (c->told_gen == tell_gen || c->fd < 0 || c->epfd != epfd || !(c->events & EPOLLIN)) continue;
+    if (told_early(c)) n = tell(out, n, max, c, EPOLLIN);
+  }
+  return n;
+}
+
 /* Tracked connections of epoll set epfd that the server may read now. */
 static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
   if (gate_bypassed()) {
@@ -171,6 +214,7 @@ static int ready_events(int epfd, struct epoll_event* out, int n, int max) {
       if (told > n) head_reports++;
       n = told;
     }
+    n = tell_next_runs(epfd, out, n, max);
   }
   for (int i = 0; i < log_closed_n && n < max; i++) {
     struct conn* c = log_closed_list[i];

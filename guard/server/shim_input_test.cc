@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,39 @@ TEST(ShimInput, AReplyWhoseClientLeftEndsWithTheFailedSendsBytes) {
   EXPECT_EQ(end_digest, Xxh64(std::string_view(whole).substr(0, end)));
   EXPECT_EQ(h.channel_error(), "");
   close(writer);
+}
+
+// Sixteen connections' inputs agreed at once: epoll tells redis of all of
+// them in one wait (shim_wait.c, tell_next_runs), but each is read only in
+// its turn, so redis executes them in the log's order (the order they were
+// held), whatever order their outcomes came in. INCR of one key shows the
+// order: the i-th input agreed must see i.
+TEST(ShimInput, InputsAgreedTogetherExecuteInTheLogsOrder) {
+  Harness h;
+  std::string err;
+  ASSERT_TRUE(h.Start(kRedis, {.leader = true, .hold_data = true}, &err)) << err;
+  constexpr int kConns = 16;
+  std::map<uint32_t, int> fd_of;  // shim connection number -> our socket
+  for (int i = 0; i < kConns; i++) {
+    uint32_t conn = 0;
+    int fd = h.Connect(&conn);
+    ASSERT_GE(fd, 0);
+    fd_of[conn] = fd;
+  }
+  for (auto [conn, fd] : fd_of) SendAll(fd, Resp({"INCR", "n"}));
+  std::vector<Harness::HeldInput> held;
+  ASSERT_TRUE(h.WaitHeld(kConns, &held));
+  ASSERT_EQ(held.size(), size_t{kConns});
+  for (int i = kConns - 1; i >= 0; i--) h.Complete(LS_DONE_COMMITTED, held[i]);
+  for (int i = 0; i < kConns; i++) {
+    std::string reply;
+    EXPECT_TRUE(ReadUntil(fd_of[held[i].conn], &reply,
+                          [](const std::string& b) { return RespReplies(b) >= 1; }));
+    EXPECT_EQ(reply, ":" + std::to_string(i + 1) + "\r\n")
+        << "the input agreed " << i + 1 << "th did not execute " << i + 1 << "th";
+  }
+  EXPECT_EQ(h.channel_error(), "");
+  for (auto [conn, fd] : fd_of) close(fd);
 }
 
 }  // namespace
