@@ -280,7 +280,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     uint32_t seen = atomic_load(&hdr->done_futex);
     int fd = c->fd;
     int want_kernel = !c->eof_submitted;
-    int mine = waiter_enter(c);
+    int mine = waiter_enter(c, 0);
     int watch = wake_watch_claim();
     pthread_mutex_unlock(&mu);
     struct pollfd p[3] = {{.fd = watch ? wake_server_fd : -1, .events = POLLIN},

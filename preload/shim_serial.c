@@ -577,8 +577,9 @@ void serial_begin(struct conn* c) {
  * readable (waiters_relay), and serial_done wakes just the thread whose turn
  * it is. The eventfd is closed when its thread exits. */
 struct waiter {
-  struct conn* c; /* what it waits for (NULL: several, or none) */
-  int efd;        /* -1: a free slot */
+  struct conn* c;     /* what it waits for (NULL: several, or none) */
+  int efd;            /* -1: a free slot */
+  int wake_when_next; /* woken once c's input is next in line (waiter_enter) */
   pid_t tid;
 };
 static struct waiter waiters[256];
@@ -600,7 +601,7 @@ static void efd_key_init(void) {
   (void)pthread_key_create(&efd_key, efd_at_thread_exit);
 }
 
-int waiter_enter(struct conn* c) {
+int waiter_enter(struct conn* c, int wake_when_next) {
   if (my_efd < 0) {
     pthread_once(&efd_once, efd_key_init);
     my_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -614,7 +615,7 @@ int waiter_enter(struct conn* c) {
     if (waiters_n == (int)(sizeof waiters / sizeof *waiters)) return my_efd; /* unregistered */
     slot = waiters_n++;
   }
-  waiters[slot] = (struct waiter){c, my_efd, self_tid()};
+  waiters[slot] = (struct waiter){c, my_efd, wake_when_next, self_tid()};
   my_waiter = slot;
   return my_efd;
 }
@@ -676,7 +677,15 @@ void waiters_relay(void) {
   for (int i = 0; i < waiters_n; i++) {
     struct waiter* w = &waiters[i];
     if (w->efd < 0 || i == my_waiter) continue;
-    if (!w->c || ready(w->c)) (void)eventfd_write(w->efd, 1);
+    /* The next in line too, once, while another holds the turn: it slept
+     * as one whose input was not yet agreed, and looks at the holder
+     * (serial_holding 2) from now on. Only once: a thread woken at every
+     * relay shows as running to every look at the holder, which then never
+     * counts the holder asleep (another_thread_runs), and blocking reads
+     * (wake_when_next 0) look at each of their own wake-ups. */
+    int next = w->wake_when_next && w->c && serial_holding(w->c, -1) == 2;
+    if (next) w->wake_when_next = 0;
+    if (!w->c || next || ready(w->c)) (void)eventfd_write(w->efd, 1);
   }
 }
 

@@ -325,7 +325,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
           (wait_ms < 0 || wait_ms > 11))
         wait_ms = 11;
     }
-    int cap = look_soon == 2 ? 1 : look_soon ? LS_SERIAL_IDLE_LOOK_MS : -1;
+    int cap = look_soon == 2 ? 1 : -1;
     if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
     int sleeping = wait_ms != 0;
     if (sleeping) {
@@ -427,9 +427,9 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       struct conn* c = tracked(fds[i].fd);
       if (c && (fds[i].events & POLLIN)) waits_for = reading++ ? NULL : c;
     }
-    int mine = waiter_enter(waits_for);
-    int watch = wake_watch_claim();
     int look_soon = serial_holding(waits_for, -1);
+    int mine = waiter_enter(waits_for, look_soon == 1);
+    int watch = wake_watch_claim();
     pthread_mutex_unlock(&mu);
     k[nfds].fd = watch ? wake_server_fd : -1; /* -1: ignored by poll */
     k[nfds].events = POLLIN;
@@ -443,7 +443,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
                 : now >= deadline      ? 0
                                        : (int)((deadline - now + 999999) / 1000000);
       if ((fifo_count || reply_gate_pending()) && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
-      int cap = look_soon == 2 ? 1 : look_soon ? LS_SERIAL_IDLE_LOOK_MS : -1;
+      int cap = look_soon == 2 ? 1 : -1;
       if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
     }
     short synth[1024];
