@@ -127,6 +127,10 @@ class OutputChecker {
     int replica;
     OutputPoint p;
     uint64_t since_us;
+    // The leader's last put on the connection when this point last found
+    // no match (ConnPoints::last_put, 0: none): until another comes, the
+    // next look would find none either (Poll).
+    uint64_t leader_put_seen;
   };
   // A disagreement at one place, waiting for the other backups' word.
   struct Dispute {
@@ -154,7 +158,11 @@ class OutputChecker {
   };
   struct ConnPoints {
     PointRing recent, marks;
+    uint64_t last_put =
+        0;  // put_seq_ at its newest point (never repeats, not even after ForgetConn)
   };
+  // The leader's last put on the connection (ConnPoints::last_put), 0: none.
+  uint64_t LastLeaderPut(const ConnKey& key) const;
   LeaderRec* FindLeader(const ConnKey& key, uint64_t offset);
   // The leader's newest point on the connection (recent or mark); null: none.
   const std::pair<uint64_t, LeaderRec>* LeaderNewest(const ConnKey& key) const;
@@ -178,6 +186,7 @@ class OutputChecker {
 
   int replicas_, leader_;
   std::map<ConnKey, ConnPoints> leader_points_;
+  uint64_t put_seq_ = 0;             // counts the leader's points taken
   std::map<ConnKey, uint64_t> cut_;  // the leader's connections its client left, and where
   std::map<std::pair<int, ConnKey>, std::pair<uint64_t, uint64_t>> agreed_;  // offset, applied
   std::map<std::pair<int, ConnKey>, OutputPoint> newest_;  // a backup's newest point there

@@ -443,6 +443,25 @@ TEST(OutputCheck, ABackupAheadOfTheLeaderWaitsForItsPoint) {
   EXPECT_EQ(c.unchecked(), 1u);
 }
 
+// A backup's waiting point is looked at again only when the leader puts a
+// point on its connection (Poll), whichever connection that is, and also
+// after the leader's points there were forgotten and begin again.
+TEST(OutputCheck, AWaitingPointIsComparedWhenTheLeadersPointComes) {
+  OutputChecker c(3, kLeader);
+  ConnKey other{7, 4};
+  c.OnLeaderPoint(Pt(10, 0x1));
+  c.OnBackupPoint(1, Pt(20, 0x2), 0);      // ahead of the leader on kConn
+  c.OnLeaderPoint(Pt(20, 0x3, 0, other));  // a point elsewhere: no match
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.checks(), 0u);
+  EXPECT_EQ(c.open(), 1u);
+  c.ForgetConn(kConn);
+  c.OnLeaderPoint(Pt(20, 0x2));  // the connection's points begin again
+  EXPECT_TRUE(c.Poll(2).empty());
+  EXPECT_EQ(c.checks(), 1u);
+  EXPECT_EQ(c.open(), 0u);
+}
+
 TEST(OutputCheck, PointsOfAForgottenConnectionAreNotCompared) {
   OutputChecker c(3, kLeader);
   ConnKey other{7, 4};
