@@ -49,18 +49,23 @@ Replica::Replica(const CoreConfig& config, DurableState state, uint64_t now_us)
     : config_(config), rng_(config.seed * 1000003 + config.id) {
   LS_ASSERT(config.replicas >= 1 && config.replicas <= kMaxReplicas, "replicas=%d",
             config.replicas);
-  LS_ASSERT(config.id >= 0 && config.id < config.replicas, "id=%d", config.id);
+  LS_ASSERT(Membership::InRange(config.id), "id=%d", config.id);
   promised_ = durable_promised_ = state.promised;
   max_round_seen_ = BallotRound(state.promised);
   first_index_ = state.first_index;
-  for (auto& e : state.slots) slots_.push_back(std::move(e));
+  base_membership_ = state.membership.value_or(Membership::Initial(config.replicas));
+  for (auto& e : state.slots) {
+    slots_.push_back(std::move(e));
+    NoteSlotWritten(slots_.back());
+  }
+  RefreshMembership();
   commit_index_ = std::min(state.commit_index, last_index());
   if (commit_index_ + 1 < first_index_) commit_index_ = first_index_ - 1;
   durable_index_ = last_index();
   accepted_upto_ = commit_index_;
   stream_id_ = config.incarnation << 32;  // stream ids grow across restarts
   may_vote_ = !state.damaged;
-  peers_.resize(config.replicas);
+  peers_.resize(kMaxMemberIds);
   ResetElectionTimer(now_us);
   // A (re)started replica first listens for a few message-heartbeat periods:
   // a live leader finds it and it rejoins without disturbing anyone.
@@ -76,6 +81,118 @@ int Replica::leader() const {
   if (role_ == Role::kBackup && promised_ != 0 && BallotLeader(promised_) != config_.id)
     return BallotLeader(promised_);
   return -1;
+}
+
+namespace {
+// Calls fn(id) for every id set in mask, lowest first.
+template <typename Fn>
+void ForEachId(uint32_t mask, Fn fn) {
+  for (int p = 0; p < kMaxMemberIds; p++)
+    if ((mask >> p) & 1) fn(p);
+}
+}  // namespace
+
+// ---------------------------------------------------------------- membership
+
+void Replica::NoteSlotWritten(const Entry& e) {
+  config_entries_.erase(e.index);
+  if (e.type != EntryType::kConfig) return;
+  Membership m;
+  // Config payloads are checked where they enter (ProposeMembershipChange,
+  // OnRecord, HandlePromise, recovery's checksums): one that does not decode
+  // here means our own memory is wrong.
+  std::string why = DecodeMembership(e.payload, &m);
+  LS_ASSERT(why.empty(), "config entry %lu: %s", (unsigned long)e.index, why.c_str());
+  config_entries_[e.index] = m;
+}
+
+void Replica::RefreshMembership() {
+  // Entries past our log's end were overwritten away (a backup's log only
+  // grows or is rewritten slot by slot; phase 1 rewrites from the commit).
+  while (!config_entries_.empty() && config_entries_.rbegin()->first > last_index())
+    config_entries_.erase(std::prev(config_entries_.end()));
+  if (config_entries_.empty()) {
+    membership_ = base_membership_;
+    membership_index_ = 0;
+  } else {
+    membership_index_ = config_entries_.rbegin()->first;
+    membership_ = config_entries_.rbegin()->second;
+  }
+}
+
+void Replica::MaybeStepAsideRemoved(uint64_t now_us) {
+  if (role_ != Role::kLeader || membership_.IsVoter(config_.id) ||
+      commit_index_ < membership_index_)
+    return;
+  // The entry that removed us is committed: the new voters go on without
+  // us. The furthest of them runs at once (no wait for our lease: a
+  // hand-over gives it up); we stand no more (kRemoved).
+  int successor = FurthestReadyPeer();
+  if (successor >= 0) {
+    HandOver(now_us, successor, config_.election_timeout_max_us);
+  } else {
+    StepDown(now_us, promised_);
+  }
+}
+
+ProposeResult Replica::ProposeMembershipChange(uint64_t now_us, const MembershipChange& change) {
+  (void)now_us;
+  ProposeResult r;
+  if (role_ != Role::kLeader) {
+    int l = leader();
+    r.error = l >= 0 ? "not the leader (replica " + std::to_string(l) + " is)"
+                     : "no leader at the moment (election in progress)";
+    return r;
+  }
+  if (transferring()) {
+    r.error = "leadership is moving to replica " + std::to_string(transfer_.target) +
+              " (retry there in a moment)";
+    return r;
+  }
+  const bool rules = config_.planted_bug != PlantedBug::kMembershipWithoutRules;
+  if (rules && commit_index_ < ballot_start_index_) {
+    // Ongaro's rule (core.h): an entry of our own ballot committed first.
+    if (last_index() < ballot_start_index_) Append(EntryType::kNoop, "");
+    r.error = "this leader has not yet committed an entry of its own ballot (index " +
+              std::to_string(ballot_start_index_) + ", commit index " +
+              std::to_string(commit_index_) + "): retry once it has";
+    return r;
+  }
+  if (rules && membership_index_ > commit_index_) {
+    r.error = "the previous membership change (entry " + std::to_string(membership_index_) + ": " +
+              membership_.ToString() + ") is not committed yet (commit index " +
+              std::to_string(commit_index_) + "): one change at a time";
+    return r;
+  }
+  Membership next;
+  std::string why = ApplyMembershipChange(membership_, change, &next);
+  if (!why.empty()) {
+    r.error = why;
+    return r;
+  }
+  if (rules && change.kind == MembershipChangeKind::kPromote) {
+    const PeerStream& p = peers_[change.id];
+    uint64_t lag = last_index() - std::min(last_index(), p.match);
+    if (!p.ready || lag > config_.promote_within_entries) {
+      r.error =
+          "learner " + std::to_string(change.id) + " has not caught up: " +
+          (p.ready ? "its durable index " + std::to_string(p.match) + " is " + std::to_string(lag) +
+                         " entries behind the last index " + std::to_string(last_index())
+                   : std::string("it has no live stream from this leader")) +
+          " (promoted once within " + std::to_string(config_.promote_within_entries) + " entries)";
+      return r;
+    }
+  }
+  r.index = Append(EntryType::kConfig, EncodeMembership(next));
+  r.ok = true;
+  LS_ASSERT(membership_ == next && membership_index_ == r.index, "config entry %lu not in effect",
+            (unsigned long)r.index);
+  // A replica no longer in the configuration gets no stream from us.
+  ForEachId(~(next.voters | next.learners) & ((1u << kMaxMemberIds) - 1),
+            [&](int p) { peers_[p] = PeerStream{}; });
+  AdvanceCommit();  // the new voters may make a majority already
+  CheckInvariants();
+  return r;
 }
 
 const Entry* Replica::At(uint64_t index) const {
@@ -104,13 +221,13 @@ void Replica::Tick(uint64_t now_us) {
       // ends no later than one counted from the put.
       heartbeat_sent_us_.emplace_back(heartbeat_counter_, now_us);
       if (heartbeat_sent_us_.size() > 256) heartbeat_sent_us_.pop_front();
-      for (int p = 0; p < config_.replicas; p++)
-        if (p != config_.id && peers_[p].ready) PutControl(p);
+      ForEachId(OtherMembers(), [&](int p) {
+        if (peers_[p].ready) PutControl(p);
+      });
       next_control_us_ = now_us + config_.heartbeat_us;
     }
     if (now_us >= next_message_heartbeat_us_) {
-      for (int p = 0; p < config_.replicas; p++) {
-        if (p == config_.id) continue;
+      ForEachId(OtherMembers(), [&](int p) {
         Message m;
         m.type = Message::Type::kHeartbeat;
         m.from = config_.id;
@@ -120,7 +237,7 @@ void Replica::Tick(uint64_t now_us) {
         m.stream_id = peers_[p].ready ? peers_[p].stream_id : 0;
         m.sent_pos = peers_[p].sent_pos;
         ready_.messages.push_back(std::move(m));
-      }
+      });
       next_message_heartbeat_us_ = now_us + config_.message_heartbeat_us;
     }
     // A leader cut off from a majority steps down so clients look elsewhere.
@@ -130,16 +247,18 @@ void Replica::Tick(uint64_t now_us) {
     // a majority it commits nothing, so its clients only wait.
     const uint64_t step_down_after_us =
         std::max<uint64_t>(4 * config_.election_timeout_max_us, config_.step_down_min_us);
-    int heard = 1;
-    for (int p = 0; p < config_.replicas; p++)
-      if (p != config_.id && peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
-        heard++;
+    // A removed leader (its removal not yet committed) counts only others.
+    int heard = membership_.IsVoter(config_.id) ? 1 : 0;
+    ForEachId(OtherVoters(), [&](int p) {
+      if (peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us) heard++;
+    });
     if (heard >= Majority()) {
       last_majority_contact_us_ = now_us;
     } else if (now_us > last_majority_contact_us_ + step_down_after_us) {
       StepDown(now_us, promised_);
     }
     if (transferring()) StepTransfer(now_us);
+    MaybeStepAsideRemoved(now_us);
     return;
   }
   if (now_us >= election_deadline_us_) {
@@ -158,8 +277,8 @@ void Replica::Tick(uint64_t now_us) {
 }
 
 bool Replica::MayStand(uint64_t now_us) const {
-  return may_vote_ && commit_index_ >= lead_after_commit_ && now_us >= election_hold_until_us_ &&
-         now_us >= lease_guard_until_us_;
+  return may_vote_ && membership_.IsVoter(config_.id) && commit_index_ >= lead_after_commit_ &&
+         now_us >= election_hold_until_us_ && now_us >= lease_guard_until_us_;
 }
 
 uint64_t Replica::LeaseUntil() const {
@@ -169,10 +288,13 @@ uint64_t Replica::LeaseUntil() const {
   // newest): everyone who echoed it guards at least until it was put plus
   // the lease, and any other candidate needs the promise of one of them.
   // Called every pass of the daemon's loop: no allocation.
-  std::array<uint64_t, kMaxReplicas> echoes{};
-  for (int p = 0; p < config_.replicas; p++)
-    echoes[p] = p == config_.id ? heartbeat_counter_ : peers_[p].heartbeat_echo;
-  std::sort(echoes.begin(), echoes.begin() + config_.replicas, std::greater<uint64_t>());
+  // Only the voters of our configuration: a removed leader counts not itself.
+  std::array<uint64_t, kMaxMemberIds> echoes{};
+  int n = 0;
+  ForEachId(membership_.voters, [&](int p) {
+    echoes[n++] = p == config_.id ? heartbeat_counter_ : peers_[p].heartbeat_echo;
+  });
+  std::sort(echoes.begin(), echoes.begin() + n, std::greater<uint64_t>());
   uint64_t echoed = echoes[Majority() - 1];
   if (echoed == 0) return 0;
   for (const auto& [counter, sent_us] : heartbeat_sent_us_)
@@ -231,22 +353,32 @@ ProposeResult Replica::Propose(uint64_t now_us, EntryType type, std::string payl
               " bytes";
     return r;
   }
+  if (type == EntryType::kConfig) {
+    r.error = "membership changes are proposed one at a time with ProposeMembershipChange";
+    return r;
+  }
   LS_ASSERT(IsSlotType(type), "type %d", static_cast<int>(type));
+  r.ok = true;
+  r.index = Append(type, std::move(payload));
+  return r;
+}
+
+uint64_t Replica::Append(EntryType type, std::string payload) {
+  LS_ASSERT(role_ == Role::kLeader, "append while %s", RoleName(role_));
   Entry e;
   e.index = last_index() + 1;
   e.ballot = promised_;
   e.type = type;
   e.payload = std::move(payload);
   slots_.push_back(e);
-  r.ok = true;
-  r.index = e.index;
+  NoteSlotWritten(e);
+  RefreshMembership();
   std::vector<Entry> batch;
   batch.push_back(std::move(e));
   Persist(std::move(batch), 0, {});
-  for (int p = 0; p < config_.replicas; p++)
-    if (p != config_.id) Pump(p);
-  if (config_.replicas == 1) AdvanceCommit();
-  return r;
+  ForEachId(OtherMembers(), [&](int p) { Pump(p); });
+  if (membership_.voters == (1u << config_.id)) AdvanceCommit();
+  return last_index();
 }
 
 // ---------------------------------------------------------------- persistence
@@ -306,6 +438,8 @@ void Replica::SetSlot(const Entry& e) {
   } else {
     *MutableAt(e.index) = e;
   }
+  NoteSlotWritten(e);
+  RefreshMembership();
 }
 
 void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
@@ -324,6 +458,7 @@ void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
   }
   if (role_ == Role::kLeader) {
     AdvanceCommit();
+    MaybeStepAsideRemoved(now_us);
   } else if (role_ == Role::kCandidate) {
     MaybeWin(now_us);
   } else {
@@ -333,10 +468,12 @@ void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
 
 // ---------------------------------------------------------------- elections
 
-// Sends (type, ballot, our commit index) to every other replica.
+// Sends (type, ballot, our commit index) to every other member of our
+// configuration (a pre-vote: to the voters, the only ones who grant).
 void Replica::Broadcast(Message::Type type, Ballot ballot) {
-  for (int p = 0; p < config_.replicas; p++) {
-    if (p == config_.id) continue;
+  uint32_t to = type == Message::Type::kPreVote ? OtherVoters() : OtherMembers();
+  if (type == Message::Type::kPrepare) prepared_ = to;
+  ForEachId(to, [&](int p) {
     Message m;
     m.type = type;
     m.from = config_.id;
@@ -345,7 +482,20 @@ void Replica::Broadcast(Message::Type type, Ballot ballot) {
     m.commit_index = commit_index_;
     if (type == Message::Type::kPrepare) m.handed_over = handed_over_;
     ready_.messages.push_back(std::move(m));
-  }
+  });
+}
+
+// A prepare of our ballot to a voter phase 1 taught us of (MaybeWin).
+void Replica::SendPrepare(int to) {
+  prepared_ |= 1u << to;
+  Message m;
+  m.type = Message::Type::kPrepare;
+  m.from = config_.id;
+  m.to = to;
+  m.ballot = promised_;
+  m.commit_index = commit_index_;
+  m.handed_over = handed_over_;
+  ready_.messages.push_back(std::move(m));
 }
 
 // Tells the sender of a message about a ballot below our promise that it is
@@ -389,7 +539,7 @@ void Replica::NoteLeaderAlive(uint64_t now_us, uint64_t leader_commit, bool curr
 }
 
 void Replica::StartPreVote(uint64_t now_us) {
-  if (config_.replicas == 1) {
+  if (membership_.voters == (1u << config_.id)) {
     StartElection(now_us);
     return;
   }
@@ -412,14 +562,19 @@ void Replica::HandlePreVote(uint64_t now_us, const Message& m) {
   reply.from = config_.id;
   reply.to = m.from;
   reply.ballot = m.ballot;
-  reply.granted = may_vote_ && m.ballot > promised_ && !leader_alive;
+  // A learner or a removed replica grants nothing: its grant would count
+  // for nobody, and it may not know a leader the voters know.
+  reply.granted =
+      may_vote_ && membership_.IsVoter(config_.id) && m.ballot > promised_ && !leader_alive;
   ready_.messages.push_back(std::move(reply));
 }
 
 void Replica::HandlePreVoteReply(uint64_t now_us, const Message& m) {
   if (!prevoting_ || m.ballot != prevote_ballot_ || !m.granted || role_ == Role::kLeader) return;
   prevote_grants_.insert(m.from);
-  if (static_cast<int>(prevote_grants_.size()) >= Majority()) StartElection(now_us);
+  uint32_t grants = 0;
+  for (int g : prevote_grants_) grants |= 1u << g;
+  if (membership_.IsMajority(grants)) StartElection(now_us);
 }
 
 void Replica::StartElection(uint64_t now_us, Ballot handed_over) {
@@ -461,11 +616,47 @@ void Replica::MaybeWin(uint64_t now_us) {
   // and, fed late promises from its first run, propose other values under a
   // ballot whose entries some backups already hold. OnPersisted retries.
   if (durable_promised_ < promised_) return;
-  // promises_ holds one promise of this ballot per sender, our own included.
-  if (static_cast<int>(promises_.size()) >= Majority()) BecomeLeader(now_us);
+  // promises_ holds one promise of this ballot per sender, our own included;
+  // only those of voters count.
+  uint32_t promised = 0;
+  for (const auto& [from, m] : promises_) promised |= 1u << from;
+  if (!membership_.IsMajority(promised)) return;
+  std::vector<Entry> chosen;
+  uint64_t known_commit = 0, end = 0;
+  if (!ChoosePhaseOneValues(&chosen, &known_commit, &end)) {
+    // Only possible when promisers truncated below what we lack: we would
+    // need a snapshot. Stay candidate; someone better placed will win, and
+    // stand for no election before catching up to what they committed:
+    // each of our prepares would only reset the timer of the replica that
+    // can lead.
+    lead_after_commit_ = known_commit;
+    ResetElectionTimer(now_us);
+    return;
+  }
+  // Phase 1 may have taught us a newer configuration (a promiser's kConfig
+  // entry): we lead only with a majority of it too (core.h), asking the
+  // voters of it we did not ask yet.
+  Membership after = membership_;
+  bool found = false;
+  for (auto it = chosen.rbegin(); it != chosen.rend() && !found; ++it) {
+    if (it->type != EntryType::kConfig) continue;
+    std::string why = DecodeMembership(it->payload, &after);
+    LS_ASSERT(why.empty(), "chosen config entry %lu: %s", (unsigned long)it->index, why.c_str());
+    found = true;
+  }
+  if (!found) {
+    auto upto = config_entries_.upper_bound(commit_index_);
+    after = upto == config_entries_.begin() ? base_membership_ : std::prev(upto)->second;
+  }
+  if (!after.IsMajority(promised)) {
+    ForEachId(after.voters & ~prepared_ & ~(1u << config_.id), [&](int p) { SendPrepare(p); });
+    return;
+  }
+  BecomeLeader(now_us, std::move(chosen), known_commit, end);
 }
 
-void Replica::BecomeLeader(uint64_t now_us) {
+bool Replica::ChoosePhaseOneValues(std::vector<Entry>* chosen, uint64_t* known_commit_out,
+                                   uint64_t* end_out) const {
   // Phase 1 is complete: pick, for every slot past our commit index, the
   // value accepted under the highest ballot among the promises.
   uint64_t known_commit = commit_index_;
@@ -475,7 +666,8 @@ void Replica::BecomeLeader(uint64_t now_us) {
     for (const Entry& e : m.entries) end = std::max(end, e.index);
   }
   end = std::max(end, known_commit);
-  std::vector<Entry> chosen;
+  *known_commit_out = known_commit;
+  *end_out = end;
   for (uint64_t i = commit_index_ + 1; i <= end; i++) {
     const Entry* best = nullptr;
     if (i <= known_commit) {
@@ -500,20 +692,16 @@ void Replica::BecomeLeader(uint64_t now_us) {
           if (e.index == i && (!best || e.ballot > best->ballot)) best = &e;
       }
     }
-    if (!best) {
-      // Only possible when promisers truncated below what we lack: we would
-      // need a snapshot. Stay candidate; someone better placed will win, and
-      // stand for no election before catching up to what they committed:
-      // each of our prepares would only reset the timer of the replica that
-      // can lead.
-      lead_after_commit_ = known_commit;
-      ResetElectionTimer(now_us);
-      return;
-    }
+    if (!best) return false;
     Entry e = *best;
     if (i > known_commit) e.ballot = promised_;  // re-propose under our ballot
-    chosen.push_back(std::move(e));
+    chosen->push_back(std::move(e));
   }
+  return true;
+}
+
+void Replica::BecomeLeader(uint64_t now_us, std::vector<Entry> chosen, uint64_t known_commit,
+                           uint64_t end) {
   for (const Entry& e : chosen) SetSlot(e);
   LS_ASSERT(last_index() == end, "log end %lu != %lu", (unsigned long)last_index(),
             (unsigned long)end);
@@ -527,12 +715,13 @@ void Replica::BecomeLeader(uint64_t now_us) {
   std::map<int, Message> promises;
   promises.swap(promises_);
   for (const auto& [from, m] : promises)
-    if (from != config_.id) StartPeerStream(from, m.stream_id, m.commit_index, now_us);
+    if (from != config_.id && membership_.IsMember(from))
+      StartPeerStream(from, m.stream_id, m.commit_index, now_us);
   next_control_us_ = now_us;
   next_message_heartbeat_us_ = now_us;
   last_majority_contact_us_ = now_us;
   commit_changed_ = true;
-  if (config_.replicas == 1) AdvanceCommit();
+  if (membership_.voters == (1u << config_.id)) AdvanceCommit();
 }
 
 void Replica::StepDown(uint64_t now_us, Ballot seen) {
@@ -551,18 +740,18 @@ void Replica::StepDown(uint64_t now_us, Ballot seen) {
 }
 
 int Replica::FurthestReadyPeer(const std::vector<int>& among) const {
+  // Voters only: a learner or a removed replica would not stand.
   int best = -1;
-  for (int p = 0; p < config_.replicas; p++) {
-    if (p == config_.id || !peers_[p].ready) continue;
-    if (!among.empty() && std::find(among.begin(), among.end(), p) == among.end()) continue;
+  ForEachId(OtherVoters(), [&](int p) {
+    if (!peers_[p].ready) return;
+    if (!among.empty() && std::find(among.begin(), among.end(), p) == among.end()) return;
     if (best < 0 || peers_[p].match > peers_[best].match) best = p;
-  }
+  });
   return best;
 }
 
 bool Replica::HandOver(uint64_t now_us, int successor, uint64_t hold_us) {
-  if (role_ != Role::kLeader || successor < 0 || successor >= config_.replicas ||
-      successor == config_.id)
+  if (role_ != Role::kLeader || !Membership::InRange(successor) || successor == config_.id)
     return false;
   // Only leading changes: the promise, the log, the commit index and what
   // is durable stay as they are, so this is the step-down a leader cut off
@@ -588,23 +777,28 @@ bool Replica::HandOver(uint64_t now_us, int successor, uint64_t hold_us) {
 
 std::string Replica::TransferLeadership(uint64_t now_us, int target, uint64_t timeout_us,
                                         uint64_t hold_us) {
-  const int n = config_.replicas;
+  const int n = membership_.VoterCount();
   if (role_ != Role::kLeader) {
     int l = leader();
     return l >= 0 ? "this replica does not lead (replica " + std::to_string(l) + " does)"
                   : "this replica does not lead (an election is under way)";
   }
-  if (target < 0 || target >= n)
-    return "replica " + std::to_string(target) + " is not a replica of this cluster (ids 0.." +
-           std::to_string(n - 1) + ")";
+  if (!membership_.IsMember(target)) {
+    bool initial = membership_ == Membership::Initial(n);
+    return "replica " + std::to_string(target) + " is not a replica of this cluster (" +
+           (initial ? "ids 0.." + std::to_string(n - 1) : membership_.ToString()) + ")";
+  }
+  if (!membership_.IsVoter(target))
+    return "replica " + std::to_string(target) +
+           " is a learner: it may lead only once promoted to voter";
   if (target == config_.id) return "replica " + std::to_string(target) + " already leads";
   if (transferring())
     return "a move to replica " + std::to_string(transfer_.target) + " is already under way";
-  int heard = 1;
-  for (int p = 0; p < n; p++)
-    if (p != config_.id && peers_[p].ready &&
-        peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
+  int heard = membership_.IsVoter(config_.id) ? 1 : 0;
+  ForEachId(OtherVoters(), [&](int p) {
+    if (peers_[p].ready && peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
       heard++;
+  });
   if (heard < Majority())
     return "no quorum: this leader heard from " + std::to_string(heard) + " of " +
            std::to_string(n) + " replicas within an election timeout (it needs " +
@@ -707,8 +901,16 @@ void Replica::HandlePrepare(uint64_t now_us, const Message& m) {
 
 void Replica::HandlePromise(uint64_t now_us, const Message& m) {
   if (m.ballot != promised_) return;
+  // Entries come from the network: a configuration entry that does not
+  // decode makes the whole promise worthless (never asserted on).
+  Membership scratch;
+  for (const Entry& e : m.entries)
+    if (e.type == EntryType::kConfig && !DecodeMembership(e.payload, &scratch).empty()) {
+      rejected_records_++;
+      return;
+    }
   if (role_ == Role::kLeader) {  // a late promise doubles as a join
-    if (m.stream_id > peers_[m.from].stream_id)
+    if (membership_.IsMember(m.from) && m.stream_id > peers_[m.from].stream_id)
       StartPeerStream(m.from, m.stream_id, m.commit_index, now_us);
     return;
   }
@@ -781,7 +983,7 @@ void Replica::HandleJoin(uint64_t now_us, const Message& m) {
     SendNack(m);
     return;
   }
-  if (role_ != Role::kLeader || m.ballot != promised_) return;
+  if (role_ != Role::kLeader || m.ballot != promised_ || !membership_.IsMember(m.from)) return;
   // Only a newer stream: a stream started again under the same id would put
   // its records from position 0 again while the backup's reader is already
   // further on, and the two would wait for each other for good (the backup
@@ -795,7 +997,7 @@ void Replica::HandleJoin(uint64_t now_us, const Message& m) {
 }
 
 void Replica::OnMessage(uint64_t now_us, const Message& m) {
-  if (m.from < 0 || m.from >= config_.replicas || m.from == config_.id) return;
+  if (!Membership::InRange(m.from) || m.from == config_.id) return;
   // A pre-vote's ballot is hypothetical: nobody is bound by it.
   if (m.type != Message::Type::kPreVote && m.type != Message::Type::kPreVoteReply)
     max_round_seen_ = std::max(max_round_seen_, BallotRound(m.ballot));
@@ -857,7 +1059,14 @@ void Replica::HandleNeedCheckpoint(uint64_t now_us, const Message& m) {
 }
 
 bool Replica::InstallCheckpoint(uint64_t now_us, uint64_t index) {
+  return InstallCheckpoint(now_us, index, membership_);
+}
+
+bool Replica::InstallCheckpoint(uint64_t now_us, uint64_t index,
+                                const Membership& membership_at_index) {
   if (index <= commit_index_ || role_ == Role::kLeader) return false;
+  base_membership_ = membership_at_index;
+  config_entries_.clear();
   // Every slot we hold is at or below index (we lacked entries below the
   // leader's truncation, which is at most index), or beyond it and unknown
   // to be chosen: drop them all; the leader streams from index + 1.
@@ -869,8 +1078,10 @@ bool Replica::InstallCheckpoint(uint64_t now_us, uint64_t index) {
   checkpoint_needed_ = 0;
   commit_changed_ = true;
   ClampPendingPersists(index + 1);  // writes in flight prove nothing past index
+  RefreshMembership();
   Persist({}, 0, {});
   ready_.persists.back().truncate_below = index + 1;
+  ready_.persists.back().membership = base_membership_;
   if (role_ == Role::kBackup) SendJoin(now_us);
   CheckInvariants();
   return true;
@@ -946,7 +1157,7 @@ void Replica::PutControl(int peer) {
 }
 
 void Replica::OnAck(uint64_t now_us, int from, const AckWord& w) {
-  if (role_ != Role::kLeader || from < 0 || from >= config_.replicas || from == config_.id) return;
+  if (role_ != Role::kLeader || !Membership::InRange(from) || from == config_.id) return;
   PeerStream& p = peers_[from];
   if (!p.ready || w.ballot != promised_ || w.stream_id != p.stream_id) return;
   // A peer acks on its stream only what we sent it: an ack past our log end
@@ -968,29 +1179,32 @@ void Replica::OnAck(uint64_t now_us, int from, const AckWord& w) {
   }
   AdvanceCommit();
   if (transferring() && from == transfer_.target) StepTransfer(now_us);
+  MaybeStepAsideRemoved(now_us);
 }
 
 void Replica::OnPeerUnreachable(uint64_t now_us, int peer) {
   (void)now_us;
-  if (peer < 0 || peer >= config_.replicas || peer == config_.id) return;
+  if (!Membership::InRange(peer) || peer == config_.id) return;
   if (role_ == Role::kLeader) peers_[peer].ready = false;  // it rejoins with a fresh stream
 }
 
 bool Replica::OwnWriteMayCommit() const {
   if (role_ != Role::kLeader) return true;
+  if (!membership_.IsVoter(config_.id)) return true;  // its disk counts for nothing: no harm
   int ahead = 0;
-  for (int p = 0; p < config_.replicas; p++)
-    if (p != config_.id && peers_[p].match > commit_index_) ahead++;
+  ForEachId(OtherVoters(), [&](int p) { ahead += peers_[p].match > commit_index_; });
   return ahead >= Majority() - 1;
 }
 
 void Replica::AdvanceCommit() {
   if (role_ != Role::kLeader) return;
-  std::vector<uint64_t> durable;
-  durable.push_back(std::min(durable_index_, last_index()));
-  for (int p = 0; p < config_.replicas; p++)
-    if (p != config_.id) durable.push_back(peers_[p].match);
-  std::sort(durable.rbegin(), durable.rend());
+  // The voters of our configuration; a removed leader's own disk counts not.
+  std::array<uint64_t, kMaxMemberIds> durable{};
+  int n = 0;
+  ForEachId(membership_.voters, [&](int p) {
+    durable[n++] = p == config_.id ? std::min(durable_index_, last_index()) : peers_[p].match;
+  });
+  std::sort(durable.begin(), durable.begin() + n, std::greater<uint64_t>());
   uint64_t candidate = durable[Majority() - 1];
   if (candidate > commit_index_) {
     // Every slot past the commit index we recovered carries our ballot, so a
@@ -1011,7 +1225,9 @@ void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const
   // would read as such once on disk), or that carries another ballot above
   // the commit index it names, is corrupt or forged: dropped, counted, and a
   // fresh stream asked for.
-  if (!IsSlotType(e.type) || (e.ballot != ballot && e.index > record_commit)) {
+  Membership scratch;
+  if (!IsSlotType(e.type) || (e.ballot != ballot && e.index > record_commit) ||
+      (e.type == EntryType::kConfig && !DecodeMembership(e.payload, &scratch).empty())) {
     rejected_records_++;
     SendJoin(now_us);
     return;
@@ -1080,8 +1296,15 @@ bool Replica::TruncateBelow(uint64_t index) {
     slots_.pop_front();
     first_index_++;
   }
+  // Configuration entries dropped: the last of them is the base now.
+  while (!config_entries_.empty() && config_entries_.begin()->first < index) {
+    base_membership_ = config_entries_.begin()->second;
+    config_entries_.erase(config_entries_.begin());
+  }
+  RefreshMembership();
   Persist({}, 0, {});
   ready_.persists.back().truncate_below = index;
+  ready_.persists.back().membership = base_membership_;
   return true;
 }
 
@@ -1097,7 +1320,31 @@ void Replica::CheckInvariants() const {
   LS_ASSERT(durable_promised_ <= promised_, "durable promise above promise");
   if (role_ == Role::kLeader) {
     LS_ASSERT(BallotLeader(promised_) == config_.id, "leading a ballot of another replica");
+    // One membership change in flight at a time: of the configuration
+    // entries this leader appended, at most one is past its commit index,
+    // and none of an earlier ballot lies uncommitted below it (it proposed
+    // only once the previous one committed).
+    if (config_.planted_bug != PlantedBug::kMembershipWithoutRules) {
+      int own_uncommitted = 0;
+      uint64_t first_uncommitted = 0;
+      for (auto it = config_entries_.upper_bound(commit_index_); it != config_entries_.end();
+           ++it) {
+        if (!first_uncommitted) first_uncommitted = it->first;
+        own_uncommitted += it->first >= ballot_start_index_;
+      }
+      LS_ASSERT(own_uncommitted <= 1, "%d membership changes of ballot %s uncommitted",
+                own_uncommitted, BallotString(promised_).c_str());
+      LS_ASSERT(own_uncommitted == 0 || first_uncommitted >= ballot_start_index_,
+                "a change proposed above the uncommitted config entry %lu",
+                (unsigned long)first_uncommitted);
+    }
   }
+  LS_ASSERT(membership_index_ == 0 ||
+                (membership_index_ >= first_index_ && membership_index_ <= last_index() &&
+                 At(membership_index_)->type == EntryType::kConfig),
+            "configuration from entry %lu outside the log [%lu, %lu]",
+            (unsigned long)membership_index_, (unsigned long)first_index_,
+            (unsigned long)last_index());
   if (role_ == Role::kBackup) {
     LS_ASSERT(accepted_upto_ <= last_index(), "accepted %lu past log end %lu",
               (unsigned long)accepted_upto_, (unsigned long)last_index());
@@ -1106,8 +1353,9 @@ void Replica::CheckInvariants() const {
 
 Ready Replica::TakeReady() {
   if (role_ == Role::kLeader && commit_changed_) {
-    for (int p = 0; p < config_.replicas; p++)
-      if (p != config_.id && peers_[p].ready) PutControl(p);
+    ForEachId(OtherMembers(), [&](int p) {
+      if (peers_[p].ready) PutControl(p);
+    });
     commit_changed_ = false;
   }
   if (ack_dirty_) SendAck();

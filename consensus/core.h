@@ -32,6 +32,59 @@
 //    taking proposals, waits until the target has every entry durable, and
 //    then hands over to it (TransferLeadership), so the target's phase 1
 //    finds nothing to fetch and clients wait one election round trip.
+//
+// Membership change (ProposeMembershipChange; membership.h holds the
+// configuration and its kConfig payload). SINGLE-SERVER changes, one at a
+// time, each an ordinary log entry, effective where it is APPENDED:
+//  - A replica's configuration is the last kConfig entry in its log,
+//    committed or not (else the one its truncation or checkpoint recorded,
+//    else CoreConfig::replicas' voters 0..N-1). An entry overwritten in a
+//    later ballot takes its configuration with it. Every decision that
+//    counts replicas uses the voters of that configuration: commit
+//    (AdvanceCommit), the lease (LeaseUntil), the pre-vote, phase 1
+//    (MaybeWin), the leader's step-down for want of a majority (Tick),
+//    OwnWriteMayCommit, FurthestReadyPeer and TransferLeadership.
+//  - Each change adds or removes ONE voter (adding or removing a learner
+//    moves no voter), so every majority of the old voters meets every
+//    majority of the new: two leaders, one on each side of a change, always
+//    share an acceptor, which has promised only one of their ballots.
+//    (Joint consensus is not needed for one voter at a time.)
+//  - One change at a time: a leader proposes a change only when its log's
+//    last configuration entry is committed. Otherwise two uncommitted
+//    changes would let the configurations of two live leaders be two voters
+//    apart, with disjoint majorities.
+//  - Ongaro's single-server bug (raft-dev 2015): a new leader proposes a
+//    change only after an entry of its OWN ballot committed (it appends a
+//    no-op if it has none, and the caller retries). Without it, leader A
+//    appends C1 (uncommitted, on A alone) and dies; B, elected without
+//    seeing it, commits C2 (another one-voter change of C0) under C2; A
+//    returns and, with its C1 whose majority misses C2's, overwrites
+//    committed entries. B's own-ballot entry, committed by a majority of
+//    C0, puts a higher-ballot value over A's C1 slot in a replica of every
+//    C0 or C1 majority, so A's phase 1 adopts it and loses C1.
+//  - Phase 1 may LEARN a newer configuration: a promise carries entries the
+//    candidate lacks, possibly a kConfig. The candidate leads only with
+//    promises from a majority of its own configuration's voters AND of the
+//    configuration its log will have once phase 1 picked its values (it
+//    sends prepares to voters it learns of that way). Its chosen log is at
+//    least as up to date as every promiser's, so this is Raft's election of
+//    a candidate holding that log, whose safety argument then carries over.
+//  - A removed leader keeps leading until the entry that removes it
+//    commits (it no longer counts itself toward any majority, its own disk
+//    included), then hands over to the furthest voter (HandOver) and stands
+//    for no election: it is kRemoved.
+//  - Learners receive the stream (puts, control words, acks) like backups,
+//    are counted by nobody, grant no pre-vote and never stand. A learner
+//    promoted acts as a voter (may stand) only once the entry promoting it
+//    is in its own log; the leader may count its acks and promises before
+//    that, which is sound: they are durable acceptances and promises.
+//  - A replica not in its configuration (removed, or added and not yet
+//    caught up to the entry that adds it) refuses to stand
+//    (member_state() == kRemoved); it still promises, which counts only for
+//    a candidate whose configuration holds it as a voter.
+//  - A promotion waits until the learner's durable index is within
+//    CoreConfig::promote_within_entries of the leader's last index, so the
+//    new majority can commit without waiting for it to copy the log.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +97,7 @@
 #include <vector>
 
 #include "consensus/log_format.h"
+#include "consensus/membership.h"
 #include "consensus/region.h"
 
 namespace lockstep {
@@ -69,9 +123,19 @@ struct TransferStatus {
   uint64_t last_index = 0;  // the leader's log end when it started (it stays)
 };
 
+// A known membership bug planted on purpose (CoreConfig::planted_bug), so
+// that a test shows the simulator's checks catch it. Never in production.
+enum class PlantedBug : uint8_t {
+  kNone,
+  // ProposeMembershipChange skips the single-server rules: a change while
+  // another is uncommitted, before an own-ballot commit, of a learner that
+  // has not caught up.
+  kMembershipWithoutRules,
+};
+
 struct CoreConfig {
-  int id = 0;        // 0 .. replicas-1
-  int replicas = 3;  // 3, 5 or 7
+  int id = 0;        // 0 .. replicas-1, or a later replica's fresh id (< kMaxMemberIds)
+  int replicas = 3;  // 3, 5 or 7: the initial configuration's voters are 0 .. replicas-1
   uint64_t ring_bytes = 16 << 20;
   uint64_t heartbeat_us = 5000;           // control-word heartbeat period
   uint64_t message_heartbeat_us = 10000;  // heartbeat message period (rejoin path)
@@ -98,6 +162,10 @@ struct CoreConfig {
   // than lease_us by a margin for the two clocks' rates (1/16, far above
   // the few hundred ppm by which monotonic clocks drift) and 500 us.
   uint64_t LeaseGuardUs() const { return lease_us ? lease_us + lease_us / 16 + 500 : 0; }
+  // A learner is promoted only when its durable index is within this many
+  // entries of the leader's last index (ProposeMembershipChange).
+  uint64_t promote_within_entries = 1000;
+  PlantedBug planted_bug = PlantedBug::kNone;  // tests of the simulator's checks only
 };
 
 struct Message {
@@ -156,6 +224,10 @@ struct PersistOp {
   Ballot promise = 0;           // non-zero: record this promise first
   uint64_t commit_index = 0;    // written into each record (recovers commit on restart)
   uint64_t truncate_below = 0;  // non-zero: slots below this may be dropped
+  // With truncate_below: the configuration in effect at truncate_below - 1
+  // (the dropped slots may have held its entry); recovery hands it back in
+  // DurableState::membership.
+  std::optional<Membership> membership;
 };
 
 struct Ready {
@@ -178,6 +250,9 @@ struct DurableState {
   uint64_t first_index = 1;  // slots below were truncated
   std::vector<Entry> slots;  // contiguous from first_index
   bool damaged = false;      // log was corrupt: do not vote until caught up
+  // The configuration at first_index - 1, recorded by the last truncation
+  // or checkpoint (PersistOp::membership); none: CoreConfig::replicas'.
+  std::optional<Membership> membership;
 };
 
 struct ProposeResult {
@@ -224,7 +299,20 @@ class Replica {
   // starts at index + 1, everything up to index counts as committed, and it
   // asks the leader for a stream from there. False (nothing changes) unless
   // index is past this replica's commit index.
+  // The configuration at `index` comes with the checkpoint (a replica that
+  // lacks the entries cannot know it otherwise); the first form keeps the
+  // configuration this replica holds (right when no change is ever made).
   bool InstallCheckpoint(uint64_t now_us, uint64_t index);
+  bool InstallCheckpoint(uint64_t now_us, uint64_t index, const Membership& membership_at_index);
+  // Leader only: proposes one membership change (core.h, "Membership
+  // change"), appended as a kConfig entry and effective at once. Refused,
+  // with the reason for a person, unless this replica leads, no leader move
+  // is under way, an entry of its own ballot is committed (if it has none,
+  // a no-op is appended: retry once it commits), the last configuration
+  // entry is committed, the change is valid for the configuration
+  // (membership.h) and, for a promotion, the learner's durable index is
+  // within CoreConfig::promote_within_entries of the last index.
+  ProposeResult ProposeMembershipChange(uint64_t now_us, const MembershipChange& change);
   // Leader only: gives up leading so that another replica leads, e.g. one
   // whose server agrees when this one's diverged. This replica becomes a
   // backup at once (its proposals not yet committed have an unknown
@@ -262,6 +350,11 @@ class Replica {
 
   // Queries.
   int id() const { return config_.id; }
+  // The configuration this replica holds (the last in its log), where its
+  // entry is (0: none in the log), and what this replica is in it.
+  const Membership& membership() const { return membership_; }
+  uint64_t membership_index() const { return membership_index_; }
+  MemberState member_state() const { return membership_.StateOf(config_.id); }
   Role role() const { return role_; }
   Ballot promised() const { return promised_; }
   int leader() const;  // -1 if unknown
@@ -324,7 +417,26 @@ class Replica {
     std::vector<Message> then_send;
   };
 
-  int Majority() const { return config_.replicas / 2 + 1; }
+  int Majority() const { return membership_.Majority(); }
+  // Bit i: replica i is a voter (or a voter or learner) other than us.
+  uint32_t OtherVoters() const { return membership_.voters & ~(1u << config_.id); }
+  uint32_t OtherMembers() const {
+    return (membership_.voters | membership_.learners) & ~(1u << config_.id);
+  }
+  // Appends (type, payload) under our ballot, persists it and streams it.
+  uint64_t Append(EntryType type, std::string payload);
+  // The slot at e.index was (re)written, or slots were dropped: the
+  // configuration entries and the configuration follow.
+  void NoteSlotWritten(const Entry& e);
+  void RefreshMembership();
+  // Leader: the entry removing this replica committed: hand over.
+  void MaybeStepAsideRemoved(uint64_t now_us);
+  // Phase 1's choice of values past our commit index (BecomeLeader); false
+  // when some promiser truncated what we lack (then known_commit says how
+  // far the others committed).
+  bool ChoosePhaseOneValues(std::vector<Entry>* chosen, uint64_t* known_commit,
+                            uint64_t* end) const;
+  void SendPrepare(int to);
   void ResetElectionTimer(uint64_t now_us);
   void StartElection(uint64_t now_us, Ballot handed_over = 0);
   bool LeaseAllowsPromise(uint64_t now_us, const Message& m);
@@ -339,7 +451,8 @@ class Replica {
   bool LeaderHearsUs(uint64_t now_us, uint64_t leader_commit, bool current);
   void Broadcast(Message::Type type, Ballot ballot);
   void SendNack(const Message& m);
-  void BecomeLeader(uint64_t now_us);
+  void BecomeLeader(uint64_t now_us, std::vector<Entry> chosen, uint64_t known_commit,
+                    uint64_t end);
   void MaybeWin(uint64_t now_us);
   void StepDown(uint64_t now_us, Ballot seen);
   void Promise(uint64_t now_us, Ballot b, const Message* prepare);
@@ -370,6 +483,13 @@ class Replica {
 
   CoreConfig config_;
   std::mt19937_64 rng_;
+  // Membership: the configuration at first_index_ - 1, the configuration
+  // entries in our log by index, and the one in effect (the last of them,
+  // else the base) with its index (0: the base).
+  Membership base_membership_;
+  std::map<uint64_t, Membership> config_entries_;
+  Membership membership_;
+  uint64_t membership_index_ = 0;
   Role role_ = Role::kBackup;
   Ballot promised_ = 0;  // in memory; durable once its persist completes
   Ballot durable_promised_ = 0;
@@ -423,6 +543,7 @@ class Replica {
 
   // Candidate side.
   std::map<int, Message> promises_;  // by sender, self included
+  uint32_t prepared_ = 0;            // bit i: our prepare went to replica i
   bool self_promise_durable_ = false;
 
   // Leader side.

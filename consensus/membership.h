@@ -1,0 +1,89 @@
+// membership.h — the cluster's configuration as the log carries it: which
+// replica ids vote and which only learn, and the one encoder and decoder of
+// a kConfig entry's payload. Pure values: no I/O, no protocol (the rules of
+// changing it are the core's, core.h "Membership change").
+//
+// Ids are small ints below kMaxMemberIds; a configuration also carries the
+// lowest id never used (next_id), so a replica added later takes a fresh id
+// and an id is never reused (a removed replica's old log and promises can
+// never be mistaken for a newcomer's).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace lockstep {
+
+inline constexpr int kMaxMemberIds = 16;  // ids 0..15 (ballots carry 8 bits of id)
+inline constexpr int kMaxVoters = 7;      // as kMaxReplicas: 3, 5 or 7 in practice
+
+// What a replica is in the configuration it holds (Replica::member_state).
+enum class MemberState : uint8_t {
+  kVoter,    // counts toward majorities, may stand for election
+  kLearner,  // receives the stream, never counts, never stands
+  kRemoved,  // not in the configuration (removed, or not yet added)
+};
+const char* MemberStateName(MemberState s);
+
+// One change at a time (single-server changes, core.h).
+enum class MembershipChangeKind : uint8_t {
+  kAddLearner = 1,  // a new replica, with a fresh id, starts receiving the stream
+  kPromote = 2,     // a learner becomes a voter
+  kRemove = 3,      // a voter or a learner leaves
+};
+const char* MembershipChangeKindName(MembershipChangeKind k);
+
+struct MembershipChange {
+  MembershipChangeKind kind = MembershipChangeKind::kAddLearner;
+  int id = -1;
+};
+
+struct Membership {
+  uint16_t voters = 0;    // bit i: replica i votes
+  uint16_t learners = 0;  // bit i: replica i learns (never also a voter)
+  uint8_t next_id = 0;    // every id below was used at some time
+
+  // Voters 0..replicas-1, no learners: what CoreConfig::replicas means.
+  static Membership Initial(int replicas);
+
+  bool IsVoter(int id) const { return InRange(id) && (voters >> id) & 1; }
+  bool IsLearner(int id) const { return InRange(id) && (learners >> id) & 1; }
+  bool IsMember(int id) const { return IsVoter(id) || IsLearner(id); }
+  MemberState StateOf(int id) const {
+    return IsVoter(id)     ? MemberState::kVoter
+           : IsLearner(id) ? MemberState::kLearner
+                           : MemberState::kRemoved;
+  }
+  int VoterCount() const { return __builtin_popcount(voters); }
+  int Majority() const { return VoterCount() / 2 + 1; }
+  // Whether the replicas in `ids` (bit i: replica i) include a majority of the voters.
+  bool IsMajority(uint32_t ids) const { return __builtin_popcount(ids & voters) >= Majority(); }
+  // "voters {0,1,2} learners {3}".
+  std::string ToString() const;
+  bool operator==(const Membership&) const = default;
+
+  static bool InRange(int id) { return id >= 0 && id < kMaxMemberIds; }
+};
+
+// `from` changed by `change` into *to; "" when valid, else why not, for a
+// person (an unknown id, a reused id, promoting a non-learner, removing the
+// last voter, more than kMaxVoters voters).
+std::string ApplyMembershipChange(const Membership& from, const MembershipChange& change,
+                                  Membership* to);
+
+// Whether every majority of a's voters shares a replica with every majority
+// of b's: true for the same voters or voters one replica apart (the
+// single-server rule), and what the simulator checks of two leaders.
+bool MajoritiesIntersect(const Membership& a, const Membership& b);
+
+// A kConfig entry's payload: "LKM1", a version byte, voters and learners
+// (little-endian 16-bit masks), next_id, and a CRC32C of what precedes it.
+inline constexpr size_t kMembershipPayloadSize = 14;
+std::string EncodeMembership(const Membership& m);
+// Never reads past bytes.size(); "" when it holds a valid configuration
+// (at least one voter, no id both voter and learner, every id below next_id,
+// at most kMaxVoters voters), else what is wrong.
+std::string DecodeMembership(std::string_view bytes, Membership* out);
+
+}  // namespace lockstep
