@@ -94,30 +94,38 @@ void ForEachId(uint32_t mask, Fn fn) {
 
 // ---------------------------------------------------------------- membership
 
-void Replica::NoteSlotWritten(const Entry& e) {
-  config_entries_.erase(e.index);
-  if (e.type != EntryType::kConfig) return;
-  Membership m;
+bool Replica::NoteSlotWritten(const Entry& e) {
+  bool had = config_entries_.erase(e.index) > 0;
+  if (e.type != EntryType::kConfig) return had;
+  ConfigEntry c;
   // Config payloads are checked where they enter (ProposeMembershipChange,
   // OnRecord, HandlePromise, recovery's checksums): one that does not decode
   // here means our own memory is wrong.
-  std::string why = DecodeMembership(e.payload, &m);
+  std::string why = DecodeConfigEntry(e.payload, &c);
   LS_ASSERT(why.empty(), "config entry %lu: %s", (unsigned long)e.index, why.c_str());
-  config_entries_[e.index] = m;
+  config_entries_[e.index] = c;
+  return true;
 }
 
 void Replica::RefreshMembership() {
-  // Entries past our log's end were overwritten away (a backup's log only
-  // grows or is rewritten slot by slot; phase 1 rewrites from the commit).
-  while (!config_entries_.empty() && config_entries_.rbegin()->first > last_index())
-    config_entries_.erase(std::prev(config_entries_.end()));
-  if (config_entries_.empty()) {
-    membership_ = base_membership_;
-    membership_index_ = 0;
-  } else {
-    membership_index_ = config_entries_.rbegin()->first;
-    membership_ = config_entries_.rbegin()->second;
+  // The chain of single changes from the base: an entry proposed against
+  // another configuration than the one before it in this log is inert.
+  membership_ = base_membership_;
+  membership_index_ = 0;
+  for (const auto& [index, c] : config_entries_) {
+    if (c.from != membership_) continue;
+    membership_ = c.to;
+    membership_index_ = index;
   }
+}
+
+uint32_t Replica::OtherMembers() const {
+  uint32_t m = membership_.voters | membership_.learners;
+  if (membership_index_ > commit_index_) {
+    const Membership& before = config_entries_.at(membership_index_).from;
+    m |= before.voters | before.learners;
+  }
+  return m & ~(1u << config_.id);
 }
 
 void Replica::MaybeStepAsideRemoved(uint64_t now_us) {
@@ -183,12 +191,13 @@ ProposeResult Replica::ProposeMembershipChange(uint64_t now_us, const Membership
       return r;
     }
   }
-  r.index = Append(EntryType::kConfig, EncodeMembership(next));
+  r.index = Append(EntryType::kConfig, EncodeConfigEntry(ConfigEntry{membership_, next}));
   r.ok = true;
   LS_ASSERT(membership_ == next && membership_index_ == r.index, "config entry %lu not in effect",
             (unsigned long)r.index);
-  // A replica no longer in the configuration gets no stream from us.
-  ForEachId(~(next.voters | next.learners) & ((1u << kMaxMemberIds) - 1),
+  // A replica in neither configuration gets no stream from us (one being
+  // removed keeps it until the removal commits: OtherMembers).
+  ForEachId(~OtherMembers() & ~(1u << config_.id) & ((1u << kMaxMemberIds) - 1),
             [&](int p) { peers_[p] = PeerStream{}; });
   AdvanceCommit();  // the new voters may make a majority already
   CheckInvariants();
@@ -371,8 +380,7 @@ uint64_t Replica::Append(EntryType type, std::string payload) {
   e.type = type;
   e.payload = std::move(payload);
   slots_.push_back(e);
-  NoteSlotWritten(e);
-  RefreshMembership();
+  if (NoteSlotWritten(e)) RefreshMembership();
   std::vector<Entry> batch;
   batch.push_back(std::move(e));
   Persist(std::move(batch), 0, {});
@@ -438,8 +446,7 @@ void Replica::SetSlot(const Entry& e) {
   } else {
     *MutableAt(e.index) = e;
   }
-  NoteSlotWritten(e);
-  RefreshMembership();
+  if (NoteSlotWritten(e)) RefreshMembership();
 }
 
 void Replica::OnPersisted(uint64_t now_us, uint64_t seq) {
@@ -562,10 +569,10 @@ void Replica::HandlePreVote(uint64_t now_us, const Message& m) {
   reply.from = config_.id;
   reply.to = m.from;
   reply.ballot = m.ballot;
-  // A learner or a removed replica grants nothing: its grant would count
-  // for nobody, and it may not know a leader the voters know.
-  reply.granted =
-      may_vote_ && membership_.IsVoter(config_.id) && m.ballot > promised_ && !leader_alive;
+  // Whatever this replica is in its own configuration: a learner may be a
+  // voter in the candidate's already (promoted before it knows), a removed
+  // replica may not know it is. The candidate counts only its voters.
+  reply.granted = may_vote_ && m.ballot > promised_ && !leader_alive;
   ready_.messages.push_back(std::move(reply));
 }
 
@@ -636,17 +643,15 @@ void Replica::MaybeWin(uint64_t now_us) {
   // Phase 1 may have taught us a newer configuration (a promiser's kConfig
   // entry): we lead only with a majority of it too (core.h), asking the
   // voters of it we did not ask yet.
-  Membership after = membership_;
-  bool found = false;
-  for (auto it = chosen.rbegin(); it != chosen.rend() && !found; ++it) {
-    if (it->type != EntryType::kConfig) continue;
-    std::string why = DecodeMembership(it->payload, &after);
-    LS_ASSERT(why.empty(), "chosen config entry %lu: %s", (unsigned long)it->index, why.c_str());
-    found = true;
-  }
-  if (!found) {
-    auto upto = config_entries_.upper_bound(commit_index_);
-    after = upto == config_entries_.begin() ? base_membership_ : std::prev(upto)->second;
+  Membership after = base_membership_;
+  for (const auto& [index, c] : config_entries_)
+    if (index <= commit_index_ && c.from == after) after = c.to;
+  for (const Entry& e : chosen) {
+    if (e.type != EntryType::kConfig) continue;
+    ConfigEntry c;
+    std::string why = DecodeConfigEntry(e.payload, &c);
+    LS_ASSERT(why.empty(), "chosen config entry %lu: %s", (unsigned long)e.index, why.c_str());
+    if (c.from == after) after = c.to;
   }
   if (!after.IsMajority(promised)) {
     ForEachId(after.voters & ~prepared_ & ~(1u << config_.id), [&](int p) { SendPrepare(p); });
@@ -708,6 +713,7 @@ void Replica::BecomeLeader(uint64_t now_us, std::vector<Entry> chosen, uint64_t 
   if (!chosen.empty()) Persist(std::move(chosen), 0, {});
   commit_index_ = known_commit;
   ballot_start_index_ = known_commit + 1;
+  proposed_from_ = end + 1;
   lease_from_index_ = end;  // what earlier leaders may have acknowledged
   heartbeat_sent_us_.clear();
   role_ = Role::kLeader;
@@ -715,7 +721,7 @@ void Replica::BecomeLeader(uint64_t now_us, std::vector<Entry> chosen, uint64_t 
   std::map<int, Message> promises;
   promises.swap(promises_);
   for (const auto& [from, m] : promises)
-    if (from != config_.id && membership_.IsMember(from))
+    if (from != config_.id && ((OtherMembers() >> from) & 1))
       StartPeerStream(from, m.stream_id, m.commit_index, now_us);
   next_control_us_ = now_us;
   next_message_heartbeat_us_ = now_us;
@@ -903,14 +909,14 @@ void Replica::HandlePromise(uint64_t now_us, const Message& m) {
   if (m.ballot != promised_) return;
   // Entries come from the network: a configuration entry that does not
   // decode makes the whole promise worthless (never asserted on).
-  Membership scratch;
+  ConfigEntry scratch;
   for (const Entry& e : m.entries)
-    if (e.type == EntryType::kConfig && !DecodeMembership(e.payload, &scratch).empty()) {
+    if (e.type == EntryType::kConfig && !DecodeConfigEntry(e.payload, &scratch).empty()) {
       rejected_records_++;
       return;
     }
   if (role_ == Role::kLeader) {  // a late promise doubles as a join
-    if (membership_.IsMember(m.from) && m.stream_id > peers_[m.from].stream_id)
+    if (((OtherMembers() >> m.from) & 1) && m.stream_id > peers_[m.from].stream_id)
       StartPeerStream(m.from, m.stream_id, m.commit_index, now_us);
     return;
   }
@@ -983,7 +989,7 @@ void Replica::HandleJoin(uint64_t now_us, const Message& m) {
     SendNack(m);
     return;
   }
-  if (role_ != Role::kLeader || m.ballot != promised_ || !membership_.IsMember(m.from)) return;
+  if (role_ != Role::kLeader || m.ballot != promised_ || !((OtherMembers() >> m.from) & 1)) return;
   // Only a newer stream: a stream started again under the same id would put
   // its records from position 0 again while the backup's reader is already
   // further on, and the two would wait for each other for good (the backup
@@ -1225,9 +1231,9 @@ void Replica::OnRecord(uint64_t now_us, Ballot ballot, uint64_t stream_id, const
   // would read as such once on disk), or that carries another ballot above
   // the commit index it names, is corrupt or forged: dropped, counted, and a
   // fresh stream asked for.
-  Membership scratch;
+  ConfigEntry scratch;
   if (!IsSlotType(e.type) || (e.ballot != ballot && e.index > record_commit) ||
-      (e.type == EntryType::kConfig && !DecodeMembership(e.payload, &scratch).empty())) {
+      (e.type == EntryType::kConfig && !DecodeConfigEntry(e.payload, &scratch).empty())) {
     rejected_records_++;
     SendJoin(now_us);
     return;
@@ -1296,9 +1302,10 @@ bool Replica::TruncateBelow(uint64_t index) {
     slots_.pop_front();
     first_index_++;
   }
-  // Configuration entries dropped: the last of them is the base now.
+  // Configuration entries dropped: the configuration they made is the base now.
   while (!config_entries_.empty() && config_entries_.begin()->first < index) {
-    base_membership_ = config_entries_.begin()->second;
+    const ConfigEntry& c = config_entries_.begin()->second;
+    if (c.from == base_membership_) base_membership_ = c.to;
     config_entries_.erase(config_entries_.begin());
   }
   RefreshMembership();
@@ -1321,24 +1328,29 @@ void Replica::CheckInvariants() const {
   if (role_ == Role::kLeader) {
     LS_ASSERT(BallotLeader(promised_) == config_.id, "leading a ballot of another replica");
     // One membership change in flight at a time: of the configuration
-    // entries this leader appended, at most one is past its commit index,
-    // and none of an earlier ballot lies uncommitted below it (it proposed
-    // only once the previous one committed).
+    // entries this leader proposed (phase 1 chose those below
+    // proposed_from_), at most one is past its commit index, and it is the
+    // one in effect (it proposed only once the previous one committed).
     if (config_.planted_bug != PlantedBug::kMembershipWithoutRules) {
       int own_uncommitted = 0;
-      uint64_t first_uncommitted = 0;
-      for (auto it = config_entries_.upper_bound(commit_index_); it != config_entries_.end();
-           ++it) {
-        if (!first_uncommitted) first_uncommitted = it->first;
-        own_uncommitted += it->first >= ballot_start_index_;
+      uint64_t own = 0;
+      for (auto it = config_entries_.upper_bound(std::max(commit_index_, proposed_from_ - 1));
+           it != config_entries_.end(); ++it) {
+        own_uncommitted++;
+        own = it->first;
       }
-      LS_ASSERT(own_uncommitted <= 1, "%d membership changes of ballot %s uncommitted",
+      LS_ASSERT(own_uncommitted <= 1, "%d membership changes proposed under ballot %s uncommitted",
                 own_uncommitted, BallotString(promised_).c_str());
-      LS_ASSERT(own_uncommitted == 0 || first_uncommitted >= ballot_start_index_,
-                "a change proposed above the uncommitted config entry %lu",
-                (unsigned long)first_uncommitted);
+      LS_ASSERT(own_uncommitted == 0 || membership_index_ == own,
+                "the uncommitted change at %lu proposed under ballot %s is not in effect",
+                (unsigned long)own, BallotString(promised_).c_str());
     }
   }
+  LS_ASSERT(membership_index_ == 0 ? membership_ == base_membership_
+                                   : config_entries_.count(membership_index_) &&
+                                         config_entries_.at(membership_index_).to == membership_,
+            "configuration %s not from entry %lu", membership_.ToString().c_str(),
+            (unsigned long)membership_index_);
   LS_ASSERT(membership_index_ == 0 ||
                 (membership_index_ >= first_index_ && membership_index_ <= last_index() &&
                  At(membership_index_)->type == EntryType::kConfig),

@@ -74,7 +74,13 @@
 //    included), then hands over to the furthest voter (HandOver) and stands
 //    for no election: it is kRemoved.
 //  - Learners receive the stream (puts, control words, acks) like backups,
-//    are counted by nobody, grant no pre-vote and never stand. A learner
+//    are counted by no leader or candidate whose configuration holds them
+//    as learners, and never stand. They answer pre-votes and prepares as
+//    any replica does (Raft: a server answers without consulting its
+//    configuration), since a candidate may already hold them as voters;
+//    refusing made elections stall when the only replicas left to answer
+//    were a learner promoted before it knew and a leader removed before
+//    it knew (the simulator found it). A learner
 //    promoted acts as a voter (may stand) only once the entry promoting it
 //    is in its own log; the leader may count its acks and promises before
 //    that, which is sound: they are durable acceptances and promises.
@@ -420,14 +426,16 @@ class Replica {
   int Majority() const { return membership_.Majority(); }
   // Bit i: replica i is a voter (or a voter or learner) other than us.
   uint32_t OtherVoters() const { return membership_.voters & ~(1u << config_.id); }
-  uint32_t OtherMembers() const {
-    return (membership_.voters | membership_.learners) & ~(1u << config_.id);
-  }
+  // Those we stream to and heartbeat: the members of our configuration
+  // and, while the change that made it is uncommitted, of the one before
+  // (a replica being removed learns it was, and stands no more).
+  uint32_t OtherMembers() const;
   // Appends (type, payload) under our ballot, persists it and streams it.
   uint64_t Append(EntryType type, std::string payload);
   // The slot at e.index was (re)written, or slots were dropped: the
   // configuration entries and the configuration follow.
-  void NoteSlotWritten(const Entry& e);
+  // True when it held or holds a configuration entry (then RefreshMembership).
+  bool NoteSlotWritten(const Entry& e);
   void RefreshMembership();
   // Leader: the entry removing this replica committed: hand over.
   void MaybeStepAsideRemoved(uint64_t now_us);
@@ -487,7 +495,7 @@ class Replica {
   // entries in our log by index, and the one in effect (the last of them,
   // else the base) with its index (0: the base).
   Membership base_membership_;
-  std::map<uint64_t, Membership> config_entries_;
+  std::map<uint64_t, ConfigEntry> config_entries_;
   Membership membership_;
   uint64_t membership_index_ = 0;
   Role role_ = Role::kBackup;
@@ -553,6 +561,7 @@ class Replica {
   uint64_t next_message_heartbeat_us_ = 0;
   uint64_t last_majority_contact_us_ = 0;
   uint64_t ballot_start_index_ = 0;  // first slot stamped with our ballot
+  uint64_t proposed_from_ = 0;       // first slot we proposed (phase 1 chose those below)
   // Lease: the log end when we won; a lease needs it committed (LeaseUntil).
   uint64_t lease_from_index_ = 0;
   // When each recent heartbeat was first put (counter, now_us), oldest

@@ -103,41 +103,79 @@ bool MajoritiesIntersect(const Membership& a, const Membership& b) {
   return need_a + need_b > common;
 }
 
-std::string EncodeMembership(const Membership& m) {
-  std::string out(kMembershipPayloadSize, '\0');
+bool IsOneChange(const Membership& from, const Membership& to) {
+  for (int id = 0; id < kMaxMemberIds; id++)
+    for (MembershipChangeKind k : {MembershipChangeKind::kAddLearner,
+                                   MembershipChangeKind::kPromote, MembershipChangeKind::kRemove}) {
+      Membership m;
+      if (ApplyMembershipChange(from, MembershipChange{k, id}, &m).empty() && m == to) return true;
+    }
+  return false;
+}
+
+namespace {
+
+void PutMembership(uint8_t* p, const Membership& m) {
+  p[0] = static_cast<uint8_t>(m.voters);
+  p[1] = static_cast<uint8_t>(m.voters >> 8);
+  p[2] = static_cast<uint8_t>(m.learners);
+  p[3] = static_cast<uint8_t>(m.learners >> 8);
+  p[4] = m.next_id;
+}
+
+std::string GetMembership(const uint8_t* p, const char* side, Membership* out) {
+  Membership m;
+  m.voters = static_cast<uint16_t>(p[0] | (p[1] << 8));
+  m.learners = static_cast<uint16_t>(p[2] | (p[3] << 8));
+  m.next_id = p[4];
+  std::string what;
+  if (m.voters == 0)
+    what = "has no voters";
+  else if (m.voters & m.learners)
+    what = "has an id both voter and learner";
+  else if (m.next_id > kMaxMemberIds)
+    what = "has a next id out of range";
+  else if ((m.voters | m.learners) >> m.next_id)
+    what = "holds an id at or above its next id";
+  else if (m.VoterCount() > kMaxVoters)
+    what = "has more than 7 voters";
+  if (!what.empty()) return std::string("configuration entry's ") + side + " configuration " + what;
+  *out = m;
+  return "";
+}
+
+}  // namespace
+
+std::string EncodeConfigEntry(const ConfigEntry& entry) {
+  std::string out(kConfigPayloadSize, '\0');
   uint8_t* p = reinterpret_cast<uint8_t*>(out.data());
   memcpy(p, kMagic, 4);
   p[4] = kVersion;
-  p[5] = static_cast<uint8_t>(m.voters);
-  p[6] = static_cast<uint8_t>(m.voters >> 8);
-  p[7] = static_cast<uint8_t>(m.learners);
-  p[8] = static_cast<uint8_t>(m.learners >> 8);
-  p[9] = m.next_id;
-  uint32_t crc = Crc32c(0, p, 10);
-  for (int i = 0; i < 4; i++) p[10 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  PutMembership(p + 5, entry.from);
+  PutMembership(p + 10, entry.to);
+  uint32_t crc = Crc32c(0, p, 15);
+  for (int i = 0; i < 4; i++) p[15 + i] = static_cast<uint8_t>(crc >> (8 * i));
   return out;
 }
 
-std::string DecodeMembership(std::string_view bytes, Membership* out) {
-  if (bytes.size() != kMembershipPayloadSize)
-    return "configuration payload of " + std::to_string(bytes.size()) + " bytes (expected " +
-           std::to_string(kMembershipPayloadSize) + ")";
+std::string DecodeConfigEntry(std::string_view bytes, ConfigEntry* out) {
+  if (bytes.size() != kConfigPayloadSize)
+    return "configuration entry of " + std::to_string(bytes.size()) + " bytes (expected " +
+           std::to_string(kConfigPayloadSize) + ")";
   const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes.data());
-  if (memcmp(p, kMagic, 4) != 0) return "not a configuration (bad magic)";
-  if (p[4] != kVersion) return "configuration version " + std::to_string(p[4]) + " unknown";
+  if (memcmp(p, kMagic, 4) != 0) return "not a configuration entry (bad magic)";
+  if (p[4] != kVersion) return "configuration entry version " + std::to_string(p[4]) + " unknown";
   uint32_t crc = 0;
-  for (int i = 0; i < 4; i++) crc |= static_cast<uint32_t>(p[10 + i]) << (8 * i);
-  if (crc != Crc32c(0, p, 10)) return "configuration checksum mismatch";
-  Membership m;
-  m.voters = static_cast<uint16_t>(p[5] | (p[6] << 8));
-  m.learners = static_cast<uint16_t>(p[7] | (p[8] << 8));
-  m.next_id = p[9];
-  if (m.voters == 0) return "configuration without voters";
-  if (m.voters & m.learners) return "configuration with an id both voter and learner";
-  if (m.next_id > kMaxMemberIds) return "configuration's next id out of range";
-  if ((m.voters | m.learners) >> m.next_id) return "configuration holds an id at or above next id";
-  if (m.VoterCount() > kMaxVoters) return "configuration with more than 7 voters";
-  *out = m;
+  for (int i = 0; i < 4; i++) crc |= static_cast<uint32_t>(p[15 + i]) << (8 * i);
+  if (crc != Crc32c(0, p, 15)) return "configuration entry checksum mismatch";
+  ConfigEntry e;
+  std::string why = GetMembership(p + 5, "old", &e.from);
+  if (why.empty()) why = GetMembership(p + 10, "new", &e.to);
+  if (!why.empty()) return why;
+  if (!IsOneChange(e.from, e.to))
+    return "configuration entry changes more than one replica (" + e.from.ToString() + " to " +
+           e.to.ToString() + ")";
+  *out = e;
   return "";
 }
 

@@ -77,13 +77,29 @@ std::string ApplyMembershipChange(const Membership& from, const MembershipChange
 // single-server rule), and what the simulator checks of two leaders.
 bool MajoritiesIntersect(const Membership& a, const Membership& b);
 
-// A kConfig entry's payload: "LKM1", a version byte, voters and learners
-// (little-endian 16-bit masks), next_id, and a CRC32C of what precedes it.
-inline constexpr size_t kMembershipPayloadSize = 14;
-std::string EncodeMembership(const Membership& m);
-// Never reads past bytes.size(); "" when it holds a valid configuration
-// (at least one voter, no id both voter and learner, every id below next_id,
-// at most kMaxVoters voters), else what is wrong.
-std::string DecodeMembership(std::string_view bytes, Membership* out);
+// Whether `to` is `from` after exactly one valid change (ApplyMembershipChange).
+bool IsOneChange(const Membership& from, const Membership& to);
+
+// A kConfig entry: the configuration it was proposed against and the one
+// it makes. It takes effect in a log only where the log's configuration
+// just before it is `from` (core.h, "Membership change": a change proposed
+// against another history is inert), so every log's configurations form a
+// chain of single changes.
+struct ConfigEntry {
+  Membership from;
+  Membership to;
+  bool operator==(const ConfigEntry&) const = default;
+};
+
+// A kConfig entry's payload: "LKM1", a version byte, then `from` and `to`,
+// each as voters and learners (little-endian 16-bit masks) and next_id, and
+// a CRC32C of what precedes it.
+inline constexpr size_t kConfigPayloadSize = 19;
+std::string EncodeConfigEntry(const ConfigEntry& entry);
+// Never reads past bytes.size(); "" when it holds a valid entry (each side
+// a valid configuration: at least one voter, no id both voter and learner,
+// every id below next_id, at most kMaxVoters voters; `to` one change from
+// `from`), else what is wrong, for a person.
+std::string DecodeConfigEntry(std::string_view bytes, ConfigEntry* out);
 
 }  // namespace lockstep

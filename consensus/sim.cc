@@ -44,15 +44,20 @@ bool SameValue(const Entry& a, const Entry& b) {
 // ---------------------------------------------------------------- setup
 
 SimCluster::SimCluster(const SimOptions& options)
-    : opt_(options), n_(options.replicas), rng_(options.seed) {
-  LS_ASSERT(n_ >= 1 && n_ <= kMaxReplicas, "replicas=%d", n_);
+    : opt_(options), n_(options.membership ? kMaxMemberIds : options.replicas), rng_(options.seed) {
+  LS_ASSERT(options.replicas >= 1 && options.replicas <= kMaxReplicas, "replicas=%d",
+            options.replicas);
   SetAssertHandler(&ThrowingAssertHandler);
+  committed_membership_ = Membership::Initial(options.replicas);
+  ever_committed_members_ = committed_membership_.voters;
+  memberships_seen_.push_back(committed_membership_);
   nodes_.resize(n_);
   pending_.resize(n_);
   links_.assign(n_, std::vector<bool>(n_, true));
   hold_one_sided_until_.assign(n_, std::vector<uint64_t>(n_, 0));
   one_sided_tail_.assign(n_, std::vector<uint64_t>(n_, 0));
-  for (int r = 0; r < n_; r++) {
+  for (int r = 0; r < opt_.replicas; r++) {
+    nodes_[r].present = true;
     try {
       StartReplica(r);
     } catch (const CoreAssertion& e) {
@@ -70,7 +75,7 @@ void SimCluster::StartReplica(int r) {
   nd.incarnation = next_incarnation_++;
   CoreConfig cfg;
   cfg.id = r;
-  cfg.replicas = n_;
+  cfg.replicas = opt_.replicas;  // the initial configuration, also for a later replica
   cfg.ring_bytes = opt_.ring_bytes;
   cfg.heartbeat_us = opt_.heartbeat_us;
   cfg.message_heartbeat_us = opt_.message_heartbeat_us;
@@ -81,6 +86,8 @@ void SimCluster::StartReplica(int r) {
   cfg.max_put_bytes = opt_.max_put_bytes;
   cfg.seed = opt_.seed * 0x9e3779b97f4a7c15ull + nd.incarnation * 7919;
   cfg.incarnation = nd.incarnation;
+  cfg.promote_within_entries = opt_.promote_within_entries;
+  if (opt_.membership_bug) cfg.planted_bug = PlantedBug::kMembershipWithoutRules;
   nd.paused = false;
   nd.disk.clear();
   nd.disk_scheduled = 0;
@@ -167,10 +174,11 @@ bool SimCluster::RunUntil(const std::function<bool()>& pred, uint64_t max_us) {
 
 void SimCluster::Fail(const std::string& what) {
   if (!violation_.empty()) return;
-  violation_ =
-      Format("%s (at t=%lluus, seed %llu, %d replicas)", what.c_str(), (U)now_, (U)opt_.seed, n_);
+  violation_ = Format("%s (at t=%lluus, seed %llu, %d replicas)", what.c_str(), (U)now_,
+                      (U)opt_.seed, opt_.replicas);
   SIM_TRACE("VIOLATION: %s", violation_.c_str());
-  for (int r = 0; r < n_; r++) SIM_TRACE("  %s", Describe(r).c_str());
+  for (int r = 0; r < n_; r++)
+    if (nodes_[r].present) SIM_TRACE("  %s", Describe(r).c_str());
 }
 
 void SimCluster::Trace(const std::string& line) {
@@ -198,10 +206,14 @@ std::string SimCluster::Describe(int r) const {
   }
   const Replica& x = *nd.rep;
   return Format(
-      "r%d: inc %llu %s%s promised %s stream %llx commit %llu durable %llu log [%llu, %llu]", r,
+      "r%d: inc %llu %s%s promised %s stream %llx commit %llu durable %llu log [%llu, %llu]%s", r,
       (U)nd.incarnation, RoleName(x.role()), nd.paused ? " (paused)" : "",
       BallotString(x.promised()).c_str(), (U)x.stream_id(), (U)x.commit_index(),
-      (U)x.durable_index(), (U)x.first_index(), (U)x.last_index());
+      (U)x.durable_index(), (U)x.first_index(), (U)x.last_index(),
+      opt_.membership ? (" " + std::string(MemberStateName(x.member_state())) + " in " +
+                         x.membership().ToString())
+                            .c_str()
+                      : "");
 }
 
 // ---------------------------------------------------------------- events
@@ -216,6 +228,7 @@ void SimCluster::Process(Event& ev) {
       if (nd.paused) return;
       nd.rep->Tick(now_);
       Poll(ev.to);
+      MaybeInstallCheckpoint(ev.to);
       Drain(ev.to);
       return;
     }
@@ -307,7 +320,7 @@ void SimCluster::Process(Event& ev) {
     case Ev::kCrash: {
       // Aimed crashes respect the fault budget: at most a minority down.
       if (!nd.rep || nd.incarnation != ev.incarnation || !opt_.faults || !lossy_) return;
-      if (Down() >= (n_ - 1) / 2) return;
+      if (Down() >= Tolerate()) return;
       SIM_TRACE("fault: aimed crash of r%d", ev.to);
       Crash(ev.to);
       Event restart;
@@ -317,7 +330,7 @@ void SimCluster::Process(Event& ev) {
       return;
     }
     case Ev::kRestart: {
-      if (nd.rep) return;
+      if (nd.rep || !nd.present) return;
       SIM_TRACE("fault: restart r%d", ev.to);
       StartReplica(ev.to);
       return;
@@ -439,6 +452,10 @@ void SimCluster::ApplyDurable(int r, const PersistOp& op) {
   }
   for (const Entry& e : op.entries) {
     if (e.index < d.first_index) continue;  // below a truncation: committed long ago
+    if (e.type == EntryType::kConfig) {
+      ConfigEntry c;
+      if (DecodeConfigEntry(e.payload, &c).empty()) NoteMembership(c.to);
+    }
     RecordAcceptance(r, e);
     uint64_t last = d.first_index + d.slots.size() - 1;
     if (e.index == last + 1) {
@@ -456,6 +473,7 @@ void SimCluster::ApplyDurable(int r, const PersistOp& op) {
     uint64_t drop = std::min<uint64_t>(op.truncate_below - d.first_index, d.slots.size());
     d.slots.erase(d.slots.begin(), d.slots.begin() + static_cast<long>(drop));
     d.first_index = op.truncate_below;
+    if (op.membership) d.membership = op.membership;
   }
   SIM_TRACE("r%d: durable seq %llu: promise %s, %zu entries, commit %llu, truncate %llu", r,
             (U)op.seq, BallotString(op.promise).c_str(), op.entries.size(), (U)op.commit_index,
@@ -700,7 +718,9 @@ void SimCluster::RecordAcceptance(int r, const Entry& e) {
     return;
   }
   a.acceptors |= 1u << r;
-  if (__builtin_popcount(a.acceptors) >= n_ / 2 + 1 && (!h.chosen || e.ballot < h.chosen_ballot)) {
+  bool majority_of_each = true;
+  for (const Membership& m : memberships_seen_) majority_of_each &= m.IsMajority(a.acceptors);
+  if (majority_of_each && (!h.chosen || e.ballot < h.chosen_ballot)) {
     h.chosen = true;
     h.chosen_ballot = e.ballot;
   }
@@ -724,13 +744,117 @@ const Entry* SimCluster::DurableAt(int r, uint64_t index) const {
 
 int SimCluster::Down() const {
   int d = 0;
-  for (const Node& nd : nodes_) d += !nd.rep || nd.paused;
+  for (const Node& nd : nodes_) d += nd.present && (!nd.rep || nd.paused);
   return d;
+}
+
+int SimCluster::Tolerate() const {
+  int voters = committed_membership_.VoterCount();
+  for (const Node& nd : nodes_)
+    if (nd.rep && nd.rep->role() == Role::kLeader)
+      voters = std::min(voters, nd.rep->membership().VoterCount());
+  return (voters - 1) / 2;
+}
+
+// ---------------------------------------------------------------- membership
+
+void SimCluster::NoteMembership(const Membership& m) {
+  if (std::find(memberships_seen_.begin(), memberships_seen_.end(), m) == memberships_seen_.end())
+    memberships_seen_.push_back(m);
+}
+
+void SimCluster::AddNode(int r) {
+  Node& nd = nodes_[r];
+  LS_ASSERT(!nd.present && !nd.rep && nd.incarnation == 0, "node r%d added twice", r);
+  SIM_TRACE("membership: node r%d starts empty", r);
+  nd.present = true;
+  nd.durable = DurableState{};
+  StartReplica(r);
+}
+
+void SimCluster::RetireNode(int r) {
+  Node& nd = nodes_[r];
+  if (!nd.present) return;
+  SIM_TRACE("membership: node r%d retires", r);
+  if (nd.rep) CrashImpl(r, false, 0, 0);
+  nd.present = false;
+}
+
+ProposeResult SimCluster::ProposeMembershipChange(int r, const MembershipChange& change) {
+  ProposeResult res;
+  Node& nd = nodes_[r];
+  if (!nd.rep || nd.paused) {
+    res.error = "replica down";
+    return res;
+  }
+  try {
+    res = nd.rep->ProposeMembershipChange(now_, change);
+    SIM_TRACE("r%d: propose %s r%d -> %s %llu %s", r, MembershipChangeKindName(change.kind),
+              change.id, res.ok ? "index" : "refused", (U)res.index, res.error.c_str());
+    Drain(r);
+    CheckInvariants();
+  } catch (const CoreAssertion& e) {
+    Fail(std::string("core: ") + e.what());
+  }
+  return res;
+}
+
+void SimCluster::MaybeInstallCheckpoint(int r) {
+  Node& nd = nodes_[r];
+  if (!opt_.membership || !nd.rep || nd.rep->role() != Role::kBackup) return;
+  uint64_t index = nd.rep->checkpoint_needed();
+  if (index == 0 || index > MaxCommitted()) return;
+  // The state machine at `index` is the committed record up to it; its
+  // configuration, the one the committed entries at or below it made.
+  auto it = committed_configs_.upper_bound(index);
+  Membership at =
+      it == committed_configs_.begin() ? Membership::Initial(opt_.replicas) : std::prev(it)->second;
+  if (nd.rep->InstallCheckpoint(now_, index, at)) {
+    checkpoints_installed_++;
+    SIM_TRACE("r%d: installed a checkpoint at %llu (%s)", r, (U)index, at.ToString().c_str());
+  }
+}
+
+// Two leaders able to commit in overlapping ballots: a replica leads ballot
+// b1 while another leads b2 > b1, yet the voters of the first one's
+// configuration include a majority that promised nothing above b1 on disk
+// (the retired excepted: they accept nothing more). The second one's phase
+// 1 had the durable promises of a majority of its configuration; were every
+// majority of the first's to meet every majority of the second's, one of
+// them would be in that set. So this finds two configurations with
+// disjoint majorities in play at once, whether or not a value diverged yet.
+void SimCluster::CheckTwoMajorities() {
+  std::vector<int> leaders;
+  for (int r = 0; r < n_; r++)
+    if (nodes_[r].rep && nodes_[r].rep->role() == Role::kLeader) leaders.push_back(r);
+  if (leaders.size() < 2) return;
+  for (int a : leaders) {
+    const Replica& low = *nodes_[a].rep;
+    for (int b : leaders) {
+      const Replica& high = *nodes_[b].rep;
+      if (high.promised() <= low.promised()) continue;
+      uint32_t open = 0;  // could still accept the lower ballot
+      for (int r = 0; r < n_; r++)
+        if (nodes_[r].present && nodes_[r].durable.promised <= low.promised()) open |= 1u << r;
+      if (!low.membership().IsMajority(open)) continue;
+      std::string ids;
+      for (int r = 0; r < n_; r++)
+        if ((open >> r) & 1 && low.membership().IsVoter(r)) ids += " r" + std::to_string(r);
+      Fail(Format(
+          "membership: two majorities: r%d leads ballot %s with %s and voters {%s } have "
+          "promised nothing above it, while r%d leads ballot %s with %s",
+          a, BallotString(low.promised()).c_str(), low.membership().ToString().c_str(), ids.c_str(),
+          b, BallotString(high.promised()).c_str(), high.membership().ToString().c_str()));
+      return;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- invariants
 
 void SimCluster::CheckInvariants() {
+  if (failed()) return;
+  CheckTwoMajorities();
   if (failed()) return;
   for (int r = 0; r < n_; r++) {
     Node& nd = nodes_[r];
@@ -766,6 +890,39 @@ void SimCluster::CheckInvariants() {
         return;
       }
       auto [it, fresh] = committed_.emplace(i, *e);
+      if (fresh && e->type == EntryType::kConfig && i > committed_membership_index_) {
+        ConfigEntry c;
+        std::string why = DecodeConfigEntry(e->payload, &c);
+        if (!why.empty()) {
+          Fail(Format("r%d committed config entry %llu that does not decode: %s", r, (U)i,
+                      why.c_str()));
+          return;
+        }
+        // Committed in index order: the chain of the committed log.
+        if (c.from != committed_membership_) {
+          SIM_TRACE("membership: committed inert entry %llu (%s against %s)", (U)i,
+                    c.to.ToString().c_str(), c.from.ToString().c_str());
+          continue;
+        }
+        const Membership& m = c.to;
+        committed_membership_ = m;
+        committed_membership_index_ = i;
+        committed_configs_[i] = m;
+        ever_committed_members_ |= m.voters | m.learners;
+        // From now on every leader's configuration is this one or a later
+        // one: the configurations in play are it and those in logs past it.
+        memberships_seen_.assign(1, m);
+        for (const Node& other : nodes_) {
+          const DurableState& d = other.durable;
+          for (const Entry& s : d.slots) {
+            ConfigEntry x;
+            if (s.index > i && s.type == EntryType::kConfig &&
+                DecodeConfigEntry(s.payload, &x).empty())
+              NoteMembership(x.to);
+          }
+        }
+        SIM_TRACE("membership: committed %s at %llu", m.ToString().c_str(), (U)i);
+      }
       if (fresh) {
         SIM_TRACE("committed %llu: %s %s (first seen on r%d)", (U)i, EntryTypeName(e->type),
                   Short(e->payload).c_str(), r);
@@ -906,6 +1063,7 @@ void SimCluster::CrashImpl(int r, bool tear, size_t whole, size_t records) {
     part.entries.resize(keep);
     if (keep == 0) part.commit_index = 0;  // the commit index rides in slot records
     part.truncate_below = 0;
+    part.membership.reset();
     ApplyDurable(r, part);
     SIM_TRACE("r%d: torn tail: %zu writes and %zu records of the next reached the disk", r, whole,
               keep);
@@ -930,7 +1088,7 @@ void SimCluster::CrashImpl(int r, bool tear, size_t whole, size_t records) {
 }
 
 void SimCluster::Restart(int r) {
-  if (nodes_[r].rep) return;
+  if (nodes_[r].rep || !nodes_[r].present) return;
   try {
     StartReplica(r);
   } catch (const CoreAssertion& e) {
@@ -1119,22 +1277,25 @@ int SimCluster::Leader() const {
   for (int r = 0; r < n_; r++) {
     const Replica* x = replica(r);
     if (!x || nodes_[r].paused || x->role() != Role::kLeader) continue;
+    if (!x->membership().IsVoter(r) && x->commit_index() >= x->membership_index())
+      continue;  // removed, and stepping aside
     if (best < 0 || x->promised() > replica(best)->promised()) best = r;
   }
   return best;
 }
 
 bool SimCluster::MajorityCommitted(uint64_t index) const {
-  int n = 0;
+  uint32_t done = 0;
   for (int r = 0; r < n_; r++) {
     const Replica* x = replica(r);
-    n += x && x->commit_index() >= index;
+    if (x && x->commit_index() >= index) done |= 1u << r;
   }
-  return n >= n_ / 2 + 1;
+  return committed_membership_.IsMajority(done);
 }
 
 bool SimCluster::AllCommitted(uint64_t index) const {
   for (int r = 0; r < n_; r++) {
+    if (!committed_membership_.IsMember(r)) continue;
     const Replica* x = replica(r);
     if (!x || x->commit_index() < index) return false;
   }

@@ -42,6 +42,24 @@
 // caught and reported the same way. At the end, with every fault healed, it requires
 // progress: a new proposal commits on every replica within a bounded time.
 //
+// With SimOptions::membership the run also changes the configuration under
+// all of the above (Replica::ProposeMembershipChange): it adds a learner (a
+// new replica with a fresh id, starting empty; a leader that truncated what
+// it lacks makes it install a checkpoint, which the simulator plays from
+// the committed record), promotes it once it caught up, removes a voter
+// (the leader too), and so on, between 3 (or `replicas`) and one more
+// voter. Ids run up to kMaxMemberIds - 1: the cluster then has that many
+// node slots, most of them absent (never started, or retired once the
+// change removing them committed). Its checks take the configurations into
+// account: Paxos' chosen-value invariant counts a value chosen when its
+// acceptors hold a majority of every configuration seen so far; and two
+// leaders must never both be able to commit: whenever a replica leads a
+// ballot while another leads a higher one, the voters of the lower one's
+// configuration must not include a majority whose durable promises are
+// all at or below its ballot ("membership: two majorities").
+// SimOptions::membership_bug plants a known bug (PlantedBug) to show that
+// this check finds it.
+//
 // Same options, same result, bit for bit: decisions come only from the seeded
 // PRNG (with our own draws, not <random>'s library-specific distributions),
 // and containers are iterated in order. A violation is reported with the
@@ -163,6 +181,16 @@ struct SimOptions {
   uint64_t progress_timeout_us = 1'000'000;
 
   size_t trace_lines = 30;  // trace lines kept for a violation report
+
+  // Membership changes (RunSimulation only): one attempted every
+  // membership_every_us on average (add a learner, promote it, remove a
+  // voter); a learner is promoted within promote_within_entries.
+  bool membership = false;
+  uint64_t membership_every_us = 60'000;
+  uint64_t promote_within_entries = 200;
+  // Plants PlantedBug::kMembershipWithoutRules in every replica, and the
+  // run then proposes two changes at once (a test of the checks).
+  bool membership_bug = false;
 };
 
 struct SimResult {
@@ -176,6 +204,10 @@ struct SimResult {
   uint64_t steps = 0;  // events processed
   // Leader moves (TransferLeadership) started, and how they ended.
   uint64_t transfers = 0, transfers_handed_over = 0, transfers_timed_out = 0;
+  // Membership changes proposed and committed, learners that installed a
+  // checkpoint, and the voters at the end.
+  uint64_t membership_changes = 0, membership_committed = 0, checkpoints_installed = 0;
+  int final_voters = 0;
   // CRC32C of what the run ended with: the simulated time, the step count and
   // every replica's committed entries (index, ballot, type, payload). Two runs
   // with the same digest made the same decisions (`lockstep sim --digest`).
@@ -214,6 +246,24 @@ class SimCluster {
   void CrashTorn(int r, size_t whole, size_t records);
   void Restart(int r);
   bool up(int r) const { return nodes_[r].rep != nullptr; }
+  // Whether node r takes part in the cluster: started once and not retired.
+  // Without membership changes every node does.
+  bool present(int r) const { return nodes_[r].present; }
+  // Membership: starts node r (a fresh id) empty, as a replica the
+  // configuration does not hold yet; retires node r for good (its process
+  // stops and never comes back; its id is never reused).
+  void AddNode(int r);
+  void RetireNode(int r);
+  // Leader r proposes a membership change (Replica::ProposeMembershipChange).
+  ProposeResult ProposeMembershipChange(int r, const MembershipChange& change);
+  // The configuration of the highest committed kConfig entry (else the
+  // initial one), and every configuration any replica wrote to its disk.
+  const Membership& committed_membership() const { return committed_membership_; }
+  uint32_t ever_committed_members() const { return ever_committed_members_; }
+  // Replicas that may be down at once and leave a majority of every
+  // configuration in play: the committed one and each live leader's.
+  int Tolerate() const;
+  uint64_t checkpoints_installed() const { return checkpoints_installed_; }
   // A paused replica is not ticked and handles nothing; puts and words still
   // land in its memory, messages queue up. On Resume it ticks once, sees its
   // completed durable writes, and gets the queued messages shortly after.
@@ -263,9 +313,11 @@ class SimCluster {
   uint64_t incarnation(int r) const { return nodes_[r].incarnation; }
   // The live, unpaused replica that leads the highest ballot, or -1.
   int Leader() const;
-  // Every replica up, and each has committed at least `index`.
+  // Every replica up, and each has committed at least `index` (with
+  // membership changes: every member of the committed configuration).
   bool AllCommitted(uint64_t index) const;
-  // A majority of replicas up and committed at least `index`.
+  // A majority of replicas up and committed at least `index` (with
+  // membership changes: of the committed configuration's voters).
   bool MajorityCommitted(uint64_t index) const;
   uint64_t MaxCommitted() const { return committed_.empty() ? 0 : committed_.rbegin()->first; }
   const std::map<uint64_t, Entry>& committed() const { return committed_; }
@@ -302,6 +354,7 @@ class SimCluster {
   using RegionKey = std::pair<Ballot, uint64_t>;
   struct Node {
     std::unique_ptr<Replica> rep;
+    bool present = false;  // started once and not retired
     bool paused = false;
     uint64_t paused_at_us = 0;
     bool transfer_waiting = false;  // its leader move was in kWaiting at the last Drain
@@ -383,6 +436,12 @@ class SimCluster {
   const Entry* DurableAt(int r, uint64_t index) const;  // slot on r's disk, or null
   void RecordAcceptance(int r, const Entry& e);
   void CheckInvariants();
+  // Membership checks: two leaders that could both commit (sim.h).
+  void CheckTwoMajorities();
+  // A backup the leader told to bring a checkpoint installs one from the
+  // committed record (with the configuration at its index).
+  void MaybeInstallCheckpoint(int r);
+  void NoteMembership(const Membership& m);  // a configuration written somewhere
   std::string Describe(int r) const;
 
   SimOptions opt_;
@@ -409,7 +468,15 @@ class SimCluster {
     bool chosen = false;
     Ballot chosen_ballot = 0;  // lowest ballot at which a majority accepted
   };
-  std::map<uint64_t, SlotHistory> accepted_;            // slot -> every durable acceptance
+  std::map<uint64_t, SlotHistory> accepted_;  // slot -> every durable acceptance
+  // Every configuration seen on a disk (the initial one first): a value is
+  // taken for chosen once its acceptors hold a majority of each.
+  std::vector<Membership> memberships_seen_;
+  Membership committed_membership_;
+  uint64_t committed_membership_index_ = 0;
+  std::map<uint64_t, Membership> committed_configs_;  // index -> what the entry there made
+  uint32_t ever_committed_members_ = 0;
+  uint64_t checkpoints_installed_ = 0;
   std::map<uint64_t, Entry> committed_;                 // index -> committed (type, payload)
   std::map<Ballot, std::pair<int, uint64_t>> leaders_;  // ballot -> (replica, incarnation)
   // Client proposals not yet known committed, per replica: index -> proposal.

@@ -1,8 +1,9 @@
 // sim_run.cc — the randomized run of the simulator (RunSimulation, see
 // sim.h): drives a SimCluster with a seed's schedule of proposals, crashes,
 // partitions, held one-sided writes, pauses and truncations (RandomRun: one
-// step function per kind of fault, run in a fixed order), and replays a
-// failing seed with its trace on.
+// step function per kind of fault, run in a fixed order), with
+// SimOptions::membership also membership changes, and replays a failing
+// seed with its trace on.
 #include <algorithm>
 #include <cstring>
 
@@ -70,7 +71,7 @@ class RandomRun {
         keep_trace_(keep_trace),
         c_(opt),
         rng_(c_.rng()),
-        n_(opt.replicas),
+        n_(c_.size()),
         restart_at_(n_, kNever) {
     c_.KeepTrace(keep_trace);
     // The first times, drawn in this order.
@@ -84,6 +85,8 @@ class RandomRun {
     next_unreachable_ = opt.faults ? NextAt(rng_, 0, opt.spurious_unreachable_every_us) : kNever;
     next_transfer_ =
         opt.faults && opt.transfer_every_us ? NextAt(rng_, 0, opt.transfer_every_us) : kNever;
+    // Drawn last, and only when on: a run without changes replays as before.
+    next_membership_ = opt.membership ? NextAt(rng_, 0, opt.membership_every_us) : kNever;
   }
 
   SimResult Run() {
@@ -109,9 +112,10 @@ class RandomRun {
   }
 
   uint64_t NextTime() const {
-    uint64_t t = std::min({opt_.duration_us, next_propose_, next_crash_, next_partition_,
-                           next_pause_, next_truncate_, next_check_, next_unreachable_,
-                           next_handover_, next_hold_, next_transfer_, heal_at_, resume_at_});
+    uint64_t t =
+        std::min({opt_.duration_us, next_propose_, next_crash_, next_partition_, next_pause_,
+                  next_truncate_, next_check_, next_unreachable_, next_handover_, next_hold_,
+                  next_transfer_, heal_at_, resume_at_, next_membership_});
     for (uint64_t x : restart_at_) t = std::min(t, x);
     return t;
   }
@@ -132,16 +136,26 @@ class RandomRun {
     Transfer(t);
     Truncate(t);
     Propose(t);
+    ChangeMembership(t);
   }
 
-  // Replicas down or paused.
+  // Replicas down or paused (of those that take part).
   int Down() const {
     int d = 0;
-    for (int r = 0; r < n_; r++) d += !c_.up(r) || c_.paused(r);
+    for (int r = 0; r < n_; r++) d += c_.present(r) && (!c_.up(r) || c_.paused(r));
     return d;
   }
-  int Tolerate() const { return (n_ - 1) / 2; }  // replicas that may be down at once
-  int AnyReplica() { return static_cast<int>(Uniform(rng_, 0, n_ - 1)); }
+  // Replicas that may be down at once.
+  int Tolerate() const { return opt_.membership ? c_.Tolerate() : (n_ - 1) / 2; }
+  // Any replica that takes part (without membership changes: any of n_,
+  // drawn as before).
+  int AnyReplica() {
+    if (!opt_.membership) return static_cast<int>(Uniform(rng_, 0, n_ - 1));
+    std::vector<int> present;
+    for (int r = 0; r < n_; r++)
+      if (c_.present(r)) present.push_back(r);
+    return present[Uniform(rng_, 0, present.size() - 1)];
+  }
 
   void RestartCrashed(uint64_t t) {
     for (int r = 0; r < n_; r++) {
@@ -215,9 +229,13 @@ class RandomRun {
       }
     } else {
       std::set<int> side;
-      for (int r = 0; r < n_; r++)
+      int present = 0;
+      for (int r = 0; r < n_; r++) {
+        if (!c_.present(r)) continue;
+        present++;
         if (rng_() & 1) side.insert(r);
-      if (!side.empty() && static_cast<int>(side.size()) < n_) {
+      }
+      if (!side.empty() && static_cast<int>(side.size()) < present) {
         std::string s;
         for (int r : side) s += " r" + std::to_string(r);
         if (c_.tracing()) c_.Trace("fault: partition {" + s + " } from the rest");
@@ -306,14 +324,17 @@ class RandomRun {
   void Truncate(uint64_t t) {
     if (t != next_truncate_) return;
     next_truncate_ = NextAt(rng_, t, opt_.truncate_every_us);
+    // With membership changes, below what the committed configuration's
+    // voters hold: a learner that lags then installs a checkpoint.
     std::vector<uint64_t> held;
     for (int r = 0; r < n_; r++) {
+      if (opt_.membership && !c_.committed_membership().IsVoter(r)) continue;
       const DurableState& d = c_.durable(r);
       uint64_t last = d.first_index + d.slots.size() - 1;
       held.push_back(std::min(d.commit_index, last) + 1);
     }
     std::sort(held.rbegin(), held.rend());
-    uint64_t limit = opt_.truncate_lagging ? held[n_ / 2] : held.back();
+    uint64_t limit = opt_.truncate_lagging ? held[held.size() / 2] : held.back();
     int r = AnyReplica();
     const Replica* x = c_.replica(r);
     if (x && limit > x->first_index()) {
@@ -336,16 +357,89 @@ class RandomRun {
     if (pr.ok) c_.Track(l, pr.index, type, p);
   }
 
+  // Membership changes, one attempt at a time, between `replicas` voters
+  // and one more: add a learner (a new node with the next fresh id), promote
+  // it once the leader takes it (caught up), remove a voter (the leader
+  // itself half the time). With membership_bug (the rules off in the core)
+  // every attempt makes two changes at once, up to two voters more: two
+  // learners added, both promoted, two voters removed.
+  void ChangeMembership(uint64_t t) {
+    RetireRemoved();
+    if (t != next_membership_) return;
+    next_membership_ = NextAt(rng_, t, opt_.membership_every_us);
+    int l = c_.Leader();
+    bool aim_leader = Bernoulli(rng_, 0.5);
+    uint64_t pick = rng_();
+    if (l < 0) return;
+    const int changes = opt_.membership_bug ? 2 : 1;
+    const int most_voters = opt_.replicas + changes;
+    // What this attempt does, decided once on the configuration it starts from.
+    const Membership start = c_.replica(l)->membership();
+    MembershipChangeKind kind = start.learners ? MembershipChangeKind::kPromote
+                                : start.VoterCount() >= most_voters
+                                    ? MembershipChangeKind::kRemove
+                                    : MembershipChangeKind::kAddLearner;
+    for (int i = 0; i < changes; i++) {
+      const Replica* x = c_.replica(l);
+      if (!x || x->role() != Role::kLeader) return;
+      const Membership& m = x->membership();
+      MembershipChange change;
+      change.kind = kind;
+      if (kind == MembershipChangeKind::kPromote) {
+        if (!m.learners) return;
+        change.id = __builtin_ctz(m.learners);
+      } else if (kind == MembershipChangeKind::kRemove) {
+        if (m.VoterCount() <= opt_.replicas) return;
+        std::vector<int> voters;
+        for (int r = 0; r < n_; r++)
+          if (m.IsVoter(r) && r != l) voters.push_back(r);
+        change.id = aim_leader && m.IsVoter(l) ? l : voters[(pick + i) % voters.size()];
+      } else {
+        if (m.next_id >= n_ || c_.present(m.next_id)) return;  // every fresh id used
+        change.id = m.next_id;
+      }
+      if (c_.tracing())
+        c_.Trace(Format("membership: r%d proposes %s r%d", l, MembershipChangeKindName(change.kind),
+                        change.id));
+      ProposeResult pr = c_.ProposeMembershipChange(l, change);
+      if (!pr.ok) return;
+      membership_changes_++;
+      if (change.kind == MembershipChangeKind::kAddLearner) c_.AddNode(change.id);
+    }
+  }
+
+  // A replica the committed configuration no longer holds, after it was in
+  // one, stops for good (an operator shuts it down).
+  void RetireRemoved() {
+    if (!opt_.membership) return;
+    const Membership& m = c_.committed_membership();
+    for (int r = 0; r < n_; r++) {
+      if (!c_.present(r) || m.IsMember(r) || !((c_.ever_committed_members() >> r) & 1)) continue;
+      // A removed leader first steps aside (Replica::MaybeStepAsideRemoved).
+      if (c_.replica(r) && c_.replica(r)->role() == Role::kLeader) continue;
+      if (r == paused_) {
+        paused_ = -1;
+        resume_at_ = kNever;
+      }
+      restart_at_[r] = kNever;
+      c_.RetireNode(r);
+    }
+  }
+
   // The end: heal everything, resume and restart every replica, then quiet.
+  // A node added whose change never committed (lost with its leader) is
+  // retired: it belongs to no configuration.
   void HealEverything() {
     if (c_.tracing()) c_.Trace("end of faults: heal, resume, restart");
     c_.SetLossy(false);
     c_.Heal();
     for (int r = 0; r < n_; r++) {
+      if (!c_.present(r)) continue;
       if (c_.paused(r)) c_.Resume(r);
       if (!c_.up(r)) c_.Restart(r);
     }
     c_.RunFor(opt_.quiet_us);
+    RetireRemoved();
   }
 
   // A new proposal (proposed again if lost with its leader) must commit on
@@ -369,6 +463,7 @@ class RandomRun {
                    (opt_.truncate_lagging && c_.MajorityCommitted(probe_index))) {
           bool all = true;
           for (int r = 0; r < n_; r++) {
+            if (!c_.replica(r)) continue;
             const Entry* f = c_.replica(r)->At(probe_index);
             if (f && c_.replica(r)->commit_index() >= probe_index && f->payload != probe)
               all = false;
@@ -397,6 +492,7 @@ class RandomRun {
     if (c_.failed() || done) return;
     std::string state;
     for (int r = 0; r < n_; r++) {
+      if (!c_.present(r)) continue;
       const Replica* x = c_.replica(r);
       state += Format(" r%d:%s/%s/c%llu/l%llu", r, x ? RoleName(x->role()) : "down",
                       x ? BallotString(x->promised()).c_str() : "-", (U)(x ? x->commit_index() : 0),
@@ -420,13 +516,25 @@ class RandomRun {
     res.transfers = c_.transfers();
     res.transfers_handed_over = c_.transfers_handed_over();
     res.transfers_timed_out = c_.transfers_timed_out();
+    res.membership_changes = membership_changes_;
+    res.checkpoints_installed = c_.checkpoints_installed();
+    res.final_voters = c_.committed_membership().VoterCount();
+    for (const auto& [index, e] : c_.committed())
+      res.membership_committed += e.type == EntryType::kConfig;
     res.steps = c_.steps();
     res.digest = Digest(c_);
     res.summary = Format(
         "seed %llu, %d replicas, %llums simulated: %s; committed %llu, acknowledged %llu, "
         "elections %llu, crashes %llu, steps %llu, steps under a lease %llu",
-        (U)opt_.seed, n_, (U)(c_.now() / 1000), res.ok ? "ok" : "VIOLATION", (U)res.committed,
-        (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps, (U)res.lease_checks);
+        (U)opt_.seed, opt_.replicas, (U)(c_.now() / 1000), res.ok ? "ok" : "VIOLATION",
+        (U)res.committed, (U)res.acknowledged, (U)res.elections, (U)res.crashes, (U)res.steps,
+        (U)res.lease_checks);
+    if (opt_.membership)
+      res.summary += Format(
+          "; membership changes %llu proposed, %llu committed, %llu checkpoints installed, "
+          "ending with %s",
+          (U)res.membership_changes, (U)res.membership_committed, (U)res.checkpoints_installed,
+          c_.committed_membership().ToString().c_str());
     if (!res.ok) {
       res.violation = c_.violation();
       if (keep_trace_) res.violation += "\nlast events:\n" + c_.TraceTail();
@@ -443,6 +551,8 @@ class RandomRun {
   // of a proposal (kNever: none due).
   uint64_t next_propose_, next_crash_, next_partition_, next_pause_, next_truncate_;
   uint64_t next_handover_, next_hold_, next_unreachable_, next_transfer_;
+  uint64_t next_membership_ = kNever;
+  uint64_t membership_changes_ = 0;
   uint64_t next_check_ = 1000;
   std::vector<uint64_t> restart_at_;  // by replica: when a crashed one restarts
   uint64_t heal_at_ = kNever;         // when the partition heals

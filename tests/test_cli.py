@@ -70,6 +70,8 @@ OPTIONS = {
         "--digest": None,
         "--lease-us": "7500, the simulator's own",
         "--lease-overrun-us": "0",
+        "--membership": None,
+        "--membership-bug": None,
     },
     ("bench", "consensus"): {
         "--transport": "shm",

@@ -965,7 +965,8 @@ void AddDivergence(CommandLine& cl) {
 // ------------------------------------------------------------------ sim
 
 int Sim(long long seeds, long long first, long long replicas, long long one, long long duration,
-        long long lease_us, long long lease_overrun_us, bool verbose, bool digest) {
+        long long lease_us, long long lease_overrun_us, bool verbose, bool digest, bool membership,
+        bool membership_bug) {
   if (one >= 0) {
     first = one;
     seeds = 1;
@@ -979,13 +980,18 @@ int Sim(long long seeds, long long first, long long replicas, long long one, lon
     if (duration > 0) o.duration_us = static_cast<uint64_t>(duration) * 1000;
     if (lease_us >= 0) o.lease_us = static_cast<uint64_t>(lease_us);
     o.lease_check_overrun_us = static_cast<uint64_t>(lease_overrun_us);
+    o.membership = membership || membership_bug;
+    o.membership_bug = membership_bug;
     SimResult r = RunSimulation(o);
     if (!r.ok) {
       violations++;
       printf(
-          "seed %lld: VIOLATION: %s\n  replay: lockstep sim --replicas %lld --seed %lld "
+          "seed %lld: VIOLATION: %s\n  replay: lockstep sim --replicas %lld --seed %lld%s "
           "--verbose\n",
-          s, r.violation.c_str(), replicas, s);
+          s, r.violation.c_str(), replicas, s,
+          membership_bug ? " --membership-bug"
+          : membership   ? " --membership"
+                         : "");
     }
     if (digest) {
       printf("%s, digest %08x\n", r.summary.c_str(), r.digest);
@@ -1003,7 +1009,7 @@ void AddSim(CommandLine& cl) {
   struct Options {
     long long seeds = 100, first = 1, replicas = 3, seed = -1, duration_ms = 0, lease_us = -1,
               lease_overrun_us = 0;
-    bool verbose = false, digest = false;
+    bool verbose = false, digest = false, membership = false, membership_bug = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = cl.Add(
@@ -1034,9 +1040,15 @@ void AddSim(CommandLine& cl) {
             0, kNoLimit);
   cmd->add_flag("--verbose", o->verbose, "print every seed's result (with --seed: its full trace)");
   cmd->add_flag("--digest", o->digest, "print every seed's summary and a digest of its logs");
+  cmd->add_flag("--membership", o->membership,
+                "also change the membership under the faults: add a learner, promote it, remove "
+                "a voter (the leader too)");
+  cmd->add_flag("--membership-bug", o->membership_bug,
+                "--membership with the single-server rules off and two changes at once (a test "
+                "of the checks: they must find violations)");
   cl.OnRun(cmd, [o] {
     return Sim(o->seeds, o->first, o->replicas, o->seed, o->duration_ms, o->lease_us,
-               o->lease_overrun_us, o->verbose, o->digest);
+               o->lease_overrun_us, o->verbose, o->digest, o->membership, o->membership_bug);
   });
 }
 
