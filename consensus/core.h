@@ -35,59 +35,85 @@
 //
 // Membership change (ProposeMembershipChange; membership.h holds the
 // configuration and its kConfig payload). SINGLE-SERVER changes, one at a
-// time, each an ordinary log entry, effective where it is APPENDED:
-//  - A replica's configuration is the last kConfig entry in its log,
-//    committed or not (else the one its truncation or checkpoint recorded,
-//    else CoreConfig::replicas' voters 0..N-1). An entry overwritten in a
-//    later ballot takes its configuration with it. Every decision that
-//    counts replicas uses the voters of that configuration: commit
-//    (AdvanceCommit), the lease (LeaseUntil), the pre-vote, phase 1
-//    (MaybeWin), the leader's step-down for want of a majority (Tick),
-//    OwnWriteMayCommit, FurthestReadyPeer and TransferLeadership.
+// time, each an ordinary log entry, effective where it is APPENDED (not
+// where it commits): chosen over joint consensus because one voter at a
+// time needs no second kind of quorum, and the simulator can check it.
+//  - A kConfig entry names the configuration it was proposed against
+//    (`from`) and the one it makes (`to`). A replica's configuration is the
+//    chain of single changes its log makes from its base (CoreConfig's
+//    voters 0..N-1, or what its last truncation or checkpoint recorded): an
+//    entry applies where the configuration just before it is its `from`,
+//    committed or not, and is INERT otherwise. Phase 1 picks values slot by
+//    slot, so a log can hold, after a newer ballot's change, an older
+//    ballot's change proposed against another history (the simulator found
+//    one); were it applied, the log's last two configurations would be two
+//    changes apart. An entry overwritten in a later ballot takes its change
+//    with it. Every decision that counts replicas uses the voters of that
+//    configuration: commit (AdvanceCommit), the lease (LeaseUntil), the
+//    pre-vote, phase 1 (MaybeWin), the leader's step-down for want of a
+//    majority (Tick), OwnWriteMayCommit, FurthestReadyPeer and
+//    TransferLeadership.
+//  - Effective on append, a leader's configuration is the committed one or
+//    one change past it, and it counts the new voters at once for every
+//    entry (Raft's rule). The price: a configuration can be undone when a
+//    later ballot overwrites its entry, which the chain handles.
 //  - Each change adds or removes ONE voter (adding or removing a learner
 //    moves no voter), so every majority of the old voters meets every
-//    majority of the new: two leaders, one on each side of a change, always
-//    share an acceptor, which has promised only one of their ballots.
-//    (Joint consensus is not needed for one voter at a time.)
-//  - One change at a time: a leader proposes a change only when its log's
-//    last configuration entry is committed. Otherwise two uncommitted
-//    changes would let the configurations of two live leaders be two voters
-//    apart, with disjoint majorities.
-//  - Ongaro's single-server bug (raft-dev 2015): a new leader proposes a
-//    change only after an entry of its OWN ballot committed (it appends a
-//    no-op if it has none, and the caller retries). Without it, leader A
-//    appends C1 (uncommitted, on A alone) and dies; B, elected without
-//    seeing it, commits C2 (another one-voter change of C0) under C2; A
-//    returns and, with its C1 whose majority misses C2's, overwrites
-//    committed entries. B's own-ballot entry, committed by a majority of
-//    C0, puts a higher-ballot value over A's C1 slot in a replica of every
-//    C0 or C1 majority, so A's phase 1 adopts it and loses C1.
+//    majority of the new: two leaders, one on each side of a change, share
+//    an acceptor, which has promised only one of their ballots.
+//  - One change at a time: a leader proposes a change only when the entry
+//    of its configuration is committed (LS_ASSERT in CheckInvariants: of
+//    the entries it proposed, at most one config entry is uncommitted, and
+//    it is the one in effect). Two uncommitted changes would let two live
+//    leaders' configurations be two voters apart, with disjoint majorities
+//    (the simulator's --membership-bug shows it).
+//  - Ongaro's single-server bug (raft-dev, 2015): a new leader proposes a
+//    change only once an entry of its OWN ballot committed (it appends a
+//    no-op if it has none, and the caller retries). Without it: C0 =
+//    {a,b,c,d}; leader a appends C1 = C0+e on a alone and stops; b, elected
+//    by {b,c,d} without seeing it, appends C2 = C0-d at the same index and
+//    commits it with {b,c}; a comes back and, with promises from {a,d,e}
+//    (a majority of its C1, and d's log says nothing at that index), keeps
+//    C1 and overwrites the committed C2. With the rule, b first commits a
+//    no-op with a majority of C0, which meets every majority of C1; a's
+//    phase 1 then finds b's higher-ballot values at and below the no-op's
+//    index: C1 is overwritten if its index is among them, else it now
+//    follows C2 in the chosen log, proposed against C0, and is inert. a's
+//    configuration is C0 or C2, whose majorities meet {b,c}.
 //  - Phase 1 may LEARN a newer configuration: a promise carries entries the
 //    candidate lacks, possibly a kConfig. The candidate leads only with
 //    promises from a majority of its own configuration's voters AND of the
-//    configuration its log will have once phase 1 picked its values (it
-//    sends prepares to voters it learns of that way). Its chosen log is at
-//    least as up to date as every promiser's, so this is Raft's election of
-//    a candidate holding that log, whose safety argument then carries over.
+//    configuration its log has once phase 1 picked its values (it sends
+//    prepares to the voters of it it had not asked). A chosen entry is in
+//    that log (Paxos, given intersecting majorities, by induction on
+//    ballots), so its configuration is the committed one or one change
+//    past it, like any leader's, and the promisers it needs are a majority
+//    of it: the leader this makes is one a Raft election of that log would
+//    make.
 //  - A removed leader keeps leading until the entry that removes it
 //    commits (it no longer counts itself toward any majority, its own disk
 //    included), then hands over to the furthest voter (HandOver) and stands
-//    for no election: it is kRemoved.
+//    for no election: it is kRemoved. A replica being removed keeps its
+//    stream until its removal commits, so that it learns of it.
 //  - Learners receive the stream (puts, control words, acks) like backups,
 //    are counted by no leader or candidate whose configuration holds them
 //    as learners, and never stand. They answer pre-votes and prepares as
 //    any replica does (Raft: a server answers without consulting its
 //    configuration), since a candidate may already hold them as voters;
 //    refusing made elections stall when the only replicas left to answer
-//    were a learner promoted before it knew and a leader removed before
-//    it knew (the simulator found it). A learner
-//    promoted acts as a voter (may stand) only once the entry promoting it
-//    is in its own log; the leader may count its acks and promises before
-//    that, which is sound: they are durable acceptances and promises.
+//    were a learner promoted before it knew and a leader removed before it
+//    knew (the simulator found it). A learner promoted acts as a voter (may
+//    stand) only once the entry promoting it is in its own log; the leader
+//    may count its acks and promises before that, which is sound: they are
+//    durable acceptances and promises.
 //  - A replica not in its configuration (removed, or added and not yet
 //    caught up to the entry that adds it) refuses to stand
 //    (member_state() == kRemoved); it still promises, which counts only for
 //    a candidate whose configuration holds it as a voter.
+//  - Leases: a backup guards every heartbeat it echoes, learner or not, and
+//    a lease counts only echoes of the leader's voters; since any candidate
+//    needs a majority of a configuration whose majorities meet the
+//    leader's, one of its promisers guards the lease (SimCluster::CheckLease).
 //  - A promotion waits until the learner's durable index is within
 //    CoreConfig::promote_within_entries of the leader's last index, so the
 //    new majority can commit without waiting for it to copy the log.
