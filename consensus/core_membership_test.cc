@@ -425,6 +425,32 @@ TEST(SimulationMembership, FiveReplicasWithChanges) {
   }
 }
 
+// Changes under the harsher faults of core_test's SeedsChaos, and with
+// truncation past lagging replicas (learners install checkpoints more
+// often; progress is required of a majority).
+TEST(SimulationMembership, SeedsWithChangesUnderChaosAndLaggingTruncation) {
+  for (uint64_t s = 1; s <= 60; s++) {
+    SimOptions o;
+    o.seed = 72000 + s;
+    o.membership = true;
+    if (s % 2) {
+      o.drop_rate = o.dup_rate = 0.1;
+      o.put_drop_rate = 0.02;
+      o.torn_put_rate = 0.4;
+      o.slow_rate = 0.1;
+      o.crash_every_us = 30'000;
+      o.partition_every_us = 40'000;
+      o.pause_every_us = 50'000;
+    } else {
+      o.truncate_lagging = true;
+      o.truncate_every_us = 20'000;
+    }
+    SimResult r = RunSimulation(o);
+    ASSERT_TRUE(r.ok) << r.summary << "\n" << r.violation;
+    EXPECT_GT(r.membership_committed, 0u) << r.summary;
+  }
+}
+
 // The planted bug (two changes at once, without the single-server rules)
 // must be found as two majorities of different configurations, on some
 // seed of the first 100.

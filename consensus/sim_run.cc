@@ -395,8 +395,12 @@ class RandomRun {
           if (m.IsVoter(r) && r != l) voters.push_back(r);
         change.id = aim_leader && m.IsVoter(l) ? l : voters[(pick + i) % voters.size()];
       } else {
-        if (m.next_id >= n_ || c_.present(m.next_id)) return;  // every fresh id used
-        change.id = m.next_id;
+        // The lowest id never started: one whose add was lost with its
+        // leader stays out (its node idles, in no configuration).
+        int id = m.next_id;
+        while (id < n_ && c_.incarnation(id) != 0) id++;
+        if (id >= n_) return;  // every fresh id used
+        change.id = id;
       }
       if (c_.tracing())
         c_.Trace(Format("membership: r%d proposes %s r%d", l, MembershipChangeKindName(change.kind),
