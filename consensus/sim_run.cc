@@ -358,7 +358,7 @@ class RandomRun {
   }
 
   // Membership changes, one attempt at a time, between `replicas` voters
-  // and one more: add a learner (a new node with the next fresh id), promote
+  // and one more (7 replicas: 6 and 7): add a learner (a new node with the next fresh id), promote
   // it once the leader takes it (caught up), remove a voter (the leader
   // itself half the time). With membership_bug (the rules off in the core)
   // every attempt makes two changes at once, up to two voters more: two
@@ -372,7 +372,10 @@ class RandomRun {
     uint64_t pick = rng_();
     if (l < 0) return;
     const int changes = opt_.membership_bug ? 2 : 1;
-    const int most_voters = opt_.replicas + changes;
+    // Between `replicas` voters and `changes` more (7 replicas: 6 and 7,
+    // as no configuration has more than kMaxVoters).
+    const int fewest_voters = std::min(opt_.replicas, kMaxVoters - changes);
+    const int most_voters = fewest_voters + changes;
     // What this attempt does, decided once on the configuration it starts from.
     const Membership start = c_.replica(l)->membership();
     MembershipChangeKind kind = start.learners ? MembershipChangeKind::kPromote
@@ -389,7 +392,7 @@ class RandomRun {
         if (!m.learners) return;
         change.id = __builtin_ctz(m.learners);
       } else if (kind == MembershipChangeKind::kRemove) {
-        if (m.VoterCount() <= opt_.replicas) return;
+        if (m.VoterCount() <= fewest_voters) return;
         std::vector<int> voters;
         for (int r = 0; r < n_; r++)
           if (m.IsVoter(r) && r != l) voters.push_back(r);
