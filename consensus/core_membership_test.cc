@@ -266,6 +266,46 @@ TEST(CoreMembership, PromotionWaitsForTheLearnerToCatchUp) {
   ExpectAllAgree(c);
 }
 
+// A learner promoted before it knows (the entry never reached it) does
+// not stand, though the others count it as a voter: with the leader gone,
+// the two other voters need its promise (3 of 4), get it, and only then
+// does it learn of its promotion and become a voter itself.
+TEST(CoreMembership, PromotedLearnerStandsOnlyOnceItHoldsThePromotion) {
+  SimCluster c(QuietMembers(10));
+  ASSERT_GT(Commit(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  AddLearner(c, l, 3);
+  ASSERT_TRUE(c.RunUntil([&] { return c.replica(l)->PeerMatch(3) >= c.replica(l)->last_index(); },
+                         500'000));
+  for (int v = 0; v < 3; v++) c.SetLink(v, 3, false);  // it hears nothing more
+  ProposeResult r = Change(c, l, MembershipChangeKind::kPromote, 3);
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_TRUE(ChangeCommits(c, l, r.index)) << Report(c);
+  EXPECT_EQ(c.replica(l)->membership().VoterCount(), 4);
+  EXPECT_EQ(c.replica(3)->member_state(), MemberState::kLearner);
+  c.RunFor(100'000);  // its election timer ran out many times meanwhile
+  EXPECT_EQ(c.replica(3)->role(), Role::kBackup);
+  c.Crash(l);
+  c.Heal();
+  bool stood_early = false;
+  ASSERT_TRUE(c.RunUntil(
+      [&] {
+        const Replica* x = c.replica(3);
+        stood_early |= x->role() != Role::kBackup && x->member_state() != MemberState::kVoter;
+        return c.Leader() >= 0;
+      },
+      500'000))
+      << Report(c);
+  EXPECT_FALSE(stood_early);
+  EXPECT_NE(c.Leader(), 3);
+  EXPECT_EQ(c.replica(3)->promised(), c.replica(c.Leader())->promised())
+      << "the new leader's phase 1 had its promise";
+  ASSERT_TRUE(
+      c.RunUntil([&] { return c.replica(3)->member_state() == MemberState::kVoter; }, 500'000))
+      << Report(c);
+  ASSERT_CLEAN(c);
+}
+
 // A learner added after the leader truncated its log starts from a
 // checkpoint (kNeedCheckpoint) that carries the configuration at its
 // index, and then follows the stream.
