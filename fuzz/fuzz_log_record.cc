@@ -2,13 +2,15 @@
 // consensus/region.h: DecodeRecord on bytes read back from a disk log
 // segment, a walk over a segment's records as recovery does it, and the
 // backup's RingReader over a log region a (deposed) leader may scribble on,
-// with the control and ack words. In the "sealed" modes the target writes a
+// with the control and ack words, and a kConfig entry's payload
+// (consensus/membership.h DecodeConfigEntry). In the "sealed" modes the target writes a
 // right magic, position, canary and checksum into the fuzzer's bytes first,
 // so that the fuzzer explores what lies past them; such a record must decode.
 #include <cstring>
 #include <vector>
 
 #include "consensus/log_format.h"
+#include "consensus/membership.h"
 #include "consensus/region.h"
 #include "fuzz/fuzz_util.h"
 
@@ -97,6 +99,25 @@ void Ring(uint8_t* ring, size_t ring_bytes, bool seal, uint64_t stream, bool oth
   }
 }
 
+// A kConfig payload: one the decoder accepts is a single valid change and
+// encodes back to the same bytes. Sealed, the magic, version and checksum
+// are put right first, so the fuzzer explores the two configurations.
+void ConfigPayload(uint8_t* buf, size_t n, bool seal) {
+  if (seal && n >= kConfigPayloadSize) {
+    memcpy(buf, "LKM1", 4);
+    buf[4] = 1;
+    uint32_t crc = Crc32c(0, buf, 15);
+    for (int i = 0; i < 4; i++) buf[15 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  }
+  ConfigEntry e;
+  std::string why = DecodeConfigEntry({reinterpret_cast<const char*>(buf), n}, &e);
+  if (!why.empty()) return;
+  FUZZ_CHECK(n == kConfigPayloadSize);
+  FUZZ_CHECK(IsOneChange(e.from, e.to) && MajoritiesIntersect(e.from, e.to));
+  FUZZ_CHECK(e.from.VoterCount() >= 1 && e.to.VoterCount() >= 1);
+  FUZZ_CHECK(EncodeConfigEntry(e) == std::string(reinterpret_cast<const char*>(buf), n));
+}
+
 }  // namespace
 }  // namespace lockstep
 
@@ -111,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto* buf = reinterpret_cast<uint8_t*>(words.data());
   memcpy(buf, rest.data(), rest.size());
   size_t n = rest.size();
-  switch (mode % 6) {
+  switch (mode % 8) {
     case 0: {  // one record, as found
       DecodedRecord r;
       if (DecodeRecord(buf, n, position, &r) == DecodeStatus::kOk)
@@ -140,6 +161,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (ReadAck(word, &aw)) FUZZ_CHECK(aw.check != 0 && aw.check == AckCheck(aw));
       break;
     }
+    case 6: ConfigPayload(buf, n, false); break;
+    case 7: ConfigPayload(buf, n, true); break;
   }
   return 0;
 }

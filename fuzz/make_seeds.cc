@@ -12,6 +12,7 @@
 
 #include "checkpoint/store.h"
 #include "consensus/log_format.h"
+#include "consensus/membership.h"
 #include "consensus/region.h"
 #include "guard/common/config.h"
 #include "guard/common/json.h"
@@ -196,6 +197,11 @@ void LogRecord() {
   SealAck(&aw);
   Put("log_record", "ack_word",
       Byte(5) + U64(0) + std::string(reinterpret_cast<const char*>(&aw), sizeof aw));
+  // A kConfig payload: a learner added to three voters.
+  ConfigEntry add{Membership::Initial(3), {}};
+  ApplyMembershipChange(add.from, {MembershipChangeKind::kAddLearner, 3}, &add.to);
+  Put("log_record", "config", Byte(6) + U64(0) + EncodeConfigEntry(add));
+  Put("log_record", "config_sealed", Byte(7) + U64(0) + EncodeConfigEntry(add));
 }
 
 void LogInput() {
