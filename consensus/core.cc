@@ -83,127 +83,6 @@ int Replica::leader() const {
   return -1;
 }
 
-namespace {
-// Calls fn(id) for every id set in mask, lowest first.
-template <typename Fn>
-void ForEachId(uint32_t mask, Fn fn) {
-  for (int p = 0; p < kMaxMemberIds; p++)
-    if ((mask >> p) & 1) fn(p);
-}
-}  // namespace
-
-// ---------------------------------------------------------------- membership
-
-bool Replica::NoteSlotWritten(const Entry& e) {
-  bool had = config_entries_.erase(e.index) > 0;
-  if (e.type != EntryType::kConfig) return had;
-  ConfigEntry c;
-  // Config payloads are checked where they enter (ProposeMembershipChange,
-  // OnRecord, HandlePromise, recovery's checksums): one that does not decode
-  // here means our own memory is wrong.
-  std::string why = DecodeConfigEntry(e.payload, &c);
-  LS_ASSERT(why.empty(), "config entry %lu: %s", (unsigned long)e.index, why.c_str());
-  config_entries_[e.index] = c;
-  return true;
-}
-
-void Replica::RefreshMembership() {
-  // The chain of single changes from the base: an entry proposed against
-  // another configuration than the one before it in this log is inert.
-  membership_ = base_membership_;
-  membership_index_ = 0;
-  for (const auto& [index, c] : config_entries_) {
-    if (c.from != membership_) continue;
-    membership_ = c.to;
-    membership_index_ = index;
-  }
-}
-
-uint32_t Replica::OtherMembers() const {
-  uint32_t m = membership_.voters | membership_.learners;
-  if (membership_index_ > commit_index_) {
-    const Membership& before = config_entries_.at(membership_index_).from;
-    m |= before.voters | before.learners;
-  }
-  return m & ~(1u << config_.id);
-}
-
-void Replica::MaybeStepAsideRemoved(uint64_t now_us) {
-  if (role_ != Role::kLeader || membership_.IsVoter(config_.id) ||
-      commit_index_ < membership_index_)
-    return;
-  // The entry that removed us is committed: the new voters go on without
-  // us. The furthest of them runs at once (no wait for our lease: a
-  // hand-over gives it up); we stand no more (kRemoved).
-  int successor = FurthestReadyPeer();
-  if (successor >= 0) {
-    HandOver(now_us, successor, config_.election_timeout_max_us);
-  } else {
-    StepDown(now_us, promised_);
-  }
-}
-
-ProposeResult Replica::ProposeMembershipChange(uint64_t now_us, const MembershipChange& change) {
-  (void)now_us;
-  ProposeResult r;
-  if (role_ != Role::kLeader) {
-    int l = leader();
-    r.error = l >= 0 ? "not the leader (replica " + std::to_string(l) + " is)"
-                     : "no leader at the moment (election in progress)";
-    return r;
-  }
-  if (transferring()) {
-    r.error = "leadership is moving to replica " + std::to_string(transfer_.target) +
-              " (retry there in a moment)";
-    return r;
-  }
-  const bool rules = config_.planted_bug != PlantedBug::kMembershipWithoutRules;
-  if (rules && commit_index_ < ballot_start_index_) {
-    // Ongaro's rule (core.h): an entry of our own ballot committed first.
-    if (last_index() < ballot_start_index_) Append(EntryType::kNoop, "");
-    r.error = "this leader has not yet committed an entry of its own ballot (index " +
-              std::to_string(ballot_start_index_) + ", commit index " +
-              std::to_string(commit_index_) + "): retry once it has";
-    return r;
-  }
-  if (rules && membership_index_ > commit_index_) {
-    r.error = "the previous membership change (entry " + std::to_string(membership_index_) + ": " +
-              membership_.ToString() + ") is not committed yet (commit index " +
-              std::to_string(commit_index_) + "): one change at a time";
-    return r;
-  }
-  Membership next;
-  std::string why = ApplyMembershipChange(membership_, change, &next);
-  if (!why.empty()) {
-    r.error = why;
-    return r;
-  }
-  if (rules && change.kind == MembershipChangeKind::kPromote) {
-    const PeerStream& p = peers_[change.id];
-    uint64_t lag = last_index() - std::min(last_index(), p.match);
-    if (!p.ready || lag > config_.promote_within_entries) {
-      r.error =
-          "learner " + std::to_string(change.id) + " has not caught up: " +
-          (p.ready ? "its durable index " + std::to_string(p.match) + " is " + std::to_string(lag) +
-                         " entries behind the last index " + std::to_string(last_index())
-                   : std::string("it has no live stream from this leader")) +
-          " (promoted once within " + std::to_string(config_.promote_within_entries) + " entries)";
-      return r;
-    }
-  }
-  r.index = Append(EntryType::kConfig, EncodeConfigEntry(ConfigEntry{membership_, next}));
-  r.ok = true;
-  LS_ASSERT(membership_ == next && membership_index_ == r.index, "config entry %lu not in effect",
-            (unsigned long)r.index);
-  // A replica in neither configuration gets no stream from us (one being
-  // removed keeps it until the removal commits: OtherMembers).
-  ForEachId(~OtherMembers() & ~(1u << config_.id) & ((1u << kMaxMemberIds) - 1),
-            [&](int p) { peers_[p] = PeerStream{}; });
-  AdvanceCommit();  // the new voters may make a majority already
-  CheckInvariants();
-  return r;
-}
-
 const Entry* Replica::At(uint64_t index) const {
   if (index < first_index_ || index > last_index()) return nullptr;
   return &slots_[index - first_index_];
@@ -342,20 +221,23 @@ void Replica::OnLocalStall(uint64_t now_us, uint64_t gap_us) {
 
 // ---------------------------------------------------------------- proposals
 
+std::string Replica::WhyNotProposing() const {
+  if (role_ != Role::kLeader) {
+    int l = leader();
+    return l >= 0 ? "not the leader (replica " + std::to_string(l) + " is)"
+                  : "no leader at the moment (election in progress)";
+  }
+  if (transferring())
+    return "leadership is moving to replica " + std::to_string(transfer_.target) +
+           " (retry there in a moment)";
+  return "";
+}
+
 ProposeResult Replica::Propose(uint64_t now_us, EntryType type, std::string payload) {
   (void)now_us;
   ProposeResult r;
-  if (role_ != Role::kLeader) {
-    int l = leader();
-    r.error = l >= 0 ? "not the leader (replica " + std::to_string(l) + " is)"
-                     : "no leader at the moment (election in progress)";
-    return r;
-  }
-  if (transferring()) {
-    r.error = "leadership is moving to replica " + std::to_string(transfer_.target) +
-              " (retry there in a moment)";
-    return r;
-  }
+  r.error = WhyNotProposing();
+  if (!r.error.empty()) return r;
   if (payload.size() > max_payload()) {
     r.error = "proposal of " + std::to_string(payload.size()) +
               " bytes exceeds the log region's limit of " + std::to_string(max_payload()) +
@@ -743,117 +625,6 @@ void Replica::StepDown(uint64_t now_us, Ballot seen) {
   }
   max_round_seen_ = std::max(max_round_seen_, BallotRound(seen));
   ResetElectionTimer(now_us);
-}
-
-int Replica::FurthestReadyPeer(const std::vector<int>& among) const {
-  // Voters only: a learner or a removed replica would not stand.
-  int best = -1;
-  ForEachId(OtherVoters(), [&](int p) {
-    if (!peers_[p].ready) return;
-    if (!among.empty() && std::find(among.begin(), among.end(), p) == among.end()) return;
-    if (best < 0 || peers_[p].match > peers_[best].match) best = p;
-  });
-  return best;
-}
-
-bool Replica::HandOver(uint64_t now_us, int successor, uint64_t hold_us) {
-  if (role_ != Role::kLeader || !Membership::InRange(successor) || successor == config_.id)
-    return false;
-  // Only leading changes: the promise, the log, the commit index and what
-  // is durable stay as they are, so this is the step-down a leader cut off
-  // from a majority takes (Tick), plus a hold on our own candidacy. Paxos'
-  // safety does not depend on who runs or when; the hold only keeps this
-  // replica from winning its leadership straight back.
-  Ballot ballot = promised_;
-  StepDown(now_us, ballot);
-  election_hold_until_us_ = now_us + hold_us;
-  Message m;
-  m.type = Message::Type::kTakeOver;
-  m.from = config_.id;
-  m.to = successor;
-  m.ballot = ballot;
-  m.commit_index = commit_index_;
-  ready_.messages.push_back(std::move(m));
-  LS_ASSERT(role_ == Role::kBackup && promised_ == ballot && leader() < 0,
-            "handed over, yet role %s, ballot %s", RoleName(role_),
-            BallotString(promised_).c_str());
-  CheckInvariants();
-  return true;
-}
-
-std::string Replica::TransferLeadership(uint64_t now_us, int target, uint64_t timeout_us,
-                                        uint64_t hold_us) {
-  const int n = membership_.VoterCount();
-  if (role_ != Role::kLeader) {
-    int l = leader();
-    return l >= 0 ? "this replica does not lead (replica " + std::to_string(l) + " does)"
-                  : "this replica does not lead (an election is under way)";
-  }
-  if (!membership_.IsMember(target)) {
-    bool initial = membership_ == Membership::Initial(n);
-    return "replica " + std::to_string(target) + " is not a replica of this cluster (" +
-           (initial ? "ids 0.." + std::to_string(n - 1) : membership_.ToString()) + ")";
-  }
-  if (!membership_.IsVoter(target))
-    return "replica " + std::to_string(target) +
-           " is a learner: it may lead only once promoted to voter";
-  if (target == config_.id) return "replica " + std::to_string(target) + " already leads";
-  if (transferring())
-    return "a move to replica " + std::to_string(transfer_.target) + " is already under way";
-  int heard = membership_.IsVoter(config_.id) ? 1 : 0;
-  ForEachId(OtherVoters(), [&](int p) {
-    if (peers_[p].ready && peers_[p].last_heard_us + config_.election_timeout_max_us >= now_us)
-      heard++;
-  });
-  if (heard < Majority())
-    return "no quorum: this leader heard from " + std::to_string(heard) + " of " +
-           std::to_string(n) + " replicas within an election timeout (it needs " +
-           std::to_string(Majority()) + ")";
-  if (!peers_[target].ready ||
-      peers_[target].last_heard_us + config_.election_timeout_max_us < now_us)
-    return "replica " + std::to_string(target) +
-           " is not ready to lead: it has no live stream from this leader (down, restarting "
-           "or still catching up); try again when `lockstep cluster status` shows it caught up";
-  transfer_ = TransferStatus{TransferState::kWaiting, target, now_us, 0, last_index()};
-  transfer_deadline_us_ = now_us + timeout_us;
-  transfer_hold_us_ = hold_us;
-  StepTransfer(now_us);  // already caught up: hands over at once
-  return "";
-}
-
-void Replica::StepTransfer(uint64_t now_us) {
-  LS_ASSERT(role_ == Role::kLeader && transferring(), "transfer step while %s, %s", RoleName(role_),
-            TransferStateName(transfer_.state));
-  // Proposals are refused while waiting, and nothing else appends to a
-  // leader's log: the log end the target must reach stays put.
-  LS_ASSERT(last_index() == transfer_.last_index, "log grew from %lu to %lu during a transfer",
-            (unsigned long)transfer_.last_index, (unsigned long)last_index());
-  const int target = transfer_.target;
-  // Committed too: the leader's own server then answers every input it
-  // proposed before its connections close, so no client is left unsure.
-  if (peers_[target].ready && peers_[target].match >= last_index() &&
-      commit_index_ >= last_index()) {
-    transfer_.state = TransferState::kHandedOver;  // before HandOver: its StepDown keeps it
-    transfer_.ended_us = now_us;
-    bool handed = HandOver(now_us, target, transfer_hold_us_);
-    LS_ASSERT(handed, "hand-over to replica %d refused", target);
-    return;
-  }
-  if (now_us >= transfer_deadline_us_) {
-    transfer_.state = TransferState::kTimedOut;
-    transfer_.ended_us = now_us;
-  }
-}
-
-// The leader we promised stepped down for us: run now. No pre-vote (it
-// protects a live leader from a replica that merely lost touch, and this
-// one gave up), but the same conditions as any candidacy: phase 1 itself
-// is what keeps every committed value.
-void Replica::HandleTakeOver(uint64_t now_us, const Message& m) {
-  if (role_ != Role::kBackup || m.ballot != promised_ || m.from != BallotLeader(promised_)) return;
-  lease_guard_until_us_ = 0;  // its leader gave its lease up
-  if (!MayStand(now_us)) return;
-  StartElection(now_us, m.ballot);
 }
 
 void Replica::OpenStream() {

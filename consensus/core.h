@@ -497,6 +497,9 @@ class Replica {
   void HandleNeedCheckpoint(uint64_t now_us, const Message& m);
   void HandleTakeOver(uint64_t now_us, const Message& m);
   bool MayStand(uint64_t now_us) const;  // may start a pre-vote or election now
+  // Why a proposal is refused whatever it is ("" when it may go on): not
+  // leading, or moving the leadership away (Propose, ProposeMembershipChange).
+  std::string WhyNotProposing() const;
   // A transfer in kWaiting: hands over once the target holds the whole
   // log, or gives up at its deadline.
   void StepTransfer(uint64_t now_us);

@@ -26,6 +26,13 @@ enum class MemberState : uint8_t {
 };
 const char* MemberStateName(MemberState s);
 
+// Calls fn(id) for every id set in mask (bit i: replica i), lowest first.
+template <typename Fn>
+void ForEachId(uint32_t mask, Fn fn) {
+  for (int id = 0; id < kMaxMemberIds; id++)
+    if ((mask >> id) & 1) fn(id);
+}
+
 // One change at a time (single-server changes, core.h).
 enum class MembershipChangeKind : uint8_t {
   kAddLearner = 1,  // a new replica, with a fresh id, starts receiving the stream

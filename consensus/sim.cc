@@ -25,21 +25,7 @@ struct CoreAssertion : std::runtime_error {
   throw CoreAssertion(message);
 }
 
-std::string Short(const std::string& s) {
-  if (s.size() <= 24) return s;
-  return s.substr(0, 20) + Format("..(%zu)", s.size());
-}
-
-bool SameValue(const Entry& a, const Entry& b) {
-  return a.type == b.type && a.payload == b.payload;
-}
-
 }  // namespace
-
-#define SIM_TRACE(...)                         \
-  do {                                         \
-    if (tracing()) Trace(Format(__VA_ARGS__)); \
-  } while (0)
 
 // ---------------------------------------------------------------- setup
 
@@ -782,20 +768,12 @@ void SimCluster::RetireNode(int r) {
 
 ProposeResult SimCluster::ProposeMembershipChange(int r, const MembershipChange& change) {
   ProposeResult res;
-  Node& nd = nodes_[r];
-  if (!nd.rep || nd.paused) {
-    res.error = "replica down";
-    return res;
-  }
-  try {
-    res = nd.rep->ProposeMembershipChange(now_, change);
+  bool ran = Operate(r, [&](Replica& x) {
+    res = x.ProposeMembershipChange(now_, change);
     SIM_TRACE("r%d: propose %s r%d -> %s %llu %s", r, MembershipChangeKindName(change.kind),
               change.id, res.ok ? "index" : "refused", (U)res.index, res.error.c_str());
-    Drain(r);
-    CheckInvariants();
-  } catch (const CoreAssertion& e) {
-    Fail(std::string("core: ") + e.what());
-  }
+  });
+  if (!ran) res.error = "replica down";
   return res;
 }
 
@@ -812,221 +790,6 @@ void SimCluster::MaybeInstallCheckpoint(int r) {
   if (nd.rep->InstallCheckpoint(now_, index, at)) {
     checkpoints_installed_++;
     SIM_TRACE("r%d: installed a checkpoint at %llu (%s)", r, (U)index, at.ToString().c_str());
-  }
-}
-
-// Two leaders able to commit in overlapping ballots: a replica leads ballot
-// b1 while another leads b2 > b1, yet the voters of the first one's
-// configuration include a majority that promised nothing above b1 on disk
-// (the retired excepted: they accept nothing more). The second one's phase
-// 1 had the durable promises of a majority of its configuration; were every
-// majority of the first's to meet every majority of the second's, one of
-// them would be in that set. So this finds two configurations with
-// disjoint majorities in play at once, whether or not a value diverged yet.
-void SimCluster::CheckTwoMajorities() {
-  std::vector<int> leaders;
-  for (int r = 0; r < n_; r++)
-    if (nodes_[r].rep && nodes_[r].rep->role() == Role::kLeader) leaders.push_back(r);
-  if (leaders.size() < 2) return;
-  for (int a : leaders) {
-    const Replica& low = *nodes_[a].rep;
-    for (int b : leaders) {
-      const Replica& high = *nodes_[b].rep;
-      if (high.promised() <= low.promised()) continue;
-      uint32_t open = 0;  // could still accept the lower ballot
-      for (int r = 0; r < n_; r++)
-        if (nodes_[r].present && nodes_[r].durable.promised <= low.promised()) open |= 1u << r;
-      if (!low.membership().IsMajority(open)) continue;
-      std::string ids;
-      for (int r = 0; r < n_; r++)
-        if ((open >> r) & 1 && low.membership().IsVoter(r)) ids += " r" + std::to_string(r);
-      Fail(Format(
-          "membership: two majorities: r%d leads ballot %s with %s and voters {%s } have "
-          "promised nothing above it, while r%d leads ballot %s with %s",
-          a, BallotString(low.promised()).c_str(), low.membership().ToString().c_str(), ids.c_str(),
-          b, BallotString(high.promised()).c_str(), high.membership().ToString().c_str()));
-      return;
-    }
-  }
-}
-
-// ---------------------------------------------------------------- invariants
-
-void SimCluster::CheckInvariants() {
-  if (failed()) return;
-  CheckTwoMajorities();
-  if (failed()) return;
-  for (int r = 0; r < n_; r++) {
-    Node& nd = nodes_[r];
-    if (!nd.rep) continue;
-    const Replica& x = *nd.rep;
-    // One leader per ballot, and a ballot's leader is the replica it names.
-    if (x.role() == Role::kLeader) {
-      if (BallotLeader(x.promised()) != r) {
-        Fail(Format("r%d leads ballot %s of another replica", r,
-                    BallotString(x.promised()).c_str()));
-        return;
-      }
-      auto [it, fresh] = leaders_.emplace(x.promised(), std::make_pair(r, nd.incarnation));
-      if (!fresh && it->second != std::make_pair(r, nd.incarnation)) {
-        Fail(Format("two leaders for ballot %s: r%d incarnation %llu and r%d incarnation %llu",
-                    BallotString(x.promised()).c_str(), it->second.first, (U)it->second.second, r,
-                    (U)nd.incarnation));
-        return;
-      }
-      if (fresh) SIM_TRACE("r%d: leads ballot %s", r, BallotString(x.promised()).c_str());
-    }
-    // Agreement: every committed slot equals the first value ever committed there.
-    uint64_t c = x.commit_index();
-    if (c < nd.checked_upto) {
-      Fail(Format("r%d: commit index went back from %llu to %llu", r, (U)nd.checked_upto, (U)c));
-      return;
-    }
-    for (uint64_t i = std::max(nd.checked_upto, x.first_index() - 1) + 1; i <= c; i++) {
-      const Entry* e = x.At(i);
-      if (!e) {
-        Fail(Format("r%d: committed slot %llu missing (log [%llu, %llu])", r, (U)i,
-                    (U)x.first_index(), (U)x.last_index()));
-        return;
-      }
-      auto [it, fresh] = committed_.emplace(i, *e);
-      if (fresh && e->type == EntryType::kConfig && i > committed_membership_index_) {
-        ConfigEntry c;
-        std::string why = DecodeConfigEntry(e->payload, &c);
-        if (!why.empty()) {
-          Fail(Format("r%d committed config entry %llu that does not decode: %s", r, (U)i,
-                      why.c_str()));
-          return;
-        }
-        // Committed in index order: the chain of the committed log.
-        if (c.from != committed_membership_) {
-          SIM_TRACE("membership: committed inert entry %llu (%s against %s)", (U)i,
-                    c.to.ToString().c_str(), c.from.ToString().c_str());
-          continue;
-        }
-        const Membership& m = c.to;
-        committed_membership_ = m;
-        committed_membership_index_ = i;
-        committed_configs_[i] = m;
-        ever_committed_members_ |= m.voters | m.learners;
-        // From now on every leader's configuration is this one or a later
-        // one: the configurations in play are it and those in logs past it.
-        memberships_seen_.assign(1, m);
-        for (const Node& other : nodes_) {
-          const DurableState& d = other.durable;
-          for (const Entry& s : d.slots) {
-            ConfigEntry x;
-            if (s.index > i && s.type == EntryType::kConfig &&
-                DecodeConfigEntry(s.payload, &x).empty())
-              NoteMembership(x.to);
-          }
-        }
-        SIM_TRACE("membership: committed %s at %llu", m.ToString().c_str(), (U)i);
-      }
-      if (fresh) {
-        SIM_TRACE("committed %llu: %s %s (first seen on r%d)", (U)i, EntryTypeName(e->type),
-                  Short(e->payload).c_str(), r);
-      } else if (!SameValue(it->second, *e)) {
-        Fail(Format("agreement: r%d committed slot %llu = %s '%s' but it was committed as %s '%s'",
-                    r, (U)i, EntryTypeName(e->type), Short(e->payload).c_str(),
-                    EntryTypeName(it->second.type), Short(it->second.payload).c_str()));
-        return;
-      }
-    }
-    nd.checked_upto = c;
-    CheckLease(r);
-    if (failed()) return;
-    // Durability: every slot up to the durable index the replica reports (and
-    // acks, and counts towards commits) is on its disk with exactly its value.
-    uint64_t d = x.durable_index();
-    if (d < nd.durable_checked) nd.durable_checked = d;
-    for (uint64_t i = nd.durable_checked + 1; i <= d; i++) {
-      if (i < x.first_index()) continue;
-      const Entry* disk = DurableAt(r, i);
-      if (!disk || !(*disk == *x.At(i))) {
-        Fail(Format(
-            "r%d: reports slot %llu durable (durable index %llu) but its disk holds %s", r, (U)i,
-            (U)d,
-            disk ? (Short(disk->payload) + " of ballot " + BallotString(disk->ballot)).c_str()
-                 : "nothing"));
-        return;
-      }
-    }
-    nd.durable_checked = d;
-    // Client proposals at r that r now reports committed are acknowledged.
-    auto& pend = pending_[r];
-    while (!pend.empty() && pend.begin()->first <= c) {
-      Tracked t = std::move(pend.begin()->second);
-      pend.erase(pend.begin());
-      if (t.incarnation != nd.incarnation) continue;
-      const Entry* e = x.At(t.index);
-      if (!e || !SameValue(*e, t.entry)) continue;  // lost before commit: never acknowledged
-      auto it = committed_.find(t.index);
-      if (it == committed_.end() || !SameValue(it->second, t.entry)) {
-        Fail(Format("acknowledged slot %llu not in the committed record", (U)t.index));
-        return;
-      }
-      t.acked = true;
-      SIM_TRACE("acknowledged %llu at r%d: %s", (U)t.index, r, Short(t.entry.payload).c_str());
-      acked_.push_back(std::move(t));
-    }
-  }
-}
-
-// A replica that holds a lease may answer a read from its own state: no
-// other replica may lead a higher ballot meanwhile, and no slot may be
-// committed that it does not know committed (a read would miss it).
-void SimCluster::CheckLease(int r) {
-  const Replica& x = *nodes_[r].rep;
-  uint64_t until = x.LeaseUntil();
-  if (until == 0 || until + opt_.lease_check_overrun_us <= now_) return;
-  lease_checks_++;
-  for (int q = 0; q < n_; q++) {
-    const Replica* y = replica(q);
-    if (q == r || !y) continue;
-    if (y->role() == Role::kLeader && y->promised() > x.promised()) {
-      Fail(Format("lease: r%d holds a lease of ballot %s until %llu, yet r%d leads ballot %s", r,
-                  BallotString(x.promised()).c_str(), (U)until, q,
-                  BallotString(y->promised()).c_str()));
-      return;
-    }
-  }
-  if (!committed_.empty() && committed_.rbegin()->first > x.commit_index()) {
-    Fail(Format(
-        "lease: r%d holds a lease until %llu at commit index %llu, yet slot %llu is committed", r,
-        (U)until, (U)x.commit_index(), (U)committed_.rbegin()->first));
-  }
-}
-
-void SimCluster::CheckAcknowledged() {
-  for (const Tracked& t : acked_) {
-    auto it = committed_.find(t.index);
-    if (it == committed_.end() || !SameValue(it->second, t.entry)) {
-      Fail(Format("durability: acknowledged slot %llu lost", (U)t.index));
-      return;
-    }
-    for (int r = 0; r < n_; r++) {
-      const Replica* x = replica(r);
-      if (!x || x->commit_index() < t.index) continue;
-      const Entry* e = x->At(t.index);
-      if (e && !SameValue(*e, t.entry)) {
-        Fail(Format("durability: r%d holds %s at acknowledged slot %llu, not %s", r,
-                    Short(e->payload).c_str(), (U)t.index, Short(t.entry.payload).c_str()));
-        return;
-      }
-    }
-  }
-  // Whole committed prefixes, not only what was checked incrementally.
-  for (int r = 0; r < n_; r++) {
-    const Replica* x = replica(r);
-    if (!x) continue;
-    for (uint64_t i = x->first_index(); i <= x->commit_index(); i++) {
-      auto it = committed_.find(i);
-      if (it == committed_.end() || !SameValue(it->second, *x->At(i))) {
-        Fail(Format("agreement: r%d slot %llu differs from the committed record", r, (U)i));
-        return;
-      }
-    }
   }
 }
 
@@ -1190,58 +953,51 @@ void SimCluster::HoldDisk(int r, bool hold) {
   if (!hold && nodes_[r].rep) ScheduleDisk(r);
 }
 
-ProposeResult SimCluster::Propose(int r, EntryType type, std::string payload) {
-  ProposeResult res;
+bool SimCluster::Operate(int r, const std::function<void(Replica&)>& op) {
   Node& nd = nodes_[r];
-  if (!nd.rep || nd.paused) {
-    res.error = "replica down";
-    return res;
-  }
+  if (!nd.rep || nd.paused) return false;
   try {
-    std::string shown = Short(payload);
-    res = nd.rep->Propose(now_, type, std::move(payload));
-    SIM_TRACE("r%d: propose %s -> %s %llu %s", r, shown.c_str(), res.ok ? "index" : "refused",
-              (U)res.index, res.error.c_str());
+    op(*nd.rep);
     Drain(r);
     CheckInvariants();
   } catch (const CoreAssertion& e) {
     Fail(std::string("core: ") + e.what());
   }
+  return true;
+}
+
+ProposeResult SimCluster::Propose(int r, EntryType type, std::string payload) {
+  ProposeResult res;
+  bool ran = Operate(r, [&](Replica& x) {
+    std::string shown = Short(payload);
+    res = x.Propose(now_, type, std::move(payload));
+    SIM_TRACE("r%d: propose %s -> %s %llu %s", r, shown.c_str(), res.ok ? "index" : "refused",
+              (U)res.index, res.error.c_str());
+  });
+  if (!ran) res.error = "replica down";
   return res;
 }
 
 bool SimCluster::HandOver(int r, int successor, uint64_t hold_us) {
-  Node& nd = nodes_[r];
-  if (!nd.rep || nd.paused) return false;
   bool ok = false;
-  try {
-    ok = nd.rep->HandOver(now_, successor, hold_us);
+  Operate(r, [&](Replica& x) {
+    ok = x.HandOver(now_, successor, hold_us);
     SIM_TRACE("r%d: hand over to r%d, hold %llu us -> %s", r, successor, (U)hold_us,
               ok ? "done" : "refused");
-    Drain(r);
-    CheckInvariants();
-  } catch (const CoreAssertion& e) {
-    Fail(std::string("core: ") + e.what());
-  }
+  });
   return ok;
 }
 
 std::string SimCluster::TransferLeadership(int r, int target, uint64_t timeout_us,
                                            uint64_t hold_us) {
-  Node& nd = nodes_[r];
-  if (!nd.rep || nd.paused) return "replica down or paused";
   std::string why = "core assertion";
-  try {
-    why = nd.rep->TransferLeadership(now_, target, timeout_us, hold_us);
+  bool ran = Operate(r, [&](Replica& x) {
+    why = x.TransferLeadership(now_, target, timeout_us, hold_us);
     if (why.empty()) transfers_++;
     SIM_TRACE("r%d: move leadership to r%d (timeout %llu us, hold %llu us) -> %s", r, target,
               (U)timeout_us, (U)hold_us, why.empty() ? "started" : why.c_str());
-    Drain(r);
-    CheckInvariants();
-  } catch (const CoreAssertion& e) {
-    Fail(std::string("core: ") + e.what());
-  }
-  return why;
+  });
+  return ran ? why : "replica down or paused";
 }
 
 void SimCluster::Track(int r, uint64_t index, EntryType type, const std::string& payload) {
@@ -1257,18 +1013,12 @@ void SimCluster::Track(int r, uint64_t index, EntryType type, const std::string&
 }
 
 bool SimCluster::TruncateBelow(int r, uint64_t index) {
-  Node& nd = nodes_[r];
-  if (!nd.rep || nd.paused) return false;
   bool ok = false;
-  try {
-    ok = nd.rep->TruncateBelow(index);
+  Operate(r, [&](Replica& x) {
+    ok = x.TruncateBelow(index);
     SIM_TRACE("r%d: truncate below %llu -> %s (log [%llu, %llu])", r, (U)index,
-              ok ? "ok" : "refused", (U)nd.rep->first_index(), (U)nd.rep->last_index());
-    Drain(r);
-    CheckInvariants();
-  } catch (const CoreAssertion& e) {
-    Fail(std::string("core: ") + e.what());
-  }
+              ok ? "ok" : "refused", (U)x.first_index(), (U)x.last_index());
+  });
   return ok;
 }
 

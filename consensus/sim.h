@@ -427,6 +427,12 @@ class SimCluster {
   void Process(Event& ev);
   void Poll(int r);
   void Drain(int r);
+  // Calls op on replica r's core if r runs (not crashed, not paused), then
+  // drains what the core made and checks the invariants; a core assertion
+  // fails the run. False when r is down or paused (op not called). The
+  // controls that act on one replica's core go through it (Propose,
+  // ProposeMembershipChange, HandOver, TransferLeadership, TruncateBelow).
+  bool Operate(int r, const std::function<void(Replica&)>& op);
   void SyncRegion(int r);
   void StartReplica(int r);
   void ApplyDurable(int r, const PersistOp& op);

@@ -1,6 +1,7 @@
 // sim_util.h — small helpers the simulator's files share (sim.cc, the
-// cluster; sim_run.cc, the randomized run): message formatting and our own
-// random draws. Internal to the simulator.
+// cluster; sim_invariants.cc, its checks; sim_run.cc, the randomized run):
+// message formatting, tracing, values compared, and our own random draws.
+// Internal to the simulator.
 #pragma once
 
 #include <cstdarg>
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <random>
 #include <string>
+
+#include "consensus/log_format.h"
 
 namespace lockstep::sim_util {
 
@@ -22,6 +25,23 @@ inline std::string Format(const char* fmt, ...) {
 }
 
 using U = unsigned long long;
+
+// A payload as a trace or a violation shows it: at most 24 characters.
+inline std::string Short(const std::string& s) {
+  if (s.size() <= 24) return s;
+  return s.substr(0, 20) + Format("..(%zu)", s.size());
+}
+
+// The same value (what Paxos compares): type and payload, whatever the ballot.
+inline bool SameValue(const Entry& a, const Entry& b) {
+  return a.type == b.type && a.payload == b.payload;
+}
+
+// A line of the run's trace, inside SimCluster's members (tracing, Trace).
+#define SIM_TRACE(...)                         \
+  do {                                         \
+    if (tracing()) Trace(Format(__VA_ARGS__)); \
+  } while (0)
 
 // Our own draws instead of <random>'s distributions, whose algorithms differ
 // between standard libraries: a seed replays the same run everywhere.
