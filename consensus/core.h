@@ -386,6 +386,9 @@ class Replica {
   // entry is (0: none in the log), and what this replica is in it.
   const Membership& membership() const { return membership_; }
   uint64_t membership_index() const { return membership_index_; }
+  // The configuration in effect at `index` (>= first_index - 1, else the
+  // base): what a checkpoint taken there records (InstallCheckpoint's).
+  Membership MembershipAt(uint64_t index) const;
   MemberState member_state() const { return membership_.StateOf(config_.id); }
   Role role() const { return role_; }
   Ballot promised() const { return promised_; }

@@ -34,6 +34,15 @@ void Replica::RefreshMembership() {
   }
 }
 
+Membership Replica::MembershipAt(uint64_t index) const {
+  Membership m = base_membership_;
+  for (const auto& [at, c] : config_entries_) {
+    if (at > index) break;
+    if (c.from == m) m = c.to;
+  }
+  return m;
+}
+
 uint32_t Replica::OtherMembers() const {
   uint32_t m = membership_.voters | membership_.learners;
   if (membership_index_ > commit_index_) {

@@ -129,6 +129,48 @@ TEST(CoreMembership, DecoderRejectsGarbageWithoutCrashing) {
   EXPECT_EQ(out.to, to);
 }
 
+// A configuration on its own (a truncation's note, a checkpoint's restore
+// point): round trips, and every flipped bit or other length is refused.
+TEST(CoreMembership, MembershipRecordRoundTripsAndRefusesDamage) {
+  Membership m = Membership::Initial(3), learner;
+  ASSERT_EQ(ApplyMembershipChange(m, {MembershipChangeKind::kAddLearner, 3}, &learner), "");
+  const std::string good = EncodeMembership(learner);
+  ASSERT_EQ(good.size(), kMembershipPayloadSize);
+  Membership out;
+  ASSERT_EQ(DecodeMembership(good, &out), "");
+  EXPECT_EQ(out, learner);
+  for (size_t i = 0; i < good.size() * 8; i++) {
+    std::string bad = good;
+    bad[i / 8] = static_cast<char>(bad[i / 8] ^ (1 << (i % 8)));
+    EXPECT_NE(DecodeMembership(bad, &out), "") << "bit " << i;
+  }
+  for (size_t n = 0; n < good.size() + 4; n++) {
+    if (n == good.size()) continue;
+    std::string bad = n < good.size() ? good.substr(0, n) : good + std::string(n - good.size(), 0);
+    EXPECT_NE(DecodeMembership(bad, &out), "") << "length " << n;
+  }
+  // A kConfig entry's payload is not a configuration record, nor the reverse.
+  EXPECT_NE(DecodeMembership(EncodeConfigEntry({m, learner}), &out), "");
+  EXPECT_EQ(out, learner);
+}
+
+// MembershipAt: the configuration in effect at an index of the log, what a
+// checkpoint taken there records.
+TEST(CoreMembership, MembershipAtFollowsTheLogsChanges) {
+  SimCluster c(QuietMembers(3));
+  ASSERT_GT(Commit(c, "a"), 0u) << Report(c);
+  int l = c.Leader();
+  uint64_t before = c.replica(l)->last_index();
+  AddLearner(c, l, 3);
+  const Replica& r = *c.replica(l);
+  uint64_t added = r.membership_index();
+  ASSERT_GT(added, before);
+  EXPECT_EQ(r.MembershipAt(before), Membership::Initial(3));
+  EXPECT_EQ(r.MembershipAt(added - 1), Membership::Initial(3));
+  EXPECT_TRUE(r.MembershipAt(added).IsLearner(3));
+  EXPECT_TRUE(r.MembershipAt(r.last_index()).IsLearner(3));
+}
+
 // ---------------------------------------------------------------- the rules
 
 TEST(CoreMembership, ConfigEntriesGoThroughProposeMembershipChangeOnly) {

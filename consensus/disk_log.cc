@@ -580,6 +580,7 @@ bool DiskLog::Recover(RecoveredLog* out, std::string* error) {
       out->promised = h.ballot;
     } else if (type == EntryType::kTruncate) {
       out->truncated_below = h.index;
+      out->truncate_note.assign(r.payload);
       out->commit_index = std::max(out->commit_index, h.commit_index);
       slots.erase(slots.begin(), slots.lower_bound(h.index));
     }
@@ -973,7 +974,7 @@ bool DiskLog::Roll(size_t write_bytes, std::string* error) {
   return true;
 }
 
-bool DiskLog::TruncateBelow(uint64_t index, std::string* error) {
+bool DiskLog::TruncateBelow(uint64_t index, std::string* error, std::string_view base_note) {
   std::string scratch;
   if (!error) error = &scratch;
   if (index <= truncated_below_) return true;
@@ -986,7 +987,7 @@ bool DiskLog::TruncateBelow(uint64_t index, std::string* error) {
   // a log that starts past its commit index.
   max_commit_ = std::max(max_commit_, index - 1);
   std::vector<LogRecord> recs;
-  recs.push_back(LogRecord{EntryType::kTruncate, 0, index, max_commit_, {}});
+  recs.push_back(LogRecord{EntryType::kTruncate, 0, index, max_commit_, base_note});
   // Restate the promise: the segment holding the last one may be deleted.
   if (promised_ != 0) recs.push_back(LogRecord{EntryType::kPromise, promised_, 0, 0, {}});
   if (!AppendRecords(recs, true, error)) return false;

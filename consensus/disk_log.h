@@ -109,6 +109,7 @@ struct RecoveredLog {
   Ballot promised = 0;           // last kPromise record
   uint64_t commit_index = 0;     // max commit_index over valid slot and kTruncate records
   uint64_t truncated_below = 0;  // last kTruncate
+  std::string truncate_note;     // ... and its payload (TruncateBelow's base_note)
   // index -> latest record for that index, sorted, contiguous from
   // max(truncated_below, 1).
   std::vector<Entry> slots;
@@ -136,8 +137,11 @@ class DiskLog {
 
   // Appends a kTruncate record (and restates the promised ballot) durably,
   // then deletes the oldest segment files that hold only slots below index.
-  // No-op when index <= truncated_below().
-  bool TruncateBelow(uint64_t index, std::string* error);
+  // No-op when index <= truncated_below(). `base_note`, the record's
+  // payload, is what the caller must know of the state the dropped slots
+  // made (the daemon: the configuration at index - 1, membership.h
+  // EncodeMembership); recovery returns the last one (RecoveredLog).
+  bool TruncateBelow(uint64_t index, std::string* error, std::string_view base_note = {});
 
   // Failpoints (guard/daemon/failpoints.h), safe from any thread. Each Append
   // first waits this long (a slow disk; 0: none).
@@ -234,7 +238,8 @@ class DiskWriter {
   // batch's records are durable, TruncateBelow(truncate_below); the seq
   // completes once both are done. (To truncate before writing slots that
   // start above the log's end, submit the truncate alone first.)
-  void Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below = 0);
+  void Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below = 0,
+              std::string truncate_note = {});
   // Like Submit, but when the thread is idle the Append happens right here in
   // the caller's thread: no hand-off between threads on the path of a
   // commit (two wake-ups cost more than the write on a busy 2-core host).
@@ -273,6 +278,7 @@ class DiskWriter {
     uint64_t seq;
     std::vector<OwnedRecord> records;
     uint64_t truncate_below;
+    std::string truncate_note;
     bool records_done = false;
   };
   void Run();

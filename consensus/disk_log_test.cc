@@ -176,7 +176,9 @@ TEST_P(DiskLogModes, RoundTripWithPromisesOverwritesAndTruncation) {
 
     segments_before = SegmentFiles(o.dir).size();
     std::string err;
-    ASSERT_TRUE(log->TruncateBelow(150, &err)) << err;
+    // The note (the daemon: the configuration the dropped slots made) rides
+    // in the kTruncate record and comes back with the last one.
+    ASSERT_TRUE(log->TruncateBelow(150, &err, "configuration at 149")) << err;
     // Whole segments holding only slots below 150 are gone, including the
     // one with the promise records: the truncate restated the promise.
     EXPECT_LT(SegmentFiles(o.dir).size(), segments_before);
@@ -192,6 +194,7 @@ TEST_P(DiskLogModes, RoundTripWithPromisesOverwritesAndTruncation) {
     EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
     EXPECT_EQ(r.promised, b2);
     EXPECT_EQ(r.truncated_below, 150u);
+    EXPECT_EQ(r.truncate_note, "configuration at 149");
     EXPECT_EQ(r.commit_index, 200u);
     ExpectSlots(r, 150, 201, 1000);
     // Truncating past the end: the next slot is the truncation point.
@@ -207,6 +210,7 @@ TEST_P(DiskLogModes, RoundTripWithPromisesOverwritesAndTruncation) {
     ASSERT_TRUE(log);
     EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
     EXPECT_EQ(r.truncated_below, 300u);
+    EXPECT_EQ(r.truncate_note, "");  // the last truncation had none
     EXPECT_EQ(r.promised, b2);
     ExpectSlots(r, 300, 302, 1000);
   }

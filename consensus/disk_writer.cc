@@ -33,10 +33,11 @@ DiskWriter::~DiskWriter() {
   if (event_fd_ >= 0) close(event_fd_);
 }
 
-void DiskWriter::Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below) {
+void DiskWriter::Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below,
+                        std::string truncate_note) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    queue_.push_back(Item{seq, std::move(batch), truncate_below});
+    queue_.push_back(Item{seq, std::move(batch), truncate_below, std::move(truncate_note)});
   }
   cv_.notify_one();
 }
@@ -44,7 +45,7 @@ void DiskWriter::Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t t
 bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
   std::unique_lock<std::mutex> l(mu_);
   if (thread_busy_ || inline_writing_ || !queue_.empty() || stop_) {
-    queue_.push_back(Item{seq, std::move(batch), 0});
+    queue_.push_back(Item{seq, std::move(batch), 0, {}});
     l.unlock();
     cv_.notify_one();
     return false;
@@ -71,7 +72,7 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
     state_.error.clear();
   } else {
     state_.error = err;  // the thread retries it with back-off, ahead of anything later
-    queue_.insert(queue_.begin(), Item{seq, std::move(batch), 0});
+    queue_.insert(queue_.begin(), Item{seq, std::move(batch), 0, {}});
   }
   published_++;
   // The thread has work only if something queued meanwhile (or this write
@@ -149,7 +150,9 @@ void DiskWriter::Run() {
         for (size_t k = i; k <= j; k++) work[k].records_done = true;
       }
       completed = j;  // items before j are complete
-      if (work[j].truncate_below != 0 && !log_->TruncateBelow(work[j].truncate_below, &err)) break;
+      if (work[j].truncate_below != 0 &&
+          !log_->TruncateBelow(work[j].truncate_below, &err, work[j].truncate_note))
+        break;
       completed = j + 1;
       i = j + 1;
     }

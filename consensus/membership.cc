@@ -11,6 +11,7 @@ namespace lockstep {
 
 namespace {
 constexpr char kMagic[4] = {'L', 'K', 'M', '1'};
+constexpr char kMembershipMagic[4] = {'L', 'K', 'C', '1'};
 constexpr uint8_t kVersion = 1;
 
 std::string IdList(uint16_t mask) {
@@ -177,6 +178,30 @@ std::string DecodeConfigEntry(std::string_view bytes, ConfigEntry* out) {
            e.to.ToString() + ")";
   *out = e;
   return "";
+}
+
+std::string EncodeMembership(const Membership& m) {
+  std::string out(kMembershipPayloadSize, '\0');
+  uint8_t* p = reinterpret_cast<uint8_t*>(out.data());
+  memcpy(p, kMembershipMagic, 4);
+  p[4] = kVersion;
+  PutMembership(p + 5, m);
+  uint32_t crc = Crc32c(0, p, 10);
+  for (int i = 0; i < 4; i++) p[10 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  return out;
+}
+
+std::string DecodeMembership(std::string_view bytes, Membership* out) {
+  if (bytes.size() != kMembershipPayloadSize)
+    return "configuration of " + std::to_string(bytes.size()) + " bytes (expected " +
+           std::to_string(kMembershipPayloadSize) + ")";
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  if (memcmp(p, kMembershipMagic, 4) != 0) return "not a configuration (bad magic)";
+  if (p[4] != kVersion) return "configuration version " + std::to_string(p[4]) + " unknown";
+  uint32_t crc = 0;
+  for (int i = 0; i < 4; i++) crc |= static_cast<uint32_t>(p[10 + i]) << (8 * i);
+  if (crc != Crc32c(0, p, 10)) return "configuration checksum mismatch";
+  return GetMembership(p + 5, "recorded", out);
 }
 
 }  // namespace lockstep

@@ -109,4 +109,12 @@ std::string EncodeConfigEntry(const ConfigEntry& entry);
 // `from`), else what is wrong, for a person.
 std::string DecodeConfigEntry(std::string_view bytes, ConfigEntry* out);
 
+// One configuration on its own (a kTruncate record's note, a checkpoint's
+// restore point): "LKC1", a version byte, voters, learners, next_id as in
+// a kConfig entry, and a CRC32C of what precedes it. Decode: "" when the
+// bytes hold a valid configuration, else what is wrong.
+inline constexpr size_t kMembershipPayloadSize = 14;
+std::string EncodeMembership(const Membership& m);
+std::string DecodeMembership(std::string_view bytes, Membership* out);
+
 }  // namespace lockstep

@@ -120,13 +120,17 @@ class LeaderAddress:
 
 class Load:
     """--clients threads, each: SET u:T:N (its own key), SET s:K, GET s:K, in turn,
-    for at most max_ops ops or until stopped. Records ops in eval/history.py's format
+    for at most max_ops ops or until stopped; every key starts with `prefix` (a
+    second load on the same data checks a history of its own keys). Records ops in eval/history.py's format
     (a new client id after an op whose outcome is unknown) and each thread's connects."""
 
-    def __init__(self, where: LeaderAddress, clients=4, shared_keys=3, timeout=2.0, max_ops=200000):
+    def __init__(
+        self, where: LeaderAddress, clients=4, shared_keys=3, timeout=2.0, max_ops=200000, prefix=""
+    ):
         self.where = where
         self.clients = clients
-        self.shared = [f"s:{i}" for i in range(shared_keys)]
+        self.prefix = prefix
+        self.shared = [f"{prefix}s:{i}" for i in range(shared_keys)]
         self.timeout = timeout
         self.max_ops = max_ops
         self.stop = threading.Event()
@@ -173,7 +177,7 @@ class Load:
             step = n % 3
             if step == 0:
                 seq += 1
-                op = {"key": f"u:{t}:{seq}", "op": "set", "value": f"c{t}-{seq}"}
+                op = {"key": f"{self.prefix}u:{t}:{seq}", "op": "set", "value": f"c{t}-{seq}"}
                 args = ("SET", op["key"], op["value"])
             elif step == 1:
                 key = rng.choice(self.shared)

@@ -29,7 +29,7 @@ void Message_(std::string_view in) {
              m2.stream_id == m.stream_id && m2.commit_index == m.commit_index &&
              m2.sent_pos == m.sent_pos && m2.promised == m.promised && m2.granted == m.granted &&
              SameEntries(m2.entries, m.entries) && m2.transport == m.transport);
-  FUZZ_CHECK(m.from >= 0 && m.from < kMaxReplicas && m.to >= 0 && m.to < kMaxReplicas);
+  FUZZ_CHECK(m.from >= 0 && m.from < kMaxMemberIds && m.to >= 0 && m.to < kMaxMemberIds);
   for (const Entry& e : m.entries) FUZZ_CHECK(IsSlotType(e.type));
 }
 
@@ -148,8 +148,8 @@ void RepairOrder_(std::string_view in) {
   if (!DecodeRepairOrder(in, &o)) return;
   FUZZ_CHECK(o.how == RepairHow::kRollback || o.how == RepairHow::kTransfer ||
              o.how == RepairHow::kDescribe);
-  FUZZ_CHECK(o.agreeing.size() <= static_cast<size_t>(kMaxReplicas));
-  for (int r : o.agreeing) FUZZ_CHECK(r >= 0 && r < kMaxReplicas);
+  FUZZ_CHECK(o.agreeing.size() <= static_cast<size_t>(kMaxMemberIds));
+  for (int r : o.agreeing) FUZZ_CHECK(r >= 0 && r < kMaxMemberIds);
   std::string again = EncodeRepairOrder(o);
   FUZZ_CHECK(again == in);  // every byte checked: nothing else encodes this order
   FUZZ_CHECK(DecodeRepairOrder(again, &o2));

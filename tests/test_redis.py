@@ -16,7 +16,9 @@ def digests(cluster, timeout=10.0):
     """DEBUG DIGEST and DBSIZE of every replica's own redis; a replica whose
     redis does not answer within `timeout` gives what went wrong instead."""
     out = []
-    for r in range(len(cluster.status()["replicas"])):
+    for r, st in enumerate(cluster.status()["replicas"]):
+        if st["role"] == "removed":  # taken out of the cluster (lockstep member remove)
+            continue
         try:
             c = Redis(cluster.server_addr(r), inspect=True, timeout=timeout)
         except OSError as e:  # a restarted replica's redis may not be up yet

@@ -866,7 +866,7 @@ bool ClusterStart(const std::string& dir, ClusterConfig* config, std::string* er
   if (!EnterClientSide(c, error)) return false;
   fprintf(stderr, "starting the cluster in %s:\n%s\n", dir.c_str(), DescribeHoldings(held).c_str());
   for (int i = 0; i < n; i++)
-    if (!StartReplica(dir, c, i, error)) return false;
+    if (!c.replicas[i].removed && !StartReplica(dir, c, i, error)) return false;
   // Each replica first restores its newest checkpoint and replays its log
   // into its server: a big one takes a while.
   if (!WaitForFirstLeader(dir, c, 120000, error)) return false;
@@ -901,6 +901,11 @@ ClusterStatus GetClusterStatus(const std::string& dir, const ClusterConfig& conf
       r.metrics_addr =
           config.replicas[i].host + ":" + std::to_string(config.replicas[i].metrics_port);
     r.pid = ReplicaPid(dir, r.id);
+    if (config.replicas[i].removed && !r.pid) {
+      r.role = "removed";  // taken out through the log (lockstep member remove)
+      s.replicas.push_back(r);
+      continue;
+    }
     std::string err;
     DaemonStatus st;
     // A replica this directory started has a pid file here, and one whose

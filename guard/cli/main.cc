@@ -22,6 +22,7 @@
 #include "guard/cli/cluster.h"
 #include "guard/cli/inspect.h"
 #include "guard/cli/leader_move.h"
+#include "guard/cli/member.h"
 #include "guard/cli/options.h"
 #include "guard/common/config.h"
 #include "guard/common/json.h"
@@ -609,6 +610,123 @@ void AddLeader(CommandLine& cl) {
   });
 }
 
+// ------------------------------------------------------------------ member
+
+void AddMemberCommands(CommandLine& cl) {
+  struct Options {
+    ClusterRef ref;
+    long long id = -1;
+    long long wait_ms = 120000;
+    std::string host;
+    bool learner = false;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* family =
+      cl.Add(&cl.root(), "member", "change who is in the cluster, through the log (admin)");
+  family->require_subcommand(1);
+  // The local cluster's directory, or "" when --config names a file (real hosts).
+  auto local_dir = [](const ClusterRef& ref) {
+    return ref.config.empty() ? ClusterDir(ref.dir) : std::string();
+  };
+
+  CLI::App* list = cl.Add(family, "list", "the configuration: voters and learners, with lag",
+                          "Asks the leader which replicas vote and which learn (receive the log "
+                          "but are not\ncounted), and how many entries each is behind.");
+  list->add_flag("--json", o->json, "print the leader's configuration and peers as JSON");
+  AddClusterRef(list, &o->ref);
+  cl.OnRun(list, [o] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    MemberListing l;
+    if (!ListMembers(c, &l, &err)) return Fail("member list: " + err);
+    if (o->json)
+      printf("%s\n", JsonText(Json{{"leader", l.leader},
+                                   {"last_index", l.last_index},
+                                   {"membership", l.membership},
+                                   {"peers", l.peers}})
+                         .c_str());
+    else
+      printf("%s", FormatMemberTable(c, l).c_str());
+    return 0;
+  });
+
+  CLI::App* add = cl.Add(
+      family, "add", "add a replica: a learner that catches up, then a voter (admin)",
+      "Adds a replica under the lowest id never used: writes its [[replica]] section into\n"
+      "cluster.toml (on a local cluster: replica 0's host, cluster up's ports plus the id),\n"
+      "signs its certificate with the cluster CA (keys/ca.key), commits its addition as a\n"
+      "learner, and on a local cluster starts it. It catches up by state transfer and the\n"
+      "log; once its durable log is within the leader's promotion window it is promoted to\n"
+      "voter through the log. On real hosts (--config), copy cluster.toml and the new\n"
+      "replica's keys to its host and start `lockstep replica` there while this waits.");
+  AddClusterRef(add, &o->ref);
+  add->add_option("--host", o->host, "the new replica's address (default: replica 0's)");
+  add->add_flag("--learner", o->learner, "leave it a learner (no promotion)");
+  AddNumber(add, "--wait-ms", &o->wait_ms, "how long to wait for it to catch up", 1000, 3600000);
+  add->add_flag("--json", o->json, "print the outcome as JSON");
+  cl.OnRun(add, [o, local_dir] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    MemberAddOptions mo;
+    mo.dir = local_dir(o->ref);
+    mo.host = o->host;
+    mo.wait_ms = static_cast<int>(o->wait_ms);
+    mo.promote = !o->learner;
+    mo.quiet = o->json;
+    MemberAddOutcome out;
+    if (!AddMember(&c, mo, &out, &err)) return Fail("member add: " + err);
+    if (o->json)
+      printf("%s\n", JsonText(Json{{"id", out.id},
+                                   {"added_index", out.added_index},
+                                   {"promoted_index", out.promoted_index},
+                                   {"catch_up_ms", out.catch_up_ms}})
+                         .c_str());
+    return 0;
+  });
+
+  CLI::App* promote =
+      cl.Add(family, "promote", "make a learner a voter once it has caught up (admin)",
+             "Promotes a learner (one added with member add --learner) to voter through the log,\n"
+             "waiting while the leader says it has not caught up (its durable log within the\n"
+             "leader's promotion window).");
+  AddNumber(promote, "--id", &o->id, "the learner", 0, kMaxMemberIds - 1)->required();
+  AddNumber(promote, "--wait-ms", &o->wait_ms, "how long to wait for it to catch up", 1000,
+            3600000);
+  AddClusterRef(promote, &o->ref);
+  cl.OnRun(promote, [o] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    uint64_t index = 0;
+    if (!PromoteMember(c, static_cast<int>(o->id), static_cast<int>(o->wait_ms), false, &index,
+                       &err))
+      return Fail("member promote: " + err);
+    printf("replica %lld is a voter (configuration entry %lu committed)\n", o->id,
+           (unsigned long)index);
+    return 0;
+  });
+
+  CLI::App* remove =
+      cl.Add(family, "remove", "take a replica out through the log, then stop it (admin)",
+             "Commits the replica's removal (a leader hands leadership over first), marks it\n"
+             "removed in cluster.toml and, on a local cluster, stops it. Its id is never used\n"
+             "again. The cluster keeps at least one voter, and at most one change is under way.");
+  AddNumber(remove, "--id", &o->id, "the replica to remove", 0, kMaxMemberIds - 1)->required();
+  AddClusterRef(remove, &o->ref);
+  cl.OnRun(remove, [o, local_dir] {
+    ClusterConfig c;
+    std::string err;
+    if (!LoadConfig(o->ref, &c, &err)) return Fail(err);
+    uint64_t index = 0;
+    if (!RemoveMember(&c, local_dir(o->ref), static_cast<int>(o->id), false, &index, &err))
+      return Fail("member remove: " + err);
+    return 0;
+  });
+}
+
 // ------------------------------------------------------------------ failpoint
 
 void AddFailpoint(CommandLine& cl) {
@@ -1066,6 +1184,7 @@ int main(int argc, char** argv) {
   AddTruncate(cl);
   AddFailpoint(cl);
   AddLeader(cl);
+  AddMemberCommands(cl);
   AddInspect(cl);
   AddCheckpoint(cl);
   AddDivergence(cl);

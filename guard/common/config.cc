@@ -676,6 +676,9 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
   n = 0;
   if (!t.TakeInt("lease_us", &n, false, 0, 60000000, error)) return false;
   c.lease_us = n;
+  n = 0;
+  if (!t.TakeInt("voters", &n, false, 1, kMaxVoters, error)) return false;
+  c.voters = static_cast<int>(n);
   if (c.lease_us) {
     CoreConfig core;
     core.lease_us = c.lease_us;
@@ -771,11 +774,25 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
                 "start from a checkpoint of replica 0's)");
 
   if (replicas.empty()) return fail({}, "no [[replica]] sections");
-  if (replicas.size() > 7) return fail(replicas[7]->pos, "at most 7 replicas");
+  if (replicas.size() > static_cast<size_t>(kMaxMemberIds))
+    return fail(replicas[kMaxMemberIds]->pos, "at most " + std::to_string(kMaxMemberIds) +
+                                                  " replicas (ids 0.." +
+                                                  std::to_string(kMaxMemberIds - 1) + ")");
+  if (c.voters == 0) {
+    if (replicas.size() > static_cast<size_t>(kMaxVoters))
+      return fail(replicas[kMaxVoters]->pos,
+                  "more than " + std::to_string(kMaxVoters) +
+                      " replicas: say in [cluster] how many of them (the first) the "
+                      "configuration starts with (voters = 3, 5 or 7)");
+    c.voters = static_cast<int>(replicas.size());
+  } else if (c.voters > static_cast<int>(replicas.size())) {
+    return fail({}, "[cluster] voters = " + std::to_string(c.voters) + " but only " +
+                        std::to_string(replicas.size()) + " [[replica]] sections");
+  }
   for (TomlTable* rt : replicas) {
     ReplicaConfig r;
     int64_t id = -1, peer_port = 0, client_port = 0, server_port = 0, metrics_port = 0;
-    if (!rt->TakeInt("id", &id, true, 0, 6, error)) return false;
+    if (!rt->TakeInt("id", &id, true, 0, kMaxMemberIds - 1, error)) return false;
     if (id != static_cast<int64_t>(c.replicas.size()))
       return fail(rt->At("id"), "field 'id': replicas must be numbered 0.." +
                                     std::to_string(replicas.size() - 1) + " in order; expected " +
@@ -794,6 +811,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!rt->TakeString("dir", &r.dir, true, error)) return false;
     if (!rt->TakeString("netns", &r.netns, false, error)) return false;
     if (!rt->TakeInt("metrics_port", &metrics_port, false, 0, 65535, error)) return false;
+    if (!rt->TakeBool("removed", &r.removed, error)) return false;
     if (!rt->NoLeftovers(error)) return false;
     r.peer_port = static_cast<int>(peer_port);
     r.client_port = static_cast<int>(client_port);
@@ -863,6 +881,10 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     << "election_timeout_min_us = " << c.election_timeout_min_us << "\n"
     << "election_timeout_max_us = " << c.election_timeout_max_us << "\n";
   if (c.lease_us) o << "lease_us = " << c.lease_us << "\n";
+  if (c.voters > 0 && c.voters != static_cast<int>(c.replicas.size()))
+    o << "# the replicas the log's configuration starts with: ids 0.." << c.voters - 1
+      << "\n# (who votes later is the log's: lockstep member list)\n"
+      << "voters = " << c.voters << "\n";
   if (!c.client_netns.empty()) o << "client_netns = " << TomlQuote(c.client_netns) << "\n";
   if (c.failpoints) o << "failpoints = true\n";
   if (!c.leader_address.empty())
@@ -954,6 +976,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (c.has_server()) o << "server_port = " << r.server_port << "\n";
     o << "dir = " << TomlQuote(r.dir) << "\n";
     if (!r.netns.empty()) o << "netns = " << TomlQuote(r.netns) << "\n";
+    if (r.removed) o << "# taken out of the cluster (lockstep member remove)\nremoved = true\n";
     if (r.metrics_port)
       o << "# Prometheus metrics: http://" << r.host << ":" << r.metrics_port << "/metrics\n"
         << "metrics_port = " << r.metrics_port << "\n";

@@ -29,6 +29,9 @@
 //   leader_interface = "eth0"
 //   failpoints = false      # true: an admin may inject faults (lockstep failpoint; for
 //                           # fault campaigns and tests; also LOCKSTEP_FAILPOINTS=1)
+//   voters = 3              # optional (every replica listed): the log's first
+//                           # configuration votes with replicas 0..voters-1; the others
+//                           # are addresses for replicas `lockstep member add` adds
 //
 //   [server]                # optional: the server each replica's daemon runs under the shim
 //   command = "redis-server --port {port} --bind {host} --dir {dir}"   # required in [server];
@@ -77,7 +80,7 @@
 //   lagging_backup_grace_seconds = 60  # a backup silent longer no longer holds the leader's log
 //   timeout_ms = 60000      # a dump or restore taking longer is killed and reported
 //
-//   [[replica]]             # one per replica, ids 0..N-1 in order
+//   [[replica]]             # one per replica, ids 0..N-1 in order (N <= 16)
 //   id = 0
 //   host = "127.0.0.1"      # address of the daemon's peer and client ports
 //   peer_port = 7400        # daemon-to-daemon message channel
@@ -88,6 +91,8 @@
 //   netns = ""              # optional: network namespace the replica runs in
 //   metrics_port = 7800     # optional (0: none): the daemon serves Prometheus metrics at
 //                           # http://host:metrics_port/metrics (guard/net/metrics_server.h)
+//   removed = true          # optional: taken out through the log (lockstep member
+//                           # remove); its id is never reused, cluster up skips it
 //
 // Parsing is strict: an unknown field, a wrong type or a missing field is an
 // error that names the field and the line. Strings are "basic" (with the
@@ -111,6 +116,9 @@ struct ReplicaConfig {
   int metrics_port = 0;  // 0: no metrics listener
   std::string dir;
   std::string netns;
+  // Taken out of the cluster through the log (`lockstep member remove`): its
+  // id is never used again, and `cluster up` no longer starts it.
+  bool removed = false;
 };
 
 // When a backup checkpoints its server (checkpoint/README.md). A checkpoint
@@ -283,7 +291,11 @@ struct ClusterConfig {
   } server;
   bool has_server() const { return !server.command.empty(); }
   CheckpointPolicy checkpoint;
+  // Every replica the cluster ever had, by id (0..15): the address book. The
+  // first `voters` are the configuration the log starts from; who votes and
+  // who learns later is the log's (consensus/membership.h, `lockstep member`).
   std::vector<ReplicaConfig> replicas;
+  int voters = 0;    // [cluster] voters; default: every replica listed (at most 7)
   std::string path;  // where it was read from
 };
 

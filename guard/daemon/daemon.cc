@@ -54,7 +54,7 @@ constexpr int kArmTries = 4;  // arms refused in a row before a sleep gives way 
 class Daemon : public EventLoop::Body {
  public:
   explicit Daemon(const DaemonOptions& o)
-      : opt_(o), cfg_(o.config), me_(cfg_.replicas[o.id]), log_(me_.id) {}
+      : opt_(o), cfg_(WithRoomForEveryId(o.config)), me_(cfg_.replicas[o.id]), log_(me_.id) {}
   int Run();
 
   // EventLoop::Body
@@ -65,6 +65,16 @@ class Daemon : public EventLoop::Body {
   void Awake() override { pipeline_->Awake(); }
 
  private:
+  // The address book (cfg_.replicas) grows in place, on the loop thread, when
+  // the log adds a replica; the rooms and threads that hold cfg_ read an
+  // entry only below the count they were told (FrontDoor::KnowReplicas), and
+  // the capacity reserved here means no entry ever moves.
+  static ClusterConfig WithRoomForEveryId(ClusterConfig c) {
+    c.replicas.reserve(kMaxMemberIds);
+    return c;
+  }
+  void LearnAddresses(uint64_t now);
+  void NoteMemberState();
   bool Init();
   bool RecoverLog(DurableState* state);
   void OnPeerMessage(Message m);
@@ -84,7 +94,10 @@ class Daemon : public EventLoop::Body {
   // Before everything that updates it (the disk writer's thread observes
   // its writes), so that it goes last.
   std::unique_ptr<DaemonMetrics> metrics_;
-  int n_ = 0;
+  std::atomic<int> n_{0};  // replicas with an address: cfg_.replicas[0..n_-1]
+  uint64_t next_address_look_us_ = 0;
+  MemberState last_member_state_ = MemberState::kVoter;
+  std::string last_membership_;
   bool memory_mode_ = false;
   std::unique_ptr<Replica> core_;
   std::unique_ptr<DiskLog> disk_;
@@ -117,7 +130,7 @@ class Daemon : public EventLoop::Body {
   void PollPeerCheckpoints();
   std::thread peer_poll_;
   std::atomic<bool> leading_{false}, stop_poll_{false};
-  std::array<std::atomic<uint64_t>, kMaxReplicas> peer_checkpoint_{};
+  std::array<std::atomic<uint64_t>, kMaxMemberIds> peer_checkpoint_{};
 
   // Failpoints (guard/daemon/failpoints.h): only with failpoints = true in
   // cluster.toml or LOCKSTEP_FAILPOINTS=1.
@@ -191,6 +204,18 @@ bool Daemon::RecoverLog(DurableState* state) {
   state->slots = std::move(rec.slots);
   state->damaged = rec.damaged;
   if (!state->slots.empty()) state->first_index = state->slots.front().index;
+  if (!rec.truncate_note.empty()) {
+    // The configuration the truncated entries made (Replica::TruncateBelow).
+    Membership m;
+    std::string why = DecodeMembership(rec.truncate_note, &m);
+    if (!why.empty()) {
+      log_("cannot recover the log in %s: its last truncation's record of the configuration: %s",
+           dopt.dir.c_str(), why.c_str());
+      return false;
+    }
+    state->membership = m;
+    log_("recovered configuration at the log's start: %s", m.ToString().c_str());
+  }
   log_("recovered log: %zu slots from %lu, promised ballot %s, commit index %lu",
        state->slots.size(), (unsigned long)state->first_index, BallotString(rec.promised).c_str(),
        (unsigned long)rec.commit_index);
@@ -207,8 +232,8 @@ bool Daemon::Init() {
   EventLoop::BlockShutdownSignals();  // before any thread starts
   n_ = static_cast<int>(cfg_.replicas.size());
   metrics_ = std::make_unique<DaemonMetrics>(n_, me_.id);
-  peer_live_us_.assign(n_, NowUs());
-  peer_match_seen_.assign(n_, 0);
+  peer_live_us_.assign(kMaxMemberIds, NowUs());
+  peer_match_seen_.assign(kMaxMemberIds, 0);
   memory_mode_ = cfg_.durability == "memory";
   if (mkdir(me_.dir.c_str(), 0755) < 0 && errno != EEXIST) {
     log_("cannot create %s: %s", me_.dir.c_str(), strerror(errno));
@@ -233,7 +258,7 @@ bool Daemon::Init() {
 
   CoreConfig cc;
   cc.id = me_.id;
-  cc.replicas = n_;
+  cc.replicas = cfg_.voters;  // the log's first configuration; the log says the rest
   cc.ring_bytes = cfg_.ring_bytes;
   cc.heartbeat_us = cfg_.heartbeat_us;
   cc.election_timeout_min_us = cfg_.election_timeout_min_us;
@@ -325,14 +350,17 @@ bool Daemon::Init() {
   }
   front_->StartConnector();
   peer_poll_ = std::thread([this] { PollPeerCheckpoints(); });
-  log_("up: %d replicas, transport %s, durability %s%s, peers on %s:%d, clients on %s:%d, %s", n_,
-       cfg_.transport.c_str(), cfg_.durability.c_str(),
-       memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "", me_.host.c_str(),
-       me_.peer_port, me_.host.c_str(), me_.client_port,
-       me_.metrics_port
-           ? ("metrics on http://" + me_.host + ":" + std::to_string(me_.metrics_port) + "/metrics")
-                 .c_str()
-           : "no metrics listener (no metrics_port)");
+  log_(
+      "up: %d replicas (configuration %s), transport %s, durability %s%s, peers on %s:%d, "
+      "clients on %s:%d, %s",
+      n_.load(), core_->membership().ToString().c_str(), cfg_.transport.c_str(),
+      cfg_.durability.c_str(),
+      memory_mode_ ? " (NOT durable: a majority holds entries in RAM only)" : "", me_.host.c_str(),
+      me_.peer_port, me_.host.c_str(), me_.client_port,
+      me_.metrics_port
+          ? ("metrics on http://" + me_.host + ":" + std::to_string(me_.metrics_port) + "/metrics")
+                .c_str()
+          : "no metrics listener (no metrics_port)");
   return true;
 }
 
@@ -383,6 +411,7 @@ PassReport Daemon::Pass(uint64_t now) {
   r.disk = PollDisk(now);
   r.t_polled = NowUs();
   core_->Tick(now);
+  LearnAddresses(now);
   r.submitted = pipeline_->ProcessSubmissions(now);
   r.t_submitted = NowUs();
   // Entries appended since the last pass (the front door's proposals, the
@@ -448,6 +477,76 @@ void Daemon::TruncateLog(uint64_t now) {
   if (core_->TruncateBelow(below))
     log_("log truncated: entries %lu..%lu dropped (a checkpoint covers them)", (unsigned long)from,
          (unsigned long)below - 1);
+}
+
+// The log named a replica this daemon has no address for (one `lockstep
+// member add` added): cluster.toml, which the command wrote first, has it.
+// Entries already known must read the same (an address cannot change under
+// a running replica); new ones are appended in place (WithRoomForEveryId).
+void Daemon::LearnAddresses(uint64_t now) {
+  const Membership& ms = core_->membership();
+  uint32_t unknown = (ms.voters | ms.learners) >> n_.load();
+  if (!unknown || now < next_address_look_us_) return;
+  next_address_look_us_ = now + 1000000;
+  ClusterConfig fresh;
+  std::string err;
+  if (!LoadClusterConfig(cfg_.path, &fresh, &err)) {
+    log_(
+        "the configuration %s names replicas this daemon has no address for, and %s does not "
+        "load: %s",
+        ms.ToString().c_str(), cfg_.path.c_str(), err.c_str());
+    return;
+  }
+  int known = n_.load();
+  for (int r = 0; r < known && r < static_cast<int>(fresh.replicas.size()); r++) {
+    const ReplicaConfig &a = cfg_.replicas[r], &b = fresh.replicas[r];
+    if (a.host != b.host || a.peer_port != b.peer_port || a.client_port != b.client_port ||
+        a.server_port != b.server_port || a.netns != b.netns) {
+      log_(
+          "%s gives replica %d another address than this daemon started with: ignored (restart "
+          "this replica to take it)",
+          cfg_.path.c_str(), r);
+      return;
+    }
+  }
+  int grown = std::min(static_cast<int>(fresh.replicas.size()), kMaxMemberIds);
+  if (grown <= known) {
+    log_("the configuration %s names replicas that %s has no [[replica]] section for yet",
+         ms.ToString().c_str(), cfg_.path.c_str());
+    return;
+  }
+  LS_ASSERT(cfg_.replicas.capacity() >= static_cast<size_t>(grown), "address book moved");
+  for (int r = known; r < grown; r++) {
+    cfg_.replicas.push_back(fresh.replicas[r]);
+    log_("replica %d is at %s (peer port %d, client port %d): from %s", r,
+         fresh.replicas[r].host.c_str(), fresh.replicas[r].peer_port, fresh.replicas[r].client_port,
+         cfg_.path.c_str());
+  }
+  n_ = grown;
+  peer_->SetKnownReplicas(grown);
+  front_->KnowReplicas(grown);
+}
+
+// Logs each change of the configuration, and what this replica is in it:
+// a replica taken out stands for no election and says so.
+void Daemon::NoteMemberState() {
+  if (core_->membership_index() == 0 && last_membership_.empty()) {
+    last_member_state_ = core_->member_state();
+    last_membership_ = core_->membership().ToString();
+    return;
+  }
+  std::string now = core_->membership().ToString();
+  if (now == last_membership_ && core_->member_state() == last_member_state_) return;
+  MemberState state = core_->member_state();
+  log_("configuration %s (entry %lu%s): this replica is a %s%s", now.c_str(),
+       (unsigned long)core_->membership_index(),
+       core_->membership_index() <= core_->commit_index() ? ", committed" : ", not yet committed",
+       MemberStateName(state),
+       state == MemberState::kRemoved
+           ? ": not in the configuration, it stands for no election (lockstep member list)"
+           : "");
+  last_membership_ = now;
+  last_member_state_ = state;
 }
 
 void Daemon::PollPeerCheckpoints() {
@@ -577,6 +676,7 @@ bool Daemon::DrainOnce(uint64_t now) {
   for (auto& m : message_faults_.Due(now)) front_->SendToPeer(&m);
   for (auto& m : rd.messages)
     if (!message_faults_.Intercept(m, now)) front_->SendToPeer(&m);
+  NoteMemberState();
   if (rd.lost_leadership)
     front_->FailWaiters("leadership lost before commit; outcome unknown (retry at the new leader)");
   NoteRoleChange();
@@ -618,7 +718,8 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
     // backups' own writes commit the proposal and the heartbeats go on.
     bool leader_async = core_->role() == Role::kCandidate || core_->role() == Role::kLeader;
     if (p.truncate_below || !disk_error_.empty() || leader_async)
-      writer_->Submit(p.seq, std::move(batch), p.truncate_below);
+      writer_->Submit(p.seq, std::move(batch), p.truncate_below,
+                      p.membership ? EncodeMembership(*p.membership) : std::string());
     else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose)
       loop_->NoteInlineWrite(writer_->Poll().last_write_us);
   }
@@ -642,7 +743,7 @@ void Daemon::SampleMetrics(uint64_t now) {
   m.replay_lag->Set(cfg_.has_server() && commit > applied ? static_cast<double>(commit - applied)
                                                           : 0);
   bool leading = core_->role() == Role::kLeader;
-  for (int r = 0; r < n_; r++) {
+  for (int r = 0; r < n_ && r < static_cast<int>(m.peer_lag.size()); r++) {
     if (!m.peer_lag[r]) continue;
     uint64_t match = core_->PeerMatch(r), last = core_->last_index();
     m.peer_lag[r]->Set(leading && last > match ? static_cast<double>(last - match) : 0);
@@ -687,7 +788,7 @@ void Daemon::NoteRoleChange() {
   metrics_->SetRole(core_->role());
   if (core_->promised() != last_ballot_) metrics_->leader_changes->Add();
   pipeline_->OnRoleChange();
-  if (core_->role() == Role::kLeader) peer_live_us_.assign(n_, NowUs());
+  if (core_->role() == Role::kLeader) peer_live_us_.assign(kMaxMemberIds, NowUs());
   if (core_->role() == Role::kLeader)
     log_("leader of ballot %s (commit index %lu, log end %lu)",
          BallotString(core_->promised()).c_str(), (unsigned long)core_->commit_index(),
@@ -720,6 +821,13 @@ int RunReplica(const DaemonOptions& options) {
   if (options.id < 0 || options.id >= static_cast<int>(options.config.replicas.size())) {
     fprintf(stderr, "lockstep replica: --id %d is not in %s (replicas 0..%zu)\n", options.id,
             options.config.path.c_str(), options.config.replicas.size() - 1);
+    return 2;
+  }
+  if (options.config.replicas[options.id].removed) {
+    fprintf(stderr,
+            "lockstep replica: replica %d was taken out of the cluster (removed = true in %s); "
+            "its id is never used again: add a new replica instead (lockstep member add)\n",
+            options.id, options.config.path.c_str());
     return 2;
   }
   if (options.config.secret.empty()) {

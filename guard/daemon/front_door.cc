@@ -62,9 +62,9 @@ FrontDoor::FrontDoor(const ClusterConfig& config, int id, bool verbose, EventLoo
       disk_error_(disk_error),
       hooks_(std::move(hooks)),
       log_(log) {
-  outbound_.assign(n_, nullptr);
-  outbound_connected_.reset(new std::atomic<bool>[n_]);
-  for (int r = 0; r < n_; r++) outbound_connected_[r] = false;
+  outbound_.assign(kMaxMemberIds, nullptr);
+  outbound_connected_.reset(new std::atomic<bool>[kMaxMemberIds]);
+  for (int r = 0; r < kMaxMemberIds; r++) outbound_connected_[r] = false;
 }
 
 FrontDoor::~FrontDoor() {
@@ -118,14 +118,15 @@ void FrontDoor::StopConnector() {
 
 // Opens (and re-opens) the outbound, send-only connection to every peer.
 void FrontDoor::ConnectorThread() {
-  std::vector<uint64_t> next_try(n_, 0);
-  std::vector<std::string> last_error(n_);
+  std::vector<uint64_t> next_try(kMaxMemberIds, 0);
+  std::vector<std::string> last_error(kMaxMemberIds);
   while (!stopping_) {
-    for (int r = 0; r < n_ && !stopping_; r++) {
+    for (int r = 0; r < n_.load() && !stopping_; r++) {
       if (r == me_.id) continue;
       if (outbound_connected_[r].load() || NowUs() < next_try[r]) continue;
       std::string err;
-      const auto& p = cfg_.replicas[r];
+      const auto& p = cfg_.replicas[r];  // below n_: written before n_ was raised
+      if (p.removed) continue;
       std::unique_ptr<Stream> s =
           ConnectAuthenticated(p.host, p.peer_port, tls_, r, cfg_.secret, Principal::kPeer, me_.id,
                                kPeerConnectTimeoutMs, &err);
@@ -277,7 +278,7 @@ void FrontDoor::CloseConn(FrameConn* c, const std::string& why) {
          c->peer_id, why.c_str());
     core_.OnLeaderGone(NowUs());
   }
-  for (int r = 0; r < n_; r++)
+  for (int r = 0; r < n_.load(); r++)
     if (outbound_[r] == c) {
       outbound_[r] = nullptr;
       outbound_connected_[r] = false;
@@ -376,7 +377,7 @@ void FrontDoor::OnHandshake(FrameConn* c, FrameKind kind, std::string_view body)
     Principal who = Principal::kClient;
     bool ok = ParsePrincipal(hello.role, &who) && PortOf(who) == c->role;
     if (ok && (who == Principal::kPeer || who == Principal::kReplica))
-      ok = hello.from < static_cast<uint32_t>(n_) &&
+      ok = hello.from < static_cast<uint32_t>(n_.load()) &&
            !(who == Principal::kPeer && static_cast<int>(hello.from) == me_.id);
     if (!ok) {
       Refuse(c, "wrong port for role '" + hello.role + "' or bad replica id");
@@ -624,11 +625,11 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
     return;
   }
   // Output checks are the leader's own entries (a forged one could start
-  // repairs). Membership change does not exist yet (issue 15): nothing would
-  // read a config entry.
+  // repairs). A membership change is an admin's (`lockstep member`), and
+  // its payload is the change asked for: the leader makes the entry.
   if (req.type == EntryType::kOutputCheck && !Permit(c, {}, "proposing an output check")) return;
   if (req.type == EntryType::kConfig &&
-      !Permit(c, {}, "changing the cluster (membership change does not exist yet)"))
+      !Permit(c, {Principal::kAdmin}, "changing the cluster's membership"))
     return;
   // A cluster that runs a server takes its inputs from the leader's server
   // alone: a raw input proposed here would be replayed into every backup's
@@ -652,6 +653,17 @@ void FrontDoor::OnPropose(FrameConn* c, std::string_view body, uint64_t now) {
     error = "the log holds " + std::to_string(uncommitted) +
             " entries not yet committed (no majority keeps up): try again later; this one is "
             "not in the log";
+  } else if (req.type == EntryType::kConfig) {
+    MembershipChange change;
+    error = DecodeMembershipRequest(req.payload, &change);
+    if (error.empty()) pr = core_.ProposeMembershipChange(now, change);
+    if (error.empty() && !pr.ok) error = pr.error;
+    if (error.empty())
+      log_("membership change proposed by an admin from %s: %s replica %d (entry %lu: %s)",
+           PeerHost(c->fd()).c_str(), MembershipChangeKindName(change.kind), change.id,
+           (unsigned long)pr.index, core_.membership().ToString().c_str());
+    else
+      log_("membership change refused: %s", error.c_str());
   } else {
     pr = core_.Propose(now, req.type, std::move(req.payload));
     if (!pr.ok) error = pr.error;
@@ -668,9 +680,24 @@ std::string FrontDoor::StatusJson() {
   ServerStatus server = hooks_.server_status();
   uint64_t now = NowUs(), lease_until = core_.LeaseUntil(),
            guard_until = core_.lease_guard_until_us();
-  Json peers = Json::array();
-  for (int r = 0; r < n_; r++)
-    peers.push_back({{"id", r}, {"match", core_.PeerMatch(r)}, {"stream", core_.PeerReady(r)}});
+  // The members of the configuration this replica holds (consensus/membership.h).
+  const Membership& ms = core_.membership();
+  Json peers = Json::array(), voters = Json::array(), learners = Json::array();
+  ForEachId(ms.voters, [&](int r) { voters.push_back(r); });
+  ForEachId(ms.learners, [&](int r) { learners.push_back(r); });
+  ForEachId(ms.voters | ms.learners, [&](int r) {
+    if (r == me_.id) return;
+    peers.push_back({{"id", r},
+                     {"member", MemberStateName(ms.StateOf(r))},
+                     {"match", core_.PeerMatch(r)},
+                     {"stream", core_.PeerReady(r)}});
+  });
+  Json membership = {{"voters", std::move(voters)},
+                     {"learners", std::move(learners)},
+                     {"next_id", ms.next_id},
+                     {"index", core_.membership_index()},
+                     {"committed", core_.membership_index() <= core_.commit_index()},
+                     {"this_replica", MemberStateName(core_.member_state())}};
   Json transfer = {{"state", TransferStateName(core_.transfer().state)},
                    {"target", core_.transfer().target}};
   return JsonText(Json{{"id", me_.id},
@@ -700,6 +727,7 @@ std::string FrontDoor::StatusJson() {
                        {"checkpoint", server.checkpoint_json},
                        {"output", server.output_json},
                        {"state_checks", server.state_json},
+                       {"membership", std::move(membership)},
                        {"peers", std::move(peers)}});
 }
 

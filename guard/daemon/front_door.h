@@ -6,6 +6,7 @@
 // an admin's leader move, which waits here until the hand-over.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -79,6 +80,9 @@ class FrontDoor {
 
   // Listens on the peer and client ports (false, logged, when it cannot).
   bool Listen();
+  // The daemon appended replicas to cfg_.replicas (a member added through
+  // the log): connect to them and accept them from now on. Loop thread.
+  void KnowReplicas(int replicas) { n_ = std::max(n_.load(), replicas); }
   // Starts the thread that connects to the peers; StopConnector joins it.
   void StartConnector();
   void StopConnector();
@@ -172,7 +176,10 @@ class FrontDoor {
 
   const ClusterConfig& cfg_;
   const ReplicaConfig& me_;
-  int n_;
+  // Replicas 0..n_-1 have addresses (cfg_.replicas; the daemon appends to
+  // it, capacity reserved, and then raises n_: KnowReplicas). The connector
+  // thread reads it too.
+  std::atomic<int> n_;
   bool verbose_;
   EventLoop& loop_;
   Replica& core_;

@@ -81,7 +81,7 @@ bool PeerLink::OpenTransport(const Options& o, const ReplicaLog& log, Transport*
     log("UCX transport (%s) failed: %s", o.transport.c_str(), err.c_str());
     return false;
   }
-  out->ack_region = out->ucx->MapRegion(kAckSlotBytes * kMaxReplicas, &err);
+  out->ack_region = out->ucx->MapRegion(kAckSlotBytes * kMaxMemberIds, &err);
   if (!out->ack_region) {
     log("cannot map the ack array: %s", err.c_str());
     return false;
@@ -96,8 +96,10 @@ PeerLink::PeerLink(const Options& options, Transport transport, Replica& core,
       log_(log),
       ucx_(std::move(transport.ucx)),
       ack_region_(transport.ack_region) {
-  int n = opt_.replicas;
-  LS_ASSERT(n >= 1 && n <= static_cast<int>(kMaxReplicas), "replicas=%d", n);
+  // Sized for every id a replica may ever have: one added later (lockstep
+  // member add) needs no reallocation while the rooms hold on to slots.
+  LS_ASSERT(opt_.replicas >= 1 && opt_.replicas <= kMaxMemberIds, "replicas=%d", opt_.replicas);
+  const int n = kMaxMemberIds;
   last_ack_.assign(n, AckWord{});
   last_rung_ack_.assign(n, AckWord{});
   ucx_peer_.assign(n, -1);

@@ -11,6 +11,7 @@
 // the blob of outgoing messages and attaches what incoming ones announce.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -28,7 +29,7 @@ class PeerLink {
  public:
   struct Options {
     int id = 0;
-    int replicas = 0;
+    int replicas = 0;       // ids 0..replicas-1 known so far (SetKnownReplicas adds more)
     std::string transport;  // "shm", "tcp" or "auto"
     uint64_t ring_bytes = 0;
     bool verbose = false;
@@ -70,6 +71,10 @@ class PeerLink {
   // Idle: prepares spare regions so an election need not map one. True if
   // it tried (the loop goes round again).
   bool PrepareSpareRegion(uint64_t now);
+
+  // The address book grew (a replica added through the log): ids up to
+  // replicas-1 are polled and rung from now on.
+  void SetKnownReplicas(int replicas) { opt_.replicas = std::max(opt_.replicas, replicas); }
 
   // Outgoing message: fills m->transport. False when the message announces
   // a region that a newer stream has superseded (do not send it).

@@ -33,6 +33,9 @@ bool ParseDaemonStatus(std::string_view text, DaemonStatus* s, std::string* erro
   s->checkpoint = object("checkpoint");
   s->output = object("output");
   s->state_checks = object("state_checks");
+  s->membership = object("membership");
+  const Json& peers = JsonAt(j, "peers");
+  s->peers = peers.is_array() ? peers : Json::array();
   return true;
 }
 

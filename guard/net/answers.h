@@ -33,6 +33,10 @@ struct DaemonStatus {
   // CheckpointStatusJson; "output": OutputGuard's; "state_checks":
   // StateChecker's); null when absent or not objects.
   Json checkpoint, output, state_checks;
+  // The configuration the replica holds ({voters, learners, next_id, index,
+  // committed, this_replica}) and its peers in it ([{id, member, match,
+  // stream}]), as sent; null / empty from an older daemon.
+  Json membership, peers;
 };
 
 // false (and *error says why) when text is not a JSON object.

@@ -119,7 +119,42 @@ bool WritePem(const std::string& path, EVP_PKEY* key, X509* cert, std::string* e
   return true;
 }
 
+// The one certificate of replica `id` into dir (its files must not exist).
+bool WriteReplicaKey(const std::string& dir, int id, X509* ca, EVP_PKEY* ca_key,
+                     std::string* error) {
+  Pkey key(EVP_EC_gen("P-256"));
+  if (!key) return Fail("cannot make replica " + std::to_string(id) + "'s key", error);
+  Cert cert = MakeCert(key.get(), ReplicaCommonName(id), ca, ca_key, error);
+  std::string base = dir + "/replica-" + std::to_string(id);
+  return cert && WritePem(base + ".key", key.get(), nullptr, error) &&
+         WritePem(base + ".crt", nullptr, cert.get(), error);
+}
+
 }  // namespace
+
+bool MakeReplicaKey(const std::string& dir, int id, std::string* error) {
+  std::string base = dir + "/replica-" + std::to_string(id);
+  if (access((base + ".crt").c_str(), F_OK) == 0) return true;  // made by an earlier try
+  FILE* f = fopen((dir + "/ca.key").c_str(), "r");
+  if (!f) {
+    *error = dir + "/ca.key: cannot open: " + strerror(errno) +
+             " (a replica's certificate is signed with the cluster CA's key)";
+    return false;
+  }
+  Pkey ca_key(PEM_read_PrivateKey(f, nullptr, nullptr, nullptr));
+  fclose(f);
+  f = fopen((dir + "/ca.crt").c_str(), "r");
+  if (!f) {
+    *error = dir + "/ca.crt: cannot open: " + strerror(errno);
+    return false;
+  }
+  Cert ca(PEM_read_X509(f, nullptr, nullptr, nullptr));
+  fclose(f);
+  if (!ca_key || !ca) return Fail("cannot read the cluster CA in " + dir, error);
+  // A key without its certificate (an interrupted try): made again.
+  unlink((base + ".key").c_str());
+  return WriteReplicaKey(dir, id, ca.get(), ca_key.get(), error);
+}
 
 bool MakeClusterKeys(const std::string& dir, int replicas, std::string* error) {
   namespace fs = std::filesystem;
@@ -155,15 +190,8 @@ bool MakeClusterKeys(const std::string& dir, int replicas, std::string* error) {
   if (!ca || !WritePem(staging + "/ca.key", ca_key.get(), nullptr, error) ||
       !WritePem(staging + "/ca.crt", nullptr, ca.get(), error))
     return abandon(false);
-  for (int id = 0; id < replicas; id++) {
-    Pkey key(EVP_EC_gen("P-256"));
-    if (!key) return abandon(Fail("cannot make replica " + std::to_string(id) + "'s key", error));
-    Cert cert = MakeCert(key.get(), ReplicaCommonName(id), ca.get(), ca_key.get(), error);
-    std::string base = staging + "/replica-" + std::to_string(id);
-    if (!cert || !WritePem(base + ".key", key.get(), nullptr, error) ||
-        !WritePem(base + ".crt", nullptr, cert.get(), error))
-      return abandon(false);
-  }
+  for (int id = 0; id < replicas; id++)
+    if (!WriteReplicaKey(staging, id, ca.get(), ca_key.get(), error)) return abandon(false);
   if (rename(staging.c_str(), dir.c_str()) != 0) {
     *error = "cannot rename " + staging + " to " + dir + ": " + strerror(errno);
     return abandon(false);

@@ -21,4 +21,8 @@ namespace lockstep {
 // not exist yet). False with *error when it cannot.
 bool MakeClusterKeys(const std::string& dir, int replicas, std::string* error);
 
+// Makes replica id's certificate and key in dir, signed with its ca.key (a
+// replica added later: lockstep member add). True at once when it exists.
+bool MakeReplicaKey(const std::string& dir, int id, std::string* error);
+
 }  // namespace lockstep

@@ -49,7 +49,7 @@ bool DecodeMessage(std::string_view in, Message* m) {
       !r.u64(&m->commit_index) || !r.u64(&m->sent_pos) || !r.u64(&m->promised) ||
       !r.u64(&m->handed_over) || !r.u8(&granted) || !r.u32(&n))
     return false;
-  if (type < 1 || type >= Message::kTypes || from >= kMaxReplicas || to >= kMaxReplicas)
+  if (type < 1 || type >= Message::kTypes || from >= kMaxMemberIds || to >= kMaxMemberIds)
     return false;
   m->granted = granted != 0;
   m->type = static_cast<Message::Type>(type);
@@ -299,6 +299,29 @@ std::string EncodeLeaderMoveRequest(const LeaderMoveRequest& req) {
   return std::move(w.str());
 }
 
+std::string EncodeMembershipRequest(const MembershipChange& change) {
+  ByteWriter w;
+  w.u8(static_cast<uint8_t>(change.kind));
+  w.u32(static_cast<uint32_t>(change.id));
+  return std::move(w.str());
+}
+
+std::string DecodeMembershipRequest(std::string_view in, MembershipChange* change) {
+  ByteReader r(in);
+  uint8_t kind = 0;
+  uint32_t id = 0;
+  if (!r.u8(&kind) || !r.u32(&id) || !r.done()) return "malformed membership change request";
+  if (kind < static_cast<uint8_t>(MembershipChangeKind::kAddLearner) ||
+      kind > static_cast<uint8_t>(MembershipChangeKind::kRemove))
+    return "unknown membership change " + std::to_string(kind);
+  if (id >= static_cast<uint32_t>(kMaxMemberIds))
+    return "replica id " + std::to_string(id) + " out of range (0.." +
+           std::to_string(kMaxMemberIds - 1) + ")";
+  change->kind = static_cast<MembershipChangeKind>(kind);
+  change->id = static_cast<int>(id);
+  return "";
+}
+
 bool DecodeLeaderMoveRequest(std::string_view in, LeaderMoveRequest* req) {
   ByteReader r(in);
   uint32_t target = 0;
@@ -469,7 +492,7 @@ bool DecodeRepairOrder(std::string_view in, RepairOrder* order) {
   uint32_t n = 0;
   if (!r.u64(&order->ballot) || !r.bytes(&order->id) || !r.u8(&how) || !r.u64(&order->max_index) ||
       !GetKey(&r, &order->key) || !r.u64(&order->offset) || !r.u32(&n) ||
-      n > static_cast<uint32_t>(kMaxReplicas))
+      n > static_cast<uint32_t>(kMaxMemberIds))
     return false;
   if (how != static_cast<uint8_t>(RepairHow::kRollback) &&
       how != static_cast<uint8_t>(RepairHow::kTransfer) &&
@@ -479,7 +502,7 @@ bool DecodeRepairOrder(std::string_view in, RepairOrder* order) {
   order->agreeing.clear();
   for (uint32_t i = 0; i < n; i++) {
     uint32_t v = 0;
-    if (!r.u32(&v) || v >= static_cast<uint32_t>(kMaxReplicas)) return false;
+    if (!r.u32(&v) || v >= static_cast<uint32_t>(kMaxMemberIds)) return false;
     order->agreeing.push_back(static_cast<int>(v));
   }
   if (!r.u64(&order->min_index)) return false;

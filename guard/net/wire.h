@@ -202,6 +202,13 @@ struct FailpointReply {
 std::string EncodeFailpointReply(const FailpointReply& reply);
 bool DecodeFailpointReply(std::string_view in, FailpointReply* reply);
 
+// An admin's membership change (`lockstep member`): the payload of a
+// kPropose of type kConfig. The leader makes the kConfig entry itself
+// (Replica::ProposeMembershipChange); the reply is the proposal's.
+std::string EncodeMembershipRequest(const MembershipChange& change);
+// "" when valid, else what is wrong (for the admin).
+std::string DecodeMembershipRequest(std::string_view in, MembershipChange* change);
+
 // kLeaderMove: the replica to lead next, or -1 for the furthest ready
 // backup; the reply names the new leader, or says why there is none.
 struct LeaderMoveRequest {

@@ -29,6 +29,7 @@ std::string EncodeRestorePoint(const RestorePoint& p) {
   }
   w.u64(p.log_bytes);
   w.u64(p.ticks);
+  w.bytes(p.membership);
   return std::move(w.str());
 }
 
@@ -60,9 +61,15 @@ bool DecodeRestorePoint(std::string_view in, RestorePoint* p) {
     c.slot = static_cast<int>(slot);
     p->replay_conns.push_back(c);
   }
-  p->ticks = 0;  // a restore point from before the ticks ends here (restore_point.h)
+  // Older restore points end before the ticks, or before the membership
+  // (restore_point.h).
+  p->ticks = 0;
+  p->membership.clear();
   if (!r.u64(&p->log_bytes)) return false;
-  return r.done() || (r.u64(&p->ticks) && r.done());
+  if (r.done()) return true;
+  if (!r.u64(&p->ticks)) return false;
+  if (r.done()) return true;
+  return r.bytes(&p->membership) && r.done();
 }
 
 }  // namespace lockstep

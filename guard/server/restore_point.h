@@ -29,6 +29,11 @@ struct RestorePoint {
   // TICK entries up to the index (the entry rule leaves them out). Added
   // later: a restore point without it decodes with 0.
   uint64_t ticks = 0;
+  // The cluster's configuration at the index (consensus/membership.h
+  // EncodeMembership): a replica that installs the checkpoint lacks the log
+  // that made it (Replica::InstallCheckpoint). Added later still: "" in an
+  // older restore point (then the replica keeps the configuration it holds).
+  std::string membership;
 };
 
 std::string EncodeRestorePoint(const RestorePoint& p);

@@ -238,6 +238,7 @@ bool ServerPipeline::TakeCheckpoint(uint64_t now, bool may_break) {
   rp.replay_conns = replayer_->OpenConns();
   rp.log_bytes = log_bytes_applied_;
   rp.ticks = ticks_applied_;
+  rp.membership = EncodeMembership(core_.MembershipAt(applied_));
   if (!checkpointer_->StartDump(applied_, applied_ - ticks_applied_, log_bytes_applied_,
                                 server_->pid(), EncodeRestorePoint(rp), now, may_break))
     return false;
@@ -356,11 +357,30 @@ bool ServerPipeline::LeaderCheckpointStep(uint64_t now) {
 
 // ---------------------------------------------------------------- restores
 
+// The log now starts past `index`: the core takes the configuration at it
+// from the checkpoint just restored (its log lacks the entries that made it).
+void ServerPipeline::InstallRestored(uint64_t now, uint64_t index) {
+  if (restored_membership_)
+    core_.InstallCheckpoint(now, index, *restored_membership_);
+  else
+    core_.InstallCheckpoint(now, index);
+}
+
 bool ServerPipeline::RestoreServer(const CheckpointInfo& cp, std::string* error) {
   RestorePoint rp;
   if (!DecodeRestorePoint(cp.meta.extra, &rp)) {
     *error = "its record of the daemon's side does not decode (written by another version?)";
     return false;
+  }
+  restored_membership_.reset();
+  if (!rp.membership.empty()) {
+    Membership m;
+    std::string why = DecodeMembership(rp.membership, &m);
+    if (!why.empty()) {
+      *error = "its record of the cluster's configuration: " + why;
+      return false;
+    }
+    restored_membership_ = m;
   }
   if (dump_watch_fd_ >= 0) {
     loop_.Remove(dump_watch_fd_);
@@ -656,7 +676,7 @@ void ServerPipeline::TransferStep(uint64_t now) {
       // that log whole (slots past the checkpoint may hold the only other
       // copy of a chosen entry). Restored past the commit index it knows,
       // it applies on once the commit index passes it (ApplyCommitted).
-      if (fetch_for_ == FetchFor::kLagging) core_.InstallCheckpoint(now, index);
+      if (fetch_for_ == FetchFor::kLagging) InstallRestored(now, index);
       log_("state transfer: %s, restored; the log goes on from entry %lu", summary.c_str(),
            (unsigned long)index + 1);
       if (fetch_for_ == FetchFor::kRepair) {
@@ -713,7 +733,7 @@ void ServerPipeline::TransferStep(uint64_t now) {
   std::string err;
   if (own && own->index >= need) {
     if (RestoreServer(*own, &err)) {
-      core_.InstallCheckpoint(now, own->index);
+      InstallRestored(now, own->index);
       return;
     }
     log_("cannot restore this replica's checkpoint %lu: %s", (unsigned long)own->index,

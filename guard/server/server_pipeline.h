@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -231,6 +232,9 @@ class ServerPipeline {
   // Restores checkpoint `cp` in place of the current server (if any): the
   // server, its channel and its replay connections, applied_ = cp.index.
   bool RestoreServer(const CheckpointInfo& cp, std::string* error);
+  void InstallRestored(uint64_t now, uint64_t index);
+  // The configuration the last restored checkpoint recorded (none: older).
+  std::optional<Membership> restored_membership_;
   // Restores the newest good checkpoint with index <= max_index that the log
   // can bring forward; false when there is none (or none restores).
   bool RestoreNewest(uint64_t max_index, const char* why);
