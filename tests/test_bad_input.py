@@ -855,11 +855,22 @@ def test_nobody_proposes_a_raw_input_into_a_cluster_that_runs_a_server(cluster, 
         p = run("propose", *how, "*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$1\r\n1\r\n", check=False)
         assert p.returncode != 0, p.stdout
         assert "proposing a raw input to a cluster that runs a server" in p.stderr, p.stderr
-    # A membership entry is nobody's either, until membership change exists.
+    # A membership change is an admin's only (lockstep member), never a client's.
     s = _authenticated_client(cluster, cluster.leader())
     s.sendall(_frame(PROPOSE, bytes([4]) + struct.pack("<I", 2) + b"xx"))
     kind, why = _read_frame(s)
-    assert kind == REFUSED and b"membership change does not exist yet" in why, (kind, why)
+    assert kind == REFUSED and b"changing the cluster's membership" in why, (kind, why)
+    s.close()
+    # An admin's malformed or impossible change gets the reason, and nothing changes.
+    s = _authenticated_client(cluster, cluster.leader(), "admin", "admin_secret")
+    for payload, what in (
+        (b"xx", b"malformed membership change request"),
+        (struct.pack("<BI", 9, 3), b"unknown membership change"),
+        (struct.pack("<BI", 3, 15), b"replica 15"),  # remove a replica never added
+    ):
+        s.sendall(_frame(PROPOSE, bytes([4]) + struct.pack("<I", len(payload)) + payload))
+        kind, why = _read_frame(s)
+        assert kind == PROPOSE_RESULT and what in why, (kind, why)
     s.close()
     assert client.call("SET", "after", "2") == "OK"
     assert_same_data(cluster)
