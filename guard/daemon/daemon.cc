@@ -452,25 +452,28 @@ void Daemon::TruncateLog(uint64_t now) {
   if (now < next_truncate_us_) return;
   next_truncate_us_ = now + kTruncateCheckUs;
   uint64_t below = pipeline_->log_needed_from();
+  // The peers that count: the members of the configuration (a removed
+  // replica holds back nothing, one added does).
+  const Membership& ms = core_->membership();
+  const uint32_t peers = (ms.voters | ms.learners) & ~(1u << me_.id);
   if (core_->role() == Role::kLeader)
-    for (int r = 0; r < n_; r++)
-      if (r != me_.id && peer_checkpoint_[r].load())
-        below = std::max(below, peer_checkpoint_[r].load() + 1);
+    ForEachId(peers, [&](int r) {
+      if (peer_checkpoint_[r].load()) below = std::max(below, peer_checkpoint_[r].load() + 1);
+    });
   if (below <= 1) return;  // no checkpoint (or no server): every entry is needed
   below = std::min({below, pipeline_->applied() + 1, core_->commit_index() + 1});
   // An open output question keeps what its divergence report would quote.
   if (uint64_t quoted = output_ ? output_->LogNeededFrom() : 0) below = std::min(below, quoted);
   if (core_->role() == Role::kLeader) {
     uint64_t grace_us = cfg_.checkpoint.lagging_backup_grace_s * 1000000;
-    for (int r = 0; r < n_; r++) {
-      if (r == me_.id) continue;
+    ForEachId(peers, [&](int r) {
       // Live: it keeps up, or at least moves. A stream the transport has not
       // yet found dead counts for nothing on its own.
       uint64_t match = core_->PeerMatch(r);
       if (match >= core_->commit_index() || match != peer_match_seen_[r]) peer_live_us_[r] = now;
       peer_match_seen_[r] = match;
       if (now - peer_live_us_[r] < grace_us) below = std::min(below, core_->PeerMatch(r) + 1);
-    }
+    });
   }
   if (below <= core_->first_index()) return;
   uint64_t from = core_->first_index();

@@ -7,9 +7,19 @@
 
 namespace lockstep {
 
-OutputChecker::OutputChecker(int replicas, int leader) : replicas_(replicas), leader_(leader) {
+OutputChecker::OutputChecker(int replicas, int leader)
+    : replicas_(replicas),
+      leader_(leader),
+      members_(replicas >= 32 ? ~0u : (1u << replicas) - 1),
+      voters_(replicas) {
   LS_ASSERT(replicas >= 1 && replicas <= 32 && leader >= 0 && leader < replicas,
             "output checker for replica %d of %d", leader, replicas);
+}
+
+void OutputChecker::SetMembers(uint32_t members, int voters) {
+  members_ = members | (1u << leader_);
+  voters_ = std::max(voters, 1);
+  replicas_ = 32 - __builtin_clz(members_);
 }
 
 OutputChecker::PointRing::Points::iterator OutputChecker::PointRing::LowerBound(uint64_t offset) {
@@ -81,7 +91,7 @@ bool OutputChecker::PastCut(const ConnKey& key, uint64_t offset) const {
 }
 
 void OutputChecker::OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us) {
-  if (replica < 0 || replica >= replicas_ || replica == leader_ || suspended(replica)) return;
+  if (!IsMember(replica) || replica == leader_ || suspended(replica)) return;
   OutputPoint& newest = newest_[{replica, p.key}];
   if (p.offset >= newest.offset) newest = p;
   if (Compare(replica, p, now_us)) return;
@@ -137,7 +147,7 @@ uint32_t OutputChecker::AgreeingMask(const Place& at) {
   // load, chunking differs, and waiting for its point here would wait out
   // kVerdictWaitUs).
   for (int r = 0; r < replicas_; r++)
-    if (r != leader_ && AgreedAtOrPast(r, at)) mask |= 1u << r;
+    if (IsMember(r) && r != leader_ && AgreedAtOrPast(r, at)) mask |= 1u << r;
   return mask;
 }
 
@@ -166,7 +176,7 @@ void OutputChecker::Judge(const Place& at, const Dispute& d, uint64_t now_us,
   // The leader is outvoted only by a majority of the cluster that agrees
   // with itself: backups enough to elect a leader without it, all with one
   // digest, and none on its side.
-  size_t majority = static_cast<size_t>(replicas_ / 2 + 1);
+  size_t majority = static_cast<size_t>(voters_ / 2 + 1);
   if (agreeing.empty() && d.digests.size() >= majority) {
     uint64_t first = d.digests.begin()->second;
     bool one_voice = true;
@@ -207,7 +217,7 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
   // cluster, and none ends with the leader: the leader's length is the odd one.
   size_t same = 1, others = 0;
   for (int r = 0; r < replicas_; r++) {
-    if (r == leader_ || r == p.replica || suspended(r)) continue;
+    if (!IsMember(r) || r == leader_ || r == p.replica || suspended(r)) continue;
     others++;
     auto theirs = newest_.find({r, p.p.key});
     if (theirs != newest_.end() && theirs->second.offset == p.p.offset &&
@@ -215,7 +225,7 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
         (theirs->second.applied >= ref.applied || theirs->second.ended))
       same++;
   }
-  if (same == others + 1 && same >= static_cast<size_t>(replicas_ / 2 + 1) &&
+  if (same == others + 1 && same >= static_cast<size_t>(voters_ / 2 + 1) &&
       !AgreeingMask({p.p.key, offset})) {
     Divergence v;
     v.replica = leader_;
@@ -228,7 +238,7 @@ bool OutputChecker::JudgeLength(const Pending& p, uint64_t now_us, std::vector<D
     v.length_differs = true;
     v.replica_offset = p.p.offset;
     for (int r = 0; r < replicas_; r++)
-      if (r != leader_ && !suspended(r)) v.agreeing.push_back(r);
+      if (IsMember(r) && r != leader_ && !suspended(r)) v.agreeing.push_back(r);
     suspended_.insert(leader_);
     out->push_back(std::move(v));
     return true;
@@ -288,7 +298,7 @@ std::vector<Divergence> OutputChecker::Poll(uint64_t now_us) {
     size_t backups = 0, heard = 0;
     uint32_t mask = AgreeingMask(it->first);
     for (int r = 0; r < replicas_; r++) {
-      if (r == leader_ || suspended(r)) continue;
+      if (!IsMember(r) || r == leader_ || suspended(r)) continue;
       backups++;
       if (d.digests.count(r) || (mask & (1u << r))) heard++;
     }

@@ -77,7 +77,13 @@ class OutputChecker {
   static constexpr size_t kMarksPerConn = 64;    // and mark points besides (a slow backup's)
   static constexpr size_t kMaxPending = 65536;
 
+  // Replicas 0..replicas-1 are the members until SetMembers says otherwise.
   OutputChecker(int replicas, int leader);
+  // The configuration changed (a member added or removed through the log):
+  // `members` (bit i: replica i, voters and learners) are the backups
+  // checked and waited for; the leader is outvoted only by a majority of
+  // `voters` agreeing with each other.
+  void SetMembers(uint32_t members, int voters);
 
   void OnLeaderPoint(const OutputPoint& p);
   void OnBackupPoint(int replica, const OutputPoint& p, uint64_t now_us);
@@ -184,7 +190,13 @@ class OutputChecker {
   bool JudgeLength(const Pending& p, uint64_t now_us, std::vector<Divergence>* out);
   uint32_t AgreeingMask(const Place& at);  // backups that agree with the leader there
 
-  int replicas_, leader_;
+  bool IsMember(int replica) const {
+    return replica >= 0 && replica < 32 && ((members_ >> replica) & 1);
+  }
+
+  int replicas_, leader_;  // replicas_: one past the highest member id
+  uint32_t members_;
+  int voters_;
   std::map<ConnKey, ConnPoints> leader_points_;
   uint64_t put_seq_ = 0;             // counts the leader's points taken
   std::map<ConnKey, uint64_t> cut_;  // the leader's connections its client left, and where

@@ -30,6 +30,25 @@ TEST(OutputCheck, EqualDigestsAgree) {
   EXPECT_EQ(c.unchecked(), 0u);
 }
 
+// After a membership change (lockstep member add/remove): a replica added
+// later is checked, one removed is neither checked nor waited for, and the
+// verdict waits for every member's word, not the first three ids'.
+TEST(OutputCheck, TheMembersOfTheConfigurationAreChecked) {
+  OutputChecker c(3, kLeader);
+  c.SetMembers(0b1011, 3);  // voters {0, 1, 3}: replica 2 removed, 3 added
+  c.OnLeaderPoint(Pt(100, 0xaa, 10));
+  c.OnBackupPoint(2, Pt(100, 0xee), 0);  // a removed replica: ignored
+  c.OnBackupPoint(1, Pt(100, 0xaa), 0);
+  EXPECT_TRUE(c.Poll(1).empty());
+  EXPECT_EQ(c.checks(), 1u);
+  c.OnBackupPoint(3, Pt(100, 0xcc), 0);
+  std::vector<Divergence> v = c.Poll(2);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].replica, 3);
+  EXPECT_EQ(v[0].agreeing, std::vector<int>{1});
+  EXPECT_FALSE(c.suspended(2));
+}
+
 TEST(OutputCheck, AStreamAgreedToItsEndNamesTheLeadersAppliedIndexThere) {
   OutputChecker c(3, kLeader);
   c.OnLeaderPoint(Pt(40, 0xaa, 10));

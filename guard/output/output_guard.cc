@@ -71,6 +71,8 @@ void OutputGuard::Step(uint64_t now) {
     conns_.clear();
     outgoing_.clear();
     if (leading_) checker_ = std::make_unique<OutputChecker>(n_, id_);
+    checked_members_ = 0;  // SetMembers below, on this very step
+    checked_voters_ = 0;
   }
   // A restored server sends again what followed its checkpoint.
   if (pipeline_.server_id() != server_id_) {
@@ -83,6 +85,16 @@ void OutputGuard::Step(uint64_t now) {
   }
   if (self_) SelfRepairStep(now);
   if (leading_) {
+    // The configuration the log holds now (a member added or removed):
+    // whose output is checked and waited for, and the majority that outvotes.
+    const Membership& ms = core_.membership();
+    uint32_t members = ms.voters | ms.learners;
+    if (members != checked_members_ || ms.VoterCount() != checked_voters_) {
+      checked_members_ = members;
+      checked_voters_ = ms.VoterCount();
+      checker_->SetMembers(members, checked_voters_);
+      n_ = std::max(n_, 32 - __builtin_clz(members | (1u << id_)));
+    }
     LeaderStep(now);
   } else {
     BackupStep(now);

@@ -190,7 +190,9 @@ class OutputGuard {
   void Save(DivergenceReport& r);  // stamps done_unix_ms once it is settled
 
   const ClusterConfig& cfg_;
-  int id_, n_;
+  int id_, n_;                    // n_: one past the highest replica id seen in a configuration
+  uint32_t checked_members_ = 0;  // what the checker was last told (SetMembers)
+  int checked_voters_ = 0;
   Replica& core_;
   ServerPipeline& pipeline_;
   const ReplicaLog& log_;
