@@ -141,6 +141,18 @@ def test_four_threads_leave_identical_tables(cluster):
     assert_same_tables(cluster)
 
 
+def test_a_replica_added_later_holds_the_same_tables(cluster):
+    # lockstep member add: a fourth mariadbd built from the log (its server
+    # from the profile's data template, then every statement replayed) votes
+    # only once caught up, and its tables equal the leader's.
+    addr = up_and_loaded(cluster)
+    out = run("member", "add", "--dir", cluster.dir, timeout=300).stdout
+    assert "replica 3 is a voter" in out, out
+    load(addr, 1)
+    st = assert_same_tables(cluster)
+    assert len(st["replicas"]) == 4 and all(r["role"] != "down" for r in st["replicas"]), st
+
+
 def test_new_connections_number_their_statements_alike_everywhere(cluster):
     # A prepared statement's id counts up in its connection's THD, which
     # MariaDB's thread cache hands, with its count, to whichever new

@@ -156,3 +156,68 @@ def test_a_learner_comes_by_state_transfer_and_survives_a_kill(cluster):
     assert members(cluster)["membership"]["voters"] == [0, 1, 2, 3]
     digest = assert_same_data(cluster, timeout=60)
     assert digest[1] == 8500, digest
+
+
+def test_three_to_five_to_three(cluster, tmp_path):
+    """Two replicas added (5 voters: a majority is 3), then two of the first
+    removed, the leader among them, under load: nothing acknowledged lost."""
+    where = up_redis(cluster)
+    load = leader_move.Load(where, clients=2)
+    load.start()
+    try:
+        for new in (3, 4):
+            out = run("member", "add", "--dir", cluster.dir, timeout=180).stdout
+            assert f"replica {new} is a voter" in out, out
+        assert members(cluster)["membership"]["voters"] == [0, 1, 2, 3, 4]
+        leader = cluster.leader()
+        gone = [leader, next(r for r in range(3) if r != leader)]
+        for r in gone:
+            out = run("member", "remove", "--id", r, "--dir", cluster.dir, timeout=120).stdout
+            assert f"replica {r} removed" in out, out
+            follow_leader(cluster, where)
+    finally:
+        load.finish()
+    m = members(cluster)
+    assert m["membership"]["voters"] == sorted({0, 1, 2, 3, 4} - set(gone)), m
+    assert m["leader"] not in gone
+    check_load(cluster, load, where, tmp_path)
+
+
+def test_a_replica_added_on_namespace_hosts(cluster):
+    """On `--hosts netns` the new replica gets a namespace and an address of
+    its own on the bridge, the others' firewalls let it in, it catches up
+    and votes; `cluster down` removes its namespace with the rest."""
+    import tomllib
+
+    from netns import run_in_netns  # eval/netns.py
+    from test_netns_hosts import namespaces, redis_on
+
+    cluster.up(app="redis", transport="tcp", extra=["--hosts", "netns"])
+    conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
+    client_ns = conf["cluster"]["client_netns"]
+
+    def incr(n):
+        addr = cluster.client_addr()
+        return [redis_on(addr, "INCR", "k") for _ in range(n)][-1]
+
+    assert run_in_netns(client_ns, lambda: incr(20)) == 20
+    out = run("member", "add", "--dir", cluster.dir, timeout=180).stdout
+    assert "replica 3 is a voter" in out, out
+    conf = tomllib.loads((cluster.dir / "cluster.toml").read_text())
+    new = conf["replica"][3]
+    assert new["netns"] in namespaces(), new
+    assert new["host"] not in [r["host"] for r in conf["replica"][:3]], conf["replica"]
+    assert run_in_netns(client_ns, lambda: incr(5)) == 25
+    assert members(cluster)["membership"]["voters"] == [0, 1, 2, 3]
+    cluster.wait(
+        lambda s: all(
+            r["applied_index"] >= s["replicas"][s["leader"]]["commit_index"] for r in s["replicas"]
+        ),
+        30,
+        "every replica caught up",
+    )
+    addrs = [(r["host"], r["server_port"]) for r in conf["replica"]]
+    values = run_in_netns(client_ns, lambda: [redis_on(a, "GET", "k", inspect=True) for a in addrs])
+    assert values == [b"25"] * 4, values
+    run("cluster", "down", "--dir", cluster.dir)
+    assert new["netns"] not in namespaces()

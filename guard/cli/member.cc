@@ -18,6 +18,7 @@
 #include "guard/cli/leader_move.h"
 #include "guard/net/client.h"
 #include "guard/net/keys.h"
+#include "guard/net/netns_hosts.h"
 #include "guard/net/tls.h"
 
 namespace lockstep {
@@ -173,13 +174,6 @@ bool AddMember(ClusterConfig* config, const MemberAddOptions& o, MemberAddOutcom
       return false;
     }
     const ReplicaConfig& first = config->replicas[0];
-    if (!first.netns.empty()) {
-      *error =
-          "member add does not yet make network namespace hosts: add the replica's "
-          "[[replica]] section (and its namespace) to cluster.toml by hand, then run member "
-          "add again";
-      return false;
-    }
     ReplicaConfig r = first;
     r.id = id;
     r.removed = false;
@@ -191,7 +185,37 @@ bool AddMember(ClusterConfig* config, const MemberAddOptions& o, MemberAddOutcom
     r.metrics_port = first.metrics_port ? first.metrics_port + id : 0;
     std::string parent = first.dir.substr(0, first.dir.find_last_of('/'));
     r.dir = parent + "/replica-" + std::to_string(id);
+    NetnsHosts hosts;
+    if (!first.netns.empty()) {
+      // A host of its own, as cluster up --hosts netns made the others'.
+      if (o.dir.empty()) {
+        *error = "a cluster of network namespace hosts is local: name it with --dir";
+        return false;
+      }
+      hosts = PlanNetnsHosts(o.dir, id + 1);
+      if (hosts.replicas[0] != first.netns) {
+        *error = "replica 0's namespace " + first.netns + " is not the one " + o.dir + " plans (" +
+                 hosts.replicas[0] + "): was the cluster directory moved?";
+        return false;
+      }
+      r.netns = hosts.replicas[id];
+      r.host = hosts.ReplicaAddr(id);
+    }
     config->replicas.push_back(r);
+    if (!first.netns.empty()) {
+      std::vector<int> open = {r.client_port}, reserved;
+      if (r.server_port) open.push_back(r.server_port);
+      if (r.metrics_port) open.push_back(r.metrics_port);
+      for (const ReplicaConfig& each : config->replicas)
+        for (int p : {each.peer_port, each.client_port, each.server_port, each.metrics_port})
+          if (p) reserved.push_back(p);
+      if (config->leader_port) reserved.push_back(config->leader_port);
+      if (!AddNetnsReplicaHost(o.dir, hosts, id, open, reserved, error)) {
+        config->replicas.pop_back();
+        *error = "cannot make replica " + std::to_string(id) + "'s network namespace: " + *error;
+        return false;
+      }
+    }
     if (!WriteClusterToml(*config, error)) {
       config->replicas.pop_back();
       return false;

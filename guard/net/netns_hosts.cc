@@ -139,6 +139,65 @@ NetnsHosts PlanNetnsHosts(const std::string& dir, int replicas) {
   return n;
 }
 
+namespace {
+
+// A namespace with lo up and IPv6 off.
+bool MakeNamespace(const std::string& ns, std::string* error) {
+  if (!RunIp({"netns", "add", ns}, error)) return false;
+  if (!RunIp({"-n", ns, "link", "set", "lo", "up"}, error)) return false;
+  // IPv6 off before the veths exist (`default` is what a new interface
+  // gets): a server that binds every address of its interface (gerbera's
+  // libupnp) would otherwise meet the link-local one still tentative, just
+  // after the link came up, and fail ("Could not bind to socket", -203).
+  return RunTool("ip",
+                 {"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                  "net.ipv6.conf.default.disable_ipv6=1"},
+                 error);
+}
+
+// The host's eth0, its other end (hub_end: "r0".., "cl") in the hub on the bridge.
+bool Attach(const NetnsHosts& hosts, const std::string& ns, const std::string& hub_end,
+            const std::string& addr, std::string* error) {
+  return RunIp({"-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", hub_end, "netns",
+                hosts.hub},
+               error) &&
+         RunIp({"-n", hosts.hub, "link", "set", hub_end, "master", "br0"}, error) &&
+         RunIp({"-n", hosts.hub, "link", "set", hub_end, "up"}, error) &&
+         RunIp({"-n", ns, "addr", "add", addr + "/24", "dev", "eth0"}, error) &&
+         RunIp({"-n", ns, "link", "set", "eth0", "up"}, error);
+}
+
+// Replica i's firewall: the replicas' addresses in `replicas` ("a, b, c")
+// reach every port, others only open_ports.
+bool FirewallOne(const NetnsHosts& hosts, size_t i, const std::string& replicas,
+                 const std::vector<int>& open_ports, std::string* error) {
+  std::string ports;
+  for (int p : open_ports) ports += (ports.empty() ? "" : ", ") + std::to_string(p);
+  auto nft = [&](const std::string& command) {
+    return RunTool("ip", {"netns", "exec", hosts.replicas[i], "nft", command}, error);
+  };
+  const std::string rule = "add rule inet lockstep_host input ";
+  return nft("add table inet lockstep_host") &&
+         nft("add chain inet lockstep_host input { type filter hook input priority 0 ; "
+             "policy accept ; }") &&
+         nft(rule + "iif lo accept") && nft(rule + "ct state established,related accept") &&
+         nft(rule + "ip saddr { " + replicas + " } accept") &&
+         nft(rule + "meta l4proto icmp accept") &&
+         (ports.empty() || nft(rule + "tcp dport { " + ports + " } accept")) &&
+         nft(rule + "counter drop");
+}
+
+bool ReservePorts(const std::string& ns, const std::vector<int>& ports, std::string* error) {
+  std::string list;
+  for (int p : ports) list += (list.empty() ? "" : ",") + std::to_string(p);
+  if (list.empty()) return true;
+  return RunTool(
+      "ip", {"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_reserved_ports=" + list},
+      error);
+}
+
+}  // namespace
+
 bool CreateNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::string* error) {
   std::vector<std::string> all = hosts.replicas;
   all.push_back(hosts.client);
@@ -154,36 +213,48 @@ bool CreateNetnsHosts(const std::string& dir, const NetnsHosts& hosts, std::stri
       return false;
     }
   }
-  for (const auto& ns : all) {
-    if (!RunIp({"netns", "add", ns}, error)) return false;
-    if (!RunIp({"-n", ns, "link", "set", "lo", "up"}, error)) return false;
-    // IPv6 off before the veths exist (`default` is what a new interface
-    // gets): a server that binds every address of its interface (gerbera's
-    // libupnp) would otherwise meet the link-local one still tentative, just
-    // after the link came up, and fail ("Could not bind to socket", -203).
-    if (!RunTool("ip",
-                 {"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
-                  "net.ipv6.conf.default.disable_ipv6=1"},
-                 error))
-      return false;
-  }
+  for (const auto& ns : all)
+    if (!MakeNamespace(ns, error)) return false;
   if (!RunIp({"-n", hosts.hub, "link", "add", "br0", "type", "bridge"}, error) ||
       !RunIp({"-n", hosts.hub, "link", "set", "br0", "up"}, error))
     return false;
-  // Each host's eth0, its other end in the hub on the bridge ("r0".., "cl").
-  auto attach = [&](const std::string& ns, const std::string& hub_end, const std::string& addr) {
-    return RunIp({"-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", hub_end, "netns",
-                  hosts.hub},
-                 error) &&
-           RunIp({"-n", hosts.hub, "link", "set", hub_end, "master", "br0"}, error) &&
-           RunIp({"-n", hosts.hub, "link", "set", hub_end, "up"}, error) &&
-           RunIp({"-n", ns, "addr", "add", addr + "/24", "dev", "eth0"}, error) &&
-           RunIp({"-n", ns, "link", "set", "eth0", "up"}, error);
-  };
   for (size_t i = 0; i < hosts.replicas.size(); i++)
-    if (!attach(hosts.replicas[i], "r" + std::to_string(i), hosts.ReplicaAddr(static_cast<int>(i))))
+    if (!Attach(hosts, hosts.replicas[i], "r" + std::to_string(i),
+                hosts.ReplicaAddr(static_cast<int>(i)), error))
       return false;
-  return attach(hosts.client, "cl", hosts.ClientAddr());
+  return Attach(hosts, hosts.client, "cl", hosts.ClientAddr(), error);
+}
+
+bool AddNetnsReplicaHost(const std::string& dir, const NetnsHosts& hosts, int id,
+                         const std::vector<int>& open_ports, const std::vector<int>& reserved_ports,
+                         std::string* error) {
+  const std::string& ns = hosts.replicas[id];
+  if (Exists(ns) && !DeleteNamespace(ns, error)) return false;
+  {
+    std::ofstream f(ListPath(dir), std::ios::app);  // listed before it exists (RemoveNetnsHosts)
+    f << ns << "\n";
+    if (!f) {
+      *error = "cannot write " + ListPath(dir);
+      return false;
+    }
+  }
+  std::string replicas;
+  for (size_t i = 0; i < hosts.replicas.size(); i++)
+    replicas += (i ? ", " : "") + hosts.ReplicaAddr(static_cast<int>(i));
+  if (!MakeNamespace(ns, error) ||
+      !Attach(hosts, ns, "r" + std::to_string(id), hosts.ReplicaAddr(id), error) ||
+      !FirewallOne(hosts, static_cast<size_t>(id), replicas, open_ports, error) ||
+      !ReservePorts(ns, reserved_ports, error))
+    return false;
+  // The others let it in: ahead of their drop rule.
+  for (int i = 0; i < id; i++)
+    if (Exists(hosts.replicas[i]) && !RunTool("ip",
+                                              {"netns", "exec", hosts.replicas[i], "nft",
+                                               "insert rule inet lockstep_host input ip saddr " +
+                                                   hosts.ReplicaAddr(id) + " accept"},
+                                              error))
+      return false;
+  return true;
 }
 
 bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector<int>>& open_ports,
@@ -191,37 +262,15 @@ bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector
   std::string replicas;
   for (size_t i = 0; i < hosts.replicas.size(); i++)
     replicas += (i ? ", " : "") + hosts.ReplicaAddr(static_cast<int>(i));
-  for (size_t i = 0; i < hosts.replicas.size(); i++) {
-    std::string ports;
-    for (int p : open_ports[i]) ports += (ports.empty() ? "" : ", ") + std::to_string(p);
-    auto nft = [&](const std::string& command) {
-      return RunTool("ip", {"netns", "exec", hosts.replicas[i], "nft", command}, error);
-    };
-    const std::string rule = "add rule inet lockstep_host input ";
-    if (!nft("add table inet lockstep_host") ||
-        !nft("add chain inet lockstep_host input { type filter hook input priority 0 ; "
-             "policy accept ; }") ||
-        !nft(rule + "iif lo accept") || !nft(rule + "ct state established,related accept") ||
-        !nft(rule + "ip saddr { " + replicas + " } accept") ||
-        !nft(rule + "meta l4proto icmp accept") ||
-        (!ports.empty() && !nft(rule + "tcp dport { " + ports + " } accept")) ||
-        !nft(rule + "counter drop"))
-      return false;
-  }
+  for (size_t i = 0; i < hosts.replicas.size(); i++)
+    if (!FirewallOne(hosts, i, replicas, open_ports[i], error)) return false;
   return true;
 }
 
 bool ReserveReplicaPorts(const NetnsHosts& hosts, const std::vector<int>& ports,
                          std::string* error) {
-  std::string list;
-  for (int p : ports) list += (list.empty() ? "" : ",") + std::to_string(p);
-  if (list.empty()) return true;
   for (const auto& ns : hosts.replicas)
-    if (!RunTool(
-            "ip",
-            {"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_reserved_ports=" + list},
-            error))
-      return false;
+    if (!ReservePorts(ns, ports, error)) return false;
   return true;
 }
 

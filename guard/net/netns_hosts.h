@@ -57,6 +57,15 @@ bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector
 bool ReserveReplicaPorts(const NetnsHosts& hosts, const std::vector<int>& ports,
                          std::string* error);
 
+// A replica added later (`lockstep member add`): its namespace, on the
+// bridge at ReplicaAddr(id), listed in DIR/netns, with the same firewall
+// and reserved ports as the others; every running replica's firewall lets
+// the new address in. hosts must be PlanNetnsHosts for the cluster, with
+// replicas[id] its name. False with *error naming the step.
+bool AddNetnsReplicaHost(const std::string& dir, const NetnsHosts& hosts, int id,
+                         const std::vector<int>& open_ports, const std::vector<int>& reserved_ports,
+                         std::string* error);
+
 // Removes every namespace listed in DIR/netns that still exists (their
 // interfaces go with them), killing by pid any process left inside first,
 // then the file. True when there was nothing to remove.
