@@ -517,7 +517,7 @@ void reattach(struct conn* c, int fresh) {
   if (atomic_load(&hdr->replay_waiting)) wake_daemon();
 }
 
-/* A lease read (issue 26, LOCKSTEP_SHIM_LEASE_READS_RESP): the n bytes a
+/* A lease read (issue 26, LOCKSTEP_SHIM_LEASE_READS_RESP or _MEMCACHED): the n bytes a
  * client just sent on c (the last n of its inbox) are served by this server
  * without the log when they are whole read-only requests (shim_unchecked.c
  * unck_lease_requests), everything c sent before has been read by the

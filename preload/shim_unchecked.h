@@ -12,7 +12,8 @@
 
 LS_HIDDEN extern int unck_on; /* LOCKSTEP_SHIM_UNCHECKED_RESP names commands, or lease reads */
 LS_HIDDEN void unck_init(void);
-/* Lease reads (LOCKSTEP_SHIM_LEASE_READS_RESP): the leader serves a client's
+/* Lease reads (LOCKSTEP_SHIM_LEASE_READS_RESP, or _MEMCACHED for memcached's
+ * text protocol, mc_scan.h): the leader serves a client's
  * request made only of these read-only commands without the log while its
  * daemon holds the lease (shim_rings.c lease_serve); their replies are left
  * out of the hashed stream, as the backups never see them. hashed: the
@@ -22,7 +23,8 @@ LS_HIDDEN void lease_init(int hashed);
 /* n bytes a client sent on a connection whose earlier bytes the server has
  * all read (output slot `slot`, -1: not hashed): how many requests they
  * hold when they are whole multibulk requests, each of a lease-read
- * command, at a request boundary outside MULTI, and their replies fit in
+ * command, at a request boundary outside MULTI (memcached: whole get, gets
+ * or mg lines, mc_lease_requests), and their replies fit in
  * the slot's queue; 0 otherwise (they go through the log). Under mu. */
 LS_HIDDEN int unck_lease_requests(int slot, const char* p, size_t n);
 /* A fresh connection in output slot slot (with the slot's output lock). */

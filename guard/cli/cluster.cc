@@ -112,6 +112,7 @@ bool ResolveServer(const ClusterUpOptions& o, ClusterConfig::ServerConfig* serve
     server->unchecked_replies = p.unchecked_replies;
     server->inspect_commands = p.inspect_commands;
     server->lease_reads = p.lease_reads;
+    server->lease_protocol = p.lease_protocol;
   } else if (!o.command.empty()) {
     server->command = o.command;
   } else {
@@ -217,7 +218,7 @@ bool LoadAppProfile(const std::string& apps_dir, const std::string& name, AppPro
       !t.TakeFileList("files", &p.files, error) ||
       !t.TakeUncheckedReplies(&p.unchecked_replies, error) ||
       !t.TakeCommandList("inspect_commands", false, &p.inspect_commands, error) ||
-      !t.TakeCommandList("lease_reads", true, &p.lease_reads, error) || !t.NoLeftovers(error))
+      !t.TakeLeaseReads(&p.lease_protocol, &p.lease_reads, error) || !t.NoLeftovers(error))
     return false;
   if (timeout) p.ready_timeout_ms = static_cast<uint64_t>(timeout);
   if (every) p.state_check_every_s = static_cast<uint64_t>(every);

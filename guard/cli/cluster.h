@@ -77,6 +77,7 @@ struct AppProfile {
   std::string unchecked_replies;  // commands whose replies are not compared (config.h)
   std::string inspect_commands;   // what `lockstep inspect` lets through (config.h)
   std::string lease_reads;        // read-only commands served under the lease (config.h)
+  std::string lease_protocol;     // their protocol: "resp", "memcached" (config.h)
   std::string description;        // one line for people
   std::string bench;              // how to benchmark it (free text)
   std::string path;

@@ -18,6 +18,7 @@
 
 #include "consensus/core.h"
 #include "guard/common/command_line.h"
+#include "preload/mc_scan.h"
 #include "preload/resp_scan.h"
 
 namespace lockstep {
@@ -403,6 +404,50 @@ bool TomlTable::TakeCommandList(const std::string& key, bool bounded, std::strin
   return true;
 }
 
+bool TomlTable::TakeLeaseReads(std::string* protocol, std::string* list, std::string* error) {
+  std::string proto = "resp";
+  if (!TakeString("lease_protocol", &proto, false, error)) return false;
+  if (proto != "resp" && proto != "memcached")
+    return Fail(At("lease_protocol"),
+                "field 'lease_protocol': " + TomlQuote(proto) +
+                    " is not a protocol lease reads know; expected \"resp\" (redis's) or "
+                    "\"memcached\" (its text protocol)",
+                error);
+  if (Has("lease_protocol") && !Has("lease_reads"))
+    return Fail(At("lease_protocol"),
+                "field 'lease_protocol' names the protocol of lease_reads, but there is no "
+                "lease_reads",
+                error);
+  if (proto == "resp") {
+    if (!TakeCommandList("lease_reads", true, list, error)) return false;
+    *protocol = list->empty() ? "" : proto;
+    return true;
+  }
+  const TomlValue* v = Find("lease_reads");
+  if (!v) return true;  // refused above: lease_protocol without lease_reads
+  const std::string expected =
+      "memcached's read-only commands the leader can answer under its lease: some of get, "
+      "gets, mg (lower case), as one string (\"get, gets\") or an array ([\"get\", \"gets\"])";
+  std::string joined;
+  if (v->kind == TomlValue::kString) {
+    joined = v->str;
+  } else if (v->kind == TomlValue::kStringList) {
+    for (size_t i = 0; i < v->list.size(); i++) joined += (i ? ", " : "") + v->list[i];
+  } else {
+    return WrongType("lease_reads", *v, expected, error);
+  }
+  mc_list parsed;
+  if (mc_list_parse(&parsed, joined.c_str()) != 0 || parsed.cmds == 0)
+    return Fail(v->pos,
+                "field 'lease_reads': " + TomlQuote(joined) +
+                    " with lease_protocol = \"memcached\"; expected " + expected,
+                error);
+  *list = joined;
+  *protocol = proto;
+  taken_.insert("lease_reads");
+  return true;
+}
+
 bool TomlTable::TakeFileList(const std::string& key, std::vector<std::string>* dst,
                              std::string* error) {
   dst->clear();
@@ -737,7 +782,7 @@ bool ParseClusterConfig(const std::string& text, const std::string& path, Cluste
     if (!s.TakeUncheckedReplies(&c.server.unchecked_replies, error)) return false;
     if (!s.TakeCommandList("inspect_commands", false, &c.server.inspect_commands, error))
       return false;
-    if (!s.TakeCommandList("lease_reads", true, &c.server.lease_reads, error)) return false;
+    if (!s.TakeLeaseReads(&c.server.lease_protocol, &c.server.lease_reads, error)) return false;
     if (!s.NoLeftovers(error)) return false;
   }
 
@@ -946,6 +991,7 @@ std::string FormatClusterConfig(const ClusterConfig& c) {
     if (!c.server.lease_reads.empty())
       o << "# read-only commands the leader answers without the log under its lease\n"
         << "lease_reads = " << TomlQuote(c.server.lease_reads) << "\n";
+    if (c.server.lease_protocol == "memcached") o << "lease_protocol = \"memcached\"\n";
     if (!c.server.inspect_commands.empty())
       o << "# what `lockstep inspect` lets through (guard/server/inspection.h)\n"
         << "inspect_commands = " << TomlQuote(c.server.inspect_commands) << "\n";

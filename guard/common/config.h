@@ -46,6 +46,8 @@
 //                           # replies are not compared between replicas (shim_unchecked.c)
 //   lease_reads = "GET, MGET"  # optional: read-only redis-protocol commands the leader
 //                           # answers without the log while it holds its lease (lease_us)
+//   lease_protocol = "memcached"  # optional: the protocol lease_reads names commands of,
+//                           # "resp" (the default) or "memcached" (then: get, gets, mg)
 //   inspect_commands = "GET, DBSIZE, DEBUG DIGEST"  # optional: `lockstep inspect` is
 //                           # read-only, redis's protocol: other requests are refused
 //                           # (guard/server/inspection.h); unset: every byte passes
@@ -288,6 +290,9 @@ struct ClusterConfig {
     // from its own server, without the log, while it holds the lease
     // (preload/shim_lease.c). From the app profile's `lease_reads`.
     std::string lease_reads;
+    // The protocol of lease_reads' names: "resp" or "memcached"
+    // (preload/mc_scan.h); "" when there are none. From `lease_protocol`.
+    std::string lease_protocol;
   } server;
   bool has_server() const { return !server.command.empty(); }
   CheckpointPolicy checkpoint;
@@ -361,6 +366,12 @@ class TomlTable {
   // The same for any such list (inspect_commands); bounded: at most
   // RESP_LIST commands, as the shim's resp_list holds.
   bool TakeCommandList(const std::string& key, bool bounded, std::string* dst, std::string* error);
+  // Optional `lease_protocol` ("resp", the default, or "memcached": the wire
+  // protocol of the names in `lease_reads`) and `lease_reads`: for RESP a list
+  // as TakeCommandList takes; for memcached's text protocol some of get, gets,
+  // mg (preload/mc_scan.h, the commands whose replies its scanner knows).
+  // *protocol gets "resp" or "memcached" when there is a list, else "".
+  bool TakeLeaseReads(std::string* protocol, std::string* list, std::string* error);
   // Relative file paths, as an array of strings (["a.conf", "sub/b.ndb"]) or
   // one string separated by commas ("a.conf, sub/b.ndb"): none empty,
   // absolute or climbing out with "..". Missing: an empty list.

@@ -146,7 +146,7 @@ TEST(ParseToml, SyntaxErrorsNameLineColumnFieldAndFix) {
 // NoLeftovers; the first error (ParseToml's, if it refuses the text).
 std::string GetterError(const std::string& text, const std::string& key) {
   std::vector<TomlTable> tables;
-  std::string s, error;
+  std::string s, proto, error;
   if (!ParseToml(text, "p.toml", {}, true, &tables, &error)) return error;
   if (tables.empty()) return "no fields";
   TomlTable& t = tables[0];
@@ -159,6 +159,7 @@ std::string GetterError(const std::string& text, const std::string& key) {
   if (key == "files") t.TakeFileList(key, &files, &error);
   if (key == "unchecked_replies") t.TakeUncheckedReplies(&s, &error);
   if (key == "inspect_commands") t.TakeCommandList(key, false, &s, &error);
+  if (key == "lease_reads") t.TakeLeaseReads(&proto, &s, &error);
   if (error.empty()) t.NoLeftovers(&error);
   return error;
 }
@@ -203,6 +204,32 @@ TEST(ParseToml, WhatLockstepDoesNotTakeIsRefusedWithLineAndColumn) {
                          "p.toml:1:20: field 'inspect_commands': expected commands"));
   EXPECT_TRUE(StartsWith(GetterError("inspect_commands = 'GET,,SET'\n", "inspect_commands"),
                          "p.toml:1:20: field 'inspect_commands': expected commands"));
+  // lease_reads: RESP commands by default; with lease_protocol = "memcached",
+  // some of get, gets, mg (the reads preload/mc_scan.h knows the replies of)
+  EXPECT_EQ(GetterError("lease_reads = ['GET', 'MGET']\n", "lease_reads"), "");
+  EXPECT_EQ(GetterError("lease_protocol = 'resp'\nlease_reads = 'GET'\n", "lease_reads"), "");
+  EXPECT_EQ(GetterError("lease_protocol = 'memcached'\nlease_reads = ['get', 'gets', 'mg']\n",
+                        "lease_reads"),
+            "");
+  EXPECT_EQ(GetterError("lease_protocol = 'memcached'\nlease_reads = 'get, mg'\n", "lease_reads"),
+            "");
+  EXPECT_EQ(GetterError("lease_protocol = 'http'\nlease_reads = 'GET'\n", "lease_reads"),
+            "p.toml:1:18: field 'lease_protocol': \"http\" is not a protocol lease reads know; "
+            "expected \"resp\" (redis's) or \"memcached\" (its text protocol)");
+  EXPECT_EQ(GetterError("lease_protocol = 'memcached'\n", "lease_reads"),
+            "p.toml:1:18: field 'lease_protocol' names the protocol of lease_reads, but there is "
+            "no lease_reads");
+  for (const char* bad : {"['get', 'set']", "'GET'", "'gat'", "'get,'", "[]"})
+    EXPECT_TRUE(StartsWith(
+        GetterError(std::string("lease_protocol = 'memcached'\nlease_reads = ") + bad + "\n",
+                    "lease_reads"),
+        "p.toml:2:15: field 'lease_reads': "))
+        << bad;
+  EXPECT_NE(GetterError("lease_protocol = 'memcached'\nlease_reads = 'set'\n", "lease_reads")
+                .find("some of get, gets, mg"),
+            std::string::npos);
+  EXPECT_TRUE(StartsWith(GetterError("lease_protocol = 1\nlease_reads = 'GET'\n", "lease_reads"),
+                         "p.toml:1:18: field 'lease_protocol': expected a string"));
   // unknown fields: the nearest known one, else the list of them
   EXPECT_EQ(GetterError("port = 1\nprot = 2\n", "port"),
             "p.toml:2:1: unknown field 'prot' in the top level (did you mean 'port'?)");
@@ -335,12 +362,16 @@ TEST(ClusterConfig, FormatReadsBack) {
   c.server.command = "sh -c 'printf \"%s\\n\\t\\r\" \x01\x7f caf\xc3\xa9'";
   c.server.rendered_files = {"a.conf", "with, comma.conf", "sub/\"q\".conf"};
   c.server.unchecked_replies = "INFO, CLIENT LIST";
+  c.server.lease_reads = "get, gets, mg";
+  c.server.lease_protocol = "memcached";
   std::string text = FormatClusterConfig(c);
   ClusterConfig back;
   ASSERT_TRUE(ParseClusterConfig(text, "cluster.toml", &back, &error)) << error << "\n" << text;
   EXPECT_EQ(back.server.command, c.server.command);
   EXPECT_EQ(back.server.rendered_files, c.server.rendered_files);
   EXPECT_EQ(back.server.unchecked_replies, c.server.unchecked_replies);
+  EXPECT_EQ(back.server.lease_reads, c.server.lease_reads);
+  EXPECT_EQ(back.server.lease_protocol, "memcached");
   EXPECT_EQ(FormatClusterConfig(back), text);
 }
 

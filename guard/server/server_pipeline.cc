@@ -134,7 +134,8 @@ bool ServerPipeline::LaunchServer(std::string* error) {
   shim_->set_unchecked_greeting(cfg_.server.unchecked_greeting);
   shim_->set_unchecked_replies(cfg_.server.unchecked_replies);
   // Reads without the log need the lease: without one configured, none.
-  shim_->set_lease_reads(cfg_.lease_us ? cfg_.server.lease_reads : "");
+  shim_->set_lease_reads(cfg_.lease_us ? cfg_.server.lease_reads : "",
+                         cfg_.server.lease_protocol == "memcached");
   if (!server_->Start(argv, dir, me_.dir + "/server.log", shim_->ServerEnv(me_.server_port),
                       server_fds_, error)) {
     *error = "cannot start the server: " + *error;

@@ -195,7 +195,8 @@ std::vector<std::pair<std::string, std::string>> ShimChannel::ServerEnv(int serv
       {"LOCKSTEP_SHIM_SERIAL", std::to_string(serial_inputs_)},
       {"LOCKSTEP_SHIM_UNCHECKED_GREETING", unchecked_greeting_ ? "1" : "0"},
       {"LOCKSTEP_SHIM_UNCHECKED_RESP", unchecked_replies_env_},
-      {"LOCKSTEP_SHIM_LEASE_READS_RESP", lease_reads_env_}};
+      {"LOCKSTEP_SHIM_LEASE_READS_RESP", lease_memcached_ ? "" : lease_reads_env_},
+      {"LOCKSTEP_SHIM_LEASE_READS_MEMCACHED", lease_memcached_ ? lease_reads_env_ : ""}};
   if (!output_digests_env_.empty())
     env.push_back({"LOCKSTEP_SHIM_OUTPUT_DIGESTS", output_digests_env_});
   return env;

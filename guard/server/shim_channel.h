@@ -72,9 +72,14 @@ class ShimChannel {
   // its shim leaves out of the hashed output (preload/shim_unchecked.c), or
   // "": none. Always set, like the seed.
   void set_unchecked_replies(const std::string& list) { unchecked_replies_env_ = list; }
-  // LOCKSTEP_SHIM_LEASE_READS_RESP: the read-only commands the leader's shim
-  // may serve under the lease (preload/shim_lease.c), or "": none.
-  void set_lease_reads(const std::string& list) { lease_reads_env_ = list; }
+  // LOCKSTEP_SHIM_LEASE_READS_RESP (LOCKSTEP_SHIM_LEASE_READS_MEMCACHED when
+  // memcached: the list names memcached text-protocol commands): the
+  // read-only commands the leader's shim may serve under the lease
+  // (preload/shim_unchecked.c), or "": none.
+  void set_lease_reads(const std::string& list, bool memcached) {
+    lease_reads_env_ = list;
+    lease_memcached_ = memcached;
+  }
   // The lease the shim may serve reads under (CLOCK_MONOTONIC ns; 0: none).
   void SetLease(uint64_t until_ns);
   // Requests the shim served under the lease, and read-only ones it sent
@@ -271,6 +276,7 @@ class ShimChannel {
   bool unchecked_greeting_ = false;
   std::string unchecked_replies_env_;
   std::string lease_reads_env_;
+  bool lease_memcached_ = false;
   uint64_t size_ = 0;
   int region_fd_ = -1, wake_server_fd_ = -1, wake_daemon_fd_ = -1;
   uint64_t peeked_bytes_ = 0;  // record size of the submission Peek returned
