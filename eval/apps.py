@@ -559,10 +559,10 @@ def on_leader(run, addr, d, app, what, tries=3):
 BENCH_LEASE_US = 35000
 
 
-def mode_replicated(durability):
+def mode_replicated(durability, lease_on=True):
     @contextlib.contextmanager
     def mode(ctx, app):
-        lease = ("--lease-us", str(BENCH_LEASE_US))
+        lease = ("--lease-us", str(BENCH_LEASE_US)) if lease_on else ()
         with lockstep_cluster(ctx, app, durability, extra=lease) as (d, st):
             addr = st["client_addr"]
             wait_ready(app, addr)
@@ -603,6 +603,14 @@ MODES = {
     "unreplicated": ("unreplicated", "none", BOTH, True, mode_unreplicated),
     "replicated-disk": ("replicated", "disk", BOTH, True, mode_replicated("disk")),
     "replicated-memory": ("replicated", "memory", BOTH, True, mode_replicated("memory")),
+    # The same without a lease: every read through the log (what lease reads gain, same run).
+    "replicated-memory-nolease": (
+        "replicated-nolease",
+        "memory",
+        BOTH,
+        True,
+        mode_replicated("memory", lease_on=False),
+    ),
     "aof-always": ("aof-always", "disk", ("redis",), False, mode_aof_always),
     "redis-wait": ("redis-wait", "memory", ("redis",), False, mode_redis_wait),
 }
@@ -863,7 +871,14 @@ def label(r):
     return r["mode"] if r["mode"] != "replicated" else f"replicated/{r['durability']}"
 
 
-ORDER = ["unreplicated", "replicated/disk", "replicated/memory", "aof-always", "redis-wait"]
+ORDER = [
+    "unreplicated",
+    "replicated/disk",
+    "replicated/memory",
+    "replicated-nolease",
+    "aof-always",
+    "redis-wait",
+]
 
 
 def table(res):
@@ -1018,7 +1033,8 @@ def main():
         "--modes",
         type=csv(str),
         help="unreplicated, replicated (both durabilities), replicated-disk, "
-        "replicated-memory, aof-always, redis-wait (default: all that apply to APP)",
+        "replicated-memory, replicated-memory-nolease, aof-always, redis-wait (default: all "
+        "that apply to APP but replicated-memory-nolease)",
     )
     ap.add_argument("--ops", type=csv(str), default=["set", "get"], help="set,get")
     ap.add_argument("--quick", action="store_true", help="1 and 16 conns, 1 repeat, 1 s")
@@ -1033,6 +1049,8 @@ def main():
     if a.quick:
         a.conns, a.repeats, a.seconds = [1, 16], 1, 1.0
     names = [n for n, m in MODES.items() if a.app in m[2]]
+    if not a.modes:
+        names = [n for n in names if n != "replicated-memory-nolease"]
     if a.modes:
         want = [x for m in a.modes for x in ((m,) if m != "replicated" else MODES_REPLICATED)]
         bad = [m for m in want if m not in MODES or a.app not in MODES[m][2]]
