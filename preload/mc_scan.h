@@ -22,6 +22,14 @@
  * scanning for that connection: no more lease reads on it, and its output
  * is then checked in full. Stopping is always safe, never wrong.
  *
+ * One reply is compared in a form of its own: `stats cachedump`'s (the
+ * state probe's key lists, apps/memcached/state_probe.py). It lists a slab
+ * class's items in LRU order, and a lease read moves an item untouched for
+ * 60 s to its LRU's head on the leader only; so its ITEM lines are hashed
+ * each on its own and summed, and the sum (MC_CANON_LEN bytes) stands in the
+ * compared stream for the reply: the same items in any order compare equal,
+ * any other item list does not.
+ *
  * Plain C11, header-only, no allocation, no locks, bounded work per byte:
  * the caller owns the state and serializes each scanner. Included by the
  * shim, guard/common/config.cc (to check a profile's list) and the test. */
@@ -37,6 +45,10 @@
 #define MC_KEY 250        /* memcached's KEY_MAX_LENGTH */
 #define MC_LINE 1024      /* memcached closes a connection on a longer line ... */
 #define MC_GET_LINE 65536 /* ... but a get's, which it reads on: ours stops here */
+/* A queue entry's flag: the reply is a stats cachedump's, compared in its
+ * canonical form; without it the reply is left out (a lease read's). */
+#define MC_CANON ((uint64_t)1 << 63)
+#define MC_CANON_LEN 18 /* the form: 16 hex digits of the sum and "\r\n" */
 
 /* ------------------------------------------------------------ the list */
 
@@ -110,6 +122,10 @@ struct mc_in {
   uint64_t value;     /* a storage command's <bytes> */
   uint64_t data_left; /* of the value, before its "\r\n" */
   uint64_t requests;  /* requests read that get a reply: kept from one to the next */
+  /* A stats cachedump was read: the state probe's connection (apps/memcached/
+   * state_probe.py), whose reads must go through the log to be compared on
+   * every replica. Kept, as requests. */
+  uint8_t no_lease;
 };
 
 /* What the request scanner hands over to the reply scanner: the numbers of
@@ -160,7 +176,7 @@ static inline void mc_token_byte(struct mc_in* in, uint32_t t, unsigned char c, 
 }
 
 /* The command line is complete. Returns the state to go on in, and sets
- * *reply when the request gets one. */
+ * *reply when the request gets one (2: one compared in its canonical form). */
 static inline int mc_line_done(struct mc_in* in, int* reply) {
   const char* w = in->word;
   size_t n = in->word_len;
@@ -196,6 +212,11 @@ static inline int mc_line_done(struct mc_in* in, int* reply) {
   if (mc_word_is(w, n, "stats")) { /* those answered with STAT lines and END */
     const char* a = in->arg;
     size_t k = in->arg_len;
+    if (in->tokens == 4 && mc_word_is(a, k, "cachedump")) { /* ITEM lines and END */
+      *reply = 2;
+      in->no_lease = 1;
+      return MC_IN_START;
+    }
     if (in->tokens == 1 ||
         (in->tokens == 2 &&
          (mc_word_is(a, k, "settings") || mc_word_is(a, k, "items") || mc_word_is(a, k, "slabs") ||
@@ -208,8 +229,9 @@ static inline int mc_line_done(struct mc_in* in, int* reply) {
 }
 
 /* Scans n request bytes. For each request that gets a reply, when skip_all
- * (a lease read's bytes), push(ctx, number); push returns 0 when its queue
- * is full (scanning then ends). Once scanning ends it reads nothing more. */
+ * (a lease read's bytes), push(ctx, number); for a stats cachedump,
+ * push(ctx, number | MC_CANON). push returns 0 when its queue is full
+ * (scanning then ends). Once scanning ends it reads nothing more. */
 static inline void mc_scan_requests(int skip_all, struct mc_in* in, const unsigned char* p,
                                     size_t n, int (*push)(void* ctx, uint64_t number), void* ctx) {
   size_t i = 0;
@@ -237,7 +259,8 @@ static inline void mc_scan_requests(int skip_all, struct mc_in* in, const unsign
           int next = mc_line_done(in, &reply);
           if (reply) {
             uint64_t number = in->requests++;
-            if (skip_all && !push(ctx, number)) next = MC_IN_OFF;
+            if (reply == 2 && !skip_all) number |= MC_CANON;
+            if ((skip_all || reply == 2) && !push(ctx, number)) next = MC_IN_OFF;
           }
           in->state = (uint8_t)next;
           break;
@@ -340,14 +363,24 @@ struct mc_out {
   uint8_t multi; /* inside VALUE/STAT lines, until END */
   uint8_t va;    /* the value read is a meta VA reply's: its end ends the reply */
   uint8_t skip;  /* the current reply is left out */
+  uint8_t canon; /* the current reply is compared in its canonical form */
   uint8_t in_token, word_len, num_bad, num_digits;
   char word[MC_WORD];
   uint32_t tokens;
   uint64_t num; /* VALUE's <bytes> (4th word), VA's <size> (2nd) */
   uint64_t data_left;
-  uint64_t replies; /* replies complete */
-  uint64_t head;    /* entries of the queue consumed */
+  uint64_t replies;        /* replies complete */
+  uint64_t head;           /* entries of the queue consumed */
+  uint64_t line_hash, sum; /* canon: the current line's FNV-1a, the lines' sum */
+  char form[MC_CANON_LEN]; /* canon: what stands for the reply, once it ends */
 };
+
+static inline void mc_canon_form(struct mc_out* o) {
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 0; i < 16; i++) o->form[i] = hex[(o->sum >> (60 - 4 * i)) & 15];
+  o->form[16] = '\r';
+  o->form[17] = '\n';
+}
 
 /* A reply line is complete. 1: the reply is complete with it; 0: it goes on;
  * -1: not a reply this scanner knows. */
@@ -375,16 +408,25 @@ static inline int mc_reply_line(struct mc_out* o) {
 
 /* One run of output at p: its length (> 0 when n > 0), all of it skipped
  * (*skipped = 1) or all checked. tail: entries the request scanner has
- * queued so far. A run ends where a reply ends (as resp_output_run). */
+ * queued so far. A run ends where a reply ends (as resp_output_run). A
+ * stats cachedump's reply is skipped, and the run that ends it sets *form
+ * to the MC_CANON_LEN bytes compared in its place (else *form is NULL). */
 static inline size_t mc_output_run(struct mc_out* o, const struct mc_queue* q, uint64_t tail,
-                                   const unsigned char* p, size_t n, int* skipped) {
+                                   const unsigned char* p, size_t n, int* skipped,
+                                   const char** form) {
   *skipped = 0;
+  *form = NULL;
   if (o->state == MC_OUT_OFF || n == 0) return n;
   if (!o->open) { /* a reply begins */
-    while (o->head != tail && q->at[o->head % MC_QUEUE] < o->replies) o->head++;
-    o->skip = o->head != tail && q->at[o->head % MC_QUEUE] == o->replies;
+    while (o->head != tail && (q->at[o->head % MC_QUEUE] & ~MC_CANON) < o->replies) o->head++;
+    uint64_t at = o->head != tail ? q->at[o->head % MC_QUEUE] : 0;
+    int ours = o->head != tail && (at & ~MC_CANON) == o->replies;
+    o->canon = ours && (at & MC_CANON);
+    o->skip = (uint8_t)ours;
     o->open = 1;
     o->multi = 0;
+    o->sum = 0;
+    o->line_hash = 14695981039346656037ull;
   }
   *skipped = o->skip;
   size_t i = 0;
@@ -401,7 +443,31 @@ static inline size_t mc_output_run(struct mc_out* o, const struct mc_queue* q, u
       done = 1;
     } else {
       unsigned char c = p[i++];
-      if (c == '\n') {
+      if (o->canon) { /* every byte of a line counts, in order; lines in any order */
+        o->line_hash = (o->line_hash ^ c) * 1099511628211ull;
+        if (c == '\n') {
+          o->sum += o->line_hash;
+          o->line_hash = 14695981039346656037ull;
+          /* its END, or an error instead of a list, ends it */
+          done = mc_word_is(o->word, o->word_len, "END") ||
+                 mc_word_is(o->word, o->word_len, "ERROR") ||
+                 mc_word_is(o->word, o->word_len, "CLIENT_ERROR") ||
+                 mc_word_is(o->word, o->word_len, "SERVER_ERROR");
+          o->tokens = o->word_len = o->in_token = 0;
+          if (done) {
+            mc_canon_form(o);
+            *form = o->form;
+          }
+        } else if (c == ' ' || c == '\r') {
+          o->in_token = 0;
+          if (o->word_len) o->tokens = 2; /* past the first word */
+        } else if (o->tokens == 0) {
+          if (o->word_len < MC_WORD - 1)
+            o->word[o->word_len++] = (char)c;
+          else
+            o->word_len = MC_WORD;
+        }
+      } else if (c == '\n') {
         int r = mc_reply_line(o);
         if (r < 0) { /* what follows is checked in full */
           o->state = MC_OUT_OFF;
@@ -432,7 +498,7 @@ static inline size_t mc_output_run(struct mc_out* o, const struct mc_queue* q, u
       }
     }
     if (!done) continue;
-    if (o->skip) o->head++;
+    if (o->skip) o->head++; /* a canonical one's entry too */
     o->replies++;
     o->open = 0;
     o->multi = 0;

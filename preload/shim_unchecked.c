@@ -159,7 +159,8 @@ void lease_init(int hashed) {
 /* unck_lease_requests for memcached's text protocol. */
 static int mc_lease_requests_at(int slot, const char* p, size_t n) {
   const struct unck_conn* u = slot >= 0 && unck_on ? &unck_st[slot] : NULL;
-  if (u && u->mc_in.state != MC_IN_START) return 0; /* mid-request, or scanning ended */
+  /* mid-request, scanning ended, or the state probe's connection */
+  if (u && (u->mc_in.state != MC_IN_START || u->mc_in.no_lease)) return 0;
   int requests = mc_lease_requests(&mc_lease_list, (const unsigned char*)p, n);
   if (requests > 0 && u) {
     uint64_t queued = atomic_load_explicit(&u->tail, memory_order_relaxed) -
@@ -212,10 +213,15 @@ static size_t mc_output(struct unck_conn* u, const struct iovec* iov, size_t iov
     n -= left;
     while (left > 0) {
       int skipped;
-      size_t run = mc_output_run(o, &u->mc_queue, tail, p, left, &skipped);
+      const char* form;
+      size_t run = mc_output_run(o, &u->mc_queue, tail, p, left, &skipped, &form);
       if (!skipped) {
         checked += run;
         if (feed) feed(ctx, (const char*)p, run);
+      }
+      if (form) { /* a stats cachedump's, in the form every replica compares */
+        checked += MC_CANON_LEN;
+        if (feed) feed(ctx, form, MC_CANON_LEN);
       }
       p += run;
       left -= run;
