@@ -9,8 +9,10 @@ identical, and a leader that lost its majority answers no read from its own stat
 another replica can lead."""
 
 import os
+import re
 import signal
 import time
+import urllib.request
 
 from resp import Memcached
 from test_memcached import wait_replicas_match
@@ -124,9 +126,17 @@ def test_gets_under_the_lease_skip_the_log_and_see_every_write(cluster):
     leader_view = view(keys)(c.server_addr(leader))
     assert leader_view["k"] == b"v199" and leader_view["q"] == b"x"
     wait_replicas_match(c, view(keys), leader_view)
-    for r in c.status()["replicas"]:
+    status = c.status()
+    for r in status["replicas"]:
         assert r["output"]["divergences"] == 0, r
         assert r["lease_reads"] == 0 or r["id"] == leader, r
+    # The metrics count them too.
+    addr = status["replicas"][leader]["metrics_addr"]
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as got:
+        text = got.read().decode()
+    total = re.search(r"^lockstep_lease_reads_total(?:\{[^}]*\})? (\d+)", text, re.MULTILINE)
+    assert total, text
+    assert int(total.group(1)) >= served, (total.group(0), served)
 
 
 def test_no_memcached_lease_without_lease_us(cluster):
