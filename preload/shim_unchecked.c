@@ -196,14 +196,18 @@ int unck_lease_requests(int slot, const char* p, size_t n) {
   return requests;
 }
 
-/* unck_output for memcached's text protocol. */
-static size_t mc_output(struct unck_conn* u, const struct iovec* iov, size_t iovcnt, size_t n,
-                        int count_only, void (*feed)(void* ctx, const char* p, size_t n),
-                        void* ctx) {
-  struct mc_out copy, *o = &u->mc_out;
+size_t unck_output(int slot, const struct iovec* iov, size_t iovcnt, size_t n, int count_only,
+                   void (*feed)(void* ctx, const char* p, size_t n), void* ctx) {
+  struct unck_conn* u = &unck_st[slot];
+  /* The protocol's reply scanner; a count leaves the connection's own state
+   * as it was (it works on a copy). */
+  struct resp_out resp_copy, *ro = &u->out;
+  struct mc_out mc_copy, *mo = &u->mc_out;
   if (count_only) {
-    copy = *o;
-    o = &copy;
+    resp_copy = *ro;
+    ro = &resp_copy;
+    mc_copy = *mo;
+    mo = &mc_copy;
   }
   uint64_t tail = atomic_load_explicit(&u->tail, memory_order_acquire);
   size_t checked = 0;
@@ -213,13 +217,14 @@ static size_t mc_output(struct unck_conn* u, const struct iovec* iov, size_t iov
     n -= left;
     while (left > 0) {
       int skipped;
-      const char* form;
-      size_t run = mc_output_run(o, &u->mc_queue, tail, p, left, &skipped, &form);
+      const char* form = NULL;
+      size_t run = mc_on ? mc_output_run(mo, &u->mc_queue, tail, p, left, &skipped, &form)
+                         : resp_output_run(ro, &u->queue, tail, p, left, &skipped);
       if (!skipped) {
         checked += run;
         if (feed) feed(ctx, (const char*)p, run);
       }
-      if (form) { /* a stats cachedump's, in the form every replica compares */
+      if (form) { /* a memcached stats cachedump's, in the form every replica compares */
         checked += MC_CANON_LEN;
         if (feed) feed(ctx, form, MC_CANON_LEN);
       }
@@ -227,36 +232,7 @@ static size_t mc_output(struct unck_conn* u, const struct iovec* iov, size_t iov
       left -= run;
     }
   }
-  if (!count_only) atomic_store_explicit(&u->head, o->head, memory_order_release);
-  return checked;
-}
-
-size_t unck_output(int slot, const struct iovec* iov, size_t iovcnt, size_t n, int count_only,
-                   void (*feed)(void* ctx, const char* p, size_t n), void* ctx) {
-  struct unck_conn* u = &unck_st[slot];
-  if (mc_on) return mc_output(u, iov, iovcnt, n, count_only, feed, ctx);
-  struct resp_out copy, *o = &u->out;
-  if (count_only) {
-    copy = *o;
-    o = &copy;
-  }
-  uint64_t tail = atomic_load_explicit(&u->tail, memory_order_acquire);
-  size_t checked = 0;
-  for (size_t i = 0; i < iovcnt && n > 0; i++) {
-    const unsigned char* p = iov[i].iov_base;
-    size_t left = iov[i].iov_len < n ? iov[i].iov_len : n;
-    n -= left;
-    while (left > 0) {
-      int skipped;
-      size_t run = resp_output_run(o, &u->queue, tail, p, left, &skipped);
-      if (!skipped) {
-        checked += run;
-        if (feed) feed(ctx, (const char*)p, run);
-      }
-      p += run;
-      left -= run;
-    }
-  }
-  if (!count_only) atomic_store_explicit(&u->head, o->head, memory_order_release);
+  if (!count_only)
+    atomic_store_explicit(&u->head, mc_on ? mo->head : ro->head, memory_order_release);
   return checked;
 }
