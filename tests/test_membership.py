@@ -8,6 +8,7 @@ leader) are the core's, tested under the simulator (core_membership_test)."""
 import json
 import os
 import signal
+import urllib.request
 
 import history  # eval/history.py
 import leader_move  # eval/leader_move.py: the load and the read-back
@@ -68,6 +69,12 @@ def test_replace_a_backup_under_load(cluster, tmp_path):
     check_load(cluster, load, where, tmp_path / "add")
     log = (cluster.dir / "replica-3.log").read_text()
     assert "this replica is a learner" in log and "this replica is a voter" in log, log[-3000:]
+    # Every member's metrics count the configuration it holds.
+    for r in cluster.status()["replicas"]:
+        with urllib.request.urlopen(f"http://{r['metrics_addr']}/metrics", timeout=10) as page:
+            text = page.read().decode()
+        assert 'lockstep_members{kind="voter"} 4' in text, (r["id"], text[:2000])
+        assert 'lockstep_members{kind="learner"} 0' in text, (r["id"], text[:2000])
 
     gone = next(r for r in range(3) if r != leader)
     load = leader_move.Load(where, clients=3, prefix="after:")

@@ -738,6 +738,8 @@ void Daemon::SampleMetrics(uint64_t now) {
   Ballot b = core_->promised();
   m.ballot_round->Set(static_cast<double>(BallotRound(b)));
   m.ballot_leader->Set(BallotLeader(b));
+  m.voters->Set(core_->membership().VoterCount());
+  m.learners->Set(__builtin_popcount(core_->membership().learners));
   uint64_t commit = core_->commit_index(), applied = pipeline_->applied();
   m.commit_index->Set(static_cast<double>(commit));
   m.applied_index->Set(static_cast<double>(applied));

@@ -43,6 +43,11 @@ DaemonMetrics::DaemonMetrics(int replicas, int my_id) {
   r.AddGauge("lockstep_replica_id", "This daemon's replica id (cluster.toml [[replica]] id).")
       ->Set(my_id);
   r.AddGauge("lockstep_replicas", "Replicas in the cluster (cluster.toml).")->Set(replicas);
+  const char* members_help =
+      "Replicas in the configuration this replica holds (lockstep member list), by kind: "
+      "voters count toward majorities, learners receive the log only.";
+  voters = r.AddGauge("lockstep_members", members_help, {{"kind", "voter"}});
+  learners = r.AddGauge("lockstep_members", members_help, {{"kind", "learner"}});
   const char* role_help =
       "1 for the role this replica has now (leader, candidate or backup), 0 for the others.";
   role[static_cast<int>(Role::kLeader)] =

@@ -61,6 +61,8 @@ struct DaemonMetrics {
 
   // Role and ballot.
   std::array<Gauge*, 3> role{};  // by Role: leader, candidate, backup (1: this one)
+  Gauge* voters;    // the configuration's (consensus/membership.h)
+  Gauge* learners;
   Gauge* ballot_round;
   Gauge* ballot_leader;
   Counter* leader_changes;
