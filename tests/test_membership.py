@@ -154,15 +154,20 @@ def test_a_learner_comes_by_state_transfer_and_survives_a_kill(cluster):
     os.kill(cluster.pid(3), signal.SIGKILL)
     run("cluster", "restart", "--id", 3, "--dir", cluster.dir, timeout=120)
     load(client, 8000, 500)
+    # Caught up, and its redis identical to the others' BEFORE it votes.
+    digest = assert_same_data(cluster, timeout=60)
+    assert digest[1] == 8500, digest
+    assert members(cluster)["membership"]["learners"] == [3]
     out = run("member", "promote", "--id", 3, "--dir", cluster.dir, timeout=180).stdout
     assert "replica 3 is a voter" in out, out
+    load(client, 8500, 100)
     client.close()
     log = (cluster.dir / "replica-3.log").read_text()
     assert "state transfer:" in log, log[-3000:]
     assert "this replica is a voter" in log, log[-3000:]
     assert members(cluster)["membership"]["voters"] == [0, 1, 2, 3]
     digest = assert_same_data(cluster, timeout=60)
-    assert digest[1] == 8500, digest
+    assert digest[1] == 8600, digest
 
 
 def test_three_to_five_to_three(cluster, tmp_path):
