@@ -2,10 +2,11 @@
 // consensus/region.h: DecodeRecord on bytes read back from a disk log
 // segment, a walk over a segment's records as recovery does it, and the
 // backup's RingReader over a log region a (deposed) leader may scribble on,
-// with the control and ack words, and a kConfig entry's payload
-// (consensus/membership.h DecodeConfigEntry). In the "sealed" modes the target writes a
-// right magic, position, canary and checksum into the fuzzer's bytes first,
-// so that the fuzzer explores what lies past them; such a record must decode.
+// with the control and ack words, a kConfig entry's payload
+// (consensus/membership.h DecodeConfigEntry) and a configuration on its own
+// (DecodeMembership: a truncation's note, a restore point's). In the "sealed" modes the target
+// writes a right magic, position, canary and checksum into the fuzzer's bytes first, so that the
+// fuzzer explores what lies past them; such a record must decode.
 #include <cstring>
 #include <vector>
 
@@ -118,6 +119,24 @@ void ConfigPayload(uint8_t* buf, size_t n, bool seal) {
   FUZZ_CHECK(EncodeConfigEntry(e) == std::string(reinterpret_cast<const char*>(buf), n));
 }
 
+// A configuration on its own (a truncation's note, a checkpoint's restore
+// point: membership.h DecodeMembership): one it accepts is valid and encodes
+// back to the same bytes.
+void MembershipRecord(uint8_t* buf, size_t n, bool seal) {
+  if (seal && n >= kMembershipPayloadSize) {
+    memcpy(buf, "LKC1", 4);
+    buf[4] = 1;
+    uint32_t crc = Crc32c(0, buf, 10);
+    for (int i = 0; i < 4; i++) buf[10 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  }
+  Membership m;
+  std::string why = DecodeMembership({reinterpret_cast<const char*>(buf), n}, &m);
+  if (!why.empty()) return;
+  FUZZ_CHECK(n == kMembershipPayloadSize);
+  FUZZ_CHECK(m.VoterCount() >= 1 && m.VoterCount() <= kMaxVoters && !(m.voters & m.learners));
+  FUZZ_CHECK(EncodeMembership(m) == std::string(reinterpret_cast<const char*>(buf), n));
+}
+
 }  // namespace
 }  // namespace lockstep
 
@@ -132,7 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto* buf = reinterpret_cast<uint8_t*>(words.data());
   memcpy(buf, rest.data(), rest.size());
   size_t n = rest.size();
-  switch (mode % 8) {
+  switch (mode % 10) {
     case 0: {  // one record, as found
       DecodedRecord r;
       if (DecodeRecord(buf, n, position, &r) == DecodeStatus::kOk)
@@ -163,6 +182,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 6: ConfigPayload(buf, n, false); break;
     case 7: ConfigPayload(buf, n, true); break;
+    case 8: MembershipRecord(buf, n, false); break;
+    case 9: MembershipRecord(buf, n, true); break;
   }
   return 0;
 }

@@ -202,6 +202,9 @@ void LogRecord() {
   ApplyMembershipChange(add.from, {MembershipChangeKind::kAddLearner, 3}, &add.to);
   Put("log_record", "config", Byte(6) + U64(0) + EncodeConfigEntry(add));
   Put("log_record", "config_sealed", Byte(7) + U64(0) + EncodeConfigEntry(add));
+  // The configuration it makes, on its own (a truncation's note).
+  Put("log_record", "membership", Byte(8) + U64(0) + EncodeMembership(add.to));
+  Put("log_record", "membership_sealed", Byte(9) + U64(0) + EncodeMembership(add.to));
 }
 
 void LogInput() {
@@ -303,6 +306,8 @@ void ManifestSeeds() {
   Put("manifest", "manifest_body", Byte(1) + text.substr(0, end));
   Put("restore_point", "restore_point", m.meta.extra);
   Put("restore_point", "restore_point_empty", EncodeRestorePoint(RestorePoint{}));
+  rp.membership = EncodeMembership(Membership::Initial(3));
+  Put("restore_point", "restore_point_membership", EncodeRestorePoint(rp));
 }
 
 std::string SubRecord(uint8_t kind, uint32_t conn, uint64_t seq, const std::string& payload) {
