@@ -86,7 +86,11 @@ def test_a_request_waiting_for_a_running_thread_is_not_overtaken(cluster, tmp_pa
     profile.write_text(
         f'command = "{sys.executable} {SERVER} {{port}} busy"\nserial_inputs = true\n'
     )
-    cluster.up(app=str(profile))
+    # A generous election timeout: the busy Python servers keep both cores
+    # full, and under ASan a backup once went 69 ms without hearing the
+    # leader and was elected, which reset these clients (sanitize, CI run of
+    # 2026-12-07). The order of inputs is what this test is about.
+    cluster.up(app=str(profile), extra=("--election-timeout-ms", "400-800"))
     addr = cluster.client_addr()
 
     def client(_):

@@ -96,8 +96,8 @@ class Daemon : public EventLoop::Body {
   std::unique_ptr<DaemonMetrics> metrics_;
   std::atomic<int> n_{0};  // replicas with an address: cfg_.replicas[0..n_-1]
   uint64_t next_address_look_us_ = 0;
-  MemberState last_member_state_ = MemberState::kVoter;
-  std::string last_membership_;
+  Membership last_membership_;  // NoteMemberState's (voters 0: none yet)
+  bool last_membership_committed_ = true;
   bool memory_mode_ = false;
   std::unique_ptr<Replica> core_;
   std::unique_ptr<DiskLog> disk_;
@@ -533,23 +533,22 @@ void Daemon::LearnAddresses(uint64_t now) {
 // Logs each change of the configuration, and what this replica is in it:
 // a replica taken out stands for no election and says so.
 void Daemon::NoteMemberState() {
-  if (core_->membership_index() == 0 && last_membership_.empty()) {
-    last_member_state_ = core_->member_state();
-    last_membership_ = core_->membership().ToString();
-    return;
-  }
-  std::string now = core_->membership().ToString();
-  if (now == last_membership_ && core_->member_state() == last_member_state_) return;
+  // Every pass: a compare of two small values, nothing more, until it changes.
+  const Membership& now = core_->membership();
+  const bool committed = core_->membership_index() <= core_->commit_index();
+  if (now == last_membership_ && committed == last_membership_committed_) return;
+  bool first = last_membership_.voters == 0;
+  last_membership_ = now;
+  last_membership_committed_ = committed;
+  if (first && core_->membership_index() == 0) return;  // the initial one, said at "up"
   MemberState state = core_->member_state();
-  log_("configuration %s (entry %lu%s): this replica is a %s%s", now.c_str(),
+  log_("configuration %s (entry %lu%s): this replica is a %s%s", now.ToString().c_str(),
        (unsigned long)core_->membership_index(),
        core_->membership_index() <= core_->commit_index() ? ", committed" : ", not yet committed",
        MemberStateName(state),
        state == MemberState::kRemoved
            ? ": not in the configuration, it stands for no election (lockstep member list)"
            : "");
-  last_membership_ = now;
-  last_member_state_ = state;
 }
 
 void Daemon::PollPeerCheckpoints() {
