@@ -775,17 +775,8 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
   }
   // What the replicas will read must read back (checked before anything
   // changes): TOML strings are UTF-8, and a command given after -- need not be.
-  const std::string config_text = FormatClusterConfig(c);
-  {
-    ClusterConfig back;
-    std::string why;
-    if (!ParseClusterConfig(config_text, o.dir + "/cluster.toml", &back, &why)) {
-      *error = "cannot write a cluster.toml that reads back: " + why;
-      if (why.find("utf-8") != std::string::npos)
-        *error += " (the server command and the paths must be UTF-8)";
-      return false;
-    }
-  }
+  std::string config_text;
+  if (!FormatCheckedClusterConfig(c, o.dir + "/cluster.toml", &config_text, error)) return false;
   if (netns && !FirewallReplicas(hosts, c, error)) return false;
   // Fresh data: a new cluster starts with empty logs (what was here holds
   // nothing, or --wipe said to throw it away), an earlier cluster's extra
@@ -804,15 +795,7 @@ bool ClusterUp(const ClusterUpOptions& o, ClusterConfig* config, std::string* er
       return false;
     }
   }
-  {
-    std::ofstream f(o.dir + "/cluster.toml");
-    f << config_text;
-    if (!f) {
-      *error = "cannot write " + o.dir + "/cluster.toml";
-      return false;
-    }
-  }
-  chmod((o.dir + "/cluster.toml").c_str(), 0600);
+  if (!WriteClusterConfigText(o.dir + "/cluster.toml", config_text, error)) return false;
   c.path = o.dir + "/cluster.toml";
   // A new cluster, new keys: its own CA, so that no daemon of an earlier
   // cluster in this directory (or of another) passes for one of this one.
@@ -872,6 +855,37 @@ bool ClusterStart(const std::string& dir, ClusterConfig* config, std::string* er
   // into its server: a big one takes a while.
   if (!WaitForFirstLeader(dir, c, 120000, error)) return false;
   *config = c;
+  return true;
+}
+
+bool FormatCheckedClusterConfig(const ClusterConfig& c, const std::string& path, std::string* text,
+                                std::string* error) {
+  *text = FormatClusterConfig(c);
+  ClusterConfig back;
+  std::string why;
+  if (ParseClusterConfig(*text, path, &back, &why)) return true;
+  *error = "cannot write a cluster.toml that reads back: " + why;
+  if (why.find("utf-8") != std::string::npos)
+    *error += " (the server command and the paths must be UTF-8)";
+  return false;
+}
+
+bool WriteClusterConfigText(const std::string& path, const std::string& text, std::string* error) {
+  const std::string tmp = path + ".writing";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      *error = "cannot write " + tmp;
+      return false;
+    }
+  }
+  chmod(tmp.c_str(), 0600);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    *error = "cannot rename " + tmp + " to " + path + ": " + strerror(errno);
+    return false;
+  }
   return true;
 }
 

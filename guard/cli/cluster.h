@@ -172,6 +172,14 @@ int ReplicaPid(const std::string& dir, int id);  // 0 if not running
 // answers (true) or exits (false, with the end of its log in *error).
 bool RestartReplica(const std::string& dir, const ClusterConfig& config, int id, int* pid,
                     std::string* error);
+// cluster.toml's text for c, refused (*error says why) unless it reads back
+// (path: what its errors name).
+bool FormatCheckedClusterConfig(const ClusterConfig& c, const std::string& path, std::string* text,
+                                std::string* error);
+// Writes text to path, 0600, under a temporary name first: a daemon that
+// reads it meanwhile (a member added: Daemon::LearnAddresses) sees the old
+// file or the new one.
+bool WriteClusterConfigText(const std::string& path, const std::string& text, std::string* error);
 // Waits until some replica leads and every running replica has caught up.
 bool WaitForLeader(const ClusterConfig& config, int timeout_ms, int* leader);
 

@@ -4,18 +4,15 @@
 // book) in step, and starts or stops the replica on a local cluster.
 #include "guard/cli/member.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
 #include "consensus/membership.h"
 #include "guard/cli/cluster.h"
 #include "guard/cli/leader_move.h"
+#include "guard/common/replica_log.h"
 #include "guard/net/client.h"
 #include "guard/net/keys.h"
 #include "guard/net/netns_hosts.h"
@@ -27,35 +24,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// cluster.toml rewritten whole under a temporary name, then renamed: a
-// daemon that reads it meanwhile sees the old file or the new one.
+// cluster.toml rewritten whole, checked to read back, renamed into place.
 bool WriteClusterToml(const ClusterConfig& c, std::string* error) {
-  std::string text = FormatClusterConfig(c), why;
-  ClusterConfig back;
-  if (!ParseClusterConfig(text, c.path, &back, &why)) {
-    *error = "cannot write a cluster.toml that reads back: " + why;
-    return false;
-  }
-  std::string tmp = c.path + ".writing";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      *error = "cannot write " + tmp;
-      return false;
-    }
-  }
-  chmod(tmp.c_str(), 0600);
-  if (rename(tmp.c_str(), c.path.c_str()) != 0) {
-    *error = "cannot rename " + tmp + " to " + c.path + ": " + strerror(errno);
-    return false;
-  }
-  return true;
+  std::string text;
+  return FormatCheckedClusterConfig(c, c.path, &text, error) &&
+         WriteClusterConfigText(c.path, text, error);
 }
 
 // One change, proposed to the leader as an admin and waited for until
@@ -232,7 +205,7 @@ bool AddMember(ClusterConfig* config, const MemberAddOptions& o, MemberAddOutcom
   if (!o.quiet)
     printf("replica %d added as a learner (configuration entry %lu committed)\n", id,
            (unsigned long)out->added_index);
-  auto t0 = Clock::now();
+  const uint64_t t0 = NowUs();
   if (!o.dir.empty()) {
     if (!StartReplica(o.dir, *config, id, error)) return false;
     if (!o.quiet)
@@ -246,7 +219,7 @@ bool AddMember(ClusterConfig* config, const MemberAddOptions& o, MemberAddOutcom
   if (!PromoteMember(*config, id, static_cast<int>(std::max<int64_t>(left.count(), 0)), o.quiet,
                      &out->promoted_index, error))
     return false;
-  out->catch_up_ms = MsSince(t0);
+  out->catch_up_ms = (NowUs() - t0) / 1000.0;
   if (!o.quiet)
     printf("replica %d is a voter (configuration entry %lu committed), %.1f s after it started\n",
            id, (unsigned long)out->promoted_index, out->catch_up_ms / 1000);

@@ -167,6 +167,14 @@ bool Attach(const NetnsHosts& hosts, const std::string& ns, const std::string& h
          RunIp({"-n", ns, "link", "set", "eth0", "up"}, error);
 }
 
+// Every replica's address, as an nftables set's elements ("a, b, c").
+std::string ReplicaAddrList(const NetnsHosts& hosts) {
+  std::string list;
+  for (size_t i = 0; i < hosts.replicas.size(); i++)
+    list += (i ? ", " : "") + hosts.ReplicaAddr(static_cast<int>(i));
+  return list;
+}
+
 // Replica i's firewall: the replicas' addresses in `replicas` ("a, b, c")
 // reach every port, others only open_ports.
 bool FirewallOne(const NetnsHosts& hosts, size_t i, const std::string& replicas,
@@ -238,9 +246,7 @@ bool AddNetnsReplicaHost(const std::string& dir, const NetnsHosts& hosts, int id
       return false;
     }
   }
-  std::string replicas;
-  for (size_t i = 0; i < hosts.replicas.size(); i++)
-    replicas += (i ? ", " : "") + hosts.ReplicaAddr(static_cast<int>(i));
+  const std::string replicas = ReplicaAddrList(hosts);
   if (!MakeNamespace(ns, error) ||
       !Attach(hosts, ns, "r" + std::to_string(id), hosts.ReplicaAddr(id), error) ||
       !FirewallOne(hosts, static_cast<size_t>(id), replicas, open_ports, error) ||
@@ -259,9 +265,7 @@ bool AddNetnsReplicaHost(const std::string& dir, const NetnsHosts& hosts, int id
 
 bool FirewallReplicaHosts(const NetnsHosts& hosts, const std::vector<std::vector<int>>& open_ports,
                           std::string* error) {
-  std::string replicas;
-  for (size_t i = 0; i < hosts.replicas.size(); i++)
-    replicas += (i ? ", " : "") + hosts.ReplicaAddr(static_cast<int>(i));
+  const std::string replicas = ReplicaAddrList(hosts);
   for (size_t i = 0; i < hosts.replicas.size(); i++)
     if (!FirewallOne(hosts, i, replicas, open_ports[i], error)) return false;
   return true;
