@@ -96,6 +96,7 @@ class PeerLink {
   };
   int UcxPeer(int replica, const std::string& worker_address);
   void Ring(int replica);
+  bool LeaderWaitsFor(const AckWord& ack, const AckWord& rung) const;
   void SawLifeFrom(int replica);
   UcxTransport::LocalRegion* TakeSpareRegion();
   bool MapSpareRegion();
