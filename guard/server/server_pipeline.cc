@@ -25,6 +25,9 @@ constexpr uint64_t kMaxInputsInFlight = 256;  // proposed, not yet committed
 constexpr uint64_t kSubmitBytesPerPass = 1 << 20;
 constexpr uint64_t kApplyBytesPerPass = 4 << 20;
 constexpr int kApplyEntriesPerPass = 1024;
+// A backup's replay batch (HoldReplay): entries, and the longest hold.
+constexpr uint64_t kReplayBatch = 8;
+constexpr uint64_t kReplayHoldUs = 2000;
 constexpr uint64_t kSubmissionOverhead = 64;  // bytes a submission counts beyond its payload
 constexpr uint64_t kMaxChunk = 256 << 10;     // largest DATA payload the shim submits
 constexpr uint64_t kInputReportUs = 10000000;
@@ -400,6 +403,27 @@ bool ServerPipeline::OwnConn(const ConnKey& k) const {
   return it != own_conns_.end() && it->second == k;
 }
 
+// A backup's server is woken once per batch of committed inputs, not once
+// per input: at one client each input is its own commit, and replaying it
+// at once woke every backup's server (and its daemon's replay send) once
+// per input, ~2 context switches a backup for a server that no client
+// waits on. So a backup holds what it has not applied until kReplayBatch
+// entries wait or the oldest has waited kReplayHoldUs. Only a plain
+// backup holds: a leader's own inputs are released at once (its clients
+// wait), and a candidate or a replica catching up applies at once.
+bool ServerPipeline::HoldReplay(uint64_t now, uint64_t commit) {
+  if (applied_ >= commit || core_.role() != Role::kBackup || commit - applied_ >= kReplayBatch) {
+    hold_since_us_ = 0;
+    return false;
+  }
+  if (hold_since_us_ == 0) hold_since_us_ = now;
+  if (now - hold_since_us_ >= kReplayHoldUs) {
+    hold_since_us_ = 0;
+    return false;
+  }
+  return true;
+}
+
 // Hands committed entries, in log order, to the server: our own shim's
 // inputs are released to it, everyone else's are replayed over TCP.
 bool ServerPipeline::ApplyCommitted(uint64_t now) {
@@ -420,6 +444,7 @@ bool ServerPipeline::ApplyCommitted(uint64_t now) {
               (unsigned long)applied_, (unsigned long)commit);
     commit = applied_;
   }
+  if (HoldReplay(now, commit)) return false;
   // Bounded per pass, so that a replica replaying a long log (after a
   // restart) still answers heartbeats in between.
   uint64_t budget_bytes = kApplyBytesPerPass;

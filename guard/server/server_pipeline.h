@@ -191,6 +191,7 @@ class ServerPipeline {
   bool StartLeaderCheckpoint(uint64_t now, std::string* why_not);
 
  private:
+  bool HoldReplay(uint64_t now, uint64_t commit);
   static constexpr uint64_t kHealthCheckUs = 100000;  // how often the server's exit is checked
   // A server that dies this soon after reading an input is taken to die of it.
   static constexpr uint64_t kCrashAttributionUs = 2000000;
@@ -295,7 +296,8 @@ class ServerPipeline {
   std::vector<int> server_fds_;  // the channel's fd numbers inside the server
 
   std::unique_ptr<Checkpointer> checkpointer_;  // absent when disabled or unusable
-  uint64_t log_bytes_applied_ = 0;              // payload bytes applied (the byte rule)
+  uint64_t hold_since_us_ = 0;      // HoldReplay: when the oldest unapplied entry was first held
+  uint64_t log_bytes_applied_ = 0;  // payload bytes applied (the byte rule)
   uint64_t ticks_applied_ = 0;      // TICK entries among those applied (not in the entry rule)
   bool checkpoint_wanted_ = false;  // due: applying waits until the server is at rest
   uint64_t rest_wait_since_us_ = 0;
