@@ -408,6 +408,10 @@ class Replica {
   uint64_t max_payload() const { return MaxRegionPayload(config_.ring_bytes); }
   // Leader only: how far each peer's durable index trails the commit index.
   uint64_t PeerMatch(int peer) const { return peers_[peer].match; }
+  // Bytes of the peer's ring put and not yet consumed (leader).
+  uint64_t PeerRingUse(int peer) const {
+    return peers_[peer].sent_pos - std::min(peers_[peer].sent_pos, peers_[peer].consumed_pos);
+  }
   bool PeerReady(int peer) const { return peers_[peer].ready; }
   // Leader only: the successor a hand-over picks (HandOver): among `among`
   // (every other replica when empty), the one with a live stream furthest

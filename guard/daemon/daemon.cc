@@ -671,7 +671,7 @@ bool Daemon::DrainOnce(uint64_t now) {
   pipeline_->PublishLease(core_->LeaseUntil());
   peer_->EnsureRegion();
   bool busy = !rd.empty();
-  peer_->Put(rd);
+  peer_->Put(rd, now);
   // Durable writes after the puts: those are already on their way to the
   // backups, whose writes overlap ours.
   Persist(rd.persists);

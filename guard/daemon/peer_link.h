@@ -66,8 +66,9 @@ class PeerLink {
   void EnsureRegion();
   // Carries out the core's puts, control words and acks, then rings the
   // doorbell of every peer that got one and has shown signs of life since
-  // its last few doorbells (see kRingCredits in peer_link.cc).
-  void Put(const Ready& ready);
+  // its last few doorbells (see kRingCredits in peer_link.cc). A leader's
+  // records ring only the backups a commit waits for (WokenForRecords).
+  void Put(const Ready& ready, uint64_t now);
   // Idle: prepares spare regions so an election need not map one. True if
   // it tried (the loop goes round again).
   bool PrepareSpareRegion(uint64_t now);
@@ -97,6 +98,7 @@ class PeerLink {
   int UcxPeer(int replica, const std::string& worker_address);
   void Ring(int replica);
   bool LeaderWaitsFor(const AckWord& ack, const AckWord& rung) const;
+  uint32_t WokenForRecords(uint64_t now, bool new_records);
   void SawLifeFrom(int replica);
   UcxTransport::LocalRegion* TakeSpareRegion();
   bool MapSpareRegion();
@@ -117,8 +119,16 @@ class PeerLink {
   std::vector<bool> ring_peer_;              // put to since the last doorbell
   std::vector<int> ring_credits_;            // doorbells left before the peer shows life
   std::vector<bool> ring_owed_;              // a doorbell was held back for want of credits
-  uint64_t refused_arms_ = 0;                // in a row (UCX has not armed since)
-  uint64_t unarmable_since_us_ = 0;          // the first of them
+  // Leader, thrifty doorbells (WokenForRecords): the backups rung for
+  // records last time, which backups hold records put without a doorbell,
+  // and since when the log has had an uncommitted entry (0: it has none).
+  uint32_t eager_ = 0;
+  std::vector<bool> records_unrung_;
+  uint64_t uncommitted_since_us_ = 0;
+  uint64_t uncommitted_commit_ = 0;  // the commit index when that began
+  uint64_t last_seen_by_put_ = 0;    // the log's last index at the previous puts
+  uint64_t refused_arms_ = 0;        // in a row (UCX has not armed since)
+  uint64_t unarmable_since_us_ = 0;  // the first of them
   uint64_t next_unarmable_log_us_ = 0;
   bool unarmable_logged_ = false;
 
