@@ -40,6 +40,11 @@ constexpr int kRingCredits = 4;
 // Thrifty doorbells (WokenForRecords): entries uncommitted this long ring
 // every backup holding records it was not rung for.
 constexpr uint64_t kWakeAllAfterUs = 2000;
+// Ring space that is always worth a doorbell, as a fraction of the ring:
+// a leader rings a backup this far behind in consuming (WokenForRecords),
+// and a backup rings its leader when it freed this much (LeaderWaitsFor),
+// whatever else says neither side waits.
+constexpr uint64_t kRingShareRung = 4;  // a quarter
 // UCX refused every arm for this long and this many times (not a moment
 // of a busy loop): it cannot arm for now (see Arm()).
 constexpr uint64_t kStuckArmUs = 100000;
@@ -477,7 +482,7 @@ uint32_t PeerLink::WokenForRecords(uint64_t now, bool new_records) {
   if (pipelined) return all;
   uint32_t woken = 0;
   for (int r = 0; r < opt_.replicas; r++)
-    if (r != opt_.id && core_.PeerRingUse(r) * 4 >= opt_.ring_bytes) woken |= 1u << r;
+    if (r != opt_.id && core_.PeerRingUse(r) * kRingShareRung >= opt_.ring_bytes) woken |= 1u << r;
   auto rank = [&](int r) {  // larger first: keeps up, was eager, furthest along
     bool keeps_up = core_.PeerMatch(r) >= commit;
     return std::tuple(keeps_up, ((eager_ >> r) & 1) != 0, core_.PeerMatch(r), -r);
@@ -508,11 +513,14 @@ uint32_t PeerLink::WokenForRecords(uint64_t now, bool new_records) {
 // input; at 16, the second backup's ack of nearly every batch). The ack
 // itself is in the leader's memory all the same, read on its next pass
 // (within a heartbeat), which is all that lag, leadership moves and lease
-// echoes need. A quarter of the ring freed since the last doorbell rings
-// regardless: a leader whose ring filled may be waiting for that space
-// with a control word older than its latest puts.
+// echoes need. The control word is read afresh, not taken from the
+// pass's PollMemory: at one client the leader commits (through the other
+// backup) while this backup's own write is in progress, and only the word
+// as it is now shows that. A quarter of the ring freed since the last
+// doorbell rings regardless: a leader whose ring filled may be waiting
+// for that space with a control word older than its latest puts.
 bool PeerLink::LeaderWaitsFor(const AckWord& ack, const AckWord& rung) const {
-  if (ack.consumed_pos - rung.consumed_pos >= opt_.ring_bytes / 4) return true;
+  if (ack.consumed_pos - rung.consumed_pos >= opt_.ring_bytes / kRingShareRung) return true;
   if (own_regions_.empty()) return true;
   const OwnRegion& cur = own_regions_.back();
   if (cur.ballot != ack.ballot || cur.stream_id != ack.stream_id) return true;
