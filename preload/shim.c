@@ -181,7 +181,7 @@ static int reads_may_follow(int fd) {
     drain_done();
     more = !eof_ready(c) && !(c->broken && c->consumed >= c->committed_end);
   }
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
   errno = saved;
   return more;
 }
@@ -249,7 +249,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
       size_t lease_n = c->lease_end > from ? (size_t)(c->lease_end - from) : 0;
       if (!peek && n) out_input(c->fd, iov, iovcnt, n, lease_n < n ? lease_n : n);
       wake_watch_leave();
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
       return (ssize_t)n;
     }
     if (eof_ready(c)) {
@@ -259,7 +259,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
         fifo_pop_finished();
       }
       wake_watch_leave();
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
       return 0;
     }
     /* Nothing agreed yet: take what the kernel has so that it gets agreed. */
@@ -272,7 +272,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     serial_done(-1); /* read dry: whatever it read is executed */
     if (!blocking) {
       wake_watch_leave();
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
       errno = EAGAIN;
       return -1;
     }
@@ -282,7 +282,7 @@ static ssize_t read_tracked(struct conn* c, const struct iovec* iov, int iovcnt,
     int want_kernel = !c->eof_submitted;
     int mine = waiter_enter(c, 0);
     int watch = wake_watch_claim();
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     struct pollfd p[3] = {{.fd = watch ? wake_server_fd : -1, .events = POLLIN},
                           {.fd = fd, .events = want_kernel ? POLLIN : 0},
                           {.fd = mine, .events = POLLIN}};
@@ -449,11 +449,11 @@ static int after_accept(int lfd, int fd, int flags) {
         restored->replay_claim = atomic_load(&hdr->replay[slot].claim);
         atomic_store(&hdr->replay[slot].accepted, 1);
         drain_done();
-        pthread_mutex_unlock(&mu);
+        mu_unlock();
         return LS_ACCEPT_NEXT;
       }
       atomic_store(&hdr->replay[slot].reattach, 0); /* the server had closed it: a new one */
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
     }
     if (slot >= 0) {
       /* The daemon replaying the log: the order ring says what to read when. */
@@ -473,7 +473,7 @@ static int after_accept(int lfd, int fd, int flags) {
       atomic_store(&hdr->replay[slot].conn, r->no);
       atomic_store(&hdr->replay[slot].accepted, 1);
       drain_done(); /* records may have waited for this connection */
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
       return fd;
     }
   }
@@ -506,7 +506,7 @@ static int after_accept(int lfd, int fd, int flags) {
     uint64_t now = now_ns();
     if (now >= deadline) break;
     uint32_t seen = atomic_load(&hdr->done_futex);
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     futex_wait_done(seen, deadline - now < 10000000 ? deadline - now : 10000000);
     pthread_mutex_lock(&mu);
     drain_done();
@@ -515,7 +515,7 @@ static int after_accept(int lfd, int fd, int flags) {
     by_fd[fd] = c;
     out_open(fd, c->no, -1);
     c->refs--;
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     return fd;
   }
   /* Refused (not the leader any more) or not agreed in time: the client
@@ -526,7 +526,7 @@ static int after_accept(int lfd, int fd, int flags) {
   }
   c->fd = -1;
   conn_unref(c);
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
   real_close(fd);
   errno = EAGAIN;
   return -1;
@@ -596,12 +596,12 @@ int close(int fd) {
         }
       conn_unref(c);
       fifo_pop_finished();
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
     }
     if (tick_conns[fd]) { /* an epoll set closed: its ticks with it */
       pthread_mutex_lock(&mu);
       forget_ticks(fd);
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
     }
     listen_kind[fd] = 0;
     wake_in_epfd[fd] = 0;

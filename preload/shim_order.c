@@ -177,7 +177,7 @@ void wait_send_blocked(int fd) {
     c->et_out_told = 0;
     rearm_kernel(c);
   }
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
   errno = saved;
 }
 

@@ -522,7 +522,7 @@ void out_end(int fd, uint32_t flag) {
     pthread_mutex_lock(&mu);
     out_free[(out_free_head + out_free_count) % LS_OUT_SLOTS] = (uint16_t)slot;
     out_free_count++;
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
   }
 }
 

@@ -386,7 +386,7 @@ uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len) {
     uint64_t one = 1;
     (void)!write(wake_daemon_fd, &one, sizeof one);
     uint32_t seen = atomic_load(&hdr->done_futex);
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     futex_wait_done(seen, 1000000);
     pthread_mutex_lock(&mu);
     drain_done();

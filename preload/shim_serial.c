@@ -406,7 +406,7 @@ void serial_cond_enter(pthread_cond_t* c) {
   if (!parking()) return;
   pthread_mutex_lock(&mu);
   if (exec_tid != self_tid()) { /* only a holder is ever let go */
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     return;
   }
   int slot = -1;
@@ -418,7 +418,7 @@ void serial_cond_enter(pthread_cond_t* c) {
     cond_waiters[slot] = (struct cond_waiter){c, self_tid(), 0, NULL, 0, PARK_WAITING};
     my_cond_slot = slot;
   }
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
 }
 
 void serial_cond_leave(pthread_mutex_t* m) {
@@ -449,7 +449,7 @@ void serial_cond_leave(pthread_mutex_t* m) {
     }
     uint32_t seen = atomic_load(&turn_futex);
     turn_waiters++;
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     struct timespec look = {0, (long)LS_SERIAL_LOOK_NS};
     syscall(SYS_futex, (uint32_t*)&turn_futex, FUTEX_WAIT_PRIVATE, seen, &look, NULL, 0);
     pthread_mutex_lock(&mu);
@@ -464,7 +464,7 @@ void serial_cond_leave(pthread_mutex_t* m) {
   w->cond = NULL;
   while (cond_waiters_n && !cond_waiters[cond_waiters_n - 1].cond) cond_waiters_n--;
   my_cond_slot = -1;
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
   if (unlocked) pthread_mutex_lock(m);
   errno = saved;
 }
@@ -489,7 +489,7 @@ static void cond_signalled(pthread_cond_t* c, int all) {
     first->order = ++park_order;
     if (!all) break;
   }
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
   errno = saved;
 }
 
@@ -575,7 +575,7 @@ void serial_begin(struct conn* c) {
  * with the connection it waits for while it sleeps; whoever took the
  * daemon's wake-up passes it on to the waiters whose connection became
  * readable (waiters_relay), and serial_done wakes just the thread whose turn
- * it is. The eventfd is closed when its thread exits. */
+ * it is. The eventfd goes back to a pool when its thread exits (below). */
 struct waiter {
   struct conn* c;     /* what it waits for (NULL: several, or none) */
   int efd;            /* -1: a free slot */
@@ -588,14 +588,28 @@ static __thread int my_efd = -1;
 static __thread int my_waiter = -1;
 static pthread_key_t efd_key;
 static pthread_once_t efd_once = PTHREAD_ONCE_INIT;
+/* A thread's eventfd outlives it: it goes back to this pool when the thread
+ * exits and to the next thread that waits, never closed. Its wake-ups are
+ * written after mu is let go (wake_after_unlock), so one may land after its
+ * thread left: on an eventfd, a stray wake-up (the next owner looks again),
+ * where on a closed fd number it could have been 8 bytes written into a file
+ * the server opened meanwhile. At most LS_EFDS_MAX are made: a thread that finds
+ * none is an unregistered waiter (woken by the watcher and its timeouts). */
+#define LS_EFDS_MAX 1024
+static int efds_free[LS_EFDS_MAX];
+static int efds_free_n, efds_made;
 
 static void efd_at_thread_exit(void* arg) {
   (void)arg;
   pthread_mutex_lock(&mu);
   waiter_leave();
-  pthread_mutex_unlock(&mu);
-  if (my_efd >= 0) real_close(my_efd);
+  if (my_efd >= 0) {
+    eventfd_t stale;
+    (void)eventfd_read(my_efd, &stale); /* its next owner starts quiet */
+    efds_free[efds_free_n++] = my_efd;  /* room: at most efds_made are out */
+  }
   my_efd = -1;
+  mu_unlock();
 }
 static void efd_key_init(void) {
   (void)pthread_key_create(&efd_key, efd_at_thread_exit);
@@ -604,8 +618,14 @@ static void efd_key_init(void) {
 int waiter_enter(struct conn* c, int wake_when_next) {
   if (my_efd < 0) {
     pthread_once(&efd_once, efd_key_init);
-    my_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (my_efd < 0) return -1;
+    if (efds_free_n) {
+      my_efd = efds_free[--efds_free_n];
+    } else {
+      if (efds_made == LS_EFDS_MAX) return -1;
+      my_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (my_efd < 0) return -1;
+      efds_made++;
+    }
     (void)pthread_setspecific(efd_key, (void*)1);
   }
   int slot = -1;
@@ -649,7 +669,7 @@ void wake_watch_leave(void) {
   for (int i = 0; i < waiters_n; i++)
     if (waiters[i].efd >= 0 && i != my_waiter) {
       watcher = i;
-      (void)eventfd_write(waiters[i].efd, 1);
+      wake_after_unlock(waiters[i].efd);
       return;
     }
 }
@@ -685,14 +705,14 @@ void waiters_relay(void) {
      * (wake_when_next 0) look at each of their own wake-ups. */
     int next = w->wake_when_next && w->c && serial_holding(w->c, -1) == 2;
     if (next) w->wake_when_next = 0;
-    if (!w->c || next || ready(w->c)) (void)eventfd_write(w->efd, 1);
+    if (!w->c || next || ready(w->c)) wake_after_unlock(w->efd);
   }
 }
 
 static int wake_waiter_of(const struct conn* c) {
   for (int i = 0; i < waiters_n; i++)
     if (waiters[i].efd >= 0 && waiters[i].c == c) {
-      (void)eventfd_write(waiters[i].efd, 1);
+      wake_after_unlock(waiters[i].efd);
       return 1;
     }
   return 0;

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -51,6 +52,31 @@ int descendant;
 uint32_t max_chunk;
 
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define LS_WAKES_DUE 8
+static __thread int wakes_due[LS_WAKES_DUE];
+static __thread int wakes_due_n;
+
+void wake_after_unlock(int efd) {
+  for (int i = 0; i < wakes_due_n; i++)
+    if (wakes_due[i] == efd) return;
+  if (wakes_due_n == LS_WAKES_DUE) {
+    (void)eventfd_write(efd, 1); /* more than a wake-up needs: now */
+    return;
+  }
+  wakes_due[wakes_due_n++] = efd;
+}
+
+void mu_unlock(void) {
+  int due[LS_WAKES_DUE], n = wakes_due_n;
+  for (int i = 0; i < n; i++) due[i] = wakes_due[i];
+  wakes_due_n = 0;
+  pthread_mutex_unlock(&mu);
+  if (!n) return;
+  int saved = errno;
+  for (int i = 0; i < n; i++) (void)eventfd_write(due[i], 1);
+  errno = saved;
+}
 struct conn* by_fd[LS_MAX_FD];
 struct conn* by_slot[LS_MAX_REPLAY]; /* replay connections by slot */
 /* The claim (ls_replay_slot::claim) of the replay connection the server

@@ -61,7 +61,7 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
     int saved = errno;
     pthread_mutex_lock(&mu);
     ensure_wake(epfd);
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     errno = saved;
   }
   if (!c) return real_epoll_ctl(epfd, op, fd, event);
@@ -71,7 +71,7 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   if (op == EPOLL_CTL_DEL) {
     c->epfd = -1;
     c->events = 0;
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     errno = saved;
     return real_epoll_ctl(epfd, op, fd, event);
   }
@@ -92,14 +92,14 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
   c->et_out_told = 0;
   struct epoll_event ev = {.events = kernel_interest(c), .data.u64 = LS_CONN_TAG | (uint64_t)fd};
   if (c->detached) { /* a dead restored socket stays out of the kernel's set */
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     errno = saved;
     return 0;
   }
   errno = saved;
   int r = real_epoll_ctl(epfd, op, fd, &ev); /* never blocks */
   int err = errno;
-  pthread_mutex_unlock(&mu);
+  mu_unlock();
   errno = err;
   return r;
 }
@@ -264,7 +264,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     pthread_mutex_lock(&mu);
     struct conn* t = tick_conn(epfd);
     if (t) t->tick_waited = 1;
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     takes_ticks = t != NULL;
     if (takes_ticks) clk_hold(); /* until its tick, or an input it reads */
   }
@@ -284,7 +284,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     struct conn* tick = takes_ticks ? take_tick(epfd) : NULL;
     if (tick) {
       serial_begin(tick); /* the timer's work is this thread's turn until it waits again */
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
       break; /* the wait times out here, on every replica */
     }
     tell_gen++; /* events[] starts afresh */
@@ -292,7 +292,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     int look_soon = serial_holding(NULL, epfd);
     int tick_wait_ms = -1; /* ticking: how long the kernel may keep us */
     if (ticking && n == 0 && atomic_load(&hdr->mode) == LS_MODE_STOPPING) {
-      pthread_mutex_unlock(&mu); /* no tick will come: the wait times out (LS_MODE_STOPPING) */
+      mu_unlock(); /* no tick will come: the wait times out (LS_MODE_STOPPING) */
       break;
     }
     if (ticking && n == 0) {
@@ -310,7 +310,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
           tick_wait_ms = 10; /* the last was dropped: asked again soon */
       }
     }
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     int wait_ms = 0;
     if (n == 0) {
       uint64_t now = now_ns();
@@ -363,7 +363,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     /* A tick at the head now ends this wait too, with what else it found. */
     struct conn* took = takes_ticks ? take_tick(epfd) : NULL;
     if (took) serial_begin(took);
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     if (n > 0 || took) break;
     if (deadline != UINT64_MAX && now_ns() >= deadline) break;
   }
@@ -430,7 +430,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
     int look_soon = serial_holding(waits_for, -1);
     int mine = waiter_enter(waits_for, look_soon == 1);
     int watch = wake_watch_claim();
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     k[nfds].fd = watch ? wake_server_fd : -1; /* -1: ignored by poll */
     k[nfds].events = POLLIN;
     k[nfds + 1].fd = mine; /* -1: ignored by poll */
@@ -471,7 +471,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
     }
     if (r < 0) {
       wake_watch_leave();
-      pthread_mutex_unlock(&mu);
+      mu_unlock();
       errno = err;
       return -1;
     }
@@ -491,7 +491,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
     }
     int leaving = n > 0 || (deadline != UINT64_MAX && now_ns() >= deadline);
     if (leaving) wake_watch_leave();
-    pthread_mutex_unlock(&mu);
+    mu_unlock();
     if (leaving) {
       errno = saved;
       return n;

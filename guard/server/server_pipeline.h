@@ -209,6 +209,7 @@ class ServerPipeline {
     uint64_t ballot = 0;  // TICK: the ballot it was proposed under (its key's)
   };
   bool ReadyToServe();
+  bool BatchBehindRound(uint64_t now) const;
   bool OwnConn(const ConnKey& k) const;
   void ReportInputs(uint64_t now);
   // Starts a fresh, empty server (the whole log is replayed into it).
@@ -380,6 +381,7 @@ class ServerPipeline {
   uint64_t close_old_after_ = 0;
   Ballot serving_ballot_ = 0;         // the ballot under which our server serves clients
   bool holding_submissions_ = false;  // too many inputs in flight: wait for commits
+  uint64_t held_at_commit_ = 0;       // the commit index they were held at
   uint64_t next_health_check_us_ = 0;
   uint64_t inputs_committed_ = 0;       // since the last report
   uint64_t client_data_committed_ = 0;  // clients' DATA inputs committed here, ever (no probe's)

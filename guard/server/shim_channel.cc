@@ -404,7 +404,11 @@ bool ShimChannel::Flush() {
 
 bool ShimChannel::PrepareSleep(bool ignore_submissions, bool replay_waiting) {
   hdr_->replay_waiting.store(replay_waiting ? 1 : 0, std::memory_order_relaxed);
-  hdr_->daemon_sleeping.store(1, std::memory_order_seq_cst);
+  // Held submissions wait for a commit (a peer's doorbell), not for more
+  // of their kind: unannounced, a burst of them does not wake us once each.
+  // The shim wakes us for nothing else then but replay reads.
+  if (!ignore_submissions || replay_waiting)
+    hdr_->daemon_sleeping.store(1, std::memory_order_seq_cst);
   bool submissions = hdr_->sub_head.load(std::memory_order_seq_cst) != sub_tail_;
   if ((submissions && !ignore_submissions) || !unflushed_.empty() ||
       order_written_ != order_published_) {

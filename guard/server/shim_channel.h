@@ -140,7 +140,8 @@ class ShimChannel {
 
   // Sleep handshake: announce, then re-check; false means work arrived.
   // With ignore_submissions, waiting submissions do not count (the daemon
-  // is holding them back on purpose).
+  // is holding them back on purpose, until a commit) and new ones do not
+  // wake it.
   // replay_waiting: the replayer waits for the server to read (the shim
   // then wakes us on replay reads, which it otherwise does not).
   bool PrepareSleep(bool ignore_submissions, bool replay_waiting);
