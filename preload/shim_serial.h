@@ -47,6 +47,13 @@ LS_HIDDEN void wake_watch_leave(void);
 #define LS_SERIAL_EXEC_NS 5000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */
 #define LS_SERIAL_LOOK_NS 1000000ull
+/* ... once it waits on a condition variable (an InnoDB row lock: every
+ * input waits behind it until it is let go, ~2 looks). */
+#define LS_SERIAL_COND_LOOK_NS 250000ull
+/* How soon the thread next in line looks at the holder again (serial_holding
+ * 2): LS_SERIAL_COND_LOOK_NS while the holder waits on a condition
+ * variable, else LS_SERIAL_LOOK_NS. mu held. */
+LS_HIDDEN uint64_t serial_look_ns(void);
 /* How long a holder asleep on anything but a condition variable (a latch,
  * a futex of the server's own) keeps the turn (shim_serial.c, holder_holds). */
 #define LS_SERIAL_ASLEEP_ELSEWHERE_NS 100000000ull

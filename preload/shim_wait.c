@@ -428,6 +428,7 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (c && (fds[i].events & POLLIN)) waits_for = reading++ ? NULL : c;
     }
     int look_soon = serial_holding(waits_for, -1);
+    uint64_t look_ns = look_soon == 2 ? serial_look_ns() : 0;
     int mine = waiter_enter(waits_for, look_soon == 1);
     int watch = wake_watch_claim();
     mu_unlock();
@@ -443,8 +444,6 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
                 : now >= deadline      ? 0
                                        : (int)((deadline - now + 999999) / 1000000);
       if ((fifo_count || reply_gate_pending()) && (wait_ms < 0 || wait_ms > 11)) wait_ms = 11;
-      int cap = look_soon == 2 ? 1 : -1;
-      if (cap > 0 && (wait_ms < 0 || wait_ms > cap)) wait_ms = cap;
     }
     short synth[1024];
     for (nfds_t i = 0; i < nfds; i++) synth[i] = k[i].revents;
@@ -454,6 +453,10 @@ static int poll_tracked(struct pollfd* fds, nfds_t nfds, uint64_t deadline,
       if (atomic_load(&hdr->done_head) != atomic_load(&hdr->done_tail)) wait_ms = 0;
     }
     struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000l};
+    if (look_ns && (wait_ms < 0 || (uint64_t)wait_ms * 1000000ull > look_ns)) {
+      wait_ms = 1; /* next in line: looks at the holder again soon (serial_holding 2) */
+      ts = (struct timespec){0, (long)look_ns};
+    }
     int r = real_ppoll(k, nfds + 2, wait_ms < 0 ? NULL : &ts, sigmask);
     int err = errno;
     if (sleeping) atomic_fetch_sub(&hdr->server_sleepers, 1);
