@@ -49,7 +49,7 @@ LS_HIDDEN void wake_watch_leave(void);
 #define LS_SERIAL_LOOK_NS 1000000ull
 /* ... once it waits on a condition variable (an InnoDB row lock: every
  * input waits behind it until it is let go, ~2 looks). */
-#define LS_SERIAL_COND_LOOK_NS 250000ull
+#define LS_SERIAL_COND_LOOK_NS 100000ull
 /* How soon the thread next in line looks at the holder again (serial_holding
  * 2): LS_SERIAL_COND_LOOK_NS while the holder waits on a condition
  * variable, else LS_SERIAL_LOOK_NS. mu held. */
