@@ -126,10 +126,15 @@ static pid_t self_proc_tid(void) {
 /* Reads /proc/self/task/<tid>/<file> into buf (NUL-terminated, raw
  * syscalls, no allocation): the bytes read, 0 if none, -1 when the task is
  * gone. */
-static ssize_t read_task_file(pid_t proc_tid, const char* file, char* buf, size_t size) {
+static ssize_t read_task_file_at(int task_dir, pid_t proc_tid, const char* file, char* buf,
+                                 size_t size) {
   char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)proc_tid, file);
-  int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+  if (task_dir >= 0)
+    snprintf(path, sizeof path, "%d/%s", (int)proc_tid, file);
+  else
+    snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)proc_tid, file);
+  int fd =
+      (int)syscall(SYS_openat, task_dir >= 0 ? task_dir : AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   ssize_t n = syscall(SYS_read, fd, buf, size - 1);
   real_close(fd);
@@ -138,13 +143,23 @@ static ssize_t read_task_file(pid_t proc_tid, const char* file, char* buf, size_
   return n;
 }
 
-static char thread_state(pid_t proc_tid) {
+static ssize_t read_task_file(pid_t proc_tid, const char* file, char* buf, size_t size) {
+  return read_task_file_at(-1, proc_tid, file, buf, size);
+}
+
+/* task_dir: an open /proc/self/task (the path is then looked up from
+ * there, which is most of an open's cost here), or -1. */
+static char thread_state_at(int task_dir, pid_t proc_tid) {
   char buf[256];
-  ssize_t n = read_task_file(proc_tid, "stat", buf, sizeof buf);
+  ssize_t n = read_task_file_at(task_dir, proc_tid, "stat", buf, sizeof buf);
   if (n < 0) return 'X';
   if (n == 0) return 0;
   const char* end = strrchr(buf, ')'); /* after the name, which may hold anything */
   return end && end[1] == ' ' ? end[2] : 0;
+}
+
+static char thread_state(pid_t proc_tid) {
+  return thread_state_at(-1, proc_tid);
 }
 
 /* The thread, asleep, waits in a futex on the shim's own mutex: for the
@@ -204,7 +219,7 @@ static int another_thread_runs(pid_t holder) {
       at += d->d_reclen;
       pid_t tid = (pid_t)strtol(d->d_name, NULL, 10);
       if (tid <= 0 || tid == holder || tid == me) continue;
-      char state = thread_state(tid);
+      char state = thread_state_at(dir, tid);
       runs = state == 'R' || state == 'D';
     }
   }
@@ -250,6 +265,7 @@ struct cond_waiter {
   struct conn* conn; /* the input it held */
   uint64_t order;    /* let go, then signalled: in what order */
   int state;         /* enum park_state */
+  int long_wait;     /* untimed, or its deadline LS_SERIAL_LONG_WAIT_NS away or more */
 };
 static struct cond_waiter cond_waiters[256];
 static int cond_waiters_n;
@@ -331,26 +347,37 @@ static void let_holder_go(void) {
   turn_next(-1);
 }
 
-/* The holder waits on a condition variable (it is registered there). */
-static int holder_in_cond(void) {
+/* The holder waits on a condition variable (it is registered there); for
+ * long (cond_waiter.long_wait) when `long_only`. */
+static int holder_in_cond_for(int long_only) {
   for (int i = 0; i < cond_waiters_n; i++)
-    if (cond_waiters[i].cond && cond_waiters[i].tid == exec_tid) return 1;
+    if (cond_waiters[i].cond && cond_waiters[i].tid == exec_tid &&
+        (!long_only || cond_waiters[i].long_wait))
+      return 1;
   return 0;
 }
+static int holder_in_cond(void) {
+  return holder_in_cond_for(0);
+}
 
-/* A holder in a condition variable's wait is looked at more often: where
- * it waits for a row lock, every input behind it waits until it is let go,
- * and the two looks that let it go were 2 ms of a whole replica standing
- * still (MariaDB oltp_write_only at 16 threads: about one per transaction).
- * The looks ask the same (asleep, and no other thread of the server
- * running), only sooner. */
+/* A holder in a long wait on a condition variable is looked at more often:
+ * where it waits for a row lock, every input behind it waits until it is
+ * let go, and the two looks that let it go were 2 ms of a whole replica
+ * standing still (MariaDB oltp_write_only at 16 threads: about one per
+ * transaction). The looks ask the same (asleep, and no other thread of the
+ * server running), only sooner. Not in a short timed wait: a Python thread
+ * waits for the interpreter's lock 5 ms at a time, handed it by a thread
+ * that may itself sleep a moment around the hand-over, and looks 100 us
+ * apart let it go beside the next input (test_serial, 3 runs in 60 under a
+ * CPU hog; none at 1 ms). */
 uint64_t serial_look_ns(void) {
-  return exec_tid && parking() && holder_in_cond() ? LS_SERIAL_COND_LOOK_NS : LS_SERIAL_LOOK_NS;
+  return exec_tid && parking() && holder_in_cond_for(1) ? LS_SERIAL_COND_LOOK_NS
+                                                        : LS_SERIAL_LOOK_NS;
 }
 
 /* The holder still holds the turn, after a look at it if one is due: 0 if
  * it was let go or held it too long. Let go: asleep at two looks
- * LS_SERIAL_LOOK_NS apart on a condition variable, where it waits for what
+ * LS_SERIAL_COND_LOOK_NS apart on a condition variable, where it waits for what
  * only a later input can release (the lock holder's COMMIT; every replica
  * blocks at the same point, since each executed the same inputs in the same
  * order so far). Asleep anywhere else (with parking: a latch or a futex of
@@ -412,7 +439,7 @@ int executing_other(const struct conn* c) {
 /* Around a server's wait on a condition variable (shim_clock.c's timed
  * waits and pthread_cond_wait below); `m` is its mutex, held on entry and
  * on return. */
-void serial_cond_enter(pthread_cond_t* c) {
+void serial_cond_enter(pthread_cond_t* c, int long_wait) {
   if (!parking()) return;
   pthread_mutex_lock(&mu);
   if (exec_tid != self_tid()) { /* only a holder is ever let go */
@@ -425,13 +452,15 @@ void serial_cond_enter(pthread_cond_t* c) {
   if (slot < 0 && cond_waiters_n < (int)(sizeof cond_waiters / sizeof *cond_waiters))
     slot = cond_waiters_n++;
   if (slot >= 0) { /* else unregistered: never parked */
-    cond_waiters[slot] = (struct cond_waiter){c, self_tid(), 0, NULL, 0, PARK_WAITING};
+    cond_waiters[slot] = (struct cond_waiter){c, self_tid(), 0, NULL, 0, PARK_WAITING, long_wait};
     my_cond_slot = slot;
-    /* Looked at from LS_SERIAL_COND_LOOK_NS on, by the thread next in
-     * line, which slept expecting LS_SERIAL_LOOK_NS: woken to look sooner. */
-    uint64_t soon = now_ns() + LS_SERIAL_COND_LOOK_NS;
-    if (exec_next_look_ns > soon) exec_next_look_ns = soon;
-    wake_next_in_line();
+    if (long_wait) {
+      /* Looked at from LS_SERIAL_COND_LOOK_NS on, by the thread next in
+       * line, which slept expecting LS_SERIAL_LOOK_NS: woken to look sooner. */
+      uint64_t soon = now_ns() + LS_SERIAL_COND_LOOK_NS;
+      if (exec_next_look_ns > soon) exec_next_look_ns = soon;
+      wake_next_in_line();
+    }
   }
   mu_unlock();
 }
@@ -529,10 +558,20 @@ int pthread_cond_wait(pthread_cond_t* c, pthread_mutex_t* m) {
   if (!real)
     real = (int (*)(pthread_cond_t*, pthread_mutex_t*))dlvsym(RTLD_NEXT, "pthread_cond_wait",
                                                               "GLIBC_2.3.2");
-  serial_cond_enter(c);
+  serial_cond_enter(c, 1);
   int r = real(c, m);
   serial_cond_leave(m);
   return r;
+}
+
+/* A timed wait's real deadline (on clock id) lies LS_SERIAL_LONG_WAIT_NS
+ * or more away. */
+static int waits_long(clockid_t id, const struct timespec* deadline) {
+  if (!deadline || (id != CLOCK_MONOTONIC && id != CLOCK_REALTIME) || deadline->tv_sec < 0)
+    return 0; /* no deadline: the call fails (EINVAL), no wait */
+  uint64_t at = (uint64_t)deadline->tv_sec * 1000000000ull + (uint64_t)deadline->tv_nsec;
+  uint64_t now = id == CLOCK_MONOTONIC ? now_ns() : real_wall_ns();
+  return at > now && at - now >= LS_SERIAL_LONG_WAIT_NS;
 }
 
 /* The timed waits: their deadline as shim_clock.c reads it (clk_deadline). */
@@ -548,9 +587,10 @@ int pthread_cond_timedwait(pthread_cond_t* restrict c, pthread_mutex_t* restrict
   if (!real_pthread_cond_timedwait)
     real_pthread_cond_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
   struct timespec d;
-  serial_cond_enter(c);
   clockid_t id = cond_is_monotonic(c) ? CLOCK_MONOTONIC : CLOCK_REALTIME;
-  int r = real_pthread_cond_timedwait(c, m, clk_deadline(id, abs, &d));
+  const struct timespec* deadline = clk_deadline(id, abs, &d);
+  serial_cond_enter(c, waits_long(id, deadline));
+  int r = real_pthread_cond_timedwait(c, m, deadline);
   serial_cond_leave(m);
   return r;
 }
@@ -559,8 +599,9 @@ int pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t id,
                            const struct timespec* abs) {
   LS_REAL(pthread_cond_clockwait);
   struct timespec d;
-  serial_cond_enter(c);
-  int r = real_pthread_cond_clockwait(c, m, id, clk_deadline(id, abs, &d));
+  const struct timespec* deadline = clk_deadline(id, abs, &d);
+  serial_cond_enter(c, waits_long(id, deadline));
+  int r = real_pthread_cond_clockwait(c, m, id, deadline);
   serial_cond_leave(m);
   return r;
 }

@@ -24,7 +24,7 @@ LS_HIDDEN void serial_done(int my_epfd);            /* my_epfd: the set it waits
 /* Around each wait of the server's on a condition variable (the
  * pthread_cond_* wrappers in shim_serial.c): a holder let go while it waits takes the turn back
  * before it returns (shim_serial.c, "Condition variables"). Not under mu. */
-LS_HIDDEN void serial_cond_enter(pthread_cond_t* c);
+LS_HIDDEN void serial_cond_enter(pthread_cond_t* c, int long_wait);
 LS_HIDDEN void serial_cond_leave(pthread_mutex_t* m);
 /* A thread about to sleep in poll/select/read registers its own eventfd
  * (returned; -1 if none) with the connection it waits for (shim_serial.c,
@@ -47,12 +47,14 @@ LS_HIDDEN void wake_watch_leave(void);
 #define LS_SERIAL_EXEC_NS 5000000000ull
 /* How often (and how soon) the executing thread's state is looked at. */
 #define LS_SERIAL_LOOK_NS 1000000ull
-/* ... once it waits on a condition variable (an InnoDB row lock: every
- * input waits behind it until it is let go, ~2 looks). */
+/* ... once it waits on a condition variable for long (untimed, or for
+ * LS_SERIAL_LONG_WAIT_NS or more: an InnoDB row lock, whose wait times out
+ * after 50 s; every input waits behind it until it is let go, 2 looks). */
 #define LS_SERIAL_COND_LOOK_NS 100000ull
+#define LS_SERIAL_LONG_WAIT_NS 1000000000ull
 /* How soon the thread next in line looks at the holder again (serial_holding
  * 2): LS_SERIAL_COND_LOOK_NS while the holder waits on a condition
- * variable, else LS_SERIAL_LOOK_NS. mu held. */
+ * variable for long, else LS_SERIAL_LOOK_NS. mu held. */
 LS_HIDDEN uint64_t serial_look_ns(void);
 /* How long a holder asleep on anything but a condition variable (a latch,
  * a futex of the server's own) keeps the turn (shim_serial.c, holder_holds). */
