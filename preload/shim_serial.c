@@ -111,13 +111,17 @@ static pid_t self_tid(void) {
  * knows the thread as 48213. /proc/thread-self names it as /proc sees it
  * ("PID/task/TID"); asked anew each time, since a restored server's
  * threads have new numbers there. 0: no /proc. */
-static pid_t self_proc_tid(void) {
+static pid_t self_proc_ids(pid_t* proc_pid) {
   int saved = errno;
   char link[64];
   ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/thread-self", link, sizeof link - 1);
   const char* task = n > 0 ? (link[n] = 0, strstr(link, "/task/")) : NULL;
   errno = saved;
+  if (proc_pid) *proc_pid = task ? (pid_t)strtol(link, NULL, 10) : 0;
   return task ? (pid_t)strtol(task + 6, NULL, 10) : 0;
+}
+static pid_t self_proc_tid(void) {
+  return self_proc_ids(NULL);
 }
 
 /* The state letter of a thread of this process (its number in /proc) from
@@ -189,6 +193,9 @@ static int thread_sleeps(pid_t proc_tid) {
   return state == 'X' || (state == 'S' && !waits_for_shim(proc_tid));
 }
 
+static pid_t proc_pid_seen; /* the server's number in /proc at the last scan; mu */
+static int in_shim_wait(pid_t proc_pid, pid_t proc_tid);
+
 /* Another thread of the server than `holder` and the caller is running or
  * runnable ('R'), or in the disk ('D'): the holder, asleep, may be waiting
  * for it (a Python thread for the interpreter's lock, which the running
@@ -197,13 +204,23 @@ static int thread_sleeps(pid_t proc_tid) {
  * mu (waits_for_shim) does not count: a server of many threads has one
  * there at most looks, since each look holds mu, and a holder waiting on a
  * row lock was then never let go (MariaDB's inputs held 5 s); one the
- * holder waits for is on the CPU again by the next look. Read from /proc
- * with raw getdents64 into the stack (no allocation). 0 without /proc. */
+ * holder waits for is on the CPU again by the next look. Nor does one
+ * registered as a waiter (waiter_enter .. waiter_leave, both under mu,
+ * which the look holds): it is in the shim's poll or about to be, and runs
+ * no server code until it has taken mu. Woken to look at the holder too, it
+ * is runnable for a while on a busy machine, and counted as running it kept
+ * a holder waiting on a row lock from being let go until the 5 s expiry,
+ * after which the two inputs ran side by side (test_serial's lock-wait test,
+ * 5 runs in 48 under two CPU hogs); skipped, its stat is not read either.
+ * Read from /proc with raw getdents64 into the stack (no allocation). 0
+ * without /proc. */
 static int another_thread_runs(pid_t holder) {
   int dir =
       (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return 0;
-  pid_t me = self_proc_tid();
+  pid_t proc_pid = 0;
+  pid_t me = self_proc_ids(&proc_pid);
+  proc_pid_seen = proc_pid;
   int runs = 0;
   char buf[2048];
   long n;
@@ -218,7 +235,7 @@ static int another_thread_runs(pid_t holder) {
       }* d = (struct linux_dirent64*)(buf + at);
       at += d->d_reclen;
       pid_t tid = (pid_t)strtol(d->d_name, NULL, 10);
-      if (tid <= 0 || tid == holder || tid == me) continue;
+      if (tid <= 0 || tid == holder || tid == me || in_shim_wait(proc_pid, tid)) continue;
       char state = thread_state_at(dir, tid);
       runs = state == 'R' || state == 'D';
     }
@@ -637,11 +654,16 @@ struct waiter {
   int efd;            /* -1: a free slot */
   int wake_when_next; /* woken once c's input is next in line (waiter_enter) */
   pid_t tid;
+  pid_t proc_pid, proc_tid; /* its numbers in /proc when it registered (0: unknown) */
 };
 static struct waiter waiters[256];
 static int waiters_n;
 static __thread int my_efd = -1;
 static __thread int my_waiter = -1;
+/* This thread's numbers in /proc, asked once (a readlink) and again when
+ * the server's number there changed: a restored server's threads have new
+ * ones (self_proc_tid). */
+static __thread pid_t my_proc_pid, my_proc_tid;
 static pthread_key_t efd_key;
 static pthread_once_t efd_once = PTHREAD_ONCE_INIT;
 /* A thread's eventfd outlives it: it goes back to this pool when the thread
@@ -691,9 +713,20 @@ int waiter_enter(struct conn* c, int wake_when_next) {
     if (waiters_n == (int)(sizeof waiters / sizeof *waiters)) return my_efd; /* unregistered */
     slot = waiters_n++;
   }
-  waiters[slot] = (struct waiter){c, my_efd, wake_when_next, self_tid()};
+  if (!my_proc_tid || (proc_pid_seen && my_proc_pid != proc_pid_seen))
+    my_proc_tid = self_proc_ids(&my_proc_pid);
+  waiters[slot] = (struct waiter){c, my_efd, wake_when_next, self_tid(), my_proc_pid, my_proc_tid};
   my_waiter = slot;
   return my_efd;
+}
+
+/* The thread (its numbers in /proc) is a registered waiter. mu held. */
+static int in_shim_wait(pid_t proc_pid, pid_t proc_tid) {
+  if (!proc_pid) return 0;
+  for (int i = 0; i < waiters_n; i++)
+    if (waiters[i].efd >= 0 && waiters[i].proc_tid == proc_tid && waiters[i].proc_pid == proc_pid)
+      return 1;
+  return 0;
 }
 
 /* The daemon's eventfd is level-triggered: every thread that polls it
