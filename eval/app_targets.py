@@ -114,14 +114,33 @@ def targets(res):
 
 def speed_targets(res):
     """Issue 26's targets for redis (CPU per op, the leader's host, reads), each from this
-    run's numbers, in the form targets() returns. CPU counts every thread of the daemons
+    run's numbers, in the form targets() returns; for memcached, its four worker threads'
+    throughput against one's. CPU counts every thread of the daemons
     and servers (/proc) and loadgen's rusage; "all" is their sum."""
     runs, out = res["runs"], []
-    if res["app"] != "redis":
-        return out
 
     def add(name, met, detail):
         out.append({"target": name, "met": met, "detail": detail, "reachable": None})
+
+    if res["app"] == "memcached":
+        # Target 5's second half asks for the figure, not a bound: memcached's four worker
+        # threads under serial_inputs against the one worker the profile ran before.
+        four, one = (
+            find(runs, "replicated", "disk", 16),
+            find(runs, "replicated-1worker", "disk", 16),
+        )
+        ok = None if not (four and one) else four["ops_per_s"] >= one["ops_per_s"]
+        add(
+            "16 conns, disk: SET throughput at -t 4 (the profile's) against -t 1 (reported)",
+            ok,
+            "not measured"
+            if ok is None
+            else f"-t 4 {four['ops_per_s']:.0f}/s, -t 1 {one['ops_per_s']:.0f}/s: "
+            f"{four['ops_per_s'] / one['ops_per_s']:.2f}×",
+        )
+        return out
+    if res["app"] != "redis":
+        return out
 
     def cpu(r, cls):
         x = (r or {}).get("per_op", {}).get(cls)

@@ -11,10 +11,13 @@ SET (or GET) of a 64-byte value on one of 10000 keys, --seconds long. Modes, all
 
   unreplicated       the server alone, with the flags of lockstep's profiles
                      (redis: --save "" --appendonly no --protected-mode no;
-                     memcached: -U 0 -t 1 -u root, one worker like the profile's);
+                     memcached: -U 0 -t 4 -u root, four workers like the profile's);
                      durability "none" (one process's RAM)
   replicated         `lockstep cluster up --replicas 3 --app APP --durability disk|memory`;
                      clients talk to "client_addr" from `lockstep cluster status --json`
+  replicated-1worker memcached only: replicated/disk with the profile's -t 4 made -t 1, the
+                     one worker thread the profile ran before issue 26 (its throughput
+                     against the four workers' is reported)
   aof-always         redis only: one redis with --appendonly yes --appendfsync always, its
                      files on the same file system as the lockstep cluster; durability "disk"
   redis-wait         redis only: a master and two replicas (--replicaof); every SET is
@@ -52,6 +55,7 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -70,7 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCKSTEP = ROOT / "build" / "bin" / "lockstep"
 LOADGEN = ROOT / "build" / "bin" / "loadgen"
 REDIS_FLAGS = shlex.split('--save "" --appendonly no --protected-mode no')  # as apps/ profiles
-MEMCACHED_FLAGS = shlex.split("-U 0 -t 1 -u root")  # as apps/memcached.toml
+MEMCACHED_FLAGS = shlex.split("-U 0 -t 4 -u root")  # as apps/memcached.toml
 HOST = "127.0.0.1"
 T0 = time.monotonic()
 
@@ -389,9 +393,10 @@ def keep_logs(ctx, d):
 
 
 @contextlib.contextmanager
-def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), base_port=None):
+def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), base_port=None, profile=None):
     """Yields (dir, status JSON) of a running `cluster up --app APP [EXTRA]` (--base-port
-    base_port, or a free one); always brings it down."""
+    base_port, or a free one; --app profile, a profile file, in place of APP's own);
+    always brings it down."""
     why = lockstep_has_app()
     if why:
         raise Skip(why)
@@ -400,7 +405,7 @@ def lockstep_cluster(ctx, app, durability, replicas=3, extra=(), base_port=None)
         for attempt in range(3):
             base = base_port or pick_base_port()
             cmd = ["cluster", "up", "--dir", d]
-            cmd += f"--replicas {replicas} --base-port {base} --app {app}".split()
+            cmd += f"--replicas {replicas} --base-port {base} --app {profile or app}".split()
             cmd += f"--durability {durability} --transport shm".split() + list(extra)
             log(f"  lockstep {' '.join(map(str, cmd))}")
             r = lockstep_run(cmd)
@@ -559,11 +564,29 @@ def on_leader(run, addr, d, app, what, tries=3):
 BENCH_LEASE_US = 35000
 
 
-def mode_replicated(durability, lease_on=True):
+def one_worker_profile(ctx):
+    """apps/memcached.toml with its -t 4 made -t 1, written into ctx.work (its `files`
+    beside it, as the profile names them relative to itself); the path."""
+    src = ROOT / "apps" / "memcached.toml"
+    text = src.read_text()
+    one, n = re.subn(r"(?m)^(command = .*) -t 4 ", r"\1 -t 1 ", text)
+    if n != 1:
+        raise RuntimeError(f"{src}: no `command = ... -t 4 ...` line to make -t 1")
+    for f in re.findall(r'(?m)^files = "(.*)"$', text)[:1]:
+        for name in f.split(","):
+            (ctx.work / name.strip()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src.parent / name.strip(), ctx.work / name.strip())
+    path = ctx.work / "memcached-1worker.toml"
+    path.write_text(one)
+    return path
+
+
+def mode_replicated(durability, lease_on=True, one_worker=False):
     @contextlib.contextmanager
     def mode(ctx, app):
         lease = ("--lease-us", str(BENCH_LEASE_US)) if lease_on else ()
-        with lockstep_cluster(ctx, app, durability, extra=lease) as (d, st):
+        profile = one_worker_profile(ctx) if one_worker else None
+        with lockstep_cluster(ctx, app, durability, extra=lease, profile=profile) as (d, st):
             addr = st["client_addr"]
             wait_ready(app, addr)
             reps = st["replicas"]
@@ -610,6 +633,14 @@ MODES = {
         BOTH,
         True,
         mode_replicated("memory", lease_on=False),
+    ),
+    # memcached's four worker threads (the profile's -t 4) against the one it ran before.
+    "replicated-disk-1worker": (
+        "replicated-1worker",
+        "disk",
+        ("memcached",),
+        False,
+        mode_replicated("disk", one_worker=True),
     ),
     "aof-always": ("aof-always", "disk", ("redis",), False, mode_aof_always),
     "redis-wait": ("redis-wait", "memory", ("redis",), False, mode_redis_wait),
@@ -876,6 +907,7 @@ ORDER = [
     "replicated/disk",
     "replicated/memory",
     "replicated-nolease",
+    "replicated-1worker",
     "aof-always",
     "redis-wait",
 ]
@@ -1033,7 +1065,8 @@ def main():
         "--modes",
         type=csv(str),
         help="unreplicated, replicated (both durabilities), replicated-disk, "
-        "replicated-memory, replicated-memory-nolease, aof-always, redis-wait (default: all "
+        "replicated-memory, replicated-memory-nolease, replicated-disk-1worker (memcached), "
+        "aof-always, redis-wait (default: all "
         "that apply to APP but replicated-memory-nolease)",
     )
     ap.add_argument("--ops", type=csv(str), default=["set", "get"], help="set,get")

@@ -136,3 +136,7 @@ class Memcached(_Connection):
     def incr(self, key, by=1):
         self.sock.sendall(b"incr %s %d\r\n" % (key.encode(), by))
         return self._line().decode()
+
+    def delete(self, key):
+        self.sock.sendall(b"delete %s\r\n" % key.encode())
+        return self._line().decode()

@@ -2,9 +2,9 @@
 set, get, incr and cas through the leader, and afterwards every key reads
 the same from each replica's own memcached.
 
-The profile runs one worker thread (apps/memcached.toml says why not the
-default four), so clients racing on the same keys leave every replica with
-the same values and CAS uniques (the racing test). A memcached backup made
+The profile runs memcached's four worker threads under serial execution
+(apps/memcached.toml), so clients racing on the same keys leave every
+replica with the same values and CAS uniques (the racing test). A memcached backup made
 to diverge is caught and rolled back in
 tests/test_divergence.py."""
 
@@ -142,45 +142,93 @@ def test_a_server_without_a_profile_runs_under_double_dash(cluster):
         time.sleep(0.1)
 
 
+RACERS = 16  # connections: memcached hands them to its four worker threads in turn
+SHARED_KEYS = 5
+
+
+def race(addr, t, counted, errors):
+    """Connection t's part of the race: on the shared keys in turn, a set, a gets, a cas
+    with the unique it read, an append, an increment of the one shared counter and now
+    and then a delete or an add. What a command answers depends on the commands of the
+    other connections executed before it; only its kind of answer is checked here.
+    Acknowledged increments go into counted."""
+    ok = {
+        "set": {"STORED"},
+        "cas": {"STORED", "EXISTS", "NOT_FOUND"},
+        "append": {"STORED", "NOT_STORED"},
+        "add": {"STORED", "NOT_STORED"},
+        "delete": {"DELETED", "NOT_FOUND"},
+    }
+    try:
+        m = Memcached(addr)
+        for i in range(40):
+            key = f"shared{(t + i) % SHARED_KEYS}"
+            said = [("set", m.store("set", key, f"{t}-{i}"))]
+            _value, cas = m.gets(key)  # None: deleted since by another connection
+            if cas is not None:
+                said.append(("cas", m.store("cas", key, f"{t}-{i}-cas", cas=cas)))
+            said.append(("append", m.store("append", key, f"+{t}")))
+            n = m.incr("racing_counter")
+            assert n.isdigit(), f"incr answered {n!r}"
+            counted.append(1)
+            if i % 7 == t % 7:
+                said.append(("delete", m.delete(key)))
+            elif i % 7 == (t + 3) % 7:
+                said.append(("add", m.store("add", key, f"{t}-{i}-add")))
+            bad = [(verb, answer) for verb, answer in said if answer not in ok[verb]]
+            assert not bad, f"step {i}: {bad}"
+        m.close()
+    except (OSError, AssertionError) as e:
+        errors.append(f"connection {t}: {e!r}")
+
+
 def test_connections_racing_on_shared_keys_stay_identical(memcached_cluster):
-    # Clients on six connections race on the same five keys, so the order in
-    # which memcached executes their stores decides each key's value and CAS
-    # unique (one counter across all stores). Every replica must end with the
-    # same of both, and no replica's replies may differ from the leader's.
-    addr = memcached_cluster.client_addr()
-    errors = []
-
-    def racer(t):
-        try:
-            m = Memcached(addr)
-            for i in range(50):
-                key = f"shared{i % 5}"
-                assert m.store("set", key, f"{t}-{i}") == "STORED"
-                value, cas = m.gets(key)
-                assert value is not None and cas > 0
-                m.store("cas", key, f"{t}-{i}-cas", cas=cas)  # STORED or EXISTS: a race
-            m.close()
-        except (OSError, AssertionError) as e:
-            errors.append(f"connection {t}: {e!r}")
-
-    threads = [threading.Thread(target=racer, args=(t,)) for t in range(THREADS)]
+    # Sixteen connections, spread over memcached's four worker threads, race
+    # on the same five keys and one counter, so the order in which the
+    # workers execute their commands decides each key's value, its CAS unique
+    # (one counter across all stores) and which cas, append, add and delete
+    # succeed. Serial execution (the profile's serial_inputs) runs one input
+    # at a time in the log's order on every replica: each must end with the
+    # leader's values and uniques, no replica's replies may differ from the
+    # leader's (0 divergences), and no acknowledged increment may be lost.
+    # Passed 20 runs of 20 by hand (`pytest -k racing`, in a loop) before the
+    # profile went to -t 4 (issue 26).
+    c = memcached_cluster
+    addr = c.client_addr()
+    assert Memcached(addr).store("set", "racing_counter", 0) == "STORED"
+    counted, errors = [], []
+    threads = [
+        threading.Thread(target=race, args=(addr, t, counted, errors)) for t in range(RACERS)
+    ]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(180)
     assert not errors, errors[:3]
+    assert len(counted) == RACERS * 40
 
     def view(a):
         m = Memcached(a, inspect=True)
         try:
-            return {f"shared{k}": m.gets(f"shared{k}") for k in range(5)}
+            out = {f"shared{k}": m.gets(f"shared{k}") for k in range(SHARED_KEYS)}
+            out["racing_counter"] = m.gets("racing_counter")
+            return out
         finally:
             m.close()
 
     leader_view = view(addr)
-    replicas = wait_replicas_match(memcached_cluster, view, leader_view)
-    s = memcached_cluster.status()
+    assert leader_view["racing_counter"][0] == str(RACERS * 40).encode(), leader_view
+    replicas = wait_replicas_match(c, view, leader_view)
+    s = c.wait(
+        lambda s: (
+            (lead := leader_of(s))
+            and all(r["applied_index"] >= lead["commit_index"] for r in s["replicas"])
+        ),
+        30,
+        "every replica applied the race",
+    )
     assert [r["output"]["divergences"] for r in s["replicas"]] == [0] * replicas, s
+    assert divergence_reports(c) == []
 
 
 def test_leader_killed_mid_load_clients_go_on_through_the_new_leader(memcached_cluster):
