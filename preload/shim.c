@@ -605,6 +605,13 @@ int close(int fd) {
     }
     listen_kind[fd] = 0;
     wake_in_epfd[fd] = 0;
+    if (wake_exclusive[fd]) { /* relay_wake walks excl_sets under mu */
+      pthread_mutex_lock(&mu);
+      wake_exclusive[fd] = 0;
+      for (int i = 0; i < excl_sets_n; i++)
+        if (excl_sets[i] == fd) excl_sets[i--] = excl_sets[--excl_sets_n];
+      mu_unlock();
+    }
     if (set_wake_fd[fd]) { /* an epoll set closed: its own eventfd with it */
       real_close(set_wake_fd[fd] - 1);
       set_wake_fd[fd] = 0;

@@ -87,6 +87,10 @@ uint32_t slot_closed_claim[LS_MAX_REPLAY];
 uint8_t listen_kind[LS_MAX_FD]; /* 0 unknown, 1 client port, 2 other */
 uint8_t wake_in_epfd[LS_MAX_FD];
 int set_wake_fd[LS_MAX_FD];
+uint8_t wake_exclusive[LS_MAX_FD];
+int excl_sets[LS_EXCL_SETS];
+int excl_sets_n;
+uint64_t drained_gen;
 struct conn* tick_conns[LS_MAX_FD];
 struct chunk fifo[LS_FIFO_SLOTS];
 uint64_t fifo_head_seq = 1, fifo_count;

@@ -158,6 +158,14 @@ LS_HIDDEN extern int lease_ready_n;
 /* Per epoll set, the shim's own eventfd (fd + 1; 0: none), which
  * serial_done writes to wake just the thread waiting in that set. */
 LS_HIDDEN extern int set_wake_fd[LS_MAX_FD];
+/* Per epoll set, the daemon's wake eventfd is in it with EPOLLEXCLUSIVE
+ * (shim_wait.c, "Exclusive wake-ups"); those sets, in excl_sets. */
+#define LS_EXCL_SETS 64
+LS_HIDDEN extern uint8_t wake_exclusive[LS_MAX_FD];
+LS_HIDDEN extern int excl_sets[LS_EXCL_SETS];
+LS_HIDDEN extern int excl_sets_n;
+/* Bumped by drain_done when it took anything from the daemon's rings. */
+LS_HIDDEN extern uint64_t drained_gen;
 /* Per epoll set, its ticks (struct conn, is_ticks), created when a thread
  * first waits in it with timers on or its first tick is ordered. */
 LS_HIDDEN extern struct conn* tick_conns[LS_MAX_FD];

@@ -36,12 +36,13 @@
  * edge-triggered and never read on this path: each write by the daemon then
  * wakes every set once, whichever thread waits in which (a thread that read
  * it would take the wake-up from the others), and the count it keeps does
- * not make any set spin. poll's path reads it (a level it would spin on). */
+ * not make any set spin. poll's path reads it (a level it would spin on).
+ * Under serial_inputs it rides with EPOLLEXCLUSIVE ("Exclusive wake-ups",
+ * below), and the set's own eventfd is made first: it is how the wake-up is
+ * passed on. mu held. */
 static void ensure_wake(int epfd) {
   if (epfd < 0 || epfd >= LS_MAX_FD || wake_in_epfd[epfd]) return;
   struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = LS_WAKE_TAG};
-  if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, wake_server_fd, &ev) == 0 || errno == EEXIST)
-    wake_in_epfd[epfd] = 1;
   /* The set's own eventfd, the same way: serial_inputs hands the next input
    * to the thread waiting here without waking every other thread. */
   if (!set_wake_fd[epfd]) {
@@ -51,6 +52,78 @@ static void ensure_wake(int epfd) {
     else if (fd >= 0)
       real_close(fd);
   }
+  if (serial_enabled() && set_wake_fd[epfd] && excl_sets_n < LS_EXCL_SETS) {
+    struct epoll_event xev = {.events = EPOLLIN | EPOLLET | EPOLLEXCLUSIVE,
+                              .data.u64 = LS_WAKE_TAG};
+    if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, wake_server_fd, &xev) == 0) {
+      wake_in_epfd[epfd] = 1;
+      wake_exclusive[epfd] = 1;
+      excl_sets[excl_sets_n++] = epfd;
+      return;
+    }
+  }
+  if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, wake_server_fd, &ev) == 0 || errno == EEXIST)
+    wake_in_epfd[epfd] = 1;
+}
+
+/* Exclusive wake-ups (serial_inputs). A server that runs an epoll loop per
+ * thread (memcached's four workers and its main thread) had every thread
+ * woken by each of the daemon's writes, and all but one went back to sleep:
+ * its servers made 16 context switches per SET at one connection against 5
+ * with one worker (scripts/bench memcached). With EPOLLEXCLUSIVE the kernel
+ * wakes one set whose thread waits (it queues the event, too, in the sets
+ * before that one whose threads are busy, which see it at their next wait).
+ * The thread woken, or any epoll waiter that finds the daemon's rings drained
+ * since the last relay (drained_gen: by a thread in poll or read, say),
+ * passes the wake-up on through their own eventfds to the other sets that
+ * now have something to tell their servers: the head run's connection, an
+ * agreed tick at the head, a connection the log closed, a lease read. Under
+ * serial_inputs nothing else becomes readable: the next connection's input
+ * waits for the turn, which serial_done hands to its set (wake_next_turn).
+ * Anything less certain wakes every set: a change of mode (leader, backup,
+ * stopping: ticks are asked for, or not, and dropped inputs break
+ * connections) and a bypassed gate. A set looks by itself every 11 ms while
+ * inputs are pending, as before. mu held. */
+static uint64_t relayed_gen;
+static int relayed_mode = -1;
+
+static void relay_to_set(int epfd, int my_epfd) {
+  if (epfd >= 0 && epfd < LS_MAX_FD && epfd != my_epfd && wake_exclusive[epfd])
+    wake_after_unlock(set_wake_fd[epfd] - 1);
+}
+
+static void relay_wake(int my_epfd) {
+  relayed_gen = drained_gen;
+  int mode = (int)atomic_load(&hdr->mode);
+  int all = mode != relayed_mode || (fifo_count && gate_bypassed());
+  relayed_mode = mode;
+  if (all) {
+    for (int i = 0; i < excl_sets_n; i++) relay_to_set(excl_sets[i], my_epfd);
+    return;
+  }
+  int sets[LS_EXCL_SETS], n = 0;
+#define LS_RELAY_ADD(e)                              \
+  do {                                               \
+    int e_ = (e), i_ = 0;                            \
+    while (i_ < n && sets[i_] != e_) i_++;           \
+    if (i_ == n && n < LS_EXCL_SETS) sets[n++] = e_; \
+  } while (0)
+  struct head_run r = find_head_run();
+  if (r.c) LS_RELAY_ADD(r.c->epfd);
+  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
+    struct chunk* ch = fifo_at(s);
+    if (chunk_finished(ch)) continue;
+    if (ch->state == CH_COMMITTED && ch->kind == LS_SUB_TICK) LS_RELAY_ADD(ch->c->epfd);
+    break;
+  }
+  for (int i = 0; i < log_closed_n; i++)
+    if (log_closed_list[i]->fd >= 0 && ready(log_closed_list[i]))
+      LS_RELAY_ADD(log_closed_list[i]->epfd);
+  for (int i = 0; i < lease_ready_n; i++)
+    if (lease_ready_list[i]->consumed < lease_ready_list[i]->unordered_end)
+      LS_RELAY_ADD(lease_ready_list[i]->epfd);
+#undef LS_RELAY_ADD
+  for (int i = 0; i < n; i++) relay_to_set(sets[i], my_epfd);
 }
 
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event* event) {
@@ -289,6 +362,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     }
     tell_gen++; /* events[] starts afresh */
     n = ready_events(epfd, events, 0, maxevents);
+    if (wake_exclusive[epfd] && drained_gen != relayed_gen) relay_wake(epfd);
     int look_soon = serial_holding(NULL, epfd);
     int tick_wait_ms = -1; /* ticking: how long the kernel may keep us */
     if (ticking && n == 0 && atomic_load(&hdr->mode) == LS_MODE_STOPPING) {
@@ -341,9 +415,13 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
       return -1;
     }
     pthread_mutex_lock(&mu);
+    int woken = 0; /* by the daemon's eventfd: relay_wake */
     for (int i = 0; i < k; i++) {
       uint64_t tag = kernel[i].data.u64;
-      if (tag == LS_WAKE_TAG) continue; /* edge-triggered, left unread: ensure_wake */
+      if (tag == LS_WAKE_TAG) { /* edge-triggered, left unread: ensure_wake */
+        woken = 1;
+        continue;
+      }
       if ((tag & LS_TAG_MASK) == LS_CONN_TAG) {
         int fd = (int)(tag & 0xffffffffu);
         struct conn* c = fd < LS_MAX_FD ? by_fd[fd] : NULL;
@@ -360,6 +438,7 @@ int epoll_pwait(int epfd, struct epoll_event* events, int maxevents, int timeout
     }
     drain_done();
     n = ready_events(epfd, events, n, maxevents);
+    if (wake_exclusive[epfd] && (woken || drained_gen != relayed_gen)) relay_wake(epfd);
     /* A tick at the head now ends this wait too, with what else it found. */
     struct conn* took = takes_ticks ? take_tick(epfd) : NULL;
     if (took) serial_begin(took);
