@@ -153,6 +153,7 @@ int ready(struct conn* c) {
  * disarmed, EPOLLOUT after an edge was told. */
 uint32_t kernel_interest(const struct conn* c) {
   uint32_t kernel = c->events & ~(uint32_t)(EPOLLET | EPOLLONESHOT);
+  if (c->replay_in_off) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
   if (c->disarmed) kernel &= (uint32_t)(EPOLLIN | EPOLLRDHUP);
   if (c->et_out_told) kernel &= ~(uint32_t)EPOLLOUT;
   if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);

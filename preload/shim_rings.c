@@ -282,6 +282,26 @@ open:
   return 1;
 }
 
+/* A replay connection in an epoll set hears from the kernel only while the
+ * order owes it bytes it has not taken yet, or its EOF. The daemon sends an
+ * input's bytes before it orders them, so they mostly sit in the socket by
+ * the time the order names them: taken here, by whichever thread drains the
+ * order, the thread whose turn it is wakes once, for its turn, instead of
+ * once for the bytes and again for the turn (memcached -t 4: a backup's
+ * servers 0.39 wake-ups per SET for the bytes alone). Bytes still on their
+ * way turn the kernel's input back on. The interest goes off only here, so
+ * an epoll set registered before any order record hears the kernel as
+ * before. Not in poll: its interest is the server's pollfd. mu held. */
+static void replay_interest(struct conn* c) {
+  if (c->fd < 0 || c->epfd < 0 || c->detached || c->eof_submitted) return;
+  if (c->received < c->committed_end || c->close_committed) ingest(c);
+  int off = c->received >= c->committed_end && !c->close_committed;
+  if (off != c->replay_in_off) {
+    c->replay_in_off = off;
+    rearm_kernel(c);
+  }
+}
+
 /* Takes the replay order the daemon published: each record allows the
  * server to read the next `len` bytes of one replay connection (or its EOF),
  * after everything before it. A record for a connection the server has not
@@ -330,6 +350,7 @@ static void drain_order(void) {
       c->close_committed = 1;
       push_chunk(c, LS_SUB_CLOSE, CH_COMMITTED);
     }
+    replay_interest(c);
   }
   if (tail != first) {
     atomic_store_explicit(&hdr->order_tail, tail, memory_order_release);
