@@ -68,6 +68,7 @@ import time
 from pathlib import Path
 
 import inspector  # eval/inspector.py: connections to a backup's own server
+import profiles  # eval/profiles.py: apps/APP.toml variants
 from resp import Redis, RespError  # eval/resp.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -565,20 +566,16 @@ BENCH_LEASE_US = 35000
 
 
 def one_worker_profile(ctx):
-    """apps/memcached.toml with its -t 4 made -t 1, written into ctx.work (its `files`
-    beside it, as the profile names them relative to itself); the path."""
-    src = ROOT / "apps" / "memcached.toml"
-    text = src.read_text()
-    one, n = re.subn(r"(?m)^(command = .*) -t 4 ", r"\1 -t 1 ", text)
-    if n != 1:
-        raise RuntimeError(f"{src}: no `command = ... -t 4 ...` line to make -t 1")
-    for f in re.findall(r'(?m)^files = "(.*)"$', text)[:1]:
-        for name in f.split(","):
-            (ctx.work / name.strip()).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src.parent / name.strip(), ctx.work / name.strip())
-    path = ctx.work / "memcached-1worker.toml"
-    path.write_text(one)
-    return path
+    """apps/memcached.toml with its -t 4 made -t 1, written into ctx.work with its `files`
+    (profiles.variant); the path."""
+
+    def one_worker(text):
+        one, n = re.subn(r"(?m)^(command = .*) -t 4 ", r"\1 -t 1 ", text)
+        if n != 1:
+            raise RuntimeError("apps/memcached.toml: no `command = ... -t 4 ...` line to make -t 1")
+        return one
+
+    return profiles.variant("memcached", ctx.work, one_worker, "memcached-1worker")
 
 
 def mode_replicated(durability, lease_on=True, one_worker=False):

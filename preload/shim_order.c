@@ -99,20 +99,25 @@ struct head_run find_head_run(void) {
   return r;
 }
 
-/* The agreed tick at the FIFO's head (the first chunk not done with), if
- * it is epoll set epfd's: a wait in that set takes it now. NULL otherwise.
- * Called with mu held. */
-struct chunk* tick_at_head(int epfd) {
+/* The agreed tick at the FIFO's head (the first chunk not done with),
+ * whichever set's it is; NULL otherwise. Called with mu held. */
+struct chunk* head_tick(void) {
   for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
     struct chunk* ch = fifo_at(s);
     if (chunk_finished(ch)) continue;
-    if (ch->state != CH_COMMITTED || ch->kind != LS_SUB_TICK) return NULL;
-    if (epfd < 0 || epfd >= LS_MAX_FD || ch->c != tick_conns[epfd]) return NULL;
-    /* serial_inputs: a tick is a turn like an input's (the timer's work
-     * must not run beside another thread's input). */
-    return hooks.executing_other(ch->c) ? NULL : ch;
+    return ch->state == CH_COMMITTED && ch->kind == LS_SUB_TICK ? ch : NULL;
   }
   return NULL;
+}
+
+/* The agreed tick at the FIFO's head, if it is epoll set epfd's: a wait in
+ * that set takes it now. NULL otherwise. Called with mu held. */
+struct chunk* tick_at_head(int epfd) {
+  struct chunk* ch = head_tick();
+  if (!ch || epfd < 0 || epfd >= LS_MAX_FD || ch->c != tick_conns[epfd]) return NULL;
+  /* serial_inputs: a tick is a turn like an input's (the timer's work
+   * must not run beside another thread's input). */
+  return hooks.executing_other(ch->c) ? NULL : ch;
 }
 
 /* Bytes connection c may hand to the server now. Called with mu held. */

@@ -353,6 +353,7 @@ static void drain_order(void) {
     replay_interest(c);
   }
   if (tail != first) {
+    drained_gen++;
     atomic_store_explicit(&hdr->order_tail, tail, memory_order_release);
     if (atomic_load(&hdr->replay_waiting)) wake_daemon();
   }
@@ -362,12 +363,10 @@ static void drain_order(void) {
 void drain_done(void) {
   uint64_t head = atomic_load_explicit(&hdr->done_head, memory_order_acquire);
   uint64_t tail = atomic_load_explicit(&hdr->done_tail, memory_order_relaxed);
-  uint64_t order_tail = atomic_load_explicit(&hdr->order_tail, memory_order_relaxed);
   if (tail < head) drained_gen++;
   for (; tail < head; tail++) apply_done(&done_ring[tail % hdr->done_slots]);
   atomic_store_explicit(&hdr->done_tail, tail, memory_order_release);
   drain_order();
-  if (atomic_load_explicit(&hdr->order_tail, memory_order_relaxed) != order_tail) drained_gen++;
   fifo_pop_finished();
 }
 

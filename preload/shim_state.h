@@ -101,9 +101,10 @@ struct conn {
   uint64_t told_gen;
   /* Whether its socket is non-blocking, looked up once (fcntl) when epoll
    * first reports it ahead of its turn (shim_wait.c, tell_next_runs). */
-  int nonblocking;   /* enum conn_nonblocking */
-  int replay_in_off; /* a replay connection's kernel input left out: nothing owed (replay_interest)
-                      */
+  int nonblocking; /* enum conn_nonblocking */
+  /* A replay connection's kernel input left out: nothing owed (shim_rings.c,
+   * replay_interest). */
+  int replay_in_off;
   /* Output on fd when its last agreed input was handed to the server
    * (drain_order): past it, the server has begun to answer that input (the
    * reply gate's "a shorter reply is over", shim_rings.c). */

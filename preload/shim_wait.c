@@ -92,6 +92,13 @@ static void relay_to_set(int epfd, int my_epfd) {
     wake_after_unlock(set_wake_fd[epfd] - 1);
 }
 
+/* Adds epfd to sets[*n] once. */
+static void relay_add(int* sets, int* n, int epfd) {
+  for (int i = 0; i < *n; i++)
+    if (sets[i] == epfd) return;
+  if (*n < LS_EXCL_SETS) sets[(*n)++] = epfd;
+}
+
 static void relay_wake(int my_epfd) {
   relayed_gen = drained_gen;
   int mode = (int)atomic_load(&hdr->mode);
@@ -102,27 +109,16 @@ static void relay_wake(int my_epfd) {
     return;
   }
   int sets[LS_EXCL_SETS], n = 0;
-#define LS_RELAY_ADD(e)                              \
-  do {                                               \
-    int e_ = (e), i_ = 0;                            \
-    while (i_ < n && sets[i_] != e_) i_++;           \
-    if (i_ == n && n < LS_EXCL_SETS) sets[n++] = e_; \
-  } while (0)
   struct head_run r = find_head_run();
-  if (r.c) LS_RELAY_ADD(r.c->epfd);
-  for (uint64_t s = fifo_head_seq; s < fifo_head_seq + fifo_count; s++) {
-    struct chunk* ch = fifo_at(s);
-    if (chunk_finished(ch)) continue;
-    if (ch->state == CH_COMMITTED && ch->kind == LS_SUB_TICK) LS_RELAY_ADD(ch->c->epfd);
-    break;
-  }
+  if (r.c) relay_add(sets, &n, r.c->epfd);
+  struct chunk* tick = head_tick();
+  if (tick) relay_add(sets, &n, tick->c->epfd);
   for (int i = 0; i < log_closed_n; i++)
     if (log_closed_list[i]->fd >= 0 && ready(log_closed_list[i]))
-      LS_RELAY_ADD(log_closed_list[i]->epfd);
+      relay_add(sets, &n, log_closed_list[i]->epfd);
   for (int i = 0; i < lease_ready_n; i++)
     if (lease_ready_list[i]->consumed < lease_ready_list[i]->unordered_end)
-      LS_RELAY_ADD(lease_ready_list[i]->epfd);
-#undef LS_RELAY_ADD
+      relay_add(sets, &n, lease_ready_list[i]->epfd);
   for (int i = 0; i < n; i++) relay_to_set(sets[i], my_epfd);
 }
 
