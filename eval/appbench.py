@@ -212,16 +212,10 @@ def naming_leader_change(d, st):
     try:
         yield
     except RuntimeError as e:
-        now = {}
-        with contextlib.suppress(Exception):
-            now = apps.cluster_status(d)
-        was = (st["leader"], st["client_addr"])
-        if now and (now.get("leader"), now.get("client_addr")) != was:
-            raise RuntimeError(
-                f"{e} [the leader changed during the run: replica {was[0]} at {was[1]} -> "
-                f"replica {now.get('leader')} at {now.get('client_addr')}]"
-            ) from e
-        raise
+        moved = apps.leader_change(d, st)
+        if not moved:
+            raise
+        raise RuntimeError(f"{e} [{moved}]") from e
 
 
 def mode_replicated(durability):
@@ -422,6 +416,16 @@ def check_cluster(ctx, res, app, name, label, d, found, after_failure=False):
     log("  state check: " + check_text(c))
 
 
+def add_from(op, attempt):
+    """loadgen's arguments for the attempt-th run (from 0) of op in a cluster's life: an
+    add after the first numbers its entries from where no earlier run's reach."""
+    return ["--add-from", str(attempt * ADD_RANGE)] if op == "add" and attempt else []
+
+
+# Entry numbers one add run may use (per connection; a run adds some thousands).
+ADD_RANGE = 1_000_000_000
+
+
 def measure_session(app, name, a, res, samples, session, label, addr, pids, found, d):
     """The measurements of one server's (or cluster's, in d) life; found[0] counts FOUND
     replies."""
@@ -437,14 +441,15 @@ def measure_session(app, name, a, res, samples, session, label, addr, pids, foun
             raise RuntimeError(f"prefill of {a.keys} entries: {r}")
         log(f"  prefill: {a.keys} entries at {r['ops_per_s']:.0f}/s")
     for rep, conns, op in session:
-        # Again on a new leader if the leader changed, except for adds, whose entry names
-        # repeat in each run (the first run's would be there already).
+        # Again on a new leader if the leader changed; adds then number their entries
+        # past the earlier tries' (whose entries would be there already).
+        tries = iter(range(3))
         r, addr = apps.on_leader(
-            lambda at, c=conns, o=op: apps.loadgen(
+            lambda at, c=conns, o=op, t=tries: apps.loadgen(
                 app, at, c, o, a.seconds, spec["value_bytes"], a.keys, pids,
-                proto=spec["proto"], extra=spec["extra"],
+                proto=spec["proto"], extra=[*spec["extra"], *add_from(o, next(t))],
             ),
-            addr, d, app, f"{name} {op} conns={conns}", tries=1 if op == "add" else 3,
+            addr, d, app, f"{name} {op} conns={conns}",
         )  # fmt: skip
         log(
             f"  {name} {op} conns={conns} repeat {rep + 1}/{a.repeats}: "

@@ -382,6 +382,45 @@ def run_phases(ctx, work, res, steps):
     res["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
 
 
+# Replica log lines that say why a leader changed: an election and what started it
+# (the old leader's server died, it handed leadership over, a peer heard nothing for
+# an election timeout or saw its connection close), and each loop's own gaps.
+WHY_LEADER_CHANGED = re.compile(
+    r"candidate for ballot|leader of ballot|handed its leadership over|SERVER DIED|"
+    r"SERVER NOT|connection to leader|own gap of|LEADER CHECKPOINT FAILED|leader move|"
+    r"REPAIR|diverge",
+    re.IGNORECASE,
+)
+
+
+def why_leader_changed(d, limit=12):
+    """The last `limit` lines of the replica logs in d that say why a leader changed
+    (WHY_LEADER_CHANGED), oldest first, as one string."""
+    why = []
+    for f in sorted(Path(d).glob("replica-*.log")):
+        with contextlib.suppress(OSError):
+            text = f.read_text(errors="replace")
+            why += [ln.strip() for ln in text.splitlines() if WHY_LEADER_CHANGED.search(ln)]
+    why.sort()  # each line opens with its time of day
+    return "; ".join(why[-limit:]) or "no replica logged why"
+
+
+def leader_change(d, st):
+    """None if the cluster in d still has the leader of status st; else a note naming the
+    old and new leader and the replica log lines that say why (its clients were cut)."""
+    now = {}
+    with contextlib.suppress(Exception):
+        now = cluster_status(d)
+    was = (st.get("leader"), st.get("client_addr"))
+    if not now or (now.get("leader"), now.get("client_addr")) == was:
+        return None
+    return (
+        f"the leader changed during the run: replica {was[0]} at {was[1]} -> replica "
+        f"{now.get('leader')} at {now.get('client_addr')}; the replica logs: "
+        f"{why_leader_changed(d)}"
+    )
+
+
 def keep_logs(ctx, d):
     """Copies the cluster's logs (daemons', servers') out of d, which is about to go."""
     if not ctx.keep_logs:
@@ -554,6 +593,7 @@ def on_leader(run, addr, d, app, what, tries=3):
                 raise err
             return res, addr
         log(f"  {what}: the leader moved from {addr} to {new}; measured again there")
+        log(f"    why, from the replica logs: {why_leader_changed(d)}")
         addr = new
     raise AssertionError("not reached")
 
@@ -603,16 +643,10 @@ def mode_replicated(durability, lease_on=True, one_worker=False):
                 missed = sum(r.get("lease_misses", 0) for r in reps)
                 log(f"  reads under the lease: {served}, through the log for want of one: {missed}")
             except RuntimeError as e:  # say whether the leader moved (clients lose it then)
-                now = {}
-                with contextlib.suppress(Exception):
-                    now = cluster_status(d)
-                new = (now.get("leader"), now.get("client_addr"))
-                if not now or new == (st.get("leader"), addr):
+                moved = leader_change(d, st)
+                if not moved:
                     raise
-                raise RuntimeError(
-                    f"{e} [the leader changed during the run: replica {st.get('leader')} at "
-                    f"{addr} -> replica {new[0]} at {new[1]}; see the replica logs]"
-                ) from e
+                raise RuntimeError(f"{e} [{moved}]") from e
 
     return mode
 

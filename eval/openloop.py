@@ -131,16 +131,8 @@ def mode_replicated(durability):
             apps.wait_ready(app, addr)
 
             def explain(e):  # say whether the leader moved (its clients lose it then)
-                now = {}
-                with contextlib.suppress(Exception):
-                    now = apps.cluster_status(d)
-                was = (st.get("leader"), addr)
-                if now and (now.get("leader"), now.get("client_addr")) != was:
-                    return RuntimeError(
-                        f"{e} [the leader changed: replica {st.get('leader')} at {addr} -> "
-                        f"replica {now.get('leader')} at {now.get('client_addr')}]"
-                    )
-                return e
+                moved = apps.leader_change(d, st)
+                return RuntimeError(f"{e} [{moved}]") if moved else e
 
             yield addr, explain
 

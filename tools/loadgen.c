@@ -7,7 +7,7 @@
 //   loadgen --proto redis|memcached|ldap|clamd|tarantool --host H --port P --conns N
 //           [--ops-per-conn K] [--seconds S] --op OP [--value-bytes 64] [--keys 10000]
 //           [--wait-replicas 2] [--set-ratio P] [--rate R [--max-outstanding 64]]
-//           [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]
+//           [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret] [--add-from 0]
 //           [--infected-every 0] [--infected-string LOCKSTEP-TEST-SIGNATURE-7f3a9c]
 //           [--space-docs 512] [--space-kv 513]
 //
@@ -21,8 +21,9 @@
 //   set-wait  redis only: `SET`, then `WAIT <wait-replicas> 0` once SET's reply is in; the
 //             pair is one op and its latency covers both round trips
 //   add       ldap: adds cn=k<conn>-<i>,ou=bench,dc=lockstep,dc=test, i the connection's op
-//             number (objectClass person, cn, sn, and a description of <value-bytes> bytes);
-//             entryAlreadyExists (68) is an error, so a second run needs a fresh database
+//             number from --add-from on (objectClass person, cn, sn, and a description of
+//             <value-bytes> bytes); entryAlreadyExists (68) is an error, so a second run needs
+//             a fresh database or a --add-from past the first run's entries
 //   modify    ldap: replaces the description of cn=key<n>,ou=bench,dc=lockstep,dc=test;
 //             noSuchObject (32) is counted in "misses"
 //   search    ldap: base-scope search of cn=key<n>,ou=bench,... for its description, done at
@@ -269,7 +270,7 @@ static void* run_conn(void* arg) {
       k = first + (long)(c->seq / proto->prefill_requests);
       if (k >= end) break;
     } else if (cfg.op == OP_ADD) {
-      k = (long)c->seq;
+      k = (long)(cfg.add_from + c->seq);
     } else {
       k = (long)(next_rand(&c->rng) % (uint64_t)cfg.keys);
     }
@@ -511,6 +512,7 @@ static void usage(void) {
           "               [--op OP] [--value-bytes 64] [--keys 10000] [--wait-replicas 2]\n"
           "               [--set-ratio P] [--rate R [--max-outstanding 64]]\n"
           "               [--bind-dn cn=admin,dc=lockstep,dc=test] [--password secret]\n"
+          "               [--add-from 0]\n"
           "               [--infected-every 0] [--infected-string S]\n"
           "               [--space-docs 512] [--space-kv 513]\n"
           "  OP: redis set|get|set-wait, memcached set|get, ldap add|modify|search|prefill,\n"
@@ -569,6 +571,7 @@ static void parse_args(int argc, char** argv) {
                                        {"wait-replicas", 1, 0, 'w'},
                                        {"bind-dn", 1, 0, 'D'},
                                        {"password", 1, 0, 'W'},
+                                       {"add-from", 1, 0, 'A'},
                                        {"infected-every", 1, 0, 'I'},
                                        {"infected-string", 1, 0, 'S'},
                                        {"set-ratio", 1, 0, 'r'},
@@ -625,6 +628,10 @@ static void parse_args(int argc, char** argv) {
         break;
       case 'W':
         cfg.password = optarg;
+        ldap_opts = 1;
+        break;
+      case 'A':
+        cfg.add_from = num_arg("add-from", optarg, 0, 1L << 50);
         ldap_opts = 1;
         break;
       case 'I':
@@ -694,7 +701,7 @@ static void parse_args(int argc, char** argv) {
     exit(2);
   }
   if (ldap_opts && proto != &ldap_protocol) {
-    fprintf(stderr, "loadgen: --bind-dn and --password need --proto ldap\n");
+    fprintf(stderr, "loadgen: --bind-dn, --password and --add-from need --proto ldap\n");
     exit(2);
   }
   if (clamd_opts && proto != &clamd_protocol) {

@@ -40,6 +40,7 @@ struct config {
   int max_outstanding;       // open loop: unanswered requests per connection
   int space_docs, space_kv;  // tarantool: the spaces' ids
   long long ops_per_conn;    // 0: no limit
+  long long add_from;        // ldap add: each connection's first entry number
   double seconds;
   double set_ratio;  // percent of ops that are sets; < 0: every op is --op
   double rate;       // open loop: requests per second over all connections; 0: closed loop
