@@ -205,20 +205,16 @@ def measure(ctx, name, a, res):
             sql(addr, "CREATE DATABASE IF NOT EXISTS sbtest")
             sysbench(addr, test, "prepare")
             for threads in a.threads:
-                before = {k: apps.usage(v) for k, v in pids.items()}
-                out, addr = apps.on_leader(
-                    lambda at, t=threads, x=test: (wait_sql(at), sysbench(at, x, "run", t, a.seconds))[1],
-                    addr, cluster_dir, None, f"{name} {test} {threads} threads",
-                )  # fmt: skip
-                after = {k: apps.usage(v) for k, v in pids.items()}
+                with apps.UsageSpan(pids) as span:
+                    out, addr = apps.on_leader(
+                        lambda at, t=threads, x=test: (wait_sql(at), sysbench(at, x, "run", t, a.seconds))[1],
+                        addr, cluster_dir, None, f"{name} {test} {threads} threads",
+                    )  # fmt: skip
                 r = parse_run(out)
                 n = max(r["transactions"], 1)
                 r["per_txn"] = {
-                    k: {
-                        "cpu_us": (after[k][0] - before[k][0]) * 1e6 / n,
-                        "switches": (after[k][1] - before[k][1]) / n,
-                    }
-                    for k in pids
+                    k: {"cpu_us": cpu * 1e6 / n, "switches": sw / n}
+                    for k, (cpu, sw) in span.spent.items()
                 }
                 row = {"mode": mode, "durability": durability, "test": test, "threads": threads}
                 res["runs"].append({**row, **r})
@@ -236,9 +232,10 @@ def table(res):
     rows = [
         (
             "| mode | test | threads | tps | tps ÷ unrepl. | p50 ms | p99 ms "
-            "| servers CPU µs/txn | daemons CPU µs/txn |"
+            "| servers CPU µs/txn | daemons CPU µs/txn | servers switches/txn "
+            "| daemons switches/txn |"
         ),
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["runs"]:
         base = next(
@@ -252,10 +249,12 @@ def table(res):
         )
         ratio = f"{r['tps'] / base['tps']:.2f}" if base and base["tps"] else "–"
         cpu = {k: f"{v['cpu_us']:.0f}" for k, v in r["per_txn"].items()}
+        sw = {k: f"{v['switches']:.1f}" for k, v in r["per_txn"].items()}
         label = r["mode"] if r["mode"] == "unreplicated" else f"replicated/{r['durability']}"
         rows.append(
             f"| {label} | {r['test']} | {r['threads']} | {r['tps']:.1f} | {ratio} "
-            f"| {r['p50_ms']} | {r['p99_ms']} | {cpu.get('servers', '–')} | {cpu.get('daemons', '–')} |"
+            f"| {r['p50_ms']} | {r['p99_ms']} | {cpu.get('servers', '–')} | {cpu.get('daemons', '–')} "
+            f"| {sw.get('servers', '–')} | {sw.get('daemons', '–')} |"
         )
     text = "\n".join(rows) + "\n"
     for c in res["checks"]:
