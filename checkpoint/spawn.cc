@@ -71,6 +71,7 @@ struct ChildPlan {
   bool new_pid_namespace;  // the child is pid 1 of a new pid namespace
   bool own_process_group;
   bool die_with_parent;
+  bool batch_scheduling;
 };
 
 [[noreturn]] void RunChild(const ChildPlan& p) {
@@ -82,6 +83,10 @@ struct ChildPlan {
   };
   // Lowering a priority needs no privilege; failing leaves the daemon's.
   if (getpriority(PRIO_PROCESS, 0) != start_nice) setpriority(PRIO_PROCESS, 0, start_nice);
+  if (p.batch_scheduling) {
+    struct sched_param none {};
+    sched_setscheduler(0, SCHED_BATCH, &none);
+  }
   // The program inherits neither the daemon's blocked signals nor its handlers.
   sigset_t all;
   sigfillset(&all);
@@ -214,7 +219,8 @@ SpawnResult Spawn(const SpawnOptions& o) {
                  getpid(),
                  o.new_pid_namespace,
                  o.own_process_group,
-                 o.die_with_parent};
+                 o.die_with_parent,
+                 o.batch_scheduling};
   // clone() with CLONE_NEWPID and no new stack behaves as fork(); without
   // the privilege for it (not root) the child runs in our namespace.
   pid_t pid = -1;

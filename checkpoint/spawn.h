@@ -49,6 +49,10 @@ struct SpawnOptions {
   // Spawn exits. Outside a new pid namespace, a child whose parent died
   // before the prctl took effect exits at once (status 127).
   bool die_with_parent = false;
+  // SCHED_BATCH for the program and the threads it makes: a thread it wakes
+  // does not preempt the one that woke it (ServerProcess::Start says why).
+  // Refused, the program runs with the default policy.
+  bool batch_scheduling = false;
 };
 
 // Where a spawn failed; the caller words the error for its program.

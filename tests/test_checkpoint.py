@@ -102,6 +102,11 @@ def kill_server_and_await_restore(cluster, r):
     )
 
 
+def thread_policies(pid):
+    """The scheduling policies of process pid's threads (os.SCHED_*)."""
+    return {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
 def replica_log(cluster, r):
     return (cluster.dir / f"replica-{r}.log").read_text()
 
@@ -125,10 +130,14 @@ def test_backup_server_crash_is_restored_from_its_checkpoint(redis_cluster):
     assert listed and listed[0]["index"] >= k and listed[0]["ok"], listed
     assert listed[0]["bytes"] > 0 and listed[0]["dump_us"] > 0, listed
     load(client, 1500, 500)
+    # Servers run under SCHED_BATCH (guard/server/server.cc), every thread, and
+    # a restored one too (CRIU restores each thread's policy).
+    assert thread_policies(c.status()["replicas"][b]["server_pid"]) == {os.SCHED_BATCH}
     daemon = c.pid(b)
     s = kill_server_and_await_restore(c, b)
     assert s["replicas"][b]["pid"] == daemon  # the replica itself never stopped
     assert ck(s, b)["server_state"] == "running"
+    assert thread_policies(s["replicas"][b]["server_pid"]) == {os.SCHED_BATCH}
     load(client, 2000, 300)  # the same connection, still in db 1
     assert client.call("DBSIZE") == 2300
     _digest, size = assert_same_data(c)
