@@ -35,7 +35,8 @@ sigset_t ShutdownSignals() {
 }
 
 // The daemon's threads run at a higher priority than the server and its
-// clients (nice -10; the server, started before this, keeps the default):
+// clients (nice -10; the server, started before this, keeps nice 0, under
+// SCHED_BATCH: guard/server/server.cc):
 // on a machine where they share a few cores, a daemon left off the CPU for
 // longer than the election timeout looks dead to its peers. The daemon
 // sleeps whenever it has nothing to do, so it takes little from the others.
