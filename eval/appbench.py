@@ -69,6 +69,7 @@ stderr.
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import shlex
 import shutil
@@ -82,7 +83,7 @@ from pathlib import Path
 import inspector  # eval/inspector.py: connections to a backup's own server
 import profiles  # eval/profiles.py: apps/APP.toml loaded, its {port}, {dir}, {host} filled in
 
-import apps  # eval/apps.py: processes, clusters, loadgen, /proc usage, plots, machine facts
+import apps  # eval/apps.py: processes, clusters, loadgen, plots, machine facts
 from apps import HOST, log
 
 APPS_DIR = profiles.APPS_DIR
@@ -443,7 +444,7 @@ def measure_session(app, name, a, res, samples, session, label, addr, pids, foun
     for rep, conns, op in session:
         # Again on a new leader if the leader changed; adds then number their entries
         # past the earlier tries' (whose entries would be there already).
-        tries = iter(range(3))
+        tries = itertools.count()
         r, addr = apps.on_leader(
             lambda at, c=conns, o=op, t=tries: apps.loadgen(
                 app, at, c, o, a.seconds, spec["value_bytes"], a.keys, pids,

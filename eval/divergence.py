@@ -87,6 +87,7 @@ import time
 from pathlib import Path
 
 import checkpoints  # eval/checkpoints.py: cluster status helpers, loadgen, checkpoints
+import proc_usage  # eval/proc_usage.py: CPU and context switches of processes over a run
 import profiles  # eval/profiles.py: apps/APP.toml variants
 import state_cost  # eval/state_cost.py: the state phase
 from checkpoints import Failed, backups, leader_of, replica, status, wait_quiet
@@ -287,13 +288,13 @@ def equal_load_cpu(ctx, a, dirs, addrs, res, children=False):
     loop, --cpu-rate each): whatever the machine's speed does in a window, it does to both,
     which alternating windows cannot give. "on" against "off", and with the control "off2"
     against "off", in turn. The daemons' and servers' CPU (utime + stime), not loadgen's;
-    with children, that of the daemons' ended children too (apps.usage)."""
+    with children, that of the daemons' ended children too (proc_usage.cpu_of)."""
     pairs = [("on", "off")] + ([("off2", "off")] if "off2" in dirs else [])
     res["cpu_samples"], res["cpu_rate"] = [], a.cpu_rate
     for rep in range(a.cpu_repeats):
         for x, y in pairs:
             pids = {m: cluster_pids(dirs[m]) for m in (x, y)}
-            before = {m: apps.usage(p, children)[0] for m, p in pids.items()}
+            before = {m: proc_usage.cpu_of(p, children) for m, p in pids.items()}
             procs = {}
             for m in (x, y):
                 cmd = checkpoints.loadgen_cmd(addrs[m], 16, a.cpu_seconds, COST_KEYS, COST_VALUE)
@@ -309,7 +310,7 @@ def equal_load_cpu(ctx, a, dirs, addrs, res, children=False):
             out = {
                 m: checkpoints.finish_loadgen(ctx, p, a.cpu_seconds + 60) for m, p in procs.items()
             }
-            after = {m: apps.usage(p, children)[0] for m, p in pids.items()}
+            after = {m: proc_usage.cpu_of(p, children) for m, p in pids.items()}
             s = {"repeat": rep, "pair": f"{x}/{y}"}
             for m in (x, y):
                 ops = out[m]["ops"]

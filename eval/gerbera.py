@@ -78,8 +78,9 @@ from pathlib import Path
 
 import appbench  # eval/appbench.py: a profile's server alone, state check pieces
 import netns  # eval/netns.py: the namespace (shared with tests/test_gerbera.py)
+import proc_usage  # eval/proc_usage.py: CPU and context switches of processes over a run
 
-import apps  # eval/apps.py: processes, clusters, /proc usage, plots, machine facts
+import apps  # eval/apps.py: processes, clusters, plots, machine facts
 from apps import log
 
 APP = "gerbera"
@@ -173,7 +174,7 @@ def run_ab(addr, conns, seconds, requests, pids):
     with tempfile.NamedTemporaryFile("w+", suffix=".csv") as csv:
         cmd = [AB, "-r", "-t", str(seconds), "-n", str(requests), "-c", str(conns)]
         cmd += ["-e", csv.name, f"http://{addr}{PATH}"]
-        rc, out, err, spent, ru = apps.run_counted(cmd, pids, seconds + 60)
+        rc, out, err, spent, ru = proc_usage.run_counted(cmd, pids, seconds + 60)
         rows = (ln.split(",") for ln in csv.read().splitlines()[1:] if "," in ln)
         perc = {int(a): float(b) for a, b in rows}
     res = parse_ab(out)
@@ -184,7 +185,7 @@ def run_ab(addr, conns, seconds, requests, pids):
         p50_us=perc[50] * 1000,
         p99_us=perc[99] * 1000,
         errors=res["failed"] + res["non_2xx"],
-        per_op=apps.per_op(spent, ru, res["ops"], own="ab"),
+        per_op=proc_usage.per_op(spent, ru, res["ops"], own="ab"),
     )
     return res
 

@@ -43,9 +43,10 @@ import time
 from pathlib import Path
 
 import inspector  # eval/inspector.py: connections to a backup's own server
+import proc_usage  # eval/proc_usage.py: CPU and context switches of processes over a run
 import profiles  # eval/profiles.py: apps/APP.toml loaded, its {port}, {dir}, {host} filled in
 
-import apps  # eval/apps.py: processes, clusters, /proc usage, machine facts
+import apps  # eval/apps.py: processes, clusters, machine facts
 from apps import HOST, ROOT, log
 
 SYSBENCH = shutil.which("sysbench")
@@ -205,7 +206,7 @@ def measure(ctx, name, a, res):
             sql(addr, "CREATE DATABASE IF NOT EXISTS sbtest")
             sysbench(addr, test, "prepare")
             for threads in a.threads:
-                with apps.UsageSpan(pids) as span:
+                with proc_usage.UsageSpan(pids) as span:
                     out, addr = apps.on_leader(
                         lambda at, t=threads, x=test: (wait_sql(at), sysbench(at, x, "run", t, a.seconds))[1],
                         addr, cluster_dir, None, f"{name} {test} {threads} threads",

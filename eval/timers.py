@@ -44,6 +44,7 @@ from pathlib import Path
 
 import checkpoints  # eval/checkpoints.py: status, loadgen
 import divergence  # eval/divergence.py: cluster(), equal_load_cpu(), cluster_pids()
+import proc_usage  # eval/proc_usage.py: CPU and context switches of processes over a run
 from checkpoints import Failed, status
 
 import apps  # eval/apps.py
@@ -101,8 +102,8 @@ def phase_idle(dirs, seconds, res):
         daemons, servers = pids_by_kind(d)
         before[m] = (
             leader_commit(d),
-            apps.usage(daemons)[0],
-            apps.usage(servers)[0],
+            proc_usage.cpu_of(daemons),
+            proc_usage.cpu_of(servers),
             daemons,
             servers,
         )
@@ -113,7 +114,7 @@ def phase_idle(dirs, seconds, res):
     for m, d in dirs.items():
         c0, dcpu0, scpu0, daemons, servers = before[m]
         c1 = leader_commit(d)
-        dcpu1, scpu1 = apps.usage(daemons)[0], apps.usage(servers)[0]
+        dcpu1, scpu1 = proc_usage.cpu_of(daemons), proc_usage.cpu_of(servers)
         ticks = ticks_between(d, c0 + 1, c1)
         row = {
             "entries_per_s": (c1 - c0) / wall,

@@ -19,8 +19,8 @@ struct head_run {
 LS_HIDDEN int chunk_finished(const struct chunk* h); /* read (or dropped) whole */
 LS_HIDDEN int gate_bypassed(void); /* the server ignores the head: every connection reads */
 LS_HIDDEN struct head_run find_head_run(void);
-/* The agreed tick at the head, when it is epoll set epfd's; else NULL. */
 LS_HIDDEN struct chunk* head_tick(void); /* the agreed tick at the head, any set's */
+/* The agreed tick at the head, when it is epoll set epfd's; else NULL. */
 LS_HIDDEN struct chunk* tick_at_head(int epfd);
 LS_HIDDEN uint64_t readable(struct conn* c); /* agreed bytes the server may read now */
 LS_HIDDEN int eof_ready(struct conn* c);     /* the server may read c's EOF now */

@@ -349,11 +349,12 @@ bool ServerProcess::Start(const std::vector<std::string>& argv, const std::strin
   // hand-over and each contended shim lock cost two more context switches.
   // Same CPU share; CRIU restores the policy with each thread. Measured
   // (perf stat -p over 4 s of SETs, two runs each, redis under lockstep on
-  // disk): 1 connection, servers 52.8/48.4 -> 39.9/39.3 us CPU per SET,
-  // daemons 156.6/150.0 -> 147.3/143.4, SETs/s 2908/3063 -> 3266/3311; 16
-  // connections, servers 23.5/23.2 -> 22.5/21.9, daemons 34.8/37.1 ->
-  // 33.6/33.5. MariaDB oltp_write_only at 16 threads: each server's switches
-  // per transaction 40 -> 30, its CPU 965 -> 900-930 us.
+  // disk): 1 connection, servers 52.8/48.4 -> 35.1/34.6 us CPU per SET,
+  // daemons 156.6/150.0 -> 134.3/130.6, SETs/s 2908/3063 -> 3395/3495; 16
+  // connections (chrt -b on running servers), servers 23.5/23.2 ->
+  // 22.5/21.9, daemons 34.8/37.1 -> 33.6/33.5. MariaDB oltp_write_only at 16
+  // threads (scripts/bench mariadb): the three servers' switches per
+  // transaction 114 -> 93, their CPU 2780 -> 2596 us.
   so.batch_scheduling = true;
   SpawnResult r = Spawn(so);
   // Without the privilege for a pid namespace (not root) the server runs in ours.
