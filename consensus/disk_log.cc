@@ -765,17 +765,16 @@ bool DiskLog::Append(const std::vector<LogRecord>& batch, std::string* error) {
   return AppendRecords(batch, false, error ? error : &scratch);
 }
 
-bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
-                            std::string* error) {
-  if (batch.empty()) return true;
+// Checks everything before anything is written: slot indexes keep the log
+// contiguous, only the types a caller may append, payloads that fit.
+bool DiskLog::CheckBatch(const std::vector<LogRecord>& batch, bool internal, uint64_t* total,
+                         std::string* error) const {
   if (options_.read_only) {
     *error = "disk log " + dir_ + " was opened read-only";
     return false;
   }
-  if (uint32_t us = append_delay_us_.load()) usleep(us);  // failpoint: a slow disk
-  // Check everything before writing anything.
   uint64_t next = std::max(last_index_ + 1, FirstIndex());
-  uint64_t total = 0;
+  *total = 0;
   for (const LogRecord& r : batch) {
     if (IsSlotType(r.type)) {
       if (r.index < FirstIndex() || r.index > next) {
@@ -795,116 +794,177 @@ bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
       *error = "disk log: payload of " + std::to_string(r.payload.size()) + " bytes is too large";
       return false;
     }
-    total += RecordSize(r.payload.size());
+    *total += RecordSize(r.payload.size());
   }
-  uint64_t fresh = PaddedEnd(0, kSegmentHeaderSize + total, align_);
+  uint64_t fresh = PaddedEnd(0, kSegmentHeaderSize + *total, align_);
   if (fresh > segment_bytes_) {
-    *error = "disk log: a batch of " + std::to_string(total) +
+    *error = "disk log: a batch of " + std::to_string(*total) +
              " bytes does not fit in a segment of " + std::to_string(segment_bytes_) + " bytes";
     return false;
   }
+  return true;
+}
 
+// Whether a batch of `total` record bytes goes into the active segment (no
+// new segment first).
+bool DiskLog::FitsActiveSegment(uint64_t total) const {
+  return active_fd_ >= 0 && PaddedEnd(write_off_, total, align_) <= segments_.back().size;
+}
+
+// Lays the batch out in the write buffer at the active segment's write
+// offset (a header first in a fresh segment, a pad to the sector boundary
+// last) and says where it goes. Changes nothing the log knows.
+bool DiskLog::EncodeBatch(const std::vector<LogRecord>& batch, uint64_t total, AppendWrite* w,
+                          std::string* error) {
+  const Segment& seg = segments_.back();
+  const uint64_t start = write_off_;
+  const bool header = write_off_ == 0;
+  const uint64_t end = PaddedEnd(start, (header ? kSegmentHeaderSize : 0) + total, align_);
+  const size_t len = static_cast<size_t>(end - start);
+  if (len > buf_cap_) {
+    size_t cap = static_cast<size_t>(AlignUp(std::max<size_t>(len, 2 * buf_cap_), 4096));
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, cap) != 0) {
+      *error = "disk log: out of memory for a " + std::to_string(len) + " byte write buffer";
+      return false;
+    }
+    std::free(buf_);
+    buf_ = static_cast<uint8_t*>(p);
+    buf_cap_ = cap;
+  }
+  size_t p = 0;
+  if (header) {
+    EncodeRecord(buf_, EntryType::kPad, 0, chain_end_, 0, seg.base, kSegmentMagic);
+    p += kSegmentHeaderSize;
+  }
+  for (const LogRecord& r : batch) {
+    EncodeRecord(buf_ + p, r.type, r.ballot, r.index, r.commit_index, seg.base + start + p,
+                 r.payload);
+    p += RecordSize(r.payload.size());
+  }
+  w->last_canary = p - kCanarySize;
+  if (p < len) {
+    size_t pad = len - p - kPadMinSize;
+    EncodeRecord(buf_ + p, EntryType::kPad, 0, 0, 0, seg.base + start + p,
+                 std::string_view(zeros_.data(), pad));
+  }
+  w->fd = active_fd_;
+  w->data = buf_;
+  w->len = len;
+  w->offset = start;
+  w->needs_datasync = mode_ == SyncMode::kWriteFdatasync;
+  w->records = batch.size();
+  return true;
+}
+
+// A write or sync of the active segment failed: whatever reached the disk
+// is never acknowledged; the segment is abandoned and the batch goes to a
+// fresh one next time, so stale bytes of this attempt can never line up
+// with a later record. Returns true when the same batch should be tried
+// again at once (the device wants a larger O_DIRECT alignment than it said).
+bool DiskLog::WriteFailed(const AppendWrite& w, int err, const char* step, bool first_attempt,
+                          std::string* error) {
+  const std::string& path = segments_.back().path;
+  if (active_fd_ >= 0) close(active_fd_);
+  active_fd_ = -1;
+  if (err == EINVAL && mode_ == SyncMode::kDirectDsync && align_ < 4096 && first_attempt) {
+    align_ = 4096;
+    return true;
+  }
+  char b[512];
+  if (IsDiskFull(err)) {
+    std::snprintf(b, sizeof b, "disk full: cannot append %zu bytes to %s: %s", w.len, path.c_str(),
+                  ErrnoText(err).c_str());
+  } else {
+    std::snprintf(b, sizeof b,
+                  "I/O error: cannot append %zu bytes to %s at offset %" PRIu64 " (%s): %s", w.len,
+                  path.c_str(), w.offset, step, ErrnoText(err).c_str());
+  }
+  *error = b;
+  return false;
+}
+
+// The batch is durable: now update what the log knows.
+void DiskLog::NoteDurable(const std::vector<LogRecord>& batch, const AppendWrite& w) {
+  const uint64_t end = w.offset + w.len;
+  write_off_ = end;
+  if (preparer_ && write_off_ >= segment_bytes_ / 2) preparer_->Request(next_base_);
+  newest_empty_ = false;
+  Segment& s = segments_.back();
+  chain_end_ = s.base + end;
+  for (const LogRecord& r : batch) {
+    if (IsSlotType(r.type)) {
+      last_index_ = std::max(last_index_, r.index);
+      s.max_slot = std::max(s.max_slot, r.index);
+      max_commit_ = std::max(max_commit_, r.commit_index);
+    } else if (r.type == EntryType::kPromise) {
+      promised_ = r.ballot;
+    } else if (r.type == EntryType::kTruncate) {
+      truncated_below_ = r.index;
+      max_commit_ = std::max(max_commit_, r.commit_index);
+      if (last_index_ < r.index) last_index_ = 0;  // no slot at or above the new first index
+    }
+  }
+}
+
+bool DiskLog::AppendRecords(const std::vector<LogRecord>& batch, bool internal,
+                            std::string* error) {
+  if (batch.empty()) return true;
+  if (uint32_t us = append_delay_us_.load()) usleep(us);  // failpoint: a slow disk
+  uint64_t total = 0;
+  if (!CheckBatch(batch, internal, &total, error)) return false;
   for (int attempt = 0;; attempt++) {
-    if (active_fd_ < 0 || PaddedEnd(write_off_, total, align_) > segments_.back().size) {
-      if (!Roll(PaddedEnd(0, kSegmentHeaderSize + total, align_), error)) return false;
-    }
-    const Segment& seg = segments_.back();
-    const uint64_t start = write_off_;
-    const bool header = write_off_ == 0;
-    const uint64_t end = PaddedEnd(start, (header ? kSegmentHeaderSize : 0) + total, align_);
-    const size_t len = static_cast<size_t>(end - start);
-    if (len > buf_cap_) {
-      size_t cap = static_cast<size_t>(AlignUp(std::max<size_t>(len, 2 * buf_cap_), 4096));
-      void* p = nullptr;
-      if (posix_memalign(&p, 4096, cap) != 0) {
-        *error = "disk log: out of memory for a " + std::to_string(len) + " byte write buffer";
-        return false;
-      }
-      std::free(buf_);
-      buf_ = static_cast<uint8_t*>(p);
-      buf_cap_ = cap;
-    }
-    size_t p = 0;
-    if (header) {
-      EncodeRecord(buf_, EntryType::kPad, 0, chain_end_, 0, seg.base, kSegmentMagic);
-      p += kSegmentHeaderSize;
-    }
-    for (const LogRecord& r : batch) {
-      EncodeRecord(buf_ + p, r.type, r.ballot, r.index, r.commit_index, seg.base + start + p,
-                   r.payload);
-      p += RecordSize(r.payload.size());
-    }
-    const size_t last_canary = p - kCanarySize;  // in buf_
-    if (p < len) {
-      size_t pad = len - p - kPadMinSize;
-      EncodeRecord(buf_ + p, EntryType::kPad, 0, 0, 0, seg.base + start + p,
-                   std::string_view(zeros_.data(), pad));
-    }
-
+    if (!FitsActiveSegment(total) && !Roll(PaddedEnd(0, kSegmentHeaderSize + total, align_), error))
+      return false;
+    AppendWrite w;
+    if (!EncodeBatch(batch, total, &w, error)) return false;
     if (!internal && tear_next_append_.exchange(false)) {
       // A crash in the middle of this write: the sectors before the one
       // that holds the last record's canary reach the disk, the rest not
       // (a sector is written whole or not at all).
-      size_t cut = last_canary / align_ * align_;
-      int e = cut ? PwriteAll(active_fd_, buf_, cut, start) : 0;
-      if (e == 0 && cut && fdatasync(active_fd_) != 0) e = errno;
+      size_t cut = w.last_canary / align_ * align_;
+      int e = cut ? PwriteAll(w.fd, w.data, cut, w.offset) : 0;
+      if (e == 0 && cut && fdatasync(w.fd) != 0) e = errno;
       std::fprintf(stderr,
                    "failpoint torn_write: %zu of the %zu bytes of a %zu-record append written "
                    "(%s), the last record's canary not; exiting as a crash would\n",
-                   cut, len, batch.size(), e ? ErrnoText(e).c_str() : "on disk");
+                   cut, w.len, batch.size(), e ? ErrnoText(e).c_str() : "on disk");
       std::fflush(stderr);
       _exit(kTornWriteExit);
     }
-    int err = PwriteAll(active_fd_, buf_, len, start);
+    int err = PwriteAll(w.fd, w.data, w.len, w.offset);
     const char* step = "write";
-    if (err == 0 && mode_ == SyncMode::kWriteFdatasync && fdatasync(active_fd_) != 0) {
+    if (err == 0 && w.needs_datasync && fdatasync(w.fd) != 0) {
       err = errno;
       step = "sync";
     }
     if (err != 0) {
-      // Whatever reached the disk is never acknowledged; the segment is
-      // abandoned and the batch goes to a fresh one next time, so stale
-      // bytes of this attempt can never line up with a later record.
-      close(active_fd_);
-      active_fd_ = -1;
-      if (err == EINVAL && mode_ == SyncMode::kDirectDsync && align_ < 4096 && attempt == 0) {
-        align_ = 4096;  // the device wants larger O_DIRECT alignment than we saw
-        continue;
-      }
-      char b[512];
-      if (IsDiskFull(err)) {
-        std::snprintf(b, sizeof b, "disk full: cannot append %zu bytes to %s: %s", len,
-                      seg.path.c_str(), ErrnoText(err).c_str());
-      } else {
-        std::snprintf(b, sizeof b,
-                      "I/O error: cannot append %zu bytes to %s at offset %" PRIu64 " (%s): %s",
-                      len, seg.path.c_str(), start, step, ErrnoText(err).c_str());
-      }
-      *error = b;
+      if (WriteFailed(w, err, step, attempt == 0, error)) continue;
       return false;
     }
-
-    // Durable: now update what we know.
-    write_off_ = end;
-    if (preparer_ && write_off_ >= segment_bytes_ / 2) preparer_->Request(next_base_);
-    newest_empty_ = false;
-    chain_end_ = seg.base + end;
-    Segment& s = segments_.back();
-    for (const LogRecord& r : batch) {
-      if (IsSlotType(r.type)) {
-        last_index_ = std::max(last_index_, r.index);
-        s.max_slot = std::max(s.max_slot, r.index);
-        max_commit_ = std::max(max_commit_, r.commit_index);
-      } else if (r.type == EntryType::kPromise) {
-        promised_ = r.ballot;
-      } else if (r.type == EntryType::kTruncate) {
-        truncated_below_ = r.index;
-        max_commit_ = std::max(max_commit_, r.commit_index);
-        if (last_index_ < r.index) last_index_ = 0;  // no slot at or above the new first index
-      }
-    }
+    NoteDurable(batch, w);
     return true;
   }
+}
+
+bool DiskLog::BeginAppend(const std::vector<LogRecord>& batch, AppendWrite* w) {
+  // What a failpoint must see, a new segment (file operations that may
+  // block) and every error go the synchronous way (Append).
+  if (batch.empty() || append_delay_us_.load() || tear_next_append_.load()) return false;
+  uint64_t total = 0;
+  std::string error;
+  if (!CheckBatch(batch, false, &total, &error) || !FitsActiveSegment(total)) return false;
+  return EncodeBatch(batch, total, w, &error);
+}
+
+bool DiskLog::EndAppend(const std::vector<LogRecord>& batch, const AppendWrite& w, int err,
+                        const char* step, std::string* error) {
+  if (err != 0) {
+    WriteFailed(w, err, step, false, error);
+    return false;
+  }
+  NoteDurable(batch, w);
+  return true;
 }
 
 // Starts a new segment at next_base_: takes the prepared file (or prepares

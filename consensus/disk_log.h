@@ -119,6 +119,20 @@ struct RecoveredLog {
   std::string problem;   // file, offset and what was wrong, when torn_tail or damaged
 };
 
+// One append whose write the caller makes (DiskWriter, through io_uring):
+// DiskLog::BeginAppend lays the batch out and says where it goes; the
+// caller writes `len` bytes of `data` to `fd` at `offset`, makes them
+// durable (fdatasync when `needs_datasync`), and calls EndAppend.
+struct AppendWrite {
+  int fd = -1;
+  const uint8_t* data = nullptr;  // the log's write buffer: valid until EndAppend
+  size_t len = 0;
+  uint64_t offset = 0;
+  bool needs_datasync = false;  // SyncMode::kWriteFdatasync
+  size_t records = 0;
+  size_t last_canary = 0;  // in data: where the last record's canary starts
+};
+
 class DiskLog {
  public:
   // Creates dir (and parents); takes an exclusive lock on dir/LOCK; recovers.
@@ -134,6 +148,21 @@ class DiskLog {
   // device"); the durable log is then as before, and a later Append writes
   // the batch again (into a new segment).
   bool Append(const std::vector<LogRecord>& batch, std::string* error);
+
+  // Append in two halves, for a caller that writes without blocking:
+  // BeginAppend encodes the batch into the log's buffer and fills *w, or
+  // returns false having changed nothing when the batch must go through
+  // Append instead (it needs a new segment, whose file operations may
+  // block; a slow-disk or torn-write failpoint is armed; it is invalid, so
+  // that Append gives the error). Between the two calls nothing else may
+  // use the log. EndAppend takes the same batch and the outcome: err 0,
+  // durable (the log moves on past it); otherwise `step` ("write",
+  // "sync") failed with errno err: *error says so, and the segment is
+  // abandoned exactly as after a failed Append, which writes the batch
+  // again into a new segment.
+  bool BeginAppend(const std::vector<LogRecord>& batch, AppendWrite* w);
+  bool EndAppend(const std::vector<LogRecord>& batch, const AppendWrite& w, int err,
+                 const char* step, std::string* error);
 
   // Appends a kTruncate record (and restates the promised ballot) durably,
   // then deletes the oldest segment files that hold only slots below index.
@@ -176,6 +205,14 @@ class DiskLog {
   DiskLog() = default;
   bool Recover(RecoveredLog* out, std::string* error);
   bool AppendRecords(const std::vector<LogRecord>& batch, bool internal, std::string* error);
+  bool CheckBatch(const std::vector<LogRecord>& batch, bool internal, uint64_t* total,
+                  std::string* error) const;
+  bool FitsActiveSegment(uint64_t total) const;
+  bool EncodeBatch(const std::vector<LogRecord>& batch, uint64_t total, AppendWrite* w,
+                   std::string* error);
+  bool WriteFailed(const AppendWrite& w, int err, const char* step, bool first_attempt,
+                   std::string* error);
+  void NoteDurable(const std::vector<LogRecord>& batch, const AppendWrite& w);
   bool Roll(size_t write_bytes, std::string* error);
   bool OpenForWrite(const std::string& path, int* fd, std::string* error);
   bool SyncDir(std::string* error);
@@ -216,21 +253,35 @@ class DiskLog {
 std::vector<double> MeasureDurableWrites(const std::string& dir, SyncMode mode, size_t bytes, int n,
                                          std::string* error);
 
-// The disk thread: group commit. Submit() queues a batch and returns at
-// once; the thread takes everything queued since its last write as one
-// Append (batches grow with the queue; it never waits on a timer), then
-// publishes the highest completed sequence number and signals an eventfd.
-// After an error the batch stays queued, the error is published, and the
-// thread retries with a growing back-off (1 ms .. 1 s); the error clears once
-// a write succeeds. durable_seq never covers a batch that is not durable.
+// The durable writes of one replica: group commit. Submit() queues a batch
+// and returns at once. A batch that finds the log idle is written through
+// io_uring from the caller's own thread: no hand-off to another thread, and
+// the caller sleeps in its event loop, not in the write (one wake-up per
+// write where a blocking O_DIRECT|O_DSYNC write slept twice here: once for
+// the data, once for the cache flush). Batches submitted meanwhile queue
+// and go out as one write when it completes (batches grow with the queue;
+// no timer). What the ring cannot take goes to the disk thread, which
+// writes synchronously: a batch with a truncation, one that needs a new
+// segment, one under a failpoint, and every retry after an error (with a
+// growing back-off, 1 ms .. 1 s; the error clears once a write succeeds).
+// Without io_uring (refused by the kernel, or use_ring false) every batch
+// goes to the thread. Each completion is published for Poll and signalled
+// through an eventfd; durable_seq never covers a batch that is not durable.
+//
+// Submit, WriteNow, Poll, SetWakeWanted, Published and the destructor are
+// called by one thread (the daemon's loop): ring completions are reaped in
+// Poll, so a caller that submits must keep polling.
 class DiskWriter {
  public:
   // Told of every Append, on the thread that made it (this one's, or the
-  // caller's in WriteNow): its duration, its records and whether it worked
-  // (the daemon's metrics: guard/daemon/daemon_metrics.h). Must not block.
+  // caller's in WriteNow and for ring writes): its duration, its records
+  // and whether it worked (the daemon's metrics: guard/daemon/daemon_metrics.h).
+  // Must not block.
   using WriteObserver = std::function<void(double micros, size_t records, bool ok)>;
-  explicit DiskWriter(DiskLog* log, WriteObserver observe = nullptr);  // starts the thread
-  ~DiskWriter();  // drains (one last try on error) and joins
+  // Starts the thread; sets up the ring (when use_ring) in the calling
+  // thread, which must be the one that submits.
+  explicit DiskWriter(DiskLog* log, WriteObserver observe = nullptr, bool use_ring = true);
+  ~DiskWriter();  // waits for a ring write, drains (one last try on error) and joins
   DiskWriter(const DiskWriter&) = delete;
   DiskWriter& operator=(const DiskWriter&) = delete;
 
@@ -240,38 +291,46 @@ class DiskWriter {
   // start above the log's end, submit the truncate alone first.)
   void Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below = 0,
               std::string truncate_note = {});
-  // Like Submit, but when the thread is idle the Append happens right here in
-  // the caller's thread: no hand-off between threads on the path of a
-  // commit (two wake-ups cost more than the write on a busy 2-core host).
-  // Returns true when the batch is durable on return; otherwise it was
-  // queued for the thread (busy, or the write failed and will be retried).
+  // Without the ring: like Submit, but when the thread is idle the Append
+  // happens right here in the caller's thread: no hand-off between threads
+  // on the path of a commit (two wake-ups cost more than the write on a
+  // busy 2-core host). Returns true when the batch is durable on return;
+  // otherwise it was queued (busy, the write failed and will be retried, or
+  // the ring took it: with the ring this is Submit).
   bool WriteNow(uint64_t seq, std::vector<OwnedRecord> batch);
-  // Written when the thread publishes completions the loop wants (see
-  // SetWakeWanted) or an error; never drained (so watch it edge-triggered:
-  // each write wakes a sleeper once).
+  // Written (by the thread, or by the kernel for a ring write) when a
+  // completion the loop wants is published (see SetWakeWanted) or a thread
+  // write failed; never drained (so watch it edge-triggered: each write
+  // wakes a sleeper once).
   int EventFd() const { return event_fd_; }
+  // Whether writes go through io_uring, and if not, why not.
+  bool ring() const { return ring_ != nullptr; }
+  const std::string& ring_problem() const { return ring_problem_; }
 
   struct Completion {
     uint64_t durable_seq = 0;  // every seq <= this is durable
     std::string error;         // non-empty: the last attempt failed with this
     double last_write_us = 0;  // duration of the last Append
     size_t last_batch_records = 0;
-    uint64_t writes = 0;   // Appends done so far
-    uint64_t records = 0;  // records written so far
+    uint64_t writes = 0;       // Appends done so far
+    uint64_t records = 0;      // records written so far
+    uint64_t ring_writes = 0;  // ... of them through io_uring
   };
-  // The latest state. Called by one thread only (the daemon's loop): it
-  // takes the lock only when the thread published something since the last
-  // call (every pass of the loop polls).
+  // Reaps a finished ring write (and starts the next from the queue), then
+  // returns the latest state. Takes the lock only when something was
+  // published since the last call (every pass of the loop polls).
   Completion Poll();
   // Whether the loop wants the event fd written for a completion (true at
   // first). A completion nobody waits for (a leader's own write that commits
-  // nothing by itself) need not wake it: the next pass reads it. Errors are
-  // always signalled. After setting it false, call Published() once more
-  // before sleeping: a completion published in between may have seen the
-  // old value.
-  void SetWakeWanted(bool wanted) { wake_wanted_.store(wanted); }
-  // Whether Poll() would return something new.
-  bool Published() const { return published_.load() != polled_version_; }
+  // nothing by itself) need not wake it: the next pass reads it. Errors of
+  // the thread are always signalled; a failed ring write only when wanted
+  // (the loop then sees it on its next pass, at most a heartbeat later, and
+  // the thread retries it). After setting it false, call Published() once
+  // more before sleeping: a completion published in between may have seen
+  // the old value.
+  void SetWakeWanted(bool wanted);
+  // Whether Poll() would find something new.
+  bool Published() const;
 
  private:
   struct Item {
@@ -281,17 +340,24 @@ class DiskWriter {
     std::string truncate_note;
     bool records_done = false;
   };
+  struct Ring;  // io_uring state (disk_writer.cc), touched by the submitting thread only
   void Run();
+  bool StartRingWrite(std::unique_lock<std::mutex>& l);
+  void FinishRingWrite();
 
   DiskLog* log_;
   WriteObserver observe_;
   int event_fd_ = -1;
+  std::unique_ptr<Ring> ring_;
+  std::string ring_problem_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Item> queue_;
   bool stop_ = false;
-  bool inline_writing_ = false;  // WriteNow is appending in the caller's thread
-  bool thread_busy_ = false;     // the thread holds work (writing, or retrying after an error)
+  // The submitting thread owns the log: WriteNow appending in it, or a ring
+  // write in flight. The thread leaves the queue alone meanwhile.
+  bool inline_writing_ = false;
+  bool thread_busy_ = false;  // the thread holds work (writing, or retrying after an error)
   Completion state_;
   std::atomic<uint64_t> published_{0};  // bumped under mu_ whenever state_ changes
   std::atomic<bool> wake_wanted_{true};

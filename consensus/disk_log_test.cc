@@ -5,11 +5,14 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -725,7 +728,14 @@ TEST(DiskLog, FullDiskFailsClearlyKeepsTheLogAndRetriesFromTheSamePoint) {
 }
 
 // ---------------------------------------------------------------------------
-// DiskWriter
+// DiskWriter, both ways of writing: through io_uring from the polling
+// thread (the default) and through the disk thread alone.
+
+class DiskWriterPaths : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(RingAndThread, DiskWriterPaths, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Ring" : "Thread";
+                         });
 
 DiskWriter::Completion WaitFor(DiskWriter* w, uint64_t seq, std::vector<uint64_t>* seen,
                                bool until_error = false) {
@@ -742,7 +752,17 @@ DiskWriter::Completion WaitFor(DiskWriter* w, uint64_t seq, std::vector<uint64_t
   return c;
 }
 
-TEST(DiskWriter, MergesQueuedBatchesIntoFewWrites) {
+// Submits batches first..last, batch seq holding entry seq - 1 (64 bytes).
+void SubmitEntries(DiskWriter* w, uint64_t first, uint64_t last) {
+  for (uint64_t seq = first; seq <= last; seq++) {
+    std::vector<OwnedRecord> batch;
+    batch.push_back(
+        OwnedRecord{EntryType::kInput, MakeBallot(1, 0), seq - 1, 0, Payload(seq - 1, 64)});
+    w->Submit(seq, std::move(batch));
+  }
+}
+
+TEST_P(DiskWriterPaths, MergesQueuedBatchesIntoFewWrites) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
@@ -750,7 +770,8 @@ TEST(DiskWriter, MergesQueuedBatchesIntoFewWrites) {
     RecoveredLog r;
     auto log = MustOpen(o, &r);
     ASSERT_TRUE(log);
-    DiskWriter w(log.get());
+    DiskWriter w(log.get(), nullptr, GetParam());
+    ASSERT_EQ(w.ring(), GetParam()) << w.ring_problem();
     // Warm up: the first write waits for the first segment to be prepared.
     {
       std::vector<OwnedRecord> batch;
@@ -764,12 +785,7 @@ TEST(DiskWriter, MergesQueuedBatchesIntoFewWrites) {
     // does with this thread meanwhile (a loop of 100 Submits would have to
     // stall for 100 ms nine times to spread over ten writes).
     log->SetAppendDelayUs(100000);
-    for (uint64_t seq = 2; seq <= 101; seq++) {
-      std::vector<OwnedRecord> batch;
-      batch.push_back(
-          OwnedRecord{EntryType::kInput, MakeBallot(1, 0), seq - 1, 0, Payload(seq - 1, 64)});
-      w.Submit(seq, std::move(batch));
-    }
+    SubmitEntries(&w, 2, 101);
     std::vector<uint64_t> seen;
     DiskWriter::Completion c = WaitFor(&w, 101, &seen);
     EXPECT_EQ(c.durable_seq, 101u);
@@ -789,14 +805,15 @@ TEST(DiskWriter, MergesQueuedBatchesIntoFewWrites) {
   ExpectSlots(r, 1, 100, 64);
 }
 
-TEST(DiskWriter, PublishesErrorsAndNeverCompletesAFailedBatch) {
+TEST_P(DiskWriterPaths, PublishesErrorsAndNeverCompletesAFailedBatch) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
   RecoveredLog r;
   auto log = MustOpen(o, &r);
   ASSERT_TRUE(log);
-  DiskWriter w(log.get());
+  DiskWriter w(log.get(), nullptr, GetParam());
+  ASSERT_EQ(w.ring(), GetParam()) << w.ring_problem();
   std::vector<OwnedRecord> ok, bad;
   ok.push_back(OwnedRecord{EntryType::kInput, 1, 1, 0, "one"});
   w.Submit(1, std::move(ok));
@@ -816,14 +833,15 @@ uint64_t Wakeups(int efd) {
   return read(efd, &n, sizeof n) == sizeof n ? n : 0;  // the fd is non-blocking
 }
 
-TEST(DiskWriter, WakesTheLoopOnlyForCompletionsItWants) {
+TEST_P(DiskWriterPaths, WakesTheLoopOnlyForCompletionsItWants) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
   RecoveredLog r;
   auto log = MustOpen(o, &r);
   ASSERT_TRUE(log);
-  DiskWriter w(log.get());
+  DiskWriter w(log.get(), nullptr, GetParam());
+  ASSERT_EQ(w.ring(), GetParam()) << w.ring_problem();
   auto submit = [&](uint64_t seq, uint64_t index) {
     std::vector<OwnedRecord> batch;
     batch.push_back(OwnedRecord{EntryType::kInput, 1, index, 0, Payload(index, 10)});
@@ -854,11 +872,11 @@ TEST(DiskWriter, WakesTheLoopOnlyForCompletionsItWants) {
 // batch per entry; the batch with seq `truncate_seq` also truncates below
 // `below` (a seq past n: a batch of its own with no records).
 void WriteThenTruncate(const DiskLogOptions& o, uint64_t n, uint64_t commit, uint64_t truncate_seq,
-                       uint64_t below) {
+                       uint64_t below, bool ring = true) {
   RecoveredLog r;
   auto log = MustOpen(o, &r);
   ASSERT_TRUE(log);
-  DiskWriter w(log.get());
+  DiskWriter w(log.get(), nullptr, ring);
   uint64_t last = std::max(n, truncate_seq);
   for (uint64_t seq = 1; seq <= last; seq++) {
     std::vector<OwnedRecord> batch;
@@ -868,16 +886,139 @@ void WriteThenTruncate(const DiskLogOptions& o, uint64_t n, uint64_t commit, uin
   EXPECT_EQ(WaitFor(&w, last, nullptr).durable_seq, last);
 }
 
-TEST(DiskWriter, TruncatesAfterTheRecordsOfItsBatch) {
+TEST_P(DiskWriterPaths, TruncatesAfterTheRecordsOfItsBatch) {
   TempDir dir;
   DiskLogOptions o;
   o.dir = dir.path();
-  WriteThenTruncate(o, 10, 0, 6, 4);
+  WriteThenTruncate(o, 10, 0, 6, 4, GetParam());
   RecoveredLog r;
   auto log = MustOpen(o, &r);
   ASSERT_TRUE(log);
   EXPECT_EQ(r.truncated_below, 4u);
   ExpectSlots(r, 4, 10, 10);
+}
+
+// Through the ring, a write goes out at once and everything submitted while
+// it is out goes out as the next write, in either sync mode (the
+// fdatasync one links a sync to the write).
+TEST_P(DiskLogModes, RingWriteTakesWhatQueuedWhileTheLastWasOut) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  o.mode = GetParam();
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    DiskWriter w(log.get());
+    ASSERT_TRUE(w.ring()) << w.ring_problem();
+    // The first write makes the first segment: the thread's job.
+    {
+      std::vector<OwnedRecord> batch;
+      batch.push_back(OwnedRecord{EntryType::kPromise, MakeBallot(1, 0), 0, 0, {}});
+      w.Submit(1, std::move(batch));
+    }
+    DiskWriter::Completion warm = WaitFor(&w, 1, nullptr);
+    ASSERT_EQ(warm.durable_seq, 1u);
+    EXPECT_EQ(warm.ring_writes, 0u);
+    // seq 2 goes out through the ring; nothing polls until 102 is queued,
+    // so 3..102 wait for it and then go out together.
+    SubmitEntries(&w, 2, 102);
+    std::vector<uint64_t> seen;
+    DiskWriter::Completion c = WaitFor(&w, 102, &seen);
+    EXPECT_EQ(c.durable_seq, 102u);
+    EXPECT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(c.writes - warm.writes, 2u);
+    EXPECT_EQ(c.ring_writes, 2u);
+    EXPECT_EQ(c.last_batch_records, 100u);
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+  EXPECT_EQ(r.promised, MakeBallot(1, 0));
+  ExpectSlots(r, 1, 101, 64);
+}
+
+// Marks a file immutable (FS_IOC_SETFLAGS) while it lives: writes to it
+// fail with EPERM even through descriptors opened before.
+class ImmutableFile {
+ public:
+  explicit ImmutableFile(const std::string& path) : path_(path) { set_ = Flag(true); }
+  ~ImmutableFile() {
+    if (set_) Flag(false);
+  }
+  bool set() const { return set_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Flag(bool on) {
+    int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    int flags = 0;
+    bool ok = fd >= 0 && ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+    if (ok) {
+      flags = on ? flags | FS_IMMUTABLE_FL : flags & ~FS_IMMUTABLE_FL;
+      ok = ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+    }
+    if (!ok) error_ = "cannot change the flags of " + path_ + ": " + std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return ok;
+  }
+  std::string path_, error_;
+  bool set_ = false;
+};
+
+// A ring write that fails is never completed: the error is published, the
+// segment abandoned, and the thread writes the batch again into a new one.
+TEST(DiskWriter, AFailedRingWriteIsPublishedAndWrittenAgainInANewSegment) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  std::atomic<int> failed{0};
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    DiskWriter w(log.get(), [&](double, size_t, bool ok) { failed += ok ? 0 : 1; });
+    ASSERT_TRUE(w.ring()) << w.ring_problem();
+    auto submit = [&](uint64_t seq, uint64_t index) {
+      std::vector<OwnedRecord> batch;
+      batch.push_back(OwnedRecord{EntryType::kInput, 1, index, 0, Payload(index, 100)});
+      w.Submit(seq, std::move(batch));
+    };
+    submit(1, 1);  // the thread's: it makes the first segment
+    ASSERT_EQ(WaitFor(&w, 1, nullptr).durable_seq, 1u);
+    submit(2, 2);
+    DiskWriter::Completion c = WaitFor(&w, 2, nullptr);
+    ASSERT_EQ(c.durable_seq, 2u);
+    ASSERT_EQ(c.ring_writes, 1u);
+    ASSERT_EQ(log->SegmentPaths().size(), 1u);
+    const std::string seg = log->SegmentPaths().back();
+    ImmutableFile immutable(seg);
+    ASSERT_TRUE(immutable.set()) << immutable.error();
+
+    submit(3, 3);
+    // The thread's retry then waits 300 ms (the slow-disk failpoint), long
+    // enough for the error to be seen before it clears.
+    log->SetAppendDelayUs(300000);
+    c = WaitFor(&w, 3, nullptr, true);
+    EXPECT_EQ(c.durable_seq, 2u);
+    EXPECT_NE(c.error.find("I/O error: cannot append 4096 bytes to " + seg), std::string::npos)
+        << c.error;
+    EXPECT_NE(c.error.find("(write): Operation not permitted"), std::string::npos) << c.error;
+    log->SetAppendDelayUs(0);
+    c = WaitFor(&w, 3, nullptr);
+    EXPECT_EQ(c.durable_seq, 3u);
+    EXPECT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(failed.load(), 1);
+    EXPECT_EQ(log->SegmentPaths().size(), 2u) << "the batch was not written to a new segment";
+  }
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+  ExpectSlots(r, 1, 3, 100);
 }
 
 // A backup that installed a checkpoint truncates past its last slot: the

@@ -1,48 +1,212 @@
-// disk_writer.cc — the group-commit disk thread (DiskWriter, declared in
-// disk_log.h): batches submitted while it writes are merged into its next
-// Append; each completion is published for Poll, and signalled through an
-// eventfd when the loop wants it (SetWakeWanted) or a write failed.
+// disk_writer.cc — group commit (DiskWriter, declared in disk_log.h): a
+// batch that finds the log idle is written through io_uring from the
+// submitting thread and reaped by its Poll; batches submitted while a write
+// is out merge into the next one; what the ring cannot take goes to the
+// disk thread, which writes synchronously and retries after errors. Each
+// completion is published for Poll, and signalled through an eventfd when
+// the loop wants it (SetWakeWanted) or a thread write failed.
+#include <liburing.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "consensus/assert.h"
 #include "consensus/disk_log.h"
 
 namespace lockstep {
 
-DiskWriter::DiskWriter(DiskLog* log, WriteObserver observe)
+namespace {
+constexpr uint64_t kWriteTag = 1, kSyncTag = 2;  // user_data of a ring write's entries
+double MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+// The ring and the one write it may have out. DEFER_TASKRUN: a completion
+// is posted only when the submitting thread asks (Poll), so the kernel never
+// interrupts that thread's sleep for a completion it did not want; it
+// signals the registered eventfd when the completion arrives, unless the
+// loop turned that off (IORING_CQ_EVENTFD_DISABLED, SetWakeWanted).
+struct DiskWriter::Ring {
+  io_uring ring{};
+  bool busy = false;               // a write is out
+  std::vector<Item> items;         // ... the batches it carries
+  std::vector<LogRecord> records;  // ... their records (views into items)
+  AppendWrite write;
+  int cqes_left = 0;
+  int err = 0;  // first failure among its completions
+  const char* step = "write";
+  std::chrono::steady_clock::time_point started;
+  bool set_up = false;  // io_uring_queue_init succeeded
+  ~Ring() {
+    if (set_up) io_uring_queue_exit(&ring);
+  }
+  // Whether the kernel holds a completion not yet reaped.
+  bool HasCompletion() const {
+    return io_uring_cq_ready(&ring) > 0 ||
+           (IO_URING_READ_ONCE(*ring.sq.kflags) & IORING_SQ_TASKRUN);
+  }
+};
+
+DiskWriter::DiskWriter(DiskLog* log, WriteObserver observe, bool use_ring)
     : log_(log), observe_(std::move(observe)) {
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (!use_ring) {
+    ring_problem_ = "io_uring not asked for";
+  } else {
+    auto r = std::make_unique<Ring>();
+    int rc = io_uring_queue_init(
+        8, &r->ring,
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+    r->set_up = rc == 0;
+    if (rc < 0) {
+      ring_problem_ = std::string("io_uring_setup refused: ") + std::strerror(-rc);
+    } else if ((rc = io_uring_register_eventfd(&r->ring, event_fd_)) < 0) {
+      ring_problem_ = std::string("io_uring_register_eventfd refused: ") + std::strerror(-rc);
+    } else {
+      ring_ = std::move(r);
+    }
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
 DiskWriter::~DiskWriter() {
+  if (ring_ && ring_->busy) {
+    // Its buffer is the log's: wait for the write before anything else.
+    while (ring_->busy) {
+      io_uring_cqe* c = nullptr;
+      if (io_uring_wait_cqe(&ring_->ring, &c) < 0) break;
+      Poll();
+    }
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   thread_.join();
+  ring_.reset();
   if (event_fd_ >= 0) close(event_fd_);
 }
 
 void DiskWriter::Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below,
                         std::string truncate_note) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    queue_.push_back(Item{seq, std::move(batch), truncate_below, std::move(truncate_note)});
+  std::unique_lock<std::mutex> l(mu_);
+  queue_.push_back(Item{seq, std::move(batch), truncate_below, std::move(truncate_note)});
+  if (ring_ && !inline_writing_ && !thread_busy_ && !stop_ && StartRingWrite(l)) return;
+  l.unlock();
+  cv_.notify_one();  // the thread's (or, with a ring write out, left for it to take)
+}
+
+// Takes everything queued into one ring write. Called with mu_ held and the
+// log idle (no ring write out, the thread holding nothing); returns false,
+// the queue as before, when the ring cannot take it (a truncation, a new
+// segment, a failpoint, an invalid batch: the thread's, to be notified).
+bool DiskWriter::StartRingWrite(std::unique_lock<std::mutex>& l) {
+  Ring& r = *ring_;
+  LS_ASSERT(!r.busy && !inline_writing_ && !thread_busy_, "ring write started on a busy log");
+  for (const Item& it : queue_)
+    if (it.truncate_below != 0) return false;
+  r.items = std::move(queue_);
+  queue_.clear();
+  inline_writing_ = true;  // the thread leaves the queue and the log alone meanwhile
+  l.unlock();
+  r.records.clear();
+  for (const Item& it : r.items)
+    for (const OwnedRecord& rec : it.records) r.records.push_back(rec.view());
+  bool started = false;
+  if (r.records.empty()) {
+    started = true;  // nothing to write: complete at once
+  } else if (log_->BeginAppend(r.records, &r.write)) {
+    io_uring_sqe* w = io_uring_get_sqe(&r.ring);
+    io_uring_sqe* f = r.write.needs_datasync ? io_uring_get_sqe(&r.ring) : nullptr;
+    LS_ASSERT(w && (f || !r.write.needs_datasync), "ring full with no write out");
+    io_uring_prep_write(w, r.write.fd, r.write.data, static_cast<unsigned>(r.write.len),
+                        r.write.offset);
+    io_uring_sqe_set_data64(w, kWriteTag);
+    if (f) {
+      w->flags |= IOSQE_IO_LINK;  // the sync only once the write succeeded
+      io_uring_prep_fsync(f, r.write.fd, IORING_FSYNC_DATASYNC);
+      io_uring_sqe_set_data64(f, kSyncTag);
+    }
+    int want = f ? 2 : 1;
+    int rc = io_uring_submit(&r.ring);
+    started = rc == want;
+    // Refused by the kernel: nothing was written and the log moved on by
+    // nothing (EndAppend not called); the thread writes the batch instead.
+    // (A partial submit cannot happen with no other entries queued.)
+    LS_ASSERT(rc <= 0 || rc == want, "io_uring_submit took %d of %d entries", rc, want);
+    r.cqes_left = started ? want : 0;
+    r.err = 0;
+    r.step = "write";
+    r.started = std::chrono::steady_clock::now();
   }
+  l.lock();
+  if (!started) {
+    queue_.insert(queue_.begin(), std::make_move_iterator(r.items.begin()),
+                  std::make_move_iterator(r.items.end()));
+    r.items.clear();
+    inline_writing_ = false;
+    return false;
+  }
+  if (r.records.empty()) {
+    inline_writing_ = false;
+    state_.durable_seq = r.items.back().seq;
+    published_++;
+    r.items.clear();
+    return true;
+  }
+  r.busy = true;
+  return true;
+}
+
+// The ring write's completions are all in: the log learns the outcome, the
+// state is published, and what queued meanwhile goes out as the next write.
+void DiskWriter::FinishRingWrite() {
+  Ring& r = *ring_;
+  double us = MicrosSince(r.started);
+  std::string err;
+  bool ok = log_->EndAppend(r.records, r.write, r.err, r.step, &err);
+  if (observe_) observe_(us, r.records.size(), ok);
+  std::unique_lock<std::mutex> l(mu_);
+  r.busy = false;
+  inline_writing_ = false;
+  if (ok) {
+    state_.durable_seq = r.items.back().seq;
+    state_.writes++;
+    state_.ring_writes++;
+    state_.records += r.records.size();
+    state_.last_write_us = us;
+    state_.last_batch_records = r.records.size();
+    state_.error.clear();
+    r.items.clear();
+  } else {
+    state_.error = err;  // the thread retries it with back-off, ahead of anything later
+    queue_.insert(queue_.begin(), std::make_move_iterator(r.items.begin()),
+                  std::make_move_iterator(r.items.end()));
+    r.items.clear();
+  }
+  published_++;
+  if (queue_.empty() || (ok && !stop_ && StartRingWrite(l))) return;
+  l.unlock();
   cv_.notify_one();
 }
 
 bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
+  if (ring_) {
+    Submit(seq, std::move(batch));
+    return false;
+  }
   std::unique_lock<std::mutex> l(mu_);
   if (thread_busy_ || inline_writing_ || !queue_.empty() || stop_) {
     queue_.push_back(Item{seq, std::move(batch), 0, {}});
@@ -58,16 +222,15 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
   std::string err;
   auto t0 = std::chrono::steady_clock::now();
   bool ok = log_->Append(recs, &err);
-  auto t1 = std::chrono::steady_clock::now();
-  if (observe_)
-    observe_(std::chrono::duration<double, std::micro>(t1 - t0).count(), recs.size(), ok);
+  double us = MicrosSince(t0);
+  if (observe_) observe_(us, recs.size(), ok);
   l.lock();
   inline_writing_ = false;
   if (ok) {
     state_.durable_seq = seq;
     state_.writes++;
     state_.records += recs.size();
-    state_.last_write_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    state_.last_write_us = us;
     state_.last_batch_records = recs.size();
     state_.error.clear();
   } else {
@@ -84,10 +247,45 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
   return ok;
 }
 
+void DiskWriter::SetWakeWanted(bool wanted) {
+  wake_wanted_.store(wanted);
+  if (ring_) {
+    io_uring_cq_eventfd_toggle(&ring_->ring, wanted);
+    // The kernel sets IORING_SQ_TASKRUN with a full barrier before it reads
+    // the eventfd flag; this one orders our flag store before Published()
+    // reads its: one of the two sees the other, so no wanted wake-up is lost.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+bool DiskWriter::Published() const {
+  return published_.load() != polled_version_ || (ring_ && ring_->busy && ring_->HasCompletion());
+}
+
 // The event fd is only ever waited on edge-triggered (each write wakes a
 // sleeping loop once), so it is never drained: that read was a syscall on
 // every pass of the loop.
 DiskWriter::Completion DiskWriter::Poll() {
+  if (ring_ && ring_->busy && ring_->HasCompletion()) {
+    Ring& r = *ring_;
+    if (IO_URING_READ_ONCE(*r.ring.sq.kflags) & IORING_SQ_TASKRUN) io_uring_get_events(&r.ring);
+    io_uring_cqe* c = nullptr;
+    while (r.cqes_left > 0 && io_uring_peek_cqe(&r.ring, &c) == 0) {
+      int res = c->res;
+      uint64_t tag = io_uring_cqe_get_data64(c);
+      io_uring_cqe_seen(&r.ring, c);
+      r.cqes_left--;
+      if (r.err != 0) continue;  // the first failure is the one to tell (then -ECANCELED)
+      if (res < 0) {
+        r.err = -res;
+        r.step = tag == kSyncTag ? "sync" : "write";
+      } else if (tag == kWriteTag && static_cast<size_t>(res) != r.write.len) {
+        r.err = EIO;  // a short write: the rest never reached the disk
+        r.step = "write (short)";
+      }
+    }
+    if (r.cqes_left == 0) FinishRingWrite();
+  }
   if (published_.load() == polled_version_) return polled_;
   std::lock_guard<std::mutex> l(mu_);
   polled_ = state_;

@@ -4,6 +4,7 @@
 // a step of the loop is reported as slow.
 #pragma once
 
+#include <sys/types.h>
 #include <time.h>
 
 #include <atomic>
@@ -28,7 +29,9 @@ inline uint64_t NowUs() {
 inline constexpr uint64_t kSlowStepUs = 5000;
 
 // Writes one line to stderr, prefixed with the wall-clock time and the
-// replica's id. Safe from any thread (one fprintf per line).
+// replica's id. Safe from any thread (one write per line). A line that finds
+// stderr unable to take it at once (the log copier's pipe full, below) is
+// dropped and counted, and the next line that gets through says how many.
 class ReplicaLog {
  public:
   explicit ReplicaLog(int id) : id_(id) {}
@@ -37,5 +40,22 @@ class ReplicaLog {
  private:
   int id_;
 };
+
+// The loop must never wait for the disk: a log line written straight into a
+// file on a disk that stalls (a frozen file system, a slow cache flush)
+// stopped a leader's loop for as long, and its backups, no longer blocked
+// in their own writes (io_uring), elected another (test_stalls). When
+// stderr is a regular file, StartLogCopier puts a pipe in front of it
+// (stdout too when it is the same file), read by a `cat` child that does
+// the blocking writes; this process's end does not block. The copier
+// ignores SIGINT and SIGTERM and ends at end of file, so it outlives a crash
+// of this process and writes every line it was given. Call it before any
+// thread starts. Returns the copier's pid, or 0 when stderr is left as it
+// is (a terminal, a pipe, the journal; or no pipe could be made).
+pid_t StartLogCopier();
+// At exit: gives this process's ends of the pipe up and waits (up to 2 s)
+// for the copier to write what is left, so that the log is complete once
+// this process is gone.
+void StopLogCopier(pid_t copier);
 
 }  // namespace lockstep

@@ -4,9 +4,11 @@
 // the peers put (peer_link.h), the disk writer's completions and the
 // sockets (front_door.h), feeds what it finds to the core, hands the
 // server's inputs to the log and committed entries to the server
-// (server_pipeline.h), and carries out what the core asks (TakeReady). A
-// second thread (DiskWriter) does the durable writes, a third opens
-// outbound connections to peers.
+// (server_pipeline.h), and carries out what the core asks (TakeReady). The
+// durable writes go out through io_uring from this loop and complete on an
+// eventfd it watches (DiskWriter); a second thread, the writer's, takes
+// what the ring cannot (a new segment, a truncation, retries), a third
+// opens outbound connections to peers.
 //
 // This file owns the core, the durable log and the rooms, recovers the log
 // at start, and carries out the core's Ready: the durable writes here, the
@@ -220,11 +222,23 @@ bool Daemon::RecoverLog(DurableState* state) {
        state->slots.size(), (unsigned long)state->first_index, BallotString(rec.promised).c_str(),
        (unsigned long)rec.commit_index);
   DaemonMetrics* m = metrics_.get();
-  writer_ = std::make_unique<DiskWriter>(disk_.get(), [m](double us, size_t records, bool ok) {
-    if (!ok) return m->disk_write_errors->Add();
-    m->disk_write->ObserveUs(static_cast<uint64_t>(us));
-    m->log_records->Add(records);
-  });
+  // LOCKSTEP_NO_IO_URING=1: every write through the disk thread, as before
+  // io_uring (to compare the two, or where a sandbox refuses io_uring).
+  const char* no_ring = getenv("LOCKSTEP_NO_IO_URING");
+  bool use_ring = !(no_ring && *no_ring && strcmp(no_ring, "0") != 0);
+  writer_ = std::make_unique<DiskWriter>(
+      disk_.get(),
+      [m](double us, size_t records, bool ok) {
+        if (!ok) return m->disk_write_errors->Add();
+        m->disk_write->ObserveUs(static_cast<uint64_t>(us));
+        m->log_records->Add(records);
+      },
+      use_ring);
+  if (writer_->ring())
+    log_("durable writes: io_uring from the loop, %s", SyncModeName(disk_->mode()));
+  else
+    log_("durable writes: the disk thread, %s (%s)", SyncModeName(disk_->mode()),
+         writer_->ring_problem().c_str());
   return true;
 }
 
@@ -690,7 +704,7 @@ bool Daemon::DrainOnce(uint64_t now) {
 }
 
 // Everything the core produced since the last write forms one batch, and
-// the disk thread merges whatever queued while it wrote (group commit
+// the writer merges whatever queued while a write was out (group commit
 // without a timer).
 void Daemon::Persist(std::vector<PersistOp>& persists) {
   for (auto& p : persists) {
@@ -707,19 +721,20 @@ void Daemon::Persist(std::vector<PersistOp>& persists) {
       batch.push_back(OwnedRecord{EntryType::kPromise, p.promise, 0, p.commit_index, ""});
     for (auto& e : p.entries)
       batch.push_back(OwnedRecord{e.type, e.ballot, e.index, p.commit_index, std::move(e.payload)});
-    // The leader hands every write to the disk thread, so its loop keeps
-    // putting heartbeats, acks and proposals while the disk works (16
-    // clients: ~20-30% more commits per second). A backup writes here
-    // whenever the disk thread is idle: its ack waits on this write anyway,
-    // and a write here that takes long is this replica's own gap, not counted
-    // against the leader (OnLocalStall). A leader that wrote here, even a lone
-    // proposal after a run of fast writes, was silent for as long as the disk
-    // stalled: a frozen disk held its loop 600 ms, a backup that had finished
-    // its own write before the freeze heard nothing for 59 ms and was elected,
-    // and the client was cut (test_stalls, CI). Through the thread the
-    // backups' own writes commit the proposal and the heartbeats go on.
+    // With io_uring (Submit) every replica's loop goes on while its write is
+    // out and sleeps in epoll, not in the write: one sleep per write where
+    // a blocking O_DIRECT|O_DSYNC write slept twice (data, then the cache
+    // flush this disk needs). Without it (WriteNow below): the leader hands
+    // every write to the disk thread, so its loop keeps putting heartbeats,
+    // acks and proposals while the disk works (16 clients: ~20-30% more
+    // commits per second), and a backup writes here whenever the thread is
+    // idle: its ack waits on this write anyway, and a write here that takes
+    // long is its own gap, not counted against the leader (OnLocalStall). A
+    // leader that wrote here was silent for as long as the disk stalled: a
+    // frozen disk held its loop 600 ms, a backup that had finished its own
+    // write first heard nothing for 59 ms and was elected (test_stalls, CI).
     bool leader_async = core_->role() == Role::kCandidate || core_->role() == Role::kLeader;
-    if (p.truncate_below || !disk_error_.empty() || leader_async)
+    if (p.truncate_below || !disk_error_.empty() || leader_async || writer_->ring())
       writer_->Submit(p.seq, std::move(batch), p.truncate_below,
                       p.membership ? EncodeMembership(*p.membership) : std::string());
     else if (writer_->WriteNow(p.seq, std::move(batch)) && opt_.verbose)
@@ -848,8 +863,14 @@ int RunReplica(const DaemonOptions& options) {
     fprintf(stderr, "lockstep replica: %s\n", err.c_str());
     return 2;
   }
-  Daemon d(options);
-  return d.Run();
+  pid_t log_copier = StartLogCopier();
+  int rc;
+  {
+    Daemon d(options);
+    rc = d.Run();
+  }
+  StopLogCopier(log_copier);
+  return rc;
 }
 
 }  // namespace lockstep
