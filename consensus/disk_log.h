@@ -331,6 +331,9 @@ class DiskWriter {
   void SetWakeWanted(bool wanted);
   // Whether Poll() would find something new.
   bool Published() const;
+  // Whether a ring write is out (its completion signals the event fd
+  // when wanted).
+  bool RingWriteOut() const;
 
  private:
   struct Item {

@@ -258,6 +258,10 @@ void DiskWriter::SetWakeWanted(bool wanted) {
   }
 }
 
+bool DiskWriter::RingWriteOut() const {
+  return ring_ && ring_->busy;
+}
+
 bool DiskWriter::Published() const {
   return published_.load() != polled_version_ || (ring_ && ring_->busy && ring_->HasCompletion());
 }

@@ -616,6 +616,15 @@ bool Daemon::PrepareSleep() {
     // reads the completion too (one wake-up of the loop per input less).
     writer_->SetWakeWanted(core_->OwnWriteMayCommit());
     if (writer_->Published()) return false;  // completed meanwhile: go round
+    // A backup whose write is out has nothing to do before it completes:
+    // records that come meanwhile can only go into its next write, and its
+    // ack waits for this one. So it sleeps until the completion (or the
+    // next heartbeat) without arming UCX: no doorbell wakes it, the
+    // records wait in its memory and go out as one write, as when its loop
+    // blocked in a synchronous write. (Armed, at 16 clients it woke for
+    // each doorbell: daemons 2.6-2.9 switches and 62-65 us CPU per SET,
+    // against 1.5 and 45-48 us blocking.)
+    if (core_->role() == Role::kBackup && writer_->RingWriteOut()) return true;
   }
   // UCX refuses to arm while it holds an event, and over shm that is often
   // only the wake-up datagram of a doorbell this pass already progressed
