@@ -95,6 +95,11 @@ DaemonMetrics::DaemonMetrics(int replicas, int my_id) {
       "lockstep_disk_write_errors_total",
       "Appends to the durable log that failed (each retry counts; new proposals are refused "
       "meanwhile).");
+  disk_ring_writes = r.AddCounter(
+      "lockstep_disk_ring_writes_total",
+      "Appends to the durable log written through io_uring from the replica's loop (the "
+      "others went through its disk thread: a new segment, a truncation, a retry, or no "
+      "io_uring at all).");
   disk_error =
       r.AddGauge("lockstep_disk_error", "1 while the durable log's writes fail, 0 otherwise.");
   log_bytes = r.AddCounter("lockstep_log_written_bytes_total",

@@ -61,7 +61,7 @@ struct DaemonMetrics {
 
   // Role and ballot.
   std::array<Gauge*, 3> role{};  // by Role: leader, candidate, backup (1: this one)
-  Gauge* voters;    // the configuration's (consensus/membership.h)
+  Gauge* voters;                 // the configuration's (consensus/membership.h)
   Gauge* learners;
   Gauge* ballot_round;
   Gauge* ballot_leader;
@@ -77,6 +77,7 @@ struct DaemonMetrics {
   // The durable log.
   Histogram* disk_write;
   Counter* disk_write_errors;
+  Counter* disk_ring_writes;
   Gauge* disk_error;
   Counter* log_bytes;
   Counter* log_records;
