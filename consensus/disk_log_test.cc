@@ -1004,8 +1004,10 @@ TEST(DiskWriter, AFailedRingWriteIsPublishedAndWrittenAgainInANewSegment) {
     log->SetAppendDelayUs(300000);
     c = WaitFor(&w, 3, nullptr, true);
     EXPECT_EQ(c.durable_seq, 2u);
-    EXPECT_NE(c.error.find("I/O error: cannot append 4096 bytes to " + seg), std::string::npos)
-        << c.error;
+    // One record of 100 bytes: the write is one sector.
+    const std::string what =
+        "I/O error: cannot append " + std::to_string(log->sector_bytes()) + " bytes to " + seg;
+    EXPECT_NE(c.error.find(what), std::string::npos) << c.error;
     EXPECT_NE(c.error.find("(write): Operation not permitted"), std::string::npos) << c.error;
     log->SetAppendDelayUs(0);
     c = WaitFor(&w, 3, nullptr);
