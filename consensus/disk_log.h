@@ -303,8 +303,10 @@ class DiskWriter {
   // write failed; never drained (so watch it edge-triggered: each write
   // wakes a sleeper once).
   int EventFd() const { return event_fd_; }
-  // Whether writes go through io_uring, and if not, why not.
-  bool ring() const { return ring_ != nullptr; }
+  // Whether writes go through io_uring, and if not, why not (set up
+  // refused, or a submit failed: then the ring is given up for good and
+  // Completion::ring_problem says why).
+  bool ring() const;
   const std::string& ring_problem() const { return ring_problem_; }
 
   struct Completion {
@@ -315,6 +317,7 @@ class DiskWriter {
     uint64_t writes = 0;       // Appends done so far
     uint64_t records = 0;      // records written so far
     uint64_t ring_writes = 0;  // ... of them through io_uring
+    std::string ring_problem;  // non-empty: the ring was given up, and why
   };
   // Reaps a finished ring write (and starts the next from the queue), then
   // returns the latest state. Takes the lock only when something was

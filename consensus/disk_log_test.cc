@@ -21,6 +21,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace lockstep {
@@ -124,6 +125,16 @@ std::vector<std::string> SegmentFiles(const std::string& dir) {
 }
 
 // ---------------------------------------------------------------------------
+
+// Opens the log again and expects it clean (nothing torn or damaged) with
+// slots from..to of `len` bytes (Payload).
+void ExpectRecoversClean(const DiskLogOptions& o, uint64_t from, uint64_t to, size_t len) {
+  RecoveredLog r;
+  auto log = MustOpen(o, &r);
+  ASSERT_TRUE(log);
+  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
+  ExpectSlots(r, from, to, len);
+}
 
 class DiskLogModes : public ::testing::TestWithParam<SyncMode> {};
 
@@ -563,11 +574,7 @@ TEST(DiskLog, RecordsPastTheRollPointAreIgnored) {
   std::vector<uint8_t> rec(RecordSize(ghost.size()));
   EncodeRecord(rec.data(), EntryType::kInput, MakeBallot(9, 9), 1, 0, x, ghost);
   WriteAt(segs[0], x, rec.data(), rec.size());
-  RecoveredLog r;
-  auto log = MustOpen(o, &r);
-  ASSERT_TRUE(log);
-  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
-  ExpectSlots(r, 1, 3, 5000);
+  ExpectRecoversClean(o, 1, 3, 5000);
 }
 
 // A crash right after a new segment was named, before its first write: the
@@ -605,11 +612,7 @@ TEST(DiskLog, EmptyTrailingSegmentAndLeftoverPreparedFileAreCleanedUp) {
     EXPECT_FALSE(fs::exists(prep));
     AppendSlots(log.get(), 6, 200, 1000, MakeBallot(1, 0), 5);  // rolls over several segments
   }
-  RecoveredLog r;
-  auto log = MustOpen(o, &r);
-  ASSERT_TRUE(log);
-  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
-  ExpectSlots(r, 1, 200, 1000);
+  ExpectRecoversClean(o, 1, 200, 1000);
 }
 
 // A first segment that never got its first write (all zeros): an empty log.
@@ -631,11 +634,7 @@ TEST(DiskLog, AllZeroFirstSegmentIsAnEmptyLog) {
     EXPECT_TRUE(r.slots.empty());
     AppendSlots(log.get(), 1, 3, 10);
   }
-  RecoveredLog r;
-  auto log = MustOpen(o, &r);
-  ASSERT_TRUE(log);
-  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
-  ExpectSlots(r, 1, 3, 10);
+  ExpectRecoversClean(o, 1, 3, 10);
 }
 
 // ---------------------------------------------------------------------------
@@ -1016,11 +1015,39 @@ TEST(DiskWriter, AFailedRingWriteIsPublishedAndWrittenAgainInANewSegment) {
     EXPECT_EQ(failed.load(), 1);
     EXPECT_EQ(log->SegmentPaths().size(), 2u) << "the batch was not written to a new segment";
   }
-  RecoveredLog r;
-  auto log = MustOpen(o, &r);
-  ASSERT_TRUE(log);
-  EXPECT_FALSE(r.torn_tail || r.damaged) << r.problem;
-  ExpectSlots(r, 1, 3, 100);
+  ExpectRecoversClean(o, 1, 3, 100);
+}
+
+// A submit the kernel refuses (here: the ring was set up by another thread,
+// and a SINGLE_ISSUER ring takes submissions from that thread only) gives
+// the ring up for good: that batch and every later one are written by the
+// thread, and the completion says why.
+TEST(DiskWriter, ARefusedSubmitGivesTheRingUpAndLosesNothing) {
+  TempDir dir;
+  DiskLogOptions o;
+  o.dir = dir.path();
+  {
+    RecoveredLog r;
+    auto log = MustOpen(o, &r);
+    ASSERT_TRUE(log);
+    std::unique_ptr<DiskWriter> w;
+    std::thread([&] { w = std::make_unique<DiskWriter>(log.get()); }).join();
+    ASSERT_TRUE(w->ring()) << w->ring_problem();
+    SubmitEntries(w.get(), 2, 2);  // the thread's: it makes the first segment
+    ASSERT_EQ(WaitFor(w.get(), 2, nullptr).durable_seq, 2u);
+    SubmitEntries(w.get(), 3, 3);  // the ring's, refused
+    DiskWriter::Completion c = WaitFor(w.get(), 3, nullptr);
+    EXPECT_EQ(c.durable_seq, 3u);
+    EXPECT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(c.ring_writes, 0u);
+    EXPECT_NE(c.ring_problem.find("io_uring_submit failed: "), std::string::npos) << c.ring_problem;
+    EXPECT_FALSE(w->ring());
+    SubmitEntries(w.get(), 4, 6);
+    c = WaitFor(w.get(), 6, nullptr);
+    EXPECT_EQ(c.durable_seq, 6u);
+    EXPECT_EQ(c.ring_writes, 0u);
+  }
+  ExpectRecoversClean(o, 1, 5, 64);
 }
 
 // A backup that installed a checkpoint truncates past its last slot: the

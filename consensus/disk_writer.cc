@@ -47,7 +47,8 @@ struct DiskWriter::Ring {
   int err = 0;  // first failure among its completions
   const char* step = "write";
   std::chrono::steady_clock::time_point started;
-  bool set_up = false;  // io_uring_queue_init succeeded
+  bool set_up = false;    // io_uring_queue_init succeeded
+  bool given_up = false;  // a submit failed: every later write goes to the thread
   ~Ring() {
     if (set_up) io_uring_queue_exit(&ring);
   }
@@ -103,7 +104,7 @@ void DiskWriter::Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t t
                         std::string truncate_note) {
   std::unique_lock<std::mutex> l(mu_);
   queue_.push_back(Item{seq, std::move(batch), truncate_below, std::move(truncate_note)});
-  if (ring_ && !inline_writing_ && !thread_busy_ && !stop_ && StartRingWrite(l)) return;
+  if (ring() && !inline_writing_ && !thread_busy_ && !stop_ && StartRingWrite(l)) return;
   l.unlock();
   cv_.notify_one();  // the thread's (or, with a ring write out, left for it to take)
 }
@@ -142,16 +143,23 @@ bool DiskWriter::StartRingWrite(std::unique_lock<std::mutex>& l) {
     int want = f ? 2 : 1;
     int rc = io_uring_submit(&r.ring);
     started = rc == want;
-    // Refused by the kernel: nothing was written and the log moved on by
-    // nothing (EndAppend not called); the thread writes the batch instead.
-    // (A partial submit cannot happen with no other entries queued.)
-    LS_ASSERT(rc <= 0 || rc == want, "io_uring_submit took %d of %d entries", rc, want);
+    if (!started) {
+      // Refused by the kernel: nothing was written and the log moved on by
+      // nothing (EndAppend not called); the thread writes the batch. The
+      // entries refused may still sit in the submission queue, where a later
+      // submit would send them with whatever the buffer then holds: the ring
+      // is never used again.
+      r.given_up = true;
+      ring_problem_ = std::string("io_uring_submit failed: ") +
+                      (rc < 0 ? std::strerror(-rc) : std::to_string(rc) + " entries taken");
+    }
     r.cqes_left = started ? want : 0;
     r.err = 0;
     r.step = "write";
     r.started = std::chrono::steady_clock::now();
   }
   l.lock();
+  if (r.given_up) state_.ring_problem = ring_problem_;
   if (!started) {
     queue_.insert(queue_.begin(), std::make_move_iterator(r.items.begin()),
                   std::make_move_iterator(r.items.end()));
@@ -197,13 +205,17 @@ void DiskWriter::FinishRingWrite() {
     r.items.clear();
   }
   published_++;
-  if (queue_.empty() || (ok && !stop_ && StartRingWrite(l))) return;
+  if (queue_.empty() || (ok && !stop_ && ring() && StartRingWrite(l))) return;
   l.unlock();
   cv_.notify_one();
 }
 
+bool DiskWriter::ring() const {
+  return ring_ && !ring_->given_up;
+}
+
 bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
-  if (ring_) {
+  if (ring()) {
     Submit(seq, std::move(batch));
     return false;
   }

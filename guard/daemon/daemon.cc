@@ -107,6 +107,7 @@ class Daemon : public EventLoop::Body {
   std::string disk_error_;
   uint64_t durable_seq_seen_ = 0;  // the disk writer's completions already given to the core
   uint64_t ring_writes_seen_ = 0;  // ... and its ring writes already counted in the metrics
+  bool ring_given_up_logged_ = false;
   uint64_t last_persist_seq_ = 0;  // the core numbers its persists in increasing order
   std::vector<uint64_t> memory_completions_;
 
@@ -666,6 +667,11 @@ bool Daemon::PollDisk(uint64_t now) {
   }
   LS_ASSERT(c.durable_seq >= durable_seq_seen_, "durable seq went back from %lu to %lu",
             (unsigned long)durable_seq_seen_, (unsigned long)c.durable_seq);
+  if (!c.ring_problem.empty() && !ring_given_up_logged_) {
+    ring_given_up_logged_ = true;
+    log_("durable writes: io_uring given up (%s); the disk thread writes from now on",
+         c.ring_problem.c_str());
+  }
   if (c.ring_writes > ring_writes_seen_) {
     metrics_->disk_ring_writes->Add(c.ring_writes - ring_writes_seen_);
     ring_writes_seen_ = c.ring_writes;
