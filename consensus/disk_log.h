@@ -291,12 +291,12 @@ class DiskWriter {
   // start above the log's end, submit the truncate alone first.)
   void Submit(uint64_t seq, std::vector<OwnedRecord> batch, uint64_t truncate_below = 0,
               std::string truncate_note = {});
-  // Without the ring: like Submit, but when the thread is idle the Append
-  // happens right here in the caller's thread: no hand-off between threads
-  // on the path of a commit (two wake-ups cost more than the write on a
-  // busy 2-core host). Returns true when the batch is durable on return;
-  // otherwise it was queued (busy, the write failed and will be retried, or
-  // the ring took it: with the ring this is Submit).
+  // For a caller without the ring (ring() false): like Submit, but when the
+  // thread is idle the Append happens right here in the caller's thread: no
+  // hand-off between threads on the path of a commit (two wake-ups cost
+  // more than the write on a busy 2-core host). Returns true when the batch
+  // is durable on return; otherwise it was queued (busy, or the write
+  // failed and will be retried).
   bool WriteNow(uint64_t seq, std::vector<OwnedRecord> batch);
   // Written (by the thread, or by the kernel for a ring write) when a
   // completion the loop wants is published (see SetWakeWanted) or a thread
@@ -350,6 +350,8 @@ class DiskWriter {
   void Run();
   bool StartRingWrite(std::unique_lock<std::mutex>& l);
   void FinishRingWrite();
+  void NoteAppended(uint64_t seq, size_t records, double us);
+  void Requeue(std::vector<Item>* items);
 
   DiskLog* log_;
   WriteObserver observe_;

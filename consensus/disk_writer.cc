@@ -82,13 +82,11 @@ DiskWriter::DiskWriter(DiskLog* log, WriteObserver observe, bool use_ring)
 }
 
 DiskWriter::~DiskWriter() {
-  if (ring_ && ring_->busy) {
-    // Its buffer is the log's: wait for the write before anything else.
-    while (ring_->busy) {
-      io_uring_cqe* c = nullptr;
-      if (io_uring_wait_cqe(&ring_->ring, &c) < 0) break;
-      Poll();
-    }
+  // A ring write's buffer is the log's: wait for it before anything else.
+  while (ring_ && ring_->busy) {
+    io_uring_cqe* c = nullptr;
+    if (io_uring_wait_cqe(&ring_->ring, &c) < 0) break;
+    Poll();
   }
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -161,9 +159,7 @@ bool DiskWriter::StartRingWrite(std::unique_lock<std::mutex>& l) {
   l.lock();
   if (r.given_up) state_.ring_problem = ring_problem_;
   if (!started) {
-    queue_.insert(queue_.begin(), std::make_move_iterator(r.items.begin()),
-                  std::make_move_iterator(r.items.end()));
-    r.items.clear();
+    Requeue(&r.items);
     inline_writing_ = false;
     return false;
   }
@@ -190,19 +186,12 @@ void DiskWriter::FinishRingWrite() {
   r.busy = false;
   inline_writing_ = false;
   if (ok) {
-    state_.durable_seq = r.items.back().seq;
-    state_.writes++;
+    NoteAppended(r.items.back().seq, r.records.size(), us);
     state_.ring_writes++;
-    state_.records += r.records.size();
-    state_.last_write_us = us;
-    state_.last_batch_records = r.records.size();
-    state_.error.clear();
     r.items.clear();
   } else {
     state_.error = err;  // the thread retries it with back-off, ahead of anything later
-    queue_.insert(queue_.begin(), std::make_move_iterator(r.items.begin()),
-                  std::make_move_iterator(r.items.end()));
-    r.items.clear();
+    Requeue(&r.items);
   }
   published_++;
   if (queue_.empty() || (ok && !stop_ && ring() && StartRingWrite(l))) return;
@@ -214,11 +203,25 @@ bool DiskWriter::ring() const {
   return ring_ && !ring_->given_up;
 }
 
+// Under mu_: an append that covers seq, of `records` records, took `us`.
+void DiskWriter::NoteAppended(uint64_t seq, size_t records, double us) {
+  state_.durable_seq = seq;
+  state_.writes++;
+  state_.records += records;
+  state_.last_write_us = us;
+  state_.last_batch_records = records;
+  state_.error.clear();
+}
+
+// Under mu_: items that were taken and not written go back to the queue's
+// front, ahead of anything submitted since.
+void DiskWriter::Requeue(std::vector<Item>* items) {
+  queue_.insert(queue_.begin(), std::make_move_iterator(items->begin()),
+                std::make_move_iterator(items->end()));
+  items->clear();
+}
+
 bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
-  if (ring()) {
-    Submit(seq, std::move(batch));
-    return false;
-  }
   std::unique_lock<std::mutex> l(mu_);
   if (thread_busy_ || inline_writing_ || !queue_.empty() || stop_) {
     queue_.push_back(Item{seq, std::move(batch), 0, {}});
@@ -239,12 +242,7 @@ bool DiskWriter::WriteNow(uint64_t seq, std::vector<OwnedRecord> batch) {
   l.lock();
   inline_writing_ = false;
   if (ok) {
-    state_.durable_seq = seq;
-    state_.writes++;
-    state_.records += recs.size();
-    state_.last_write_us = us;
-    state_.last_batch_records = recs.size();
-    state_.error.clear();
+    NoteAppended(seq, recs.size(), us);
   } else {
     state_.error = err;  // the thread retries it with back-off, ahead of anything later
     queue_.insert(queue_.begin(), Item{seq, std::move(batch), 0, {}});

@@ -29,15 +29,16 @@ void ReplicaLog::operator()(const char* fmt, ...) const {
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   localtime_r(&ts.tv_sec, &tm);
+  char prefix[48];
+  snprintf(prefix, sizeof prefix, "%02d:%02d:%02d.%06ld replica %d: ", tm.tm_hour, tm.tm_min,
+           tm.tm_sec, ts.tv_nsec / 1000, id_);
   char line[1400];
   int n = 0;
   if (uint64_t lost = dropped_lines.exchange(0))
     n = snprintf(line, sizeof line,
-                 "%02d:%02d:%02d.%06ld replica %d: %lu log lines lost (the log's disk was too "
-                 "slow to take them)\n",
-                 tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000, id_, (unsigned long)lost);
-  n += snprintf(line + n, sizeof line - n, "%02d:%02d:%02d.%06ld replica %d: %s\n", tm.tm_hour,
-                tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000, id_, msg);
+                 "%s%lu log lines lost (the log's disk was too slow to take them)\n", prefix,
+                 (unsigned long)lost);
+  n += snprintf(line + n, sizeof line - n, "%s%s\n", prefix, msg);
   size_t len = static_cast<size_t>(n) < sizeof line ? static_cast<size_t>(n) : sizeof line - 1;
   // One write: whole or not at all into a pipe (len < PIPE_BUF).
   ssize_t w;
