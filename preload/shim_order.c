@@ -158,7 +158,10 @@ int ready(struct conn* c) {
  * disarmed, EPOLLOUT after an edge was told. */
 uint32_t kernel_interest(const struct conn* c) {
   uint32_t kernel = c->events & ~(uint32_t)(EPOLLET | EPOLLONESHOT);
-  if (c->replay_in_off) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
+  /* Every flag a socket's arriving bytes raise (a server may ask for
+   * EPOLLPRI beside EPOLLIN: MariaDB's poll does), or they would still wake. */
+  if (c->replay_in_off)
+    kernel &= ~(uint32_t)(EPOLLIN | EPOLLPRI | EPOLLRDNORM | EPOLLRDBAND | EPOLLRDHUP);
   if (c->disarmed) kernel &= (uint32_t)(EPOLLIN | EPOLLRDHUP);
   if (c->et_out_told) kernel &= ~(uint32_t)EPOLLOUT;
   if (c->eof_submitted) kernel &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);

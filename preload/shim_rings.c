@@ -282,19 +282,33 @@ open:
   return 1;
 }
 
-/* A replay connection in an epoll set hears from the kernel only while the
- * order owes it bytes it has not taken yet, or its EOF. The daemon sends an
- * input's bytes before it orders them, so they mostly sit in the socket by
- * the time the order names them: taken here, by whichever thread drains the
- * order, the thread whose turn it is wakes once, for its turn, instead of
- * once for the bytes and again for the turn (memcached -t 4: a backup's
- * servers 0.39 wake-ups per SET for the bytes alone). Bytes still on their
- * way turn the kernel's input back on. The interest goes off only here, so
- * an epoll set registered before any order record hears the kernel as
- * before. Not in poll: its interest is the server's pollfd. mu held. */
+/* A replay connection whose socket still carries the daemon's bytes (not
+ * a dead restored one: awaiting_reattach, below). */
+static int replay_live(const struct conn* c) {
+  return c->replay_slot >= 0 && c->fd >= 0 && !c->detached && !c->eof_submitted &&
+         !atomic_load(&hdr->replay[c->replay_slot].reattach);
+}
+int replay_owes_nothing(const struct conn* c) {
+  return replay_live(c) && c->received >= c->committed_end && !c->close_committed;
+}
+int replay_bytes_due(const struct conn* c) {
+  return replay_live(c) && (c->received < c->committed_end || c->close_committed);
+}
+
+/* A replay connection hears from the kernel only while the order owes it
+ * bytes it has not taken yet, or its EOF. The daemon sends an input's bytes
+ * before it orders them, so they mostly sit in the socket by the time the
+ * order names them: taken here, by whichever thread drains the order, the
+ * thread whose turn it is wakes once, for its turn, instead of once for the
+ * bytes and again for the turn (memcached -t 4: a backup's servers 0.39
+ * wake-ups per SET for the bytes alone). Bytes still on their way turn the
+ * kernel's input back on. In an epoll set the interest goes off only here,
+ * so a set registered before any order record hears the kernel as before;
+ * in poll, each wait asks replay_owes_nothing. mu held. */
 static void replay_interest(struct conn* c) {
-  if (c->fd < 0 || c->epfd < 0 || c->detached || c->eof_submitted) return;
+  if (c->fd < 0 || c->detached || c->eof_submitted) return;
   if (c->received < c->committed_end || c->close_committed) ingest(c);
+  if (c->epfd < 0) return; /* in poll, if anywhere: its own wait asks */
   int off = c->received >= c->committed_end && !c->close_committed;
   if (off != c->replay_in_off) {
     c->replay_in_off = off;

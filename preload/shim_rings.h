@@ -20,6 +20,11 @@ LS_HIDDEN void drain_done(void);        /* applies the daemon's completions and 
  * ring or the FIFO is full. */
 LS_HIDDEN uint64_t submit(struct conn* c, uint8_t kind, const void* bytes, uint32_t len);
 LS_HIDDEN void ingest(struct conn* c); /* kernel bytes into the inbox, submitted */
+/* A replay connection the order owes nothing it has not taken from the
+ * kernel (a wait leaves its kernel input out), or one it owes bytes or an
+ * EOF still in the kernel or on their way. */
+LS_HIDDEN int replay_owes_nothing(const struct conn* c);
+LS_HIDDEN int replay_bytes_due(const struct conn* c);
 /* Puts the fresh connection in place of c's dead restored socket (closes fresh). */
 LS_HIDDEN void reattach(struct conn* c, int fresh);
 /* Ticks (shim_abi.h "Ticks"). The set's tick record, created when first

@@ -32,6 +32,7 @@
 #include "preload/shim_clock.h"
 #include "preload/shim_order.h"
 #include "preload/shim_output.h"
+#include "preload/shim_rings.h"
 #include "preload/shim_state.h"
 
 static int serial_on;          /* LOCKSTEP_SHIM_SERIAL has LS_SERIAL_ON */
@@ -794,7 +795,11 @@ void waiters_relay(void) {
      * (wake_when_next 0) look at each of their own wake-ups. */
     int next = w->wake_when_next && w->c && serial_holding(w->c, -1) == 2;
     if (next) w->wake_when_next = 0;
-    if (!w->c || next || ready(w->c)) wake_after_unlock(w->efd);
+    /* A replay connection whose ordered bytes are still on their way: its
+     * wait left the kernel's input out (replay_owes_nothing when it went to
+     * sleep) and would not hear them arrive; woken, it waits for them. */
+    int bytes_due = w->c && w->c->epfd < 0 && replay_bytes_due(w->c);
+    if (!w->c || next || bytes_due || ready(w->c)) wake_after_unlock(w->efd);
   }
 }
 
