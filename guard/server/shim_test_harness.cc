@@ -277,12 +277,14 @@ void Harness::ReleaseReplay(Replay* r) {
 }
 
 void Harness::ReplayInput(const Replay& r, std::string_view bytes, uint64_t out_before) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    ASSERT_TRUE(ch_.PushOrder(r.slot, LS_ORDER_DATA, bytes.size(), 0, out_before));
-    ch_.Flush();
-  }
+  OrderInput(r, bytes.size(), out_before);
   SendAll(r.fd, bytes);
+}
+
+void Harness::OrderInput(const Replay& r, size_t len, uint64_t out_before) {
+  std::lock_guard<std::mutex> g(mu_);
+  ASSERT_TRUE(ch_.PushOrder(r.slot, LS_ORDER_DATA, len, 0, out_before));
+  ch_.Flush();
 }
 
 std::vector<OutputDigest> Harness::Records(uint32_t conn) {

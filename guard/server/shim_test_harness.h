@@ -102,6 +102,8 @@ class Harness {
   // out_before: the reply gate's mark (how much the leader's server had sent
   // there when the input came; 0: none).
   void ReplayInput(const Replay& r, std::string_view bytes, uint64_t out_before = 0);
+  // Orders the next `len` bytes of r, sent before by the test itself.
+  void OrderInput(const Replay& r, size_t len, uint64_t out_before = 0);
 
   // With hold_data: waits until at least n DATA submissions were held (all
   // held so far, oldest first, in *held); Complete gives one its outcome.
