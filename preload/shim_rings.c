@@ -288,11 +288,16 @@ static int replay_live(const struct conn* c) {
   return c->replay_slot >= 0 && c->fd >= 0 && !c->detached && !c->eof_submitted &&
          !atomic_load(&hdr->replay[c->replay_slot].reattach);
 }
+/* Everything ordered on c so far has been taken from the kernel (no EOF
+ * ordered: that one is taken when it comes). */
+static int ordered_all_taken(const struct conn* c) {
+  return c->received >= c->committed_end && !c->close_committed;
+}
 int replay_owes_nothing(const struct conn* c) {
-  return replay_live(c) && c->received >= c->committed_end && !c->close_committed;
+  return replay_live(c) && ordered_all_taken(c);
 }
 int replay_bytes_due(const struct conn* c) {
-  return replay_live(c) && (c->received < c->committed_end || c->close_committed);
+  return replay_live(c) && !ordered_all_taken(c);
 }
 
 /* A replay connection hears from the kernel only while the order owes it
@@ -307,9 +312,9 @@ int replay_bytes_due(const struct conn* c) {
  * in poll, each wait asks replay_owes_nothing. mu held. */
 static void replay_interest(struct conn* c) {
   if (c->fd < 0 || c->detached || c->eof_submitted) return;
-  if (c->received < c->committed_end || c->close_committed) ingest(c);
+  if (!ordered_all_taken(c)) ingest(c);
   if (c->epfd < 0) return; /* in poll, if anywhere: its own wait asks */
-  int off = c->received >= c->committed_end && !c->close_committed;
+  int off = ordered_all_taken(c);
   if (off != c->replay_in_off) {
     c->replay_in_off = off;
     rearm_kernel(c);
